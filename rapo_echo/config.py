@@ -1,0 +1,496 @@
+"""Typed run configuration: one YAML file per run, ``--set key.path=value`` overrides, validated up front.
+
+Precedence, lowest first: built-in defaults, the algorithm's defaults (``--algo``), the YAML file,
+the dedicated CLI flags (``--model``, ``--reward``, ...), then ``--set`` overrides. Every error names
+the key, the value given and what is allowed (and the file and line when the key came from a file).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rapo_echo.errors import ConfigError
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a warm, emotionally supportive listener. Reply to the person in two or three sentences: "
+    "acknowledge their feelings, show you understood, and gently invite them to say more."
+)
+
+
+class Strict(BaseModel):
+    """Base of every config section: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(Strict):
+    enabled: bool = False
+    r: int = Field(16, ge=1, le=1024)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class ModelConfig(Strict):
+    """The trainable policy."""
+
+    name: str = "default"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    device: str = "auto"
+    trust_remote_code: bool = False
+    attn_implementation: str | None = None
+    gradient_checkpointing: bool = False
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v):
+            raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
+        return v
+
+
+class EngineConfig(Strict):
+    """A simulator or judge role: which engine backs it.
+
+    ``engine: policy`` shares the policy's weights (no second model in memory); ``hf`` loads
+    ``model``; ``openai`` calls ``base_url`` with the key read from the environment variable
+    ``api_key_env``; ``scripted`` replies from ``script``; ``vllm`` runs in-process on GPUs.
+    """
+
+    engine: Literal["policy", "hf", "openai", "scripted", "vllm"] = "policy"
+    model: str = "default"
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=20)
+    temperature: float = Field(0.7, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(256, ge=1, le=32768)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    device: str = "auto"
+    trust_remote_code: bool = False
+    max_batch_size: int = Field(64, ge=1)
+    script: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _needs(self) -> EngineConfig:
+        if self.engine == "openai" and not self.base_url:
+            raise ValueError("engine 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        return self
+
+
+class RolloutConfig(Strict):
+    """How the policy samples: ``batch_size`` scenarios per step, ``group_size`` replies each."""
+
+    batch_size: int = Field(4, ge=1)
+    group_size: int = Field(4, ge=1, le=256)
+    max_new_tokens: int = Field(64, ge=1, le=32768)
+    temperature: float = Field(1.0, gt=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_prompt_tokens: int = Field(1024, ge=16)
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    max_batch_size: int = Field(64, ge=1)
+
+
+class LossConfig(Strict):
+    """The GRPO core: advantage estimator, policy loss, KL to the reference, aggregation."""
+
+    advantage: str = "grpo"
+    policy_loss: str = "clip"
+    eps_low: float = Field(0.2, ge=0.0, le=10.0)
+    eps_high: float = Field(0.2, ge=0.0, le=10.0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    beta: float = Field(0.04, ge=0.0)
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    norm_constant: int | None = Field(None, ge=1)
+    std_eps: float = Field(1e-4, gt=0.0)
+    entropy_coef: float = Field(0.0, ge=0.0)
+
+    @field_validator("advantage")
+    @classmethod
+    def _advantage(cls, v: str) -> str:
+        from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS
+
+        if v not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown advantage estimator; allowed: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+        return v
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, v: str) -> str:
+        from rapo_echo.algorithms.core import POLICY_LOSSES
+
+        if v not in POLICY_LOSSES:
+            raise ValueError(f"unknown policy loss; allowed: {', '.join(sorted(POLICY_LOSSES))}")
+        return v
+
+
+class TrainConfig(Strict):
+    max_steps: int = Field(100, ge=1)
+    lr: float = Field(1e-5, gt=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)
+    adam_eps: float = Field(1e-8, gt=0.0)
+    scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    inner_epochs: int = Field(1, ge=1, le=64)
+    mini_batches: int = Field(1, ge=1)
+    micro_batch_size: int = Field(8, ge=1)
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+    seed: int = 0
+    save_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    max_nonfinite: int = Field(3, ge=1)
+    threads: int | None = Field(None, ge=1)
+
+
+class RewardSpec(Strict):
+    """One reward: a registered name, an entry point, or ``module:attr``; weight; constructor args."""
+
+    name: str
+    weight: float = 1.0
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class SelectionConfig(Strict):
+    """RAPO hindsight selection of pivotal turns (used where a signal exists)."""
+
+    signal: Literal["feedback", "none"] = "feedback"
+    threshold: float = Field(1.0, ge=0.0)
+    top_k_per_dialogue: int | None = Field(None, ge=1)
+    min_history_turns: int = Field(1, ge=0)
+    max_history_messages: int = Field(12, ge=1)
+
+
+class DataConfig(Strict):
+    path: str | None = None
+    format: Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv"] = "auto"
+    shuffle: bool = True
+    limit: int | None = Field(None, ge=1)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+
+
+class RapoJudgeConfig(Strict):
+    use_logprobs: Literal["auto", "always", "never"] = "auto"
+    max_retries: int = Field(2, ge=0, le=10)
+    reverse_pass: bool = False
+    shuffle: bool = True
+    max_new_tokens: int = Field(384, ge=16)
+
+
+class SelfDistillConfig(Strict):
+    enabled: bool = True
+    select: Literal["bottom_half", "all_but_best", "below_threshold"] = "bottom_half"
+    threshold: float = 0.5
+    loss: Literal["nll", "adv_nll", "in_group", "token_kl"] = "nll"
+    coef: float = Field(0.5, ge=0.0)
+    verify: bool = False
+    max_new_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.7, ge=0.0, le=5.0)
+    shaping_gamma: float = Field(0.1, gt=0.0)
+    top_k_logits: int = Field(100, ge=1)
+    jsd_alpha: float = Field(0.5, ge=0.0, le=1.0)
+
+
+class RapoConfig(Strict):
+    """RAPO's own switches (research/rapo.md section 2)."""
+
+    rank_reward: Literal["linear", "gopo"] = "linear"
+    emotion_mix: float = Field(0.0, ge=0.0, le=1.0)
+    emotion_scale: float = Field(10.0, gt=0.0)
+    judge: RapoJudgeConfig = Field(default_factory=RapoJudgeConfig)
+    sd: SelfDistillConfig = Field(default_factory=SelfDistillConfig)
+
+
+class LoggingConfig(Strict):
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "rapo-echo"
+    samples_every: int = Field(1, ge=1)
+    progress: bool = True
+
+
+class RunConfig(Strict):
+    """Everything one training run needs."""
+
+    algo: str = "grpo"
+    output: str | None = None
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    simulator: EngineConfig = Field(default_factory=EngineConfig)
+    judge: EngineConfig = Field(default_factory=lambda: EngineConfig(temperature=0.0))
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    rewards: list[RewardSpec] = Field(default_factory=list)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rapo: RapoConfig = Field(default_factory=RapoConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @field_validator("algo")
+    @classmethod
+    def _algo(cls, v: str) -> str:
+        from rapo_echo import algorithms
+
+        if v not in algorithms.names():
+            raise ValueError(f"unknown algorithm; allowed: {', '.join(algorithms.names())}")
+        return v
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``'train.lr=1e-5'`` -> (``['train', 'lr']``, ``1e-05``); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not re.fullmatch(r"[A-Za-z_][\w-]*(\.[\w-]+)*", key):
+        raise ConfigError(f"--set {text!r}: {key!r} is not a dotted key path such as train.lr")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {exc}") from exc
+    return key.split("."), value
+
+
+def set_path(tree: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
+    """Set ``tree[path[0]][path[1]]... = value``, creating mappings; lists are indexed by number."""
+    node: Any = tree
+    for i, part in enumerate(path[:-1]):
+        if isinstance(node, list):
+            idx = _list_index(node, part, path[: i + 1], origin)
+            node = node[idx]
+            continue
+        if part not in node or node[part] is None:
+            node[part] = {}
+        if not isinstance(node[part], (dict, list)):
+            raise ConfigError(f"{origin}: {'.'.join(path[: i + 1])} is a value, not a section")
+        node = node[part]
+    last = path[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, path, origin)] = value
+    else:
+        node[last] = value
+
+
+def _list_index(node: list, part: str, path: list[str], origin: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"{origin}: {'.'.join(path)}: index {part!r} is not in the list of {len(node)} items")
+    return int(part)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``over`` into a copy of ``base`` (lists and scalars are replaced)."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _line_map(text: str) -> dict[tuple[str, ...], int]:
+    """Map each key path in a YAML document to its 1-based line number."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: Any, prefix: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = prefix + (str(k.value),)
+                lines[key] = k.start_mark.line + 1
+                walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                key = prefix + (str(i),)
+                lines[key] = v.start_mark.line + 1
+                walk(v, key)
+
+    try:
+        walk(yaml.compose(text), ())
+    except yaml.YAMLError:
+        pass
+    return lines
+
+
+def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """Read a YAML mapping; errors name the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise ConfigError(f"{where}: invalid YAML: {exc.problem}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data, _line_map(text)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    msg = err["msg"]
+    ctx = err.get("ctx") or {}
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "literal_error" and "expected" in ctx:
+        return f"allowed values are {ctx['expected']}"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return msg
+
+
+def format_validation_error(exc: ValidationError, sources: dict[tuple[str, ...], str], tree: dict) -> str:
+    """One line per problem: ``where: key: got VALUE; what is allowed``."""
+    out = []
+    for err in exc.errors():
+        loc = tuple(str(x) for x in err["loc"] if not str(x).startswith(("function-", "literal[")))
+        # pydantic adds the union member / model name to the location; keep real keys only
+        loc = tuple(x for x in loc if x not in {"str", "list[str]", "int", "float", "bool", "dict[str,any]"})
+        key = ".".join(loc) or "(top level)"
+        where = ""
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in sources:
+                where = sources[loc[:n]] + ": "
+                break
+        value = _lookup(tree, loc)
+        shown = "(missing)" if value is _MISSING else repr(value)
+        hint = _describe(err)
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(loc[:-1])
+            if parent is not None:
+                hint += f"; allowed keys here: {', '.join(parent.model_fields)}"
+        out.append(f"{where}{key}: got {shown}; {hint}")
+    return "invalid config:\n  " + "\n  ".join(dict.fromkeys(out))
+
+
+_MISSING = object()
+
+
+def _lookup(tree: Any, loc: tuple[str, ...]) -> Any:
+    node = tree
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _model_at(loc: tuple[str, ...]) -> type[BaseModel] | None:
+    model: Any = RunConfig
+    for part in loc:
+        if part.isdigit():
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        candidates = [ann, *args]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            inner = [a for c in candidates for a in getattr(c, "__args__", ())]
+            model = next((c for c in inner if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return model if isinstance(model, type) else None
+
+
+def parse_reward_flag(text: str) -> dict[str, Any]:
+    """``'length'``, ``'pkg.mod:fn=0.5'`` -> a reward spec mapping."""
+    name, weight = text, 1.0
+    if "=" in text:
+        name, w = text.rsplit("=", 1)
+        try:
+            weight = float(w)
+        except ValueError as exc:
+            raise ConfigError(f"--reward {text!r}: weight {w!r} is not a number (use NAME=WEIGHT)") from exc
+    if not name:
+        raise ConfigError(f"--reward {text!r}: empty reward name")
+    return {"name": name, "weight": weight}
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    algo: str | None = None,
+    overrides: list[str] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> RunConfig:
+    """Build and validate a :class:`RunConfig`. ``flags`` maps dotted keys to values from CLI flags."""
+    from rapo_echo import algorithms
+
+    sources: dict[tuple[str, ...], str] = {}
+    file_tree: dict[str, Any] = {}
+    if path is not None:
+        file_tree, lines = read_yaml(path)
+        sources.update({k: f"{path}:{v}" for k, v in lines.items()})
+    chosen = algo or file_tree.get("algo") or "grpo"
+    if not isinstance(chosen, str) or chosen not in algorithms.names():
+        where = "--algo" if algo else (sources.get(("algo",), "algo"))
+        raise ConfigError(f"{where}: algo: got {chosen!r}; allowed: {', '.join(algorithms.names())}")
+    tree = deep_merge(algorithms.get(chosen).defaults(), file_tree)
+    tree["algo"] = chosen
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        parts = key.split(".")
+        set_path(tree, parts, value, f"--{parts[-1].replace('_', '-')}")
+        sources[tuple(parts)] = f"flag --{parts[-1].replace('_', '-')}"
+    for text in overrides or []:
+        parts, value = parse_override(text)
+        set_path(tree, parts, value, f"--set {text}")
+        sources[tuple(parts)] = f"--set {'.'.join(parts)}"
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, sources, tree)) from None
+
+
+SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization)$", re.I)
+
+
+def redacted(data: Any) -> Any:
+    """A copy with secret-looking values replaced by ``***`` (``*_env`` names of variables are kept)."""
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            if isinstance(k, str) and SECRET_KEY.search(k) and not k.endswith("_env") and v:
+                out[k] = "***"
+            else:
+                out[k] = redacted(v)
+        return out
+    if isinstance(data, list):
+        return [redacted(v) for v in data]
+    if isinstance(data, str):
+        for name, value in os.environ.items():
+            if SECRET_KEY.search(name) and value and len(value) >= 8 and value in data:
+                data = data.replace(value, "***")
+    return data
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML, secrets redacted, atomically."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(redacted(cfg.model_dump(mode="json")), sort_keys=False, allow_unicode=True))
+    os.replace(tmp, p)

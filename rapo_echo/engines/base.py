@@ -1,0 +1,70 @@
+"""The ``ChatEngine`` protocol every role (policy, simulator, judge) is backed by."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from rapo_echo.errors import CapabilityError
+from rapo_echo.types import Conversation, Generation, SamplingParams
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """A chat model behind one interface.
+
+    A prompt is a conversation (list of messages). When its last message has role ``assistant``,
+    the engine continues that message instead of starting a new one (used by judges that read a
+    label right after a fixed prefix).
+
+    * ``generate``: ``n`` replies per prompt, one batched call for the whole list.
+    * ``choice_logprobs``: for each prompt, the log-probability of each option string as the
+      reply's beginning. Raises :class:`CapabilityError` when the engine exposes no log-probs.
+    * ``stream``: yields text pieces of one reply as they are produced.
+    """
+
+    name: str
+    supports_logprobs: bool
+
+    def generate(self, prompts: Sequence[Conversation], params: SamplingParams) -> list[list[Generation]]: ...
+
+    def choice_logprobs(self, prompts: Sequence[Conversation], options: Sequence[str]) -> list[dict[str, float]]: ...
+
+    def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]: ...
+
+
+def generate_texts(engine: ChatEngine, prompts: Sequence[Conversation], params: SamplingParams) -> list[str]:
+    """One reply text per prompt (``params.n`` must be 1)."""
+    if params.n != 1:
+        raise ValueError("generate_texts draws one reply per prompt; use engine.generate for n > 1")
+    return [gens[0].text for gens in engine.generate(prompts, params)]
+
+
+def normalize_choices(logprobs: dict[str, float]) -> dict[str, float]:
+    """Renormalise option log-probs into probabilities that sum to 1 over the options."""
+    if not logprobs:
+        return {}
+    top = max(logprobs.values())
+    if top == -math.inf:
+        raise CapabilityError("every option has probability 0; cannot normalise")
+    exp = {k: math.exp(v - top) for k, v in logprobs.items()}
+    total = sum(exp.values())
+    return {k: v / total for k, v in exp.items()}
+
+
+def split_continuation(prompt: Conversation) -> tuple[Conversation, str | None]:
+    """Split a prompt into (conversation, assistant prefix to continue or None)."""
+    if prompt and prompt[-1]["role"] == "assistant":
+        return list(prompt[:-1]), prompt[-1]["content"]
+    return list(prompt), None
+
+
+def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Cut ``text`` before the earliest stop string; returns (text, whether a stop string was found)."""
+    cut = len(text)
+    for s in stop:
+        i = text.find(s)
+        if s and 0 <= i < cut:
+            cut = i
+    return text[:cut], cut < len(text)

@@ -1,0 +1,328 @@
+"""``hf`` engine: batched generation with transformers models, returning token ids and log-probs.
+
+Each distinct prompt is prefilled once and its KV cache shared by its ``n`` samples; the decode
+loop is ours (no ``generate``) so that the sampled tokens' log-probs come out of the same logits
+that were sampled from, finished rows are dropped from the batch, and nothing wider than one row
+of vocabulary logits per sequence is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rapo_echo.engines.base import split_continuation, truncate_at_stop
+from rapo_echo.types import Conversation, Generation, SamplingParams
+
+
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; returns (tokens, their log-probs under the temperature-scaled,
+    untruncated distribution). ``top_k``/``top_p`` only restrict which tokens can be drawn."""
+    logits = logits.float()
+    if params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tokens = logp.argmax(dim=-1)
+        return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+    draw = logp
+    if params.top_k and params.top_k < logp.shape[-1]:
+        kth = torch.topk(draw, params.top_k, dim=-1).values[:, -1:]
+        draw = draw.masked_fill(draw < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_lp, order = torch.sort(draw, descending=True, dim=-1)
+        cum = sorted_lp.softmax(-1).cumsum(-1)
+        drop_sorted = cum - sorted_lp.softmax(-1) >= params.top_p  # keep the smallest prefix reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        draw = draw.masked_fill(drop, float("-inf"))
+    tokens = torch.multinomial(torch.softmax(draw, dim=-1), 1, generator=generator).squeeze(1)
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+@dataclass
+class _Row:
+    prompt_index: int
+    prompt_ids: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str | None = None
+
+
+class HFEngine:
+    """A transformers causal LM (optionally a PEFT model) as a :class:`ChatEngine`."""
+
+    supports_logprobs = True
+
+    def __init__(self, model: Any, tokenizer: Any, *, name: str = "hf", max_batch_size: int = 64) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.max_batch_size = max_batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = self._eos_ids()
+
+    @classmethod
+    def from_spec(cls, spec: str, *, dtype: str = "float32", device: str = "auto", **kw: Any) -> HFEngine:
+        """Load a model spec (see :mod:`rapo_echo.models`) into an engine."""
+        from rapo_echo.models import load_model
+
+        trust = kw.pop("trust_remote_code", False)
+        model, tok = load_model(spec, dtype=dtype, device=device, trust_remote_code=trust)
+        return cls(model, tok, **kw)
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen_cfg = getattr(self.model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+        return ids
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ prompts
+    def encode(self, prompt: Conversation) -> list[int]:
+        """Token ids of a prompt through the tokenizer's chat template (ready for the reply)."""
+        conv, prefix = split_continuation(prompt)
+        text = self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        if prefix:
+            text += prefix
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Reply text of completion ids, special tokens (EOS) removed."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: Sequence[Conversation], params: SamplingParams) -> list[list[Generation]]:
+        """``params.n`` replies per prompt, batched, with ids and log-probs."""
+        return self.generate_ids([self.encode(p) for p in prompts], params)
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Generation]]:
+        """Like :meth:`generate` but from already tokenised prompts."""
+        out: list[list[Generation]] = [[] for _ in prompt_ids]
+        per_chunk = max(1, self.max_batch_size // params.n)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        for start in range(0, len(prompt_ids), per_chunk):
+            chunk = [list(p) for p in prompt_ids[start : start + per_chunk]]
+            rows = self._decode_batch(chunk, params, generator)
+            for row in rows:
+                out[start + row.prompt_index].append(self._finish(row, params))
+        return out
+
+    def _finish(self, row: _Row, params: SamplingParams) -> Generation:
+        text = self.decode(row.tokens)
+        if params.stop:
+            text, _ = truncate_at_stop(text, params.stop)
+        return Generation(
+            text=text,
+            token_ids=row.tokens,
+            logprobs=row.logprobs,
+            prompt_ids=row.prompt_ids,
+            finish_reason=row.finish_reason or "length",
+        )
+
+    def _mode(self) -> contextlib.AbstractContextManager:
+        return _EvalMode(self.model)
+
+    def _decode_batch(
+        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+    ) -> list[_Row]:
+        rows: list[_Row] = []
+        for _ in self._decode_steps(prompts, params, generator, rows):
+            pass
+        return rows
+
+    def _decode_steps(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        rows: list[_Row],
+    ) -> Iterator[list[int]]:
+        """Run the decode loop; fills ``rows`` and yields, after each step, the indices of rows that
+        received a token."""
+        from transformers import DynamicCache
+
+        dev = self.device
+        n = params.n
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
+            mask[i, width - len(p) :] = 1
+        rows.extend(_Row(i, prompts[i], [], []) for i in range(len(prompts)) for _ in range(n))
+        stop_window = max((len(s) for s in params.stop), default=0)
+        with self._mode(), torch.inference_mode():
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = DynamicCache(config=self.model.config)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1]
+            if n > 1:
+                cache.batch_repeat_interleave(n)
+                logits = logits.repeat_interleave(n, 0)
+                mask = mask.repeat_interleave(n, 0)
+                positions = positions.repeat_interleave(n, 0)
+            position = positions[:, -1:]
+            active = list(range(len(rows)))  # row index of each batch line
+            for _step in range(params.max_new_tokens):
+                tokens, logps = sample_next(logits, params, generator)
+                tok_list, lp_list = tokens.tolist(), logps.tolist()
+                keep: list[int] = []
+                for line, r in enumerate(active):
+                    row = rows[r]
+                    row.tokens.append(tok_list[line])
+                    row.logprobs.append(lp_list[line])
+                    if tok_list[line] in self.eos_ids:
+                        row.finish_reason = "stop"
+                    elif stop_window and self._hit_stop(row, params.stop, stop_window):
+                        row.finish_reason = "stop"
+                    else:
+                        keep.append(line)
+                yield list(active)
+                if not keep or _step == params.max_new_tokens - 1:
+                    break
+                if len(keep) < len(active):
+                    index = torch.tensor(keep, dtype=torch.long, device=dev)
+                    cache.batch_select_indices(index)
+                    mask, position, tokens = mask[index], position[index], tokens[index]
+                    active = [active[line] for line in keep]
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+                position = position + 1
+                out = self.model(
+                    input_ids=tokens[:, None],
+                    attention_mask=mask,
+                    position_ids=position,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                logits = out.logits[:, -1]
+
+    def _hit_stop(self, row: _Row, stop: Sequence[str], window: int) -> bool:
+        tail = self.tokenizer.decode(row.tokens[-(window + 4) :], skip_special_tokens=True)
+        return any(s and s in tail for s in stop)
+
+    def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]:
+        """Yield the text of one reply piece by piece (``params.n`` is ignored)."""
+        params = SamplingParams(**{**params.__dict__, "n": 1})
+        generator = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
+        rows: list[_Row] = []
+        sent = ""
+        for _ in self._decode_steps([self.encode(prompt)], params, generator, rows):
+            text = self.decode(rows[0].tokens)
+            if params.stop:
+                text, hit = truncate_at_stop(text, params.stop)
+            if text.endswith("\ufffd"):
+                continue  # an incomplete multi-byte character; wait for the next token
+            if len(text) > len(sent) and text.startswith(sent):
+                yield text[len(sent) :]
+                sent = text
+        final = self._finish(rows[0], params).text
+        if len(final) > len(sent) and final.startswith(sent):
+            yield final[len(sent) :]
+
+    # ------------------------------------------------------------------ scoring
+    def score_ids(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-probs of given completion tokens after given prompts (teacher forcing, temperature 1)."""
+        out: list[list[float]] = []
+        step = max(1, self.max_batch_size // 2)
+        with self._mode(), torch.inference_mode():
+            for start in range(0, len(prompt_ids), step):
+                out.extend(self._score_chunk(prompt_ids[start : start + step], completion_ids[start : start + step]))
+        return out
+
+    def _score_chunk(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[list[float]]:
+        dev = self.device
+        seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long, device=dev)
+            mask[i, width - len(s) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        keep = max(len(c) for c in completions) + 1
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        targets = ids[:, width - keep + 1 :]
+        picked = logp.gather(2, targets[:, :, None]).squeeze(2)
+        return [picked[i, keep - 1 - len(c) :].tolist() for i, c in enumerate(completions)]
+
+    def score(self, prompts: Sequence[Conversation], continuations: Sequence[str]) -> list[Generation]:
+        """Teacher-forced log-probs of each continuation text as the reply to its prompt."""
+        p_ids = [self.encode(p) for p in prompts]
+        c_ids = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in continuations]
+        lps = self.score_ids(p_ids, c_ids)
+        return [
+            Generation(text=c, token_ids=ci, logprobs=lp, prompt_ids=pi)
+            for c, ci, lp, pi in zip(continuations, c_ids, lps, p_ids)
+        ]
+
+    def choice_logprobs(self, prompts: Sequence[Conversation], options: Sequence[str]) -> list[dict[str, float]]:
+        """Log-prob of each option as the start of the reply. Single-token options need one forward
+        pass per batch; longer ones are scored token by token."""
+        encoded = [self.tokenizer(o, add_special_tokens=False)["input_ids"] for o in options]
+        p_ids = [self.encode(p) for p in prompts]
+        if all(len(e) == 1 for e in encoded):
+            first = [e[0] for e in encoded]
+            out: list[dict[str, float]] = []
+            with self._mode(), torch.inference_mode():
+                for start in range(0, len(p_ids), self.max_batch_size):
+                    chunk = p_ids[start : start + self.max_batch_size]
+                    lps = self._next_token_logprobs(chunk)
+                    for row in lps:
+                        out.append({o: float(row[t]) for o, t in zip(options, first)})
+            return out
+        flat_p = [p for p in p_ids for _ in options]
+        flat_c = [e for _ in p_ids for e in encoded]
+        scores = self.score_ids(flat_p, flat_c)
+        k = len(options)
+        return [{o: sum(scores[i * k + j]) for j, o in enumerate(options)} for i in range(len(p_ids))]
+
+    def _next_token_logprobs(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        dev = self.device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long, device=dev)
+            mask[i, width - len(p) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1).logits
+        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+
+class _EvalMode(contextlib.AbstractContextManager):
+    """Put a module in eval mode for the block and restore its previous mode afterwards."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.was_training = bool(getattr(model, "training", False))
+
+    def __enter__(self) -> None:
+        self.model.eval()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was_training:
+            self.model.train()

