@@ -106,8 +106,8 @@ class LossConfig(Strict):
 
     advantage: str = "grpo"
     policy_loss: str = "clip"
-    eps_low: float = Field(0.2, ge=0.0, le=10.0)
-    eps_high: float = Field(0.2, ge=0.0, le=10.0)
+    eps_low: float | None = Field(None, ge=0.0, le=10.0)  # None: the loss's own default
+    eps_high: float | None = Field(None, ge=0.0, le=10.0)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     beta: float = Field(0.04, ge=0.0)
     agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
@@ -121,7 +121,9 @@ class LossConfig(Strict):
         from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS
 
         if v not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"unknown advantage estimator; allowed: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+            raise ValueError(
+                f"unknown advantage estimator; allowed: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}"
+            )
         return v
 
     @field_validator("policy_loss")
@@ -250,7 +252,8 @@ class RunConfig(Strict):
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``'train.lr=1e-5'`` -> (``['train', 'lr']``, ``1e-05``); the value is parsed as YAML."""
+    """``'train.lr=1e-5'`` -> (``['train', 'lr']``, ``1e-05``). The value is parsed as a YAML scalar;
+    lists and mappings need flow syntax (``[a, b]``, ``{k: v}``), other text stays a string."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected key.path=value")
     key, raw = text.split("=", 1)
@@ -261,7 +264,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {exc}") from exc
+    if isinstance(value, (dict, list)) and not raw.strip().startswith(("[", "{")):
+        value = raw.strip()  # plain text such as "Be kind: always." stays text; use [..] / {..} for YAML
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
     return key.split("."), value
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def set_path(tree: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
@@ -286,7 +296,9 @@ def set_path(tree: dict[str, Any], path: list[str], value: Any, origin: str) -> 
 
 def _list_index(node: list, part: str, path: list[str], origin: str) -> int:
     if not part.isdigit() or int(part) >= len(node):
-        raise ConfigError(f"{origin}: {'.'.join(path)}: index {part!r} is not in the list of {len(node)} items")
+        raise ConfigError(
+            f"{origin}: {'.'.join(path)}: index {part!r} is not in the list of {len(node)} items"
+        )
     return int(part)
 
 
@@ -399,7 +411,9 @@ def _model_at(loc: tuple[str, ...]) -> type[BaseModel] | None:
     for part in loc:
         if part.isdigit():
             continue
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        field = (
+            model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        )
         if field is None:
             return None
         ann = field.annotation

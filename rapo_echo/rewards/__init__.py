@@ -1,0 +1,192 @@
+"""Reward plugins: the protocol, the registry, the TRL-function adapter and weighted combination.
+
+A reward is either
+
+* a class whose instances are called with a batch of :class:`~rapo_echo.types.Sample` and return,
+  per sample, a float, ``None`` (invalid: the sample is masked out of the loss and counted) or a
+  :class:`RewardOutput` (score, critique text, info). The constructor takes the spec's ``args`` and,
+  when it declares a ``ctx`` parameter, the run's :class:`RewardContext` (engines of the roles);
+* or a plain TRL-style function ``f(prompts, completions, **columns) -> list[float | None]``.
+
+Names resolve, in order, to a built-in, a plugin registered in the ``rapo_echo.rewards`` entry-point
+group, or a ``module:attr`` / ``module.attr`` path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+from rapo_echo.errors import ConfigError
+from rapo_echo.types import Sample
+
+ENTRY_POINT_GROUP = "rapo_echo.rewards"
+BUILTINS = {
+    "length": "rapo_echo.rewards.builtin:LengthReward",
+    "format": "rapo_echo.rewards.builtin:FormatReward",
+    "question": "rapo_echo.rewards.builtin:QuestionReward",
+    "judge": "rapo_echo.rewards.judge:JudgeReward",
+}
+
+
+@dataclass
+class RewardOutput:
+    """What a reward says about one sample."""
+
+    score: float | None
+    critique: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardContext:
+    """What a reward may use: the engines of the run's roles (any may be None)."""
+
+    policy: Any = None
+    simulator: Any = None
+    judge: Any = None
+
+
+class Reward(Protocol):
+    """A batch reward: one output per sample, in order."""
+
+    name: str
+
+    def __call__(self, samples: Sequence[Sample]) -> Sequence[RewardOutput | float | None]: ...
+
+
+class TRLFunctionReward:
+    """Adapter for a TRL-style reward function ``f(prompts, completions, **columns)``.
+
+    ``prompts`` are the prompt conversations and ``completions`` the replies in TRL's conversational
+    form (``[{"role": "assistant", "content": text}]``); the columns are ``completion_ids``,
+    ``profile``, ``reference``, ``scenario_id`` and ``meta`` (one entry per sample).
+    """
+
+    def __init__(
+        self, fn: Callable[..., Sequence[float | None]], name: str | None = None, **kwargs: Any
+    ) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "reward")
+        self.kwargs = kwargs
+
+    def __call__(self, samples: Sequence[Sample]) -> list[float | None]:
+        out = self.fn(
+            prompts=[s.scenario.messages for s in samples],
+            completions=[[{"role": "assistant", "content": s.text}] for s in samples],
+            completion_ids=[s.completion_ids for s in samples],
+            profile=[s.scenario.profile for s in samples],
+            reference=[s.scenario.reference for s in samples],
+            scenario_id=[s.scenario.id for s in samples],
+            meta=[s.scenario.meta for s in samples],
+            **self.kwargs,
+        )
+        return list(out)
+
+
+def _load_object(name: str, where: str) -> Any:
+    if name in BUILTINS:
+        module, attr = BUILTINS[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    if ":" in name:
+        module, attr = name.split(":", 1)
+    elif "." in name:
+        module, attr = name.rsplit(".", 1)
+    else:
+        plugins = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(BUILTINS))
+        raise ConfigError(
+            f"{where}: unknown reward {name!r}; known: {', '.join(plugins)} (or use module:attr)"
+        )
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"{where}: cannot import module {module!r} for reward {name!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{where}: module {module!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_reward(name: str, args: dict[str, Any], ctx: RewardContext, *, where: str = "rewards") -> Reward:
+    """Instantiate one reward from its spec; errors name the config field."""
+    obj = _load_object(name, where)
+    if inspect.isclass(obj):
+        kwargs = dict(args)
+        if "ctx" in inspect.signature(obj).parameters:
+            kwargs["ctx"] = ctx
+        try:
+            inst = obj(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"{where}: reward {name!r} rejected its args {args}: {exc}") from exc
+        if not getattr(inst, "name", None):
+            inst.name = name
+        return inst
+    if callable(obj):
+        return TRLFunctionReward(obj, name=name.split(":")[-1].split(".")[-1], **args)
+    raise ConfigError(f"{where}: {name!r} is neither a reward class nor a function")
+
+
+def as_output(value: RewardOutput | float | int | None, where: str) -> RewardOutput:
+    """Normalise what a reward returned for one sample; NaN/inf count as invalid."""
+    if isinstance(value, RewardOutput):
+        out = value
+    elif value is None:
+        out = RewardOutput(None)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = RewardOutput(float(value))
+    else:
+        raise TypeError(f"{where} returned {type(value).__name__}; expected float, None or RewardOutput")
+    if out.score is not None and not math.isfinite(out.score):
+        out = RewardOutput(None, out.critique, {**out.info, "nonfinite": True})
+    return out
+
+
+class RewardSet:
+    """Several rewards combined with weights: total = sum of weight * score, None if any is None."""
+
+    def __init__(self, rewards: Sequence[tuple[Reward, float]]) -> None:
+        self.rewards = list(rewards)
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[Any], ctx: RewardContext) -> RewardSet:
+        """Build from config ``RewardSpec``s (objects with ``name``, ``weight``, ``args``)."""
+        built = []
+        for i, spec in enumerate(specs):
+            built.append((build_reward(spec.name, spec.args, ctx, where=f"rewards.{i}.name"), spec.weight))
+        names = [r.name for r, _ in built]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ConfigError(f"rewards: the same reward is listed twice: {', '.join(sorted(dupes))}")
+        return cls(built)
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r, _ in self.rewards]
+
+    def score(self, samples: Sequence[Sample]) -> None:
+        """Fill ``rewards``, ``reward``, ``critique`` and ``info`` of every sample in place."""
+        for reward, _weight in self.rewards:
+            outputs = list(reward(samples))
+            if len(outputs) != len(samples):
+                raise ValueError(
+                    f"reward {reward.name!r} returned {len(outputs)} scores for {len(samples)} samples"
+                )
+            for s, value in zip(samples, outputs):
+                out = as_output(value, f"reward {reward.name!r}")
+                s.rewards[reward.name] = out.score
+                if out.critique:
+                    s.critique = out.critique if not s.critique else f"{s.critique}\n{out.critique}"
+                if out.info:
+                    s.info.setdefault(reward.name, {}).update(out.info)
+        for s in samples:
+            parts = [(s.rewards.get(r.name), w) for r, w in self.rewards]
+            s.reward = None if any(v is None for v, _ in parts) else sum(v * w for v, w in parts)  # type: ignore[operator]

@@ -1,0 +1,425 @@
+"""The GRPO core as pure tensor functions keyed by name: advantages, policy losses, KL, aggregation.
+
+Everything here is plain torch (no model, no config), runs on CPU and is differentiable where a
+loss is computed. The registries (``ADVANTAGE_ESTIMATORS``, ``POLICY_LOSSES``, ``KL_ESTIMATORS``,
+``AGGREGATIONS``) map the names the config accepts to the functions; :func:`get` looks a name up
+and fails with the allowed names. Shapes: ``N`` samples, ``B`` sequences, ``T`` padded tokens.
+
+Masks are bool or float ``[B, T]`` (non-zero = a completion token that counts). Masked-out
+positions never leak into results, even when they hold ``inf`` or ``nan`` (padding), and an empty
+mask gives 0, never NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Log-ratios are clamped to this range before exp (as verl does) so that a wild token cannot
+# overflow; values inside the range are exact.
+MAX_LOG_RATIO = 20.0
+
+
+class UnknownNameError(KeyError):
+    """A registry has no entry under the name asked for; the message lists the allowed names."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def get(registry: Mapping[str, Any], name: str, kind: str) -> Any:
+    """``registry[name]``, or :class:`UnknownNameError` naming ``kind`` and the allowed names."""
+    if name not in registry:
+        raise UnknownNameError(f"unknown {kind} {name!r}; allowed: {', '.join(sorted(registry))}")
+    return registry[name]
+
+
+# ---------------------------------------------------------------------------- input checks
+
+
+def _check_samples(fn: str, rewards: Tensor, groups: Tensor, valid: Tensor, eps: float) -> None:
+    for name, t in (("rewards", rewards), ("groups", groups), ("valid", valid)):
+        if not isinstance(t, Tensor) or t.dim() != 1:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{fn}: {name} must be a 1-D tensor [N], got {shape}")
+    if not (rewards.shape == groups.shape == valid.shape):
+        raise ValueError(
+            f"{fn}: rewards, groups and valid must have the same length, got "
+            f"{len(rewards)}, {len(groups)} and {len(valid)}"
+        )
+    if groups.dtype.is_floating_point or groups.dtype.is_complex or groups.dtype == torch.bool:
+        raise ValueError(f"{fn}: groups must be an integer tensor of group ids, got dtype {groups.dtype}")
+    if valid.dtype != torch.bool:
+        raise ValueError(f"{fn}: valid must be a bool tensor, got dtype {valid.dtype}")
+    if eps < 0:
+        raise ValueError(f"{fn}: eps must be >= 0, got {eps}")
+    bad = valid & ~torch.isfinite(rewards.to(torch.float64))
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise ValueError(
+            f"{fn}: rewards[{i}] is {rewards[i].item()} but valid[{i}] is True; mark a sample whose "
+            "reward could not be computed invalid instead"
+        )
+
+
+def _check_tokens(fn: str, mask: Tensor, **tensors: Tensor) -> None:
+    for name, t in {**tensors, "mask": mask}.items():
+        if not isinstance(t, Tensor) or t.dim() != 2:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{fn}: {name} must be a 2-D tensor [B, T], got {shape}")
+    first, ref = next(iter(tensors.items()))
+    for name, t in {**tensors, "mask": mask}.items():
+        if t.shape != ref.shape:
+            raise ValueError(
+                f"{fn}: {name} has shape {tuple(t.shape)} but {first} has shape {tuple(ref.shape)}"
+            )
+
+
+def _check_advantages(fn: str, advantages: Tensor, batch: int) -> None:
+    if not isinstance(advantages, Tensor) or advantages.shape != (batch,):
+        shape = tuple(advantages.shape) if isinstance(advantages, Tensor) else type(advantages).__name__
+        raise ValueError(f"{fn}: advantages must have shape [B] = ({batch},), got {shape}")
+
+
+def _check_eps(fn: str, eps_low: float, eps_high: float) -> None:
+    if eps_low < 0 or eps_high < 0:
+        raise ValueError(f"{fn}: eps_low and eps_high must be >= 0, got {eps_low} and {eps_high}")
+
+
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    """float64 stays float64; everything else is computed in float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _weights(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    return mask.to(dtype)
+
+
+def _masked(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(x * m with masked-out positions exactly 0 even where x is inf/nan, the float mask m)."""
+    m = _weights(mask, _compute_dtype(x) if x.dtype.is_floating_point else torch.float32)
+    return torch.where(m != 0, x.to(m.dtype) * m, torch.zeros((), dtype=m.dtype, device=x.device)), m
+
+
+# ---------------------------------------------------------------------------- advantages
+
+
+def _group_stats(rewards: Tensor, groups: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-sample (reward as float64 with invalid ones set to 0, group index, group size, group mean).
+
+    Only valid samples count towards a group's size and mean.
+    """
+    zero = torch.zeros((), dtype=torch.float64, device=rewards.device)
+    r = torch.where(valid, rewards.to(torch.float64), zero)
+    _, idx = torch.unique(groups, return_inverse=True)
+    n_groups = int(idx.max()) + 1 if idx.numel() else 0
+    w = valid.to(torch.float64)
+    count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(0, idx, w)
+    total = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(0, idx, r)
+    mean = total / count.clamp(min=1)
+    return r, idx, count[idx], mean[idx]
+
+
+def _degenerate(r: Tensor, idx: Tensor, valid: Tensor, count: Tensor) -> Tensor:
+    """Per-sample True where its group has < 2 valid samples or all valid rewards equal (no signal)."""
+    n_groups = int(idx.max()) + 1 if idx.numel() else 0
+    inf = torch.tensor(float("inf"), dtype=torch.float64, device=r.device)
+    hi = torch.full((n_groups,), -float("inf"), dtype=torch.float64, device=r.device)
+    lo = torch.full((n_groups,), float("inf"), dtype=torch.float64, device=r.device)
+    hi = hi.scatter_reduce(0, idx, torch.where(valid, r, -inf), reduce="amax")
+    lo = lo.scatter_reduce(0, idx, torch.where(valid, r, inf), reduce="amin")
+    return (count < 2) | (hi[idx] == lo[idx])
+
+
+def _finish(adv: Tensor, valid: Tensor, degenerate: Tensor, like: Tensor) -> Tensor:
+    out = torch.where(valid & ~degenerate, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
+    return out.to(like.dtype if like.dtype.is_floating_point else torch.get_default_dtype())
+
+
+def grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
+    """``(r - mean_g) / (std_g + eps)`` with the unbiased (Bessel) std over the valid samples of each group.
+
+    Invalid samples are left out of every statistic and get 0; a group with fewer than 2 valid
+    samples or all-equal rewards gets 0. ``groups`` holds any integer ids (not necessarily contiguous).
+    """
+    _check_samples("grpo_advantages", rewards, groups, valid, eps)
+    r, idx, count, mean = _group_stats(rewards, groups, valid)
+    n_groups = int(idx.max()) + 1 if idx.numel() else 0
+    dev = torch.where(valid, r - mean, torch.zeros((), dtype=r.dtype, device=r.device))
+    sq = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, idx, dev * dev)
+    std = (sq[idx] / (count - 1).clamp(min=1)).sqrt()
+    return _finish(dev / (std + eps), valid, _degenerate(r, idx, valid, count), rewards)
+
+
+def dr_grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
+    """``r - mean_g`` over the valid samples of each group (Dr. GRPO: no std division; ``eps`` unused).
+
+    Same conventions as :func:`grpo_advantages` for invalid samples and degenerate groups.
+    """
+    _check_samples("dr_grpo_advantages", rewards, groups, valid, eps)
+    r, idx, count, mean = _group_stats(rewards, groups, valid)
+    return _finish(r - mean, valid, _degenerate(r, idx, valid, count), rewards)
+
+
+def rloo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
+    """``r_i`` minus the mean of the other valid samples of its group (leave-one-out; ``eps`` unused).
+
+    Computed as ``n / (n - 1) * (r_i - mean_g)``, which is the same quantity. Same conventions as
+    :func:`grpo_advantages` for invalid samples and degenerate groups.
+    """
+    _check_samples("rloo_advantages", rewards, groups, valid, eps)
+    r, idx, count, mean = _group_stats(rewards, groups, valid)
+    adv = count / (count - 1).clamp(min=1) * (r - mean)
+    return _finish(adv, valid, _degenerate(r, idx, valid, count), rewards)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+# ---------------------------------------------------------------------------- policy losses
+
+
+def _pessimistic(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
+    """(``-min(ratio*A, clamp(ratio)*A)``, bool where the clipped branch is the one taken).
+
+    Where both branches are equal the unclipped one is taken, so its gradient flows in full.
+    """
+    unclipped = -ratio * adv
+    clipped = -ratio.clamp(1 - eps_low, 1 + eps_high) * adv
+    active = clipped > unclipped
+    return torch.where(active, clipped, unclipped), active
+
+
+def clip_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO / GRPO clipped surrogate per token; clip-higher (DAPO) when ``eps_high > eps_low``.
+
+    ``ratio = exp(logp - old_logp)``, ``loss = -min(ratio*A, clamp(ratio, 1-eps_low, 1+eps_high)*A)``.
+    Returns (loss ``[B, T]``, 0 where ``mask`` is 0; stats ``clip_frac`` = fraction of masked
+    tokens where the clipped branch is taken, ``ratio_mean`` = mean ratio over masked tokens).
+    ``old_logp`` and ``advantages`` are treated as constants.
+    """
+    fn = "clip_policy_loss"
+    _check_tokens(fn, mask, logp=logp, old_logp=old_logp)
+    _check_advantages(fn, advantages, logp.shape[0])
+    _check_eps(fn, eps_low, eps_high)
+    dtype = _compute_dtype(logp)
+    on = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    log_ratio = torch.where(on, logp.to(dtype) - old_logp.detach().to(dtype), zero)
+    ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
+    adv = advantages.detach().to(dtype).unsqueeze(-1)
+    loss, active = _pessimistic(ratio, adv, eps_low, eps_high)
+    stats = {
+        "clip_frac": (active & on).sum().to(dtype) / on.sum().clamp(min=1).to(dtype),
+        "ratio_mean": masked_mean(ratio.detach(), mask),
+    }
+    return torch.where(on, loss, zero), stats
+
+
+def gspo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (arXiv 2507.18071): the clipped surrogate on the length-normalised sequence ratio.
+
+    ``s_i = exp(mean over masked tokens of (logp - old_logp))``; each token carries
+    ``s_it = sg(s_i) * exp(logp_t - sg(logp_t))`` (value ``s_i``, gradient through every token) and
+    ``loss_it = -min(s_it*A_i, clamp(s_it, 1-eps_low, 1+eps_high)*A_i)``, so a whole sequence is
+    clipped or not. Stats: ``clip_frac`` = fraction of sequences (with any token) that are
+    clipped, ``ratio_mean`` = mean of ``s_it`` over masked tokens.
+    """
+    fn = "gspo_policy_loss"
+    _check_tokens(fn, mask, logp=logp, old_logp=old_logp)
+    _check_advantages(fn, advantages, logp.shape[0])
+    _check_eps(fn, eps_low, eps_high)
+    dtype = _compute_dtype(logp)
+    on = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    m = _weights(mask, dtype)
+    lp = torch.where(on, logp.to(dtype), zero)
+    diff = torch.where(on, lp - old_logp.detach().to(dtype), zero)
+    row_tokens = m.sum(-1)
+    seq_log_ratio = (diff * m).sum(-1) / torch.where(row_tokens > 0, row_tokens, torch.ones_like(row_tokens))
+    seq_log_ratio = seq_log_ratio.detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    token_ratio = (lp - lp.detach() + seq_log_ratio.unsqueeze(-1)).exp()
+    adv = advantages.detach().to(dtype).unsqueeze(-1)
+    loss, active = _pessimistic(token_ratio, adv, eps_low, eps_high)
+    has = on.any(-1)
+    stats = {
+        "clip_frac": ((active & on).any(-1) & has).sum().to(dtype) / has.sum().clamp(min=1).to(dtype),
+        "ratio_mean": masked_mean(token_ratio.detach(), mask),
+    }
+    return torch.where(on, loss, zero), stats
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
+    "clip": clip_policy_loss,
+    "gspo": gspo_policy_loss,
+}
+
+
+# ---------------------------------------------------------------------------- KL estimators
+
+
+def _kl_inputs(fn: str, logp: Tensor, ref_logp: Tensor) -> Tensor:
+    if logp.shape != ref_logp.shape:
+        raise ValueError(
+            f"{fn}: logp has shape {tuple(logp.shape)} but ref_logp has shape {tuple(ref_logp.shape)}"
+        )
+    return logp - ref_logp.to(logp.dtype)
+
+
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k1 estimate of KL(pi || pi_ref) per token: ``logp - ref_logp`` (unbiased, high variance)."""
+    return _kl_inputs("kl_k1", logp, ref_logp)
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2 estimate per token: ``0.5 * (logp - ref_logp)**2`` (biased, low variance, >= 0)."""
+    return 0.5 * _kl_inputs("kl_k2", logp, ref_logp).square()
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 estimate per token (Schulman): ``exp(ref_logp - logp) - (ref_logp - logp) - 1`` (unbiased, >= 0).
+
+    ``ref_logp - logp`` is clamped to +-20 before exp so padding or a wild token cannot overflow.
+    """
+    x = (-_kl_inputs("kl_k3", logp, ref_logp)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return x.exp() - x - 1
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+# ---------------------------------------------------------------------------- aggregation
+
+
+def count_tokens_and_seqs(mask: Tensor) -> tuple[float, float]:
+    """(sum of ``mask``, number of rows with any masked token): the totals to pass to :func:`aggregate`."""
+    if not isinstance(mask, Tensor) or mask.dim() != 2:
+        shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"count_tokens_and_seqs: mask must be a 2-D tensor [B, T], got {shape}")
+    return float(_weights(mask, torch.float64).sum()), float((mask != 0).any(-1).sum())
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """``sum(x * m) / max(sum(m), 1)``: 0 for an empty mask, never NaN."""
+    if x.shape != mask.shape:
+        raise ValueError(f"masked_mean: x has shape {tuple(x.shape)} but mask has shape {tuple(mask.shape)}")
+    xm, m = _masked(x, mask)
+    return xm.sum() / m.sum().clamp(min=1)
+
+
+def _divide(num: Tensor, denom: float | Tensor, has_tokens: bool, what: str) -> Tensor:
+    """``num / denom``; 0 (still in the graph) when this call has no tokens."""
+    if not has_tokens:
+        return num
+    d = float(denom)
+    if not d > 0:
+        raise ValueError(f"aggregate: {what} must be > 0 when the mask has tokens, got {d}")
+    return num / d
+
+
+def _agg_inputs(per_token: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, bool]:
+    _check_tokens("aggregate", mask, per_token=per_token)
+    xm, m = _masked(per_token, mask)
+    return xm, m, bool((mask != 0).any())
+
+
+def agg_token_mean(
+    per_token: Tensor,
+    mask: Tensor,
+    *,
+    total_tokens: float | Tensor | None = None,
+    total_seqs: float | Tensor | None = None,
+    norm_constant: float | None = None,
+) -> Tensor:
+    """``sum(x*m) / total_tokens`` (``total_tokens`` defaults to this call's ``sum(m)``)."""
+    xm, m, has = _agg_inputs(per_token, mask)
+    denom = m.sum() if total_tokens is None else total_tokens
+    return _divide(xm.sum(), denom, has, "total_tokens")
+
+
+def agg_seq_mean_token_mean(
+    per_token: Tensor,
+    mask: Tensor,
+    *,
+    total_tokens: float | Tensor | None = None,
+    total_seqs: float | Tensor | None = None,
+    norm_constant: float | None = None,
+) -> Tensor:
+    """``sum_i [sum_t x*m / sum_t m] / total_seqs`` (original GRPO); rows without tokens add 0.
+
+    ``total_seqs`` defaults to the number of rows of this call with any token.
+    """
+    xm, m, has = _agg_inputs(per_token, mask)
+    row_tokens = m.sum(-1)
+    row_means = xm.sum(-1) / torch.where(row_tokens != 0, row_tokens, torch.ones_like(row_tokens))
+    denom = (mask != 0).any(-1).sum() if total_seqs is None else total_seqs
+    return _divide(row_means.sum(), denom, has, "total_seqs")
+
+
+def agg_seq_mean_token_sum_norm(
+    per_token: Tensor,
+    mask: Tensor,
+    *,
+    total_tokens: float | Tensor | None = None,
+    total_seqs: float | Tensor | None = None,
+    norm_constant: float | None = None,
+) -> Tensor:
+    """``sum(x*m) / (total_seqs * norm_constant)`` (Dr. GRPO's constant normaliser).
+
+    ``total_seqs`` defaults to the rows of this call with any token and ``norm_constant`` to this
+    call's padded length ``T``; pass both under micro-batching (micro-batches are padded differently).
+    """
+    xm, _, has = _agg_inputs(per_token, mask)
+    seqs = (mask != 0).any(-1).sum() if total_seqs is None else total_seqs
+    const = per_token.shape[-1] if norm_constant is None else norm_constant
+    if float(const) <= 0:
+        raise ValueError(f"aggregate: norm_constant must be > 0, got {const}")
+    return _divide(xm.sum(), float(seqs) * float(const), has, "total_seqs * norm_constant")
+
+
+AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
+    "token-mean": agg_token_mean,
+    "seq-mean-token-mean": agg_seq_mean_token_mean,
+    "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
+}
+
+
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    total_tokens: float | Tensor | None = None,
+    total_seqs: float | Tensor | None = None,
+    norm_constant: float | None = None,
+) -> Tensor:
+    """Reduce a per-token ``[B, T]`` quantity to the scalar loss with the aggregation ``mode``.
+
+    Exact under micro-batching: with the mini-batch's totals (see :func:`count_tokens_and_seqs`,
+    and ``norm_constant`` for Dr. GRPO), the sum over micro-batches equals the whole mini-batch.
+    """
+    fn = get(AGGREGATIONS, mode, "aggregation mode")
+    return fn(per_token, mask, total_tokens=total_tokens, total_seqs=total_seqs, norm_constant=norm_constant)

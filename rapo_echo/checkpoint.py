@@ -1,0 +1,128 @@
+"""Atomic training checkpoints: weights (safetensors), optimizer, scheduler, RNG states, data position
+and step, written to a temporary folder and renamed, so a crash never leaves a half checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rapo_echo.errors import RapoEchoError
+
+
+class CheckpointError(RapoEchoError):
+    """A checkpoint is missing or unreadable."""
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states in a JSON-safe form (torch's as a list of bytes)."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": _jsonable(random.getstate()),
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    random.setstate(_tupled(state["python"]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def _jsonable(x: Any) -> Any:
+    return [_jsonable(v) for v in x] if isinstance(x, (tuple, list)) else x
+
+
+def _tupled(x: Any) -> Any:
+    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step-{step}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    for p in root.glob("step-*"):
+        if p.name[5:].isdigit() and (p / "trainer_state.json").is_file():
+            found.append((int(p.name[5:]), p))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    save_model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    keep: int = 2,
+    rank_rng: dict[int, dict[str, Any]] | None = None,
+) -> Path:
+    """Write ``checkpoints/step-N`` atomically and keep the newest ``keep`` checkpoints.
+
+    ``save_model(folder)`` writes the weights (Hugging Face format, safetensors)."""
+    final = checkpoint_dir(run_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step}-", dir=final.parent))
+    try:
+        save_model(tmp / "model")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        for rank, state in (rank_rng or {0: rng_state()}).items():
+            (tmp / f"rng_rank{rank}.json").write_text(json.dumps(state))
+        (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    for _, old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_trainer_state(ckpt: Path) -> dict[str, Any]:
+    try:
+        return json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read {ckpt / 'trainer_state.json'}: {exc}") from exc
+
+
+def load_rng(ckpt: Path, rank: int = 0) -> None:
+    path = ckpt / f"rng_rank{rank}.json"
+    if not path.is_file():
+        path = ckpt / "rng_rank0.json"
+    set_rng_state(json.loads(path.read_text()))
+
+
+def load_torch(path: Path) -> Any:
+    """``torch.load`` restricted to tensors and plain containers (``weights_only=True``)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot load {path}: {exc}") from exc

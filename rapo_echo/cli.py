@@ -1,0 +1,71 @@
+"""The ``rapo-echo`` command line: chat, serve, train, eval, report.
+
+Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
+and sets ``func(args) -> exit code``. Only commands whose module imports are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from rapo_echo import __version__
+from rapo_echo.errors import ConfigError, RapoEchoError
+
+COMMAND_MODULES = (
+    "rapo_echo.chat",
+    "rapo_echo.serve",
+    "rapo_echo.train_cli",
+    "rapo_echo.benchmarks.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every available sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="rapo-echo",
+        description="Reinforcement learning of empathetic, emotionally supportive dialogue models.",
+    )
+    parser.add_argument("--version", action="version", version=f"rapo-echo {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # the command is not part of this installation
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rapo-echo`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"rapo-echo: {exc}", file=sys.stderr)
+        return 2
+    except RapoEchoError as exc:
+        print(f"rapo-echo: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rapo-echo: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""What every generative judge needs: label-token probabilities when the engine exposes log-probs,
+parsed text otherwise, with retries; a reply that stays unparseable is ``None`` (invalid), never 0."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from rapo_echo.engines.base import ChatEngine, normalize_choices
+from rapo_echo.errors import CapabilityError
+from rapo_echo.types import Conversation, SamplingParams
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Parsed(Generic[T]):
+    """A judge's parsed decision (``value`` None when invalid) with the raw text and attempts used."""
+
+    value: T | None
+    raw: str
+    attempts: int
+
+
+def wants_logprobs(engine: ChatEngine, mode: str) -> bool:
+    """Whether to read label probabilities: ``always`` / ``never`` / ``auto`` (when the engine can)."""
+    if mode == "never":
+        return False
+    if mode == "always":
+        if not engine.supports_logprobs:
+            raise CapabilityError(
+                f"judge engine {engine.name!r} exposes no log-probs but use_logprobs is 'always'"
+            )
+        return True
+    return bool(engine.supports_logprobs)
+
+
+def label_probabilities(
+    engine: ChatEngine, prompts: Sequence[Conversation], labels: Sequence[str]
+) -> list[dict[str, float]]:
+    """Normalised probability of each label as the judge's next token(s), one dict per prompt."""
+    return [normalize_choices(lp) for lp in engine.choice_logprobs(prompts, labels)]
+
+
+def generate_parsed(
+    engine: ChatEngine,
+    prompts: Sequence[Conversation],
+    parse: Callable[[str], T | None],
+    params: SamplingParams,
+    *,
+    max_retries: int = 2,
+) -> list[Parsed[T]]:
+    """Generate one reply per prompt and parse it; prompts whose reply does not parse are asked
+    again together (one batched call per attempt), up to ``max_retries`` more times."""
+    results: list[Parsed[T]] = [Parsed(None, "", 0) for _ in prompts]
+    pending = list(range(len(prompts)))
+    for attempt in range(max_retries + 1):
+        if not pending:
+            break
+        replies = engine.generate([prompts[i] for i in pending], params)
+        still = []
+        for i, gens in zip(pending, replies):
+            text = gens[0].text
+            value = parse(text)
+            results[i] = Parsed(value, text, attempt + 1)
+            if value is None:
+                still.append(i)
+        pending = still
+    if pending:
+        log.warning(
+            "judge %s: %d of %d replies stayed unparseable after %d attempts",
+            engine.name,
+            len(pending),
+            len(prompts),
+            max_retries + 1,
+        )
+    return results

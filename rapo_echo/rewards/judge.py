@@ -1,0 +1,112 @@
+"""``judge`` reward: an LLM judge scores each reply against a rubric, through any engine."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from rapo_echo.errors import ConfigError
+from rapo_echo.judging import generate_parsed, label_probabilities, wants_logprobs
+from rapo_echo.rewards import RewardContext, RewardOutput
+from rapo_echo.types import Conversation, Sample, SamplingParams, msg
+
+DEFAULT_RUBRIC = (
+    "Rate how emotionally supportive the supporter's reply is. A good reply shows it understood what the "
+    "person said and feels, validates the feeling without judging, stays on the person's concern, and "
+    "invites them to say more or offers gentle, concrete help. A bad reply is generic, dismissive, "
+    "preachy, off-topic, or speaks for the person."
+)
+
+
+def render_dialogue(messages: Sequence[dict], user: str = "Person", assistant: str = "Supporter") -> str:
+    """A dialogue as plain text lines (system messages left out)."""
+    names = {"user": user, "assistant": assistant}
+    return "\n".join(f"{names[m['role']]}: {m['content']}" for m in messages if m["role"] in names)
+
+
+class JudgeReward:
+    """Scores in [0, 1]: ``(s - 1) / (scale - 1)`` for a 1..``scale`` rating.
+
+    With log-probs the rating is the expectation over the label tokens' probabilities (robust even
+    with small judges); otherwise the judge writes ``Score: N``, which is parsed, retried up to
+    ``max_retries`` times, then marked invalid.
+    """
+
+    name = "judge"
+
+    def __init__(
+        self,
+        ctx: RewardContext,
+        rubric: str = DEFAULT_RUBRIC,
+        scale: int = 5,
+        use_logprobs: str = "auto",
+        max_retries: int = 2,
+        max_new_tokens: int = 64,
+        show_profile: bool = False,
+    ) -> None:
+        if ctx.judge is None:
+            raise ConfigError("rewards: the 'judge' reward needs a judge engine (config section 'judge')")
+        if not 2 <= scale <= 9:
+            raise ConfigError(f"rewards: judge scale must be 2..9 (single-digit labels), got {scale}")
+        if use_logprobs not in {"auto", "always", "never"}:
+            raise ConfigError(f"rewards: judge use_logprobs must be auto|always|never, got {use_logprobs!r}")
+        self.engine = ctx.judge
+        self.rubric = rubric
+        self.scale = scale
+        self.use_logprobs = use_logprobs
+        self.max_retries = max_retries
+        self.max_new_tokens = max_new_tokens
+        self.show_profile = show_profile
+        self.labels = [str(k) for k in range(1, scale + 1)]
+
+    def prompt(self, sample: Sample) -> Conversation:
+        """The judge's prompt for one reply."""
+        profile = ""
+        if self.show_profile and sample.scenario.profile:
+            profile = (
+                "What we know about the person (hidden from the supporter):\n"
+                + "\n".join(f"- {k}: {v}" for k, v in sample.scenario.profile.items())
+                + "\n\n"
+            )
+        body = (
+            f"{self.rubric}\n\n{profile}Dialogue so far:\n{render_dialogue(sample.scenario.messages)}\n\n"
+            f"Supporter's reply to rate:\n{sample.text}\n\n"
+            f"Answer with 'Score: N' where N is an integer from 1 (worst) to {self.scale} (best)."
+        )
+        return [
+            msg("system", "You are a careful judge of emotional-support conversations."),
+            msg("user", body),
+        ]
+
+    def parse(self, text: str) -> int | None:
+        """The integer rating in ``text`` (``Score: N`` first, else a lone number), if in range."""
+        m = re.search(r"score\s*[:=]?\s*(\d+)", text, re.I) or re.fullmatch(r"\s*(\d+)\s*\.?\s*", text)
+        if not m:
+            return None
+        value = int(m.group(1))
+        return value if 1 <= value <= self.scale else None
+
+    def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
+        prompts = [self.prompt(s) for s in samples]
+        if wants_logprobs(self.engine, self.use_logprobs):
+            probs = label_probabilities(
+                self.engine, [p + [msg("assistant", "Score: ")] for p in prompts], self.labels
+            )
+            out = []
+            for p in probs:
+                expected = sum(int(k) * v for k, v in p.items())
+                out.append(
+                    RewardOutput(
+                        (expected - 1) / (self.scale - 1), info={"rating": expected, "source": "logprobs"}
+                    )
+                )
+            return out
+        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
+        parsed = generate_parsed(self.engine, prompts, self.parse, params, max_retries=self.max_retries)
+        return [
+            RewardOutput(
+                None if p.value is None else (p.value - 1) / (self.scale - 1),
+                info={"rating": p.value, "raw": p.raw, "attempts": p.attempts, "source": "text"},
+            )
+            for p in parsed
+        ]

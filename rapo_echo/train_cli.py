@@ -1,0 +1,76 @@
+"""``rapo-echo train``: the same command line for every algorithm."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rapo_echo.config import load_config, parse_reward_flag
+from rapo_echo.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from rapo_echo import algorithms
+
+    p = sub.add_parser(
+        "train",
+        help="train a policy (--algo " + "|".join(algorithms.names()) + ")",
+        description="Train a dialogue policy. Precedence: algorithm defaults < --config < flags < --set.",
+    )
+    p.add_argument("--config", help="YAML run config (see configs/)")
+    p.add_argument("--algo", choices=algorithms.names(), help="algorithm (overrides the config's algo)")
+    p.add_argument("--model", help="policy model: default, a folder, a .gguf file or a hub id")
+    p.add_argument(
+        "--reward",
+        action="append",
+        metavar="NAME[=WEIGHT]",
+        help="reward plugin: a built-in name, an entry point, or module:attr; repeatable",
+    )
+    p.add_argument("--output", help="run directory (default runs/ALGO-TIMESTAMP)")
+    p.add_argument("--max-steps", type=int, help="number of training steps")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace):
+    """The validated RunConfig for these arguments (``--resume`` reads the run's saved config)."""
+    flags = {
+        "model.name": args.model,
+        "train.max_steps": args.max_steps,
+        "output": args.output,
+    }
+    if args.reward:
+        flags["rewards"] = [parse_reward_flag(r) for r in args.reward]
+    path = args.config
+    if args.resume:
+        run_dir = Path(args.resume)
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a rapo-echo run directory?")
+        if args.config:
+            raise ConfigError(
+                "--resume uses the run's own config.yaml; do not pass --config (use --set to change keys)"
+            )
+        if args.output and Path(args.output) != run_dir:
+            raise ConfigError("--resume continues in RUN_DIR; --output must be omitted or equal to it")
+        path, flags["output"] = str(saved), str(run_dir)
+    cfg = load_config(path, algo=args.algo, overrides=args.set, flags=flags)
+    if not cfg.output:
+        cfg.output = str(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    out = Path(cfg.output)  # type: ignore[arg-type]
+    if not args.resume and (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):
+        raise ConfigError(
+            f"--output {out} already holds a run; continue it with --resume {out} or pick another --output"
+        )
+    from rapo_echo.trainer import run_training
+
+    run_dir = run_training(cfg, resume=bool(args.resume))
+    print(f"run directory: {run_dir}")
+    return 0

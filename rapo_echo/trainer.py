@@ -1,0 +1,556 @@
+"""The training loop shared by every algorithm (DESIGN.md, "The training loop").
+
+scenarios -> ``algorithm.rollout`` -> reference / old log-probs -> micro-batched loss -> optimizer
+step through ``accelerate`` -> metrics, samples, periodic atomic checkpoint. Resuming restores the
+weights, optimizer, scheduler, RNG states and data position, so the run continues as if never
+stopped. SIGINT/SIGTERM finish the current step, checkpoint and exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rapo_echo import algorithms
+from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
+from rapo_echo.checkpoint import (
+    latest_checkpoint,
+    load_rng,
+    load_torch,
+    load_trainer_state,
+    rng_state,
+    save_checkpoint,
+)
+from rapo_echo.config import RunConfig, dump_config
+from rapo_echo.data import ScenarioStream, load_scenarios
+from rapo_echo.engines import make_engine
+from rapo_echo.engines.shared import role_engine
+from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.policy import Policy, collate, pad_right_aligned
+from rapo_echo.rewards import RewardContext, RewardSet
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RapoEchoError):
+    """The run cannot go on (e.g. repeated non-finite losses); the last checkpoint is kept."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lr_lambda(kind: str, warmup: int, total: int):
+    """Multiplier of the base learning rate at optimizer step ``s`` (linear warm-up, then the schedule)."""
+
+    def f(s: int) -> float:
+        if warmup and s < warmup:
+            return (s + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def length_grouped(items: list[TrainItem], size: int) -> list[list[TrainItem]]:
+    """Split items into micro-batches of ``size`` sequences of similar length (little padding)."""
+    order = sorted(items, key=lambda it: (it.length, len(it.completion_ids)))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM: the step in flight finishes, then the run checkpoints and exits.
+    A second SIGINT stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name = ""
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not in the main thread
+                pass
+
+    def restore(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, then checkpointing and stopping", self.signal_name)
+
+
+class Trainer:
+    """Runs one training run described by a :class:`RunConfig` into ``cfg.output``."""
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
+        if not cfg.output:
+            raise ConfigError("output: a run directory is needed (--output RUN_DIR)")
+        self.cfg = cfg
+        self.run_dir = Path(cfg.output)
+        self.resume = resume
+        self.stop = _StopFlag()
+        from accelerate import Accelerator
+
+        cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
+        self.accelerator = Accelerator(cpu=cpu)
+        self.is_main = self.accelerator.is_main_process
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        seed_everything(cfg.train.seed + self.accelerator.process_index)
+        self.algo_cls = algorithms.get(cfg.algo)
+        # Data and rewards are validated before any model is loaded.
+        self.scenarios = load_scenarios(cfg.data.path, cfg.data.format, cfg.data.selection, cfg.data.limit)
+        if not self.scenarios:
+            raise ConfigError(f"data.path: {cfg.data.path or 'bundled examples'} holds no scenarios")
+        self.stream = ScenarioStream(self.scenarios, seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        self.policy = Policy(
+            cfg.model, cfg.rollout, need_reference=cfg.loss.beta > 0, device=str(self.accelerator.device)
+        )
+        simulator = self._role("simulator")
+        judge = self._role("judge")
+        self.rewards = RewardSet.from_specs(cfg.rewards, RewardContext(self.policy.engine, simulator, judge))
+        self.algorithm = self.algo_cls(cfg, AlgoContext(self.policy, self.rewards, simulator, judge))
+        params = self.policy.trainable_parameters()
+        if not params:
+            raise ConfigError("model: nothing to train (no parameter requires gradients)")
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(
+            params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
+        )
+        updates_per_step = t.inner_epochs * t.mini_batches
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(t.scheduler, t.warmup_steps, t.max_steps * updates_per_step)
+        )
+        # The scheduler is not handed to accelerate: its wrapper would step it once per process.
+        self.scorer, self.optimizer = self.accelerator.prepare(self.policy.scorer, self.optimizer)
+        self.step = 0
+        self.nonfinite_in_a_row = 0
+        self.metrics_file = self.run_dir / "metrics.jsonl"
+        self.samples_file = self.run_dir / "samples.jsonl"
+        self.tb: Any = None
+
+    # ------------------------------------------------------------------ setup helpers
+    def _role(self, role: str) -> Any:
+        cfg = getattr(self.cfg, role)
+        if cfg.engine == "policy":
+            return role_engine(self.policy, role, cfg.max_batch_size)
+        return make_engine(cfg, role=role)
+
+    def _open_logs(self) -> None:
+        if not self.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(self.cfg, self.run_dir / "config.yaml")
+        if self.cfg.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if self.cfg.logging.wandb:
+            import wandb
+
+            wandb.init(
+                project=self.cfg.logging.wandb_project,
+                dir=str(self.run_dir),
+                resume="allow",
+                config=json.loads(json.dumps(self.cfg.model_dump(mode="json"))),
+            )
+
+    def _restore(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise RapoEchoError(
+                f"--resume {self.run_dir}: no checkpoint found under {self.run_dir / 'checkpoints'}"
+            )
+        state = load_trainer_state(ckpt)
+        load_model_weights(self.policy, ckpt / "model")
+        self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
+        self.scheduler.load_state_dict(load_torch(ckpt / "scheduler.pt"))
+        self.stream.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
+        load_rng(ckpt, self.accelerator.process_index)
+        log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
+        if self.is_main:  # drop metric lines written after that checkpoint (they will be recomputed)
+            for f in (self.metrics_file, self.samples_file):
+                if f.is_file():
+                    keep = [
+                        ln
+                        for ln in f.read_text().splitlines()
+                        if ln and json.loads(ln).get("step", 0) <= self.step
+                    ]
+                    f.write_text("".join(ln + "\n" for ln in keep))
+
+    def _checkpoint(self) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        states = (
+            self.accelerator.gather_for_metrics([rng_state()], use_gather_object=True)
+            if self.accelerator.num_processes > 1
+            else [rng_state()]
+        )
+        if not self.is_main:
+            return None
+        path = save_checkpoint(
+            self.run_dir,
+            self.step,
+            save_model=lambda folder: self.policy.save(folder, merged=False),
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            trainer_state={
+                "data": self.stream.state_dict(),
+                "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                "algo": self.cfg.algo,
+            },
+            keep=self.cfg.train.keep_checkpoints,
+            rank_rng=dict(enumerate(states)),
+        )
+        log.info("checkpoint: %s", path)
+        return path
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> Path:
+        """Run to ``train.max_steps`` (or until stopped); returns the run directory."""
+        if self.resume:
+            self._restore()
+        self._open_logs()
+        self.stop.install()
+        bar = self._progress()
+        try:
+            while self.step < self.cfg.train.max_steps:
+                metrics = self.train_step()
+                self.step += 1
+                self._log(metrics)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(
+                        {k: f"{metrics.get(k, float('nan')):.3f}" for k in ("reward/mean", "loss/total")}
+                    )
+                done = self.step >= self.cfg.train.max_steps
+                if self.step % self.cfg.train.save_every == 0 or done or self.stop.requested:
+                    self._checkpoint()
+                if self.stop.requested and not done:
+                    log.warning(
+                        "stopped by %s after step %d; resume with: rapo-echo train --resume %s",
+                        self.stop.signal_name,
+                        self.step,
+                        self.run_dir,
+                    )
+                    return self.run_dir
+            if self.is_main:
+                self.policy.save(self.run_dir / "final", merged=True)
+                log.info("final model: %s", self.run_dir / "final")
+        finally:
+            self.stop.restore()
+            if bar is not None:
+                bar.close()
+            if self.tb is not None:
+                self.tb.close()
+        return self.run_dir
+
+    def _progress(self) -> Any:
+        if not (self.is_main and self.cfg.logging.progress):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.cfg.train.max_steps, initial=self.step, desc=f"{self.cfg.algo}", unit="step")
+
+    def _batch(self) -> list:
+        n, world, rank = (
+            self.cfg.rollout.batch_size,
+            self.accelerator.num_processes,
+            self.accelerator.process_index,
+        )
+        batch = self.stream.next_batch(n * world)
+        return batch[rank * n : (rank + 1) * n]
+
+    def train_step(self) -> dict[str, float]:
+        """One step: rollout, scoring passes, updates. Returns the step's metrics."""
+        t_step = time.perf_counter()
+        rollout = self.algorithm.rollout(self._batch(), self.step)
+        timings = dict(rollout.timings)
+        items = rollout.items
+        t0 = time.perf_counter()
+        self._fill_reference(items)
+        timings["ref_logprobs"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self._fill_old(items)
+        timings["old_logprobs"] = time.perf_counter() - t0
+        update_metrics, skipped = self._update(items, timings)
+        timings["step"] = time.perf_counter() - t_step
+        tokens = sum(len(s.completion_ids) for s in rollout.samples)
+        metrics = {**rollout.metrics, **update_metrics, **{f"time/{k}": v for k, v in timings.items()}}
+        metrics["tokens_per_s"] = tokens / timings["step"] if timings["step"] > 0 else 0.0
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["nonfinite_skipped"] = float(skipped)
+        metrics["items"] = float(len(items))
+        self._write_samples(rollout)
+        return metrics
+
+    def _scoring_batches(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
+        for mb in length_grouped(items, self.cfg.train.micro_batch_size):
+            yield (
+                mb,
+                collate([it.prompt_ids for it in mb], [it.completion_ids for it in mb], self.policy.pad_id),
+            )
+
+    def _fill_reference(self, items: list[TrainItem]) -> None:
+        if not self.algorithm.needs_reference or not items:
+            return
+        temp = self.cfg.rollout.temperature
+        for mb, batch in self._scoring_batches(items):
+            ref = self.policy.reference_logprobs(batch, temperature=temp).cpu()
+            for row, it in enumerate(mb):
+                it.ref_logprobs = ref[row, batch.n_targets - len(it.completion_ids) :].tolist()
+
+    def _fill_old(self, items: list[TrainItem]) -> None:
+        """Old log-probs: the sampling log-probs with one inner epoch; otherwise (or when an item has
+        none, e.g. a distillation target) one no-grad pass of the current policy."""
+        need = [
+            it
+            for it in items
+            if it.kind == PG and (it.old_logprobs is None or self.cfg.train.inner_epochs > 1)
+        ]
+        if not need:
+            return
+        temp = self.cfg.rollout.temperature
+        with torch.no_grad():
+            for mb, batch in self._scoring_batches(need):
+                dev = self.accelerator.device
+                logp, _ = self.scorer(
+                    batch.input_ids.to(dev),
+                    batch.attention_mask.to(dev),
+                    batch.position_ids.to(dev),
+                    batch.n_targets,
+                    temp,
+                )
+                logp = logp.cpu()
+                for row, it in enumerate(mb):
+                    it.old_logprobs = logp[row, batch.n_targets - len(it.completion_ids) :].tolist()
+
+    def _micro(self, mb: list[TrainItem], batch: Any) -> MicroBatch:
+        dev = self.accelerator.device
+        n = batch.n_targets
+        old = pad_right_aligned([it.old_logprobs or [0.0] * len(it.completion_ids) for it in mb], n)
+        ref = None
+        if self.algorithm.needs_reference:
+            ref = pad_right_aligned([it.ref_logprobs or [0.0] * len(it.completion_ids) for it in mb], n).to(
+                dev
+            )
+        return MicroBatch(
+            items=mb,
+            batch=batch,
+            mask=batch.target_mask.to(dev),
+            old_logp=old.to(dev),
+            ref_logp=ref,
+            advantages=torch.tensor([it.advantage for it in mb], dtype=torch.float32, device=dev),
+            weights=torch.tensor([it.weight for it in mb], dtype=torch.float32, device=dev),
+            kinds=[it.kind for it in mb],
+        )
+
+    def _global_totals(self, items: list[TrainItem]) -> dict[str, dict[str, float]]:
+        totals = {kind: totals_of(items, kind) for kind in (PG, SD)}
+        if self.accelerator.num_processes > 1:
+            flat = torch.tensor(
+                [totals[k][f] for k in (PG, SD) for f in ("tokens", "seqs")],
+                device=self.accelerator.device,
+                dtype=torch.float64,
+            )
+            flat = self.accelerator.reduce(flat, reduction="sum").tolist()
+            totals = {PG: {"tokens": flat[0], "seqs": flat[1]}, SD: {"tokens": flat[2], "seqs": flat[3]}}
+        return totals
+
+    def _update(self, items: list[TrainItem], timings: dict[str, float]) -> tuple[dict[str, float], int]:
+        """Inner epochs x mini-batches of optimizer updates; returns averaged metrics and skips."""
+        t = self.cfg.train
+        sums: dict[str, float] = defaultdict(float)
+        updates = skipped = 0
+        t_fwd = t_bwd = t_opt = 0.0
+        world = self.accelerator.num_processes
+        temp = self.cfg.rollout.temperature
+        want_entropy = True
+        for _epoch in range(t.inner_epochs):
+            order = items[:]
+            if t.inner_epochs > 1 or t.mini_batches > 1:
+                random.shuffle(order)
+            minis = [order[i :: t.mini_batches] for i in range(t.mini_batches)]
+            for mini in minis:
+                totals = self._global_totals(mini)
+                micro = list(self._scoring_batches(mini))
+                if not micro:
+                    continue
+                finite = True
+                step_metrics: dict[str, float] = defaultdict(float)
+                for j, (mb_items, batch) in enumerate(micro):
+                    mb = self._micro(mb_items, batch)
+                    dev = self.accelerator.device
+                    sync = self.accelerator.no_sync(self.scorer) if j < len(micro) - 1 else _nullcontext()
+                    with sync:
+                        t0 = time.perf_counter()
+                        logp, entropy = self.scorer(
+                            batch.input_ids.to(dev),
+                            batch.attention_mask.to(dev),
+                            batch.position_ids.to(dev),
+                            batch.n_targets,
+                            temp,
+                            want_entropy,
+                            self.cfg.loss.entropy_coef > 0,
+                        )
+                        loss, metrics = self.algorithm.loss(mb, logp, entropy, totals)
+                        t1 = time.perf_counter()
+                        t_fwd += t1 - t0
+                        if not torch.isfinite(loss):
+                            finite = False
+                            break
+                        self.accelerator.backward(loss * world)
+                        t_bwd += time.perf_counter() - t1
+                    step_metrics["loss/total"] += float(loss.detach())
+                    for k, v in metrics.items():
+                        step_metrics[k] += float(v)
+                t0 = time.perf_counter()
+                grad_norm = None
+                if finite and t.max_grad_norm:
+                    grad_norm = float(
+                        self.accelerator.clip_grad_norm_(self.policy.trainable_parameters(), t.max_grad_norm)
+                    )
+                    finite = math.isfinite(grad_norm)
+                if finite:
+                    self.optimizer.step()
+                    self.scheduler.step()
+                    updates += 1
+                    self.nonfinite_in_a_row = 0
+                    for k, v in step_metrics.items():
+                        sums[k] += v
+                    if grad_norm is not None:
+                        sums["grad_norm"] += grad_norm
+                else:
+                    skipped += 1
+                    self.nonfinite_in_a_row += 1
+                    log.warning(
+                        "step %d: non-finite loss or gradient, update skipped (%d in a row)",
+                        self.step + 1,
+                        self.nonfinite_in_a_row,
+                    )
+                self.optimizer.zero_grad(set_to_none=True)
+                t_opt += time.perf_counter() - t0
+                if self.nonfinite_in_a_row >= t.max_nonfinite:
+                    ckpt = latest_checkpoint(self.run_dir)
+                    raise TrainingError(
+                        f"{self.nonfinite_in_a_row} non-finite losses/gradients in a row at step "
+                        f"{self.step + 1}; stopping. Last checkpoint: {ckpt or 'none yet'}. "
+                        "Lower train.lr or check the rewards."
+                    )
+        timings.update({"policy_forward": t_fwd, "backward": t_bwd, "optimizer": t_opt})
+        metrics = {k: v / max(1, updates) for k, v in sums.items()}
+        metrics["updates"] = float(updates)
+        return metrics, skipped
+
+    # ------------------------------------------------------------------ logging
+    def _log(self, metrics: dict[str, float]) -> None:
+        if not self.is_main:
+            return
+        record = {"step": self.step, **{k: _num(v) for k, v in metrics.items()}}
+        with open(self.metrics_file, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, self.step)
+        if self.cfg.logging.wandb:
+            import wandb
+
+            wandb.log(record, step=self.step)
+
+    def _write_samples(self, rollout: Rollout) -> None:
+        if not self.is_main or (self.step + 1) % self.cfg.logging.samples_every:
+            return
+        with open(self.samples_file, "a") as fh:
+            for s in rollout.samples:
+                fh.write(
+                    json.dumps(
+                        {
+                            "step": self.step + 1,
+                            "scenario": s.scenario.id,
+                            "group": s.group,
+                            "prompt": s.scenario.messages,
+                            "reply": s.text,
+                            "reward": s.reward,
+                            "rewards": s.rewards,
+                            "advantage": s.info.get("advantage"),
+                            "critique": s.critique,
+                            "finish_reason": s.finish_reason,
+                            "info": {k: v for k, v in s.info.items() if k != "advantage"},
+                        },
+                        default=str,
+                    )
+                    + "\n"
+                )
+
+
+def _num(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def load_model_weights(policy: Policy, folder: Path) -> None:
+    """Load checkpoint weights into the policy (the adapter under LoRA, all weights otherwise)."""
+    from safetensors.torch import load_file
+
+    if policy.is_lora:
+        from peft import set_peft_model_state_dict
+
+        path = folder / "adapter_model.safetensors"
+        if not path.is_file():
+            raise RapoEchoError(f"checkpoint {folder} holds no adapter_model.safetensors")
+        set_peft_model_state_dict(policy.lm, load_file(str(path)))
+        return
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise RapoEchoError(f"checkpoint {folder} holds no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = policy.lm.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(policy.lm.config, "tie_word_embeddings", False) else set()
+    missing = [m for m in missing if m not in tied]
+    if missing or unexpected:
+        raise RapoEchoError(
+            f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+
+
+def run_training(cfg: RunConfig, *, resume: bool = False) -> Path:
+    """Build a :class:`Trainer` and run it."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return Trainer(cfg, resume=resume).train()

@@ -1,0 +1,78 @@
+"""Shared fixtures: the real embedded model (converted once per machine) and a tiny random model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def shared_data(*parts: str) -> Path:
+    """A file under ../shared/data; the test is skipped with a clear reason when it is absent."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"shared data file {path} is not present on this machine")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> str:
+    """Folder of the embedded SmolLM2-135M-Instruct (GGUF converted once into the cache)."""
+    from rapo_echo.models import resolve
+
+    return resolve("default").path
+
+
+@pytest.fixture(scope="session")
+def smol_engine(smol_path: str):
+    """The real embedded model behind the ``hf`` engine (shared by the whole session)."""
+    from rapo_echo.engines.hf import HFEngine
+
+    torch.manual_seed(0)
+    return HFEngine.from_spec(smol_path, device="cpu")
+
+
+def make_tiny_model(tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64):
+    """A randomly initialised small Llama that shares the embedded model's tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_path: str):
+    from rapo_echo.models import load_tokenizer
+
+    return load_tokenizer(smol_path)
+
+
+@pytest.fixture
+def tiny_folder(tmp_path: Path, smol_tokenizer) -> Path:
+    """A tiny random model saved as a Hugging Face folder (config, safetensors, tokenizer)."""
+    model = make_tiny_model(smol_tokenizer)
+    out = tmp_path / "tiny"
+    model.save_pretrained(out)
+    smol_tokenizer.save_pretrained(out)
+    return out

