@@ -48,23 +48,30 @@ def label_probabilities(
 def generate_parsed(
     engine: ChatEngine,
     prompts: Sequence[Conversation],
-    parse: Callable[[str], T | None],
+    parse: Callable[[str], T | None] | Sequence[Callable[[str], T | None]],
     params: SamplingParams,
     *,
     max_retries: int = 2,
+    retry_params: SamplingParams | None = None,
 ) -> list[Parsed[T]]:
     """Generate one reply per prompt and parse it; prompts whose reply does not parse are asked
-    again together (one batched call per attempt), up to ``max_retries`` more times."""
+    again together (one batched call per attempt), up to ``max_retries`` more times. Retries use
+    ``retry_params`` when given (e.g. sampling after a greedy first try, which would repeat itself).
+    ``parse`` is one function for every reply or a sequence with one function per prompt."""
+    parsers = [parse] * len(prompts) if callable(parse) else list(parse)
+    if len(parsers) != len(prompts):
+        raise ValueError(f"generate_parsed: {len(parsers)} parse functions for {len(prompts)} prompts")
     results: list[Parsed[T]] = [Parsed(None, "", 0) for _ in prompts]
     pending = list(range(len(prompts)))
     for attempt in range(max_retries + 1):
         if not pending:
             break
-        replies = engine.generate([prompts[i] for i in pending], params)
+        use = params if attempt == 0 or retry_params is None else retry_params
+        replies = engine.generate([prompts[i] for i in pending], use)
         still = []
         for i, gens in zip(pending, replies):
             text = gens[0].text
-            value = parse(text)
+            value = parsers[i](text)
             results[i] = Parsed(value, text, attempt + 1)
             if value is None:
                 still.append(i)

@@ -207,6 +207,7 @@ class Trainer:
 
     def _checkpoint(self) -> Path | None:
         self.accelerator.wait_for_everyone()
+        self._check_replicas()
         states = (
             self.accelerator.gather_for_metrics([rng_state()], use_gather_object=True)
             if self.accelerator.num_processes > 1
@@ -308,7 +309,39 @@ class Trainer:
         metrics["nonfinite_skipped"] = float(skipped)
         metrics["items"] = float(len(items))
         self._write_samples(rollout)
-        return metrics
+        return self._mean_over_processes(metrics)
+
+    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Average each metric over the processes (rollout metrics are per rank); adds ``world``."""
+        world = self.accelerator.num_processes
+        if world == 1:
+            return {**metrics, "world": 1.0}
+        from accelerate.utils import gather_object
+
+        merged: dict[str, list[float]] = defaultdict(list)
+        for part in gather_object([metrics]):
+            for k, v in part.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    merged[k].append(float(v))
+        out = {k: sum(v) / len(v) for k, v in merged.items()}
+        for k in ("invalid", "items", "truncated"):  # counts add up over ranks
+            if k in merged:
+                out[k] = sum(merged[k])
+        out["world"] = float(world)
+        return out
+
+    def _check_replicas(self) -> None:
+        """Under DDP every rank must hold the same weights; a mismatch means gradients were not synced."""
+        if self.accelerator.num_processes == 1:
+            return
+        with torch.no_grad():
+            total = sum(p.double().sum() for p in self.policy.trainable_parameters())
+        sums = self.accelerator.gather(total.reshape(1).to(self.accelerator.device)).tolist()
+        if max(sums) - min(sums) > 1e-6 * max(1.0, abs(sums[0])):
+            raise TrainingError(
+                f"model replicas diverged across processes (parameter sums {sums}); "
+                "gradient synchronisation failed"
+            )
 
     def _scoring_batches(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
         for mb in length_grouped(items, self.cfg.train.micro_batch_size):

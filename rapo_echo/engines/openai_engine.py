@@ -1,0 +1,471 @@
+"""``openai`` engine: any OpenAI-compatible chat-completions server (vLLM, SGLang, llama.cpp, hosted
+APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, over ``httpx``.
+
+* ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1``; a URL without a path gets ``/v1``.
+* ``model=None`` asks ``GET {base_url}/models`` once and uses the first id.
+* A prompt whose last message is an assistant message is continued: the request carries the vLLM
+  extension fields ``continue_final_message: true, add_generation_prompt: false``.
+* ``top_k > 0`` is sent as the ``top_k`` extension field (vLLM, SGLang, llama.cpp, our server); it is
+  left out otherwise, because hosted APIs reject unknown fields.
+* ``supports_logprobs`` is False until known: it turns True when a response carried log-probs and
+  False when a log-prob request came back without them. Reading it while still unknown sends one
+  1-token probe request (a server that rejects the ``logprobs`` fields with HTTP 400/422 counts as
+  False; other failures raise). Note: on Python < 3.12, ``isinstance(engine, ChatEngine)`` reads
+  every protocol attribute, so it can trigger that probe.
+* Reliability: every request has the timeout ``timeout_s``; connection errors, timeouts, HTTP 429 and
+  5xx are retried ``max_retries`` times with exponential backoff and jitter (``Retry-After`` is honoured
+  up to ``max_backoff_s``); other 4xx fail at once with the server's message. Final errors are
+  :class:`EngineError` naming the endpoint URL. The API key (read from the environment variable
+  ``api_key_env``, sent as ``Authorization: Bearer``) is scrubbed from every message and never shown
+  in ``repr``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from rapo_echo.errors import CapabilityError, ConfigError, EngineError
+from rapo_echo.types import Conversation, Generation, SamplingParams
+
+TOP_LOGPROBS = 20  # the most OpenAI and vLLM (default max_logprobs) return per position
+_TOKEN_ID = re.compile(r"token_id:(\d+)")
+
+
+class EndpointError(EngineError):
+    """A request to an endpoint failed for good; ``status`` is the last HTTP status (None when there was
+    no response: connection error or timeout)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Secret:
+    """Holds the API key so that ``repr``/``vars`` of the engine never show it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str | None) -> None:
+        self.value = value or None
+
+    def __repr__(self) -> str:
+        return "<secret>" if self.value else "<none>"
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random | Any = random) -> float:
+    """Seconds to wait before retry ``attempt`` (0-based): ``d = min(cap, base * 2**attempt)``, then
+    "equal jitter" ``d/2 + U(0, d/2)`` so that clients retrying together spread out."""
+    delay = min(cap_s, base_s * 2**attempt)
+    return delay / 2 + rng.random() * delay / 2
+
+
+def option_logprob(top: Sequence[tuple[str, float]], option: str) -> float:
+    """Log-prob that a reply starts with ``option``, read from one position's top list.
+
+    Tokens and the option are compared after stripping leading whitespace. The option's first token
+    is taken to be the longest non-empty listed token that begins the option; the log-probs of all
+    listed spellings of that token (e.g. ``"A"`` and ``" A"``) are summed in probability space.
+    ``-inf`` when no listed token begins the option. For an option longer than one token this is the
+    probability of its first token only (an upper bound of the option's probability).
+    """
+    want = option.lstrip()
+    if not want:
+        raise ValueError("an option must contain a non-space character")
+    best = 0
+    for token, _ in top:
+        t = token.lstrip()
+        if t and want.startswith(t):
+            best = max(best, len(t))
+    if best == 0:
+        return -math.inf
+    picked = [lp for token, lp in top if len(token.lstrip()) == best and want.startswith(token.lstrip())]
+    hi = max(picked)
+    if hi == -math.inf:
+        return hi
+    return hi + math.log(sum(math.exp(lp - hi) for lp in picked))
+
+
+def _normalize_base_url(base_url: str) -> str:
+    url = base_url.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"base_url: got {base_url!r}; expected an http(s) URL of an OpenAI-compatible API, "
+            "e.g. http://127.0.0.1:8000/v1"
+        )
+    return url if parts.path else url + "/v1"
+
+
+class OpenAIEngine:
+    """A chat engine that calls an OpenAI-compatible ``/chat/completions`` endpoint."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        name: str = "openai",
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        max_concurrency: int = 8,
+        return_token_ids: bool = False,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        """``return_token_ids`` sends vLLM's ``return_tokens_as_token_ids`` so that generations carry
+        token ids (only for servers that know the field); ``http_client`` replaces the default client
+        (custom TLS, proxies, or an in-process test client) and then its own timeout applies."""
+        if timeout_s <= 0 or max_retries < 0 or max_concurrency < 1 or backoff_s < 0:
+            raise ConfigError(
+                "openai engine: need timeout_s > 0, max_retries >= 0, max_concurrency >= 1, backoff_s >= 0; "
+                f"got timeout_s={timeout_s}, max_retries={max_retries}, max_concurrency={max_concurrency}, "
+                f"backoff_s={backoff_s}"
+            )
+        self.base_url = _normalize_base_url(base_url)
+        self.name = name
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        self.max_backoff_s = float(max_backoff_s)
+        self.max_concurrency = int(max_concurrency)
+        self.return_token_ids = return_token_ids
+        self.api_key_env = api_key_env
+        self._api_key = _Secret(os.environ.get(api_key_env) if api_key_env else None)
+        self._model = model
+        self._model_lock = threading.Lock()
+        self._supports_logprobs: bool | None = None
+        self._rng = random.Random()
+        self._http = http_client or httpx.Client(
+            timeout=httpx.Timeout(self.timeout_s),
+            limits=httpx.Limits(max_connections=max(self.max_concurrency, 10)),
+        )
+
+    def __repr__(self) -> str:
+        key = "set" if self._api_key.value else "none"
+        fields = f"base_url={self.base_url!r}, model={self._model!r}, name={self.name!r}, api_key={key}"
+        return f"OpenAIEngine({fields})"
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> OpenAIEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ HTTP
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self._api_key.value:
+            headers["Authorization"] = f"Bearer {self._api_key.value}"
+        return headers
+
+    def _scrub(self, text: str) -> str:
+        """``text`` with the API key replaced (servers sometimes echo a rejected key)."""
+        key = self._api_key.value
+        return text.replace(key, "***") if key else text
+
+    def _fail(self, where: str, what: str, status: int | None = None) -> EndpointError:
+        return EndpointError(self._scrub(f"{self.name}: {where}: {what}"), status)
+
+    def _server_message(self, resp: httpx.Response) -> str:
+        try:
+            body = resp.json()
+        except ValueError:
+            return resp.text.strip()[:500] or resp.reason_phrase
+        err = body.get("error", body) if isinstance(body, dict) else body
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or err)[:500]
+        return str(err)[:500]
+
+    def _with_retries(self, method: str, url: str, attempt_fn: Callable[[], Any]) -> Any:
+        """Run ``attempt_fn`` (which sends one request and returns a value or raises) with retries.
+        ``attempt_fn`` raises ``_Retryable`` for a failure worth retrying."""
+        last, status = "", None
+        for attempt in range(self.max_retries + 1):
+            retry_after: float | None = None
+            try:
+                return attempt_fn()
+            except _Retryable as exc:
+                last, status, retry_after = exc.what, exc.status, exc.retry_after
+            except httpx.TimeoutException as exc:
+                last, status = f"timed out after {self.timeout_s:g} s ({type(exc).__name__})", None
+            except httpx.TransportError as exc:
+                last, status = f"connection failed ({type(exc).__name__}: {exc})", None
+            if attempt < self.max_retries:
+                delay = backoff_delay(attempt, self.backoff_s, self.max_backoff_s, self._rng)
+                if retry_after is not None:
+                    delay = max(delay, min(retry_after, self.max_backoff_s))
+                time.sleep(delay)
+        tries = self.max_retries + 1
+        raise self._fail(f"{method} {url}", f"{last} (gave up after {tries} attempts)", status)
+
+    def _check(self, method: str, url: str, resp: httpx.Response) -> None:
+        """Raise ``_Retryable`` for 429 / 5xx and :class:`EndpointError` for other error statuses."""
+        if resp.status_code < 400:
+            return
+        what = f"HTTP {resp.status_code}: {self._server_message(resp)}"
+        if resp.status_code == 429 or resp.status_code >= 500:
+            raise _Retryable(what, resp.status_code, _retry_after(resp))
+        raise self._fail(f"{method} {url}", what, resp.status_code)
+
+    def _request_json(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = self.base_url + path
+
+        def attempt() -> dict[str, Any]:
+            resp = self._http.request(method, url, json=payload, headers=self._headers())
+            self._check(method, url, resp)
+            try:
+                body = resp.json()
+            except ValueError as exc:
+                raise self._fail(f"{method} {url}", f"response is not JSON: {resp.text[:200]!r}") from exc
+            if not isinstance(body, dict):
+                raise self._fail(f"{method} {url}", f"expected a JSON object, got {type(body).__name__}")
+            return body
+
+        return self._with_retries(method, url, attempt)
+
+    # ------------------------------------------------------------------ model
+    @property
+    def model(self) -> str:
+        """The model id sent with each request (asked from ``GET /models`` once when not given)."""
+        if self._model is None:
+            with self._model_lock:
+                if self._model is None:
+                    body = self._request_json("GET", "/models")
+                    data = body.get("data")
+                    if (
+                        not isinstance(data, list)
+                        or not data
+                        or not isinstance(data[0], dict)
+                        or "id" not in data[0]
+                    ):
+                        raise self._fail(
+                            f"GET {self.base_url}/models", f"no model listed; got {json.dumps(body)[:200]}"
+                        )
+                    self._model = str(data[0]["id"])
+        return self._model
+
+    @property
+    def supports_logprobs(self) -> bool:
+        """Whether the server returns log-probs (probes once with a 1-token request while unknown)."""
+        if self._supports_logprobs is None:
+            payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
+            payload.update(top_logprobs=1, temperature=1.0)
+            try:
+                body = self._request_json("POST", "/chat/completions", payload)
+            except EndpointError as exc:
+                if exc.status in (400, 422):  # the server rejects the logprobs fields
+                    self._supports_logprobs = False
+                    return False
+                raise
+            self._supports_logprobs = bool(_top_lists(body))
+        return self._supports_logprobs
+
+    # ------------------------------------------------------------------ requests
+    def _payload(
+        self, prompt: Conversation, params: SamplingParams, *, logprobs: bool = True
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": m["role"], "content": m["content"]} for m in prompt],
+            "n": params.n,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        if logprobs:
+            payload["logprobs"] = True
+        if params.top_k > 0:
+            payload["top_k"] = params.top_k
+        if params.stop:
+            payload["stop"] = list(params.stop)
+        if params.seed is not None:
+            payload["seed"] = params.seed
+        if prompt and prompt[-1]["role"] == "assistant":
+            payload["continue_final_message"] = True
+            payload["add_generation_prompt"] = False
+        return payload
+
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """``fn`` over ``items`` on at most ``max_concurrency`` threads, results in order."""
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        pool = ThreadPoolExecutor(
+            max_workers=min(self.max_concurrency, len(items)), thread_name_prefix=self.name
+        )
+        try:
+            return list(pool.map(fn, items))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def generate(self, prompts: Sequence[Conversation], params: SamplingParams) -> list[list[Generation]]:
+        """``params.n`` replies per prompt; one request per prompt, sent concurrently."""
+        if prompts:
+            _ = self.model  # resolve once before the threads start
+        return self._map(lambda p: self._generate_one(p, params), list(prompts))
+
+    def _generate_one(self, prompt: Conversation, params: SamplingParams) -> list[Generation]:
+        url = self.base_url + "/chat/completions"
+        gens: list[Generation] = []
+        while len(gens) < params.n:  # servers that ignore ``n`` (llama.cpp) are asked again for the rest
+            missing = params.n - len(gens)
+            seed = None if params.seed is None else params.seed + len(gens)
+            payload = self._payload(prompt, SamplingParams(**{**params.__dict__, "n": missing, "seed": seed}))
+            if self.return_token_ids:
+                payload["return_tokens_as_token_ids"] = True
+            body = self._request_json("POST", "/chat/completions", payload)
+            got = self._parse_choices(url, body)
+            if not got:
+                raise self._fail(f"POST {url}", f"response has no choices: {json.dumps(body)[:200]}")
+            gens.extend(got[:missing])
+        return gens
+
+    def _parse_choices(self, url: str, body: dict[str, Any]) -> list[Generation]:
+        choices = body.get("choices")
+        if not isinstance(choices, list):
+            raise self._fail(f"POST {url}", f"response has no 'choices' list: {json.dumps(body)[:200]}")
+        out = []
+        for choice in sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
+            try:
+                text = choice["message"].get("content") or ""
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise self._fail(
+                    f"POST {url}", f"malformed choice (no message.content): {json.dumps(choice)[:200]}"
+                ) from exc
+            try:
+                entries = (choice.get("logprobs") or {}).get("content") or []
+                logprobs = [float(e["logprob"]) for e in entries] if entries else None
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise self._fail(f"POST {url}", f"malformed logprobs: {json.dumps(choice)[:200]}") from exc
+            ids = [_TOKEN_ID.fullmatch(str(e.get("token", ""))) for e in entries]
+            token_ids = [int(m.group(1)) for m in ids] if ids and all(ids) else []  # type: ignore[union-attr]
+            if logprobs is not None:
+                self._supports_logprobs = True
+            finish = choice.get("finish_reason") or "stop"
+            out.append(
+                Generation(text=text, token_ids=token_ids, logprobs=logprobs, finish_reason=str(finish))
+            )
+        return out
+
+    def choice_logprobs(
+        self, prompts: Sequence[Conversation], options: Sequence[str]
+    ) -> list[dict[str, float]]:
+        """Log-prob of each option as the reply's beginning, from the first position's top-20 list
+        (see :func:`option_logprob`); ``-inf`` for options not in the list."""
+        for o in options:
+            if not o.strip():
+                raise ValueError(f"choice_logprobs: option {o!r} is blank")
+        if prompts:
+            _ = self.model
+        return self._map(lambda p: self._choice_one(p, options), list(prompts))
+
+    def _choice_one(self, prompt: Conversation, options: Sequence[str]) -> dict[str, float]:
+        url = self.base_url + "/chat/completions"
+        payload = self._payload(prompt, SamplingParams(max_new_tokens=1, temperature=1.0))
+        payload["top_logprobs"] = TOP_LOGPROBS
+        body = self._request_json("POST", "/chat/completions", payload)
+        tops = _top_lists(body)
+        if not tops:
+            self._supports_logprobs = False
+            raise CapabilityError(
+                self._scrub(f"{self.name}: POST {url} returned no top log-probs, so options cannot be scored")
+            )
+        self._supports_logprobs = True
+        return {o: option_logprob(tops[0], o) for o in options}
+
+    def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]:
+        """Yield the content deltas of one reply (server-sent events; ``params.n`` is ignored)."""
+        url = self.base_url + "/chat/completions"
+        payload = self._payload(prompt, SamplingParams(**{**params.__dict__, "n": 1}), logprobs=False)
+        payload["stream"] = True
+
+        def open_stream() -> httpx.Response:
+            req = self._http.build_request(
+                "POST",
+                url,
+                json=payload,
+                headers={**self._headers(), "Accept": "text/event-stream"},
+            )
+            resp = self._http.send(req, stream=True)
+            if resp.status_code >= 400:
+                resp.read()
+                resp.close()
+                self._check("POST", url, resp)
+            return resp
+
+        resp = self._with_retries("POST", url, open_stream)
+        try:
+            yield from self._read_events(url, resp)
+        except httpx.TimeoutException as exc:
+            raise self._fail(f"POST {url}", f"stream stalled: no data for {self.timeout_s:g} s") from exc
+        except httpx.TransportError as exc:
+            raise self._fail(f"POST {url}", f"stream broken ({type(exc).__name__}: {exc})") from exc
+        finally:
+            resp.close()
+
+    def _read_events(self, url: str, resp: httpx.Response) -> Iterator[str]:
+        for line in resp.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                event = json.loads(data)
+            except ValueError as exc:
+                raise self._fail(f"POST {url}", f"bad stream event {data[:200]!r}") from exc
+            if not isinstance(event, dict):
+                raise self._fail(f"POST {url}", f"bad stream event {data[:200]!r}")
+            if "error" in event:
+                err = event["error"]
+                raise self._fail(
+                    f"POST {url}",
+                    f"server error in stream: {err.get('message', err) if isinstance(err, dict) else err}",
+                )
+            for choice in event.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    yield piece
+
+
+class _Retryable(Exception):
+    def __init__(self, what: str, status: int, retry_after: float | None = None) -> None:
+        super().__init__(what)
+        self.what, self.status, self.retry_after = what, status, retry_after
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _top_lists(body: dict[str, Any]) -> list[list[tuple[str, float]]]:
+    """The top log-prob lists of the first choice, one per position ([] when the response has none)."""
+    try:
+        entries = (body["choices"][0].get("logprobs") or {}).get("content") or []
+        tops = [
+            [(str(t["token"]), float(t["logprob"])) for t in e.get("top_logprobs") or []] for e in entries
+        ]
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return []
+    return tops if tops and all(tops) else []

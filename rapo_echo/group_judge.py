@@ -1,0 +1,401 @@
+"""RAPO's generative group judge (GRM): ranks a group of candidate replies by the person's reactions
+and writes a short critique of each (research/rapo.md section 2.3).
+
+The judge sees the context (and, with ``show_profile``, the hidden profile) and the group's
+``reply -> reaction`` pairs, anonymised as ``A``, ``B``, ... and, with ``shuffle``, presented in a
+random order drawn from ``rng``; results are mapped back to the caller's order.
+
+* Log-prob mode: one ``choice_logprobs`` call for all groups (and both passes) reads P(best) over the
+  group's labels right after the prefix ``... helped the person most is Reply``; the options are the
+  labels with a leading space (``" A"``, ``" B"``, ...), single tokens in common BPE vocabularies.
+  Candidates rank by P(best); P differing by less than ``tie_eps`` tie.
+* Text mode: one generation per group asks for ``Ranking: B > A = C``; every label exactly once, ``>``
+  and ``=`` only. Unparseable groups are asked again together, then marked invalid.
+* ``reverse_pass`` ranks a second time with the presentation reversed and averages the two rank
+  vectors (position-bias control); an invalid pass makes the group invalid.
+* Critiques: one batched generation, one prompt per (group, candidate), contrasting the candidate with
+  the group's best one.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from rapo_echo.algorithms.rank_rewards import average_ranks
+from rapo_echo.engines.base import ChatEngine, normalize_choices
+from rapo_echo.judging import Parsed, generate_parsed, wants_logprobs
+from rapo_echo.rewards.judge import render_dialogue
+from rapo_echo.simulators.reaction import Reaction, render_profile
+from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+
+LABELS = string.ascii_uppercase
+BEST_PREFIX = "The reply that helped the person most is Reply"
+CRITIQUE_PREFIX = "The person's reaction shows"  # starts the critique: keeps small judges on task
+CRITIQUE_STOP = ("\n\n",)  # a critique is one short paragraph
+RETRY_TEMPERATURE = 0.7  # retries sample: a greedy retry would repeat the failed answer
+SYSTEM = (
+    "You judge emotional-support replies by their effect on the person. For each reply you see how the "
+    "person reacted: what they said next, how their feelings changed and what they privately thought. "
+    "A reply is better when the reaction shows the person felt understood, calmer or more hopeful and "
+    "kept opening up; it is worse when they felt dismissed, lectured, confused or pushed away. Judge the "
+    "outcome shown by the reaction, not the style or length of the reply."
+)
+CRITIC_SYSTEM = (
+    "You coach an emotional supporter. You read how a person reacted to the supporter's reply and explain "
+    "briefly, concretely and kindly what worked or failed."
+)
+
+
+@dataclass
+class Candidate:
+    """One reply of a group and the person's reaction to it."""
+
+    reply: str
+    reaction: Reaction | None  # None: the reply had no (valid) reaction; the judge sees "(no reaction)"
+
+
+@dataclass
+class GroupJudgement:
+    """The judge's verdict on one group, in the caller's candidate order."""
+
+    ranks: (
+        list[float] | None
+    )  # 1 = best; ties share the average rank (e.g. [1, 2.5, 2.5, 4]); None if invalid
+    critiques: list[str | None]  # one per candidate (None if not requested / failed)
+    scores: list[float] | None  # what the ranking came from (P(best) per candidate in log-prob mode)
+    valid: bool
+    raw: list[str]  # raw judge texts, for logs
+    attempts: int = 1
+
+
+def parse_ranking(text: str, labels: Sequence[str]) -> list[float] | None:
+    """Average ranks (in ``labels`` order) from a ``Ranking: B > A = C`` answer, or None.
+
+    Lenient about case, markdown, a ``Reply``/``Candidate`` word before a label, a final period and an
+    explanation after ``. ``, ``(`` or ``: ``; strict about content: every label exactly once, separated
+    by ``>`` (better than) or ``=`` (tie) only. The text after ``Ranking:`` is tried first, then every
+    line as a bare ranking.
+    """
+    lines = [m.group(1) for m in re.finditer(r"ranking\s*[*_`]*\s*[:=]\s*(.*)", text, re.I)]
+    lines += text.splitlines()
+    for line in lines:
+        ranks = _parse_order(line, labels)
+        if ranks is not None:
+            return ranks
+    return None
+
+
+def _parse_order(line: str, labels: Sequence[str]) -> list[float] | None:
+    body = re.split(r"\.\s|\(|:\s", line.strip() + " ", maxsplit=1)[0]  # drop a trailing explanation
+    body = re.sub(r"[*_`\[\]\"']", "", body)
+    body = re.sub(r"\b(?:reply|candidate|response)\s+", "", body, flags=re.I).strip().rstrip(".").strip()
+    if not re.fullmatch(r"[A-Za-z](?:\s*[>=]\s*[A-Za-z])*", body):
+        return None
+    tiers = [[label.strip().upper() for label in tier.split("=")] for tier in body.split(">")]
+    named = [label for tier in tiers for label in tier]
+    if sorted(named) != sorted(labels):
+        return None
+    ranks: dict[str, float] = {}
+    position = 0
+    for tier in tiers:
+        shared = position + (len(tier) + 1) / 2  # positions position+1 .. position+len(tier)
+        ranks.update((label, shared) for label in tier)
+        position += len(tier)
+    return [ranks[label] for label in labels]
+
+
+def label_options(size: int) -> list[str]:
+    """The log-prob options for a group of ``size``: ``" A"``, ``" B"``, ... (space-prefixed labels)."""
+    return [" " + label for label in LABELS[:size]]
+
+
+def clean_critique(text: str) -> str | None:
+    """The whole critique from the judge's continuation of :data:`CRITIQUE_PREFIX` (whitespace
+    normalised); None when the continuation is empty."""
+    text = " ".join(text.split())
+    if not text:
+        return None
+    return CRITIQUE_PREFIX + ("" if text[0] in ".,:;" else " ") + text
+
+
+def _fmt(rank: float) -> str:
+    return f"{rank:g}"
+
+
+class GroupJudge:
+    """Ranks groups of candidate replies by the person's reactions and critiques each candidate."""
+
+    def __init__(
+        self,
+        engine: ChatEngine,
+        *,
+        use_logprobs: str = "auto",
+        max_retries: int = 2,
+        reverse_pass: bool = False,
+        shuffle: bool = True,
+        tie_eps: float = 0.02,
+        max_new_tokens: int = 384,
+        critique_tokens: int = 96,
+        show_profile: bool = True,
+        rng: random.Random | None = None,
+    ) -> None:
+        if use_logprobs not in {"auto", "always", "never"}:
+            raise ValueError(f"GroupJudge: use_logprobs must be auto|always|never, got {use_logprobs!r}")
+        if max_retries < 0 or tie_eps < 0:
+            raise ValueError(
+                f"GroupJudge: max_retries and tie_eps must be >= 0, got {max_retries}, {tie_eps}"
+            )
+        if max_new_tokens < 1 or critique_tokens < 1:
+            raise ValueError("GroupJudge: max_new_tokens and critique_tokens must be >= 1")
+        self.engine = engine
+        self.use_logprobs = use_logprobs
+        self.max_retries = max_retries
+        self.reverse_pass = reverse_pass
+        self.shuffle = shuffle
+        self.tie_eps = tie_eps
+        self.max_new_tokens = max_new_tokens
+        self.critique_tokens = critique_tokens
+        self.show_profile = show_profile
+        self.rng = rng if rng is not None else random.Random(0)
+        self.stats: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ prompts
+    def _context(self, scenario: Scenario) -> str:
+        profile = render_profile(scenario.profile) if self.show_profile else ""
+        about = (
+            f"What we know about the person (hidden from the supporter):\n{profile}\n\n" if profile else ""
+        )
+        dialogue = render_dialogue(scenario.messages) or "(the supporter speaks first)"
+        return f"{about}Dialogue so far:\n{dialogue}\n\n"
+
+    @staticmethod
+    def render_reaction(reaction: Reaction | None) -> str:
+        """The person's reaction as judge-facing lines; ``(no reaction)`` when missing or invalid."""
+        if reaction is None or not reaction.valid:
+            return "Person's reaction: (no reaction)"
+        lines = [f"Person's reaction: {reaction.message}"]
+        if reaction.emotion_delta is not None:
+            lines.append(
+                f"Emotion change: {reaction.emotion_delta:+.1f} (from -{reaction.scale:g} = much worse "
+                f"to +{reaction.scale:g} = much better)"
+            )
+        if reaction.thought:
+            lines.append(f"Person's unspoken thought: {reaction.thought}")
+        return "\n".join(lines)
+
+    def _candidates(self, group: Sequence[Candidate], order: Sequence[int]) -> str:
+        blocks = [
+            f"Reply {LABELS[pos]}: {group[i].reply}\n{self.render_reaction(group[i].reaction)}"
+            for pos, i in enumerate(order)
+        ]
+        return "\n\n".join(blocks)
+
+    def rank_prompt(
+        self, scenario: Scenario, group: Sequence[Candidate], order: Sequence[int], *, text_mode: bool
+    ) -> Conversation:
+        """The ranking prompt for one group shown in presentation ``order`` (caller indices). Log-prob
+        mode ends with the assistant prefix :data:`BEST_PREFIX`, right before the label."""
+        labels = LABELS[: len(order)]
+        body = (
+            self._context(scenario)
+            + "The supporter tried these replies; after each is how the person reacted to it.\n\n"
+            + self._candidates(group, order)
+            + "\n\n"
+        )
+        if text_mode:
+            body += (
+                f"Rank all {len(labels)} replies from the one that helped the person most to the one that "
+                "helped least, judged by the reactions. Answer with one line and nothing else: 'Ranking:' "
+                f"followed by the labels {', '.join(labels)}, best first, separated by '>' ('=' for a tie), "
+                "each label exactly once."
+            )
+            return [msg("system", SYSTEM), msg("user", body)]
+        body += "Judged by the reactions, which reply helped the person most?"
+        return [msg("system", SYSTEM), msg("user", body), msg("assistant", BEST_PREFIX)]
+
+    def critique_prompt(
+        self, scenario: Scenario, group: Sequence[Candidate], ranks: Sequence[float], index: int
+    ) -> Conversation:
+        """The critique prompt for candidate ``index`` of a ranked group (contrasted with the best one);
+        ends with the assistant prefix :data:`CRITIQUE_PREFIX`."""
+        best = min(range(len(group)), key=lambda i: ranks[i])
+        own = group[index]
+        body = (
+            "Review a supporter's reply by how the person reacted to it.\n\n"
+            + self._context(scenario)
+            + f"Reply under review (ranked {_fmt(ranks[index])} of {len(group)}, 1 = best):\n{own.reply}\n"
+            + self.render_reaction(own.reaction)
+            + "\n\n"
+        )
+        if ranks[index] > ranks[best]:
+            body += (
+                f"Best-ranked reply, for contrast:\n{group[best].reply}\n"
+                + self.render_reaction(group[best].reaction)
+                + "\n\nIn at most three short sentences: what in the person's reaction shows the reply under "
+                "review failed, its main mistake, and one concrete hint to do better."
+            )
+        else:
+            body += (
+                "In at most three short sentences: what in the person's reaction shows the reply under "
+                "review worked, and one concrete hint to make it even better."
+            )
+        body += " Do not write a new reply."
+        return [msg("system", CRITIC_SYSTEM), msg("user", body), msg("assistant", CRITIQUE_PREFIX)]
+
+    # ------------------------------------------------------------------ running
+    def rank(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        *,
+        with_critiques: bool = True,
+    ) -> list[GroupJudgement]:
+        """Judge each group (``groups[k]`` answers ``scenarios[k]``); results in the caller's order."""
+        if len(scenarios) != len(groups):
+            raise ValueError(f"GroupJudge.rank: {len(scenarios)} scenarios but {len(groups)} groups")
+        for k, group in enumerate(groups):
+            if not 1 <= len(group) <= len(LABELS):
+                raise ValueError(f"GroupJudge.rank: group {k} has {len(group)} candidates; allowed 1..26")
+        passes = self._presentation_orders(groups)
+        text_mode = not wants_logprobs(self.engine, self.use_logprobs)
+        judged = (
+            self._rank_text(scenarios, groups, passes)
+            if text_mode
+            else self._rank_logprobs(scenarios, groups, passes)
+        )
+        self.stats["groups"] += len(groups)
+        self.stats["invalid_groups"] += sum(not j.valid for j in judged)
+        if with_critiques:
+            self._critique(scenarios, groups, judged)
+        return judged
+
+    def _presentation_orders(self, groups: Sequence[Sequence[Candidate]]) -> list[list[list[int]]]:
+        """Per group, one presentation order per pass (caller indices; the second pass is reversed)."""
+        out = []
+        for group in groups:
+            order = list(range(len(group)))
+            if self.shuffle:
+                self.rng.shuffle(order)
+            out.append([order, order[::-1]] if self.reverse_pass else [order])
+        return out
+
+    def _combine(self, per_pass: Sequence[list[float]]) -> list[float]:
+        """One rank vector from the passes' rank vectors: their mean, re-ranked with average ranks."""
+        if len(per_pass) == 1:
+            return per_pass[0]
+        mean = [sum(col) / len(col) for col in zip(*per_pass)]
+        return average_ranks(mean, higher_is_better=False)
+
+    def _rank_logprobs(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        passes: Sequence[Sequence[Sequence[int]]],
+    ) -> list[GroupJudgement]:
+        jobs = [(k, order) for k, orders in enumerate(passes) if len(groups[k]) > 1 for order in orders]
+        scores_by_group: dict[int, list[list[float]]] = {}
+        if jobs:
+            width = max(len(order) for _, order in jobs)
+            prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=False) for k, o in jobs]
+            logprobs = self.engine.choice_logprobs(prompts, label_options(width))
+            self.stats["rank_calls"] += 1
+            for (k, order), lp in zip(jobs, logprobs):
+                options = label_options(len(order))
+                p_best = normalize_choices({o: lp[o] for o in options})
+                scores = [0.0] * len(order)
+                for pos, i in enumerate(order):
+                    scores[i] = p_best[options[pos]]
+                scores_by_group.setdefault(k, []).append(scores)
+        out = []
+        for k, group in enumerate(groups):
+            if len(group) == 1:
+                out.append(GroupJudgement([1.0], [None], [1.0], True, [], attempts=0))
+                continue
+            score_sets = scores_by_group[k]
+            ranks = self._combine([average_ranks(s, tie_eps=self.tie_eps) for s in score_sets])
+            mean_scores = [sum(col) / len(col) for col in zip(*score_sets)]
+            out.append(GroupJudgement(ranks, [None] * len(group), mean_scores, True, []))
+        return out
+
+    def _rank_text(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        passes: Sequence[Sequence[Sequence[int]]],
+    ) -> list[GroupJudgement]:
+        jobs = [(k, order) for k, orders in enumerate(passes) if len(groups[k]) > 1 for order in orders]
+        results_by_group: dict[int, list[tuple[Sequence[int], Parsed[list[float]]]]] = {}
+        if jobs:
+            prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=True) for k, o in jobs]
+            parsers = [partial(parse_ranking, labels=LABELS[: len(o)]) for _, o in jobs]
+            parsed = generate_parsed(
+                self.engine,
+                prompts,
+                parsers,
+                SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0),
+                max_retries=self.max_retries,
+                retry_params=SamplingParams(
+                    max_new_tokens=self.max_new_tokens, temperature=RETRY_TEMPERATURE
+                ),
+            )
+            self._count_calls("rank", parsed)
+            for (k, order), p in zip(jobs, parsed):
+                results_by_group.setdefault(k, []).append((order, p))
+        out = []
+        for k, group in enumerate(groups):
+            if len(group) == 1:
+                out.append(GroupJudgement([1.0], [None], None, True, [], attempts=0))
+                continue
+            results = results_by_group[k]
+            raw = [p.raw for _, p in results]
+            attempts = max(p.attempts for _, p in results)
+            if any(p.value is None for _, p in results):
+                out.append(GroupJudgement(None, [None] * len(group), None, False, raw, attempts))
+                continue
+            rank_sets = []
+            for order, p in results:
+                ranks = [0.0] * len(group)
+                for pos, i in enumerate(order):
+                    ranks[i] = (p.value or [])[pos]
+                rank_sets.append(ranks)
+            out.append(
+                GroupJudgement(self._combine(rank_sets), [None] * len(group), None, True, raw, attempts)
+            )
+        return out
+
+    def _critique(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        judged: Sequence[GroupJudgement],
+    ) -> None:
+        """Fill ``critiques`` of every valid group in place: one batched generation for all candidates."""
+        jobs = [(k, i) for k, j in enumerate(judged) if j.ranks is not None for i in range(len(groups[k]))]
+        if not jobs:
+            return
+        prompts = [self.critique_prompt(scenarios[k], groups[k], judged[k].ranks or [], i) for k, i in jobs]
+        parsed = generate_parsed(
+            self.engine,
+            prompts,
+            clean_critique,
+            SamplingParams(max_new_tokens=self.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
+            max_retries=self.max_retries,
+            retry_params=SamplingParams(
+                max_new_tokens=self.critique_tokens, temperature=RETRY_TEMPERATURE, stop=CRITIQUE_STOP
+            ),
+        )
+        self._count_calls("critique", parsed)
+        self.stats["failed_critiques"] += sum(p.value is None for p in parsed)
+        for (k, i), p in zip(jobs, parsed):
+            judged[k].critiques[i] = p.value
+
+    def _count_calls(self, stage: str, parsed: Sequence[Parsed]) -> None:
+        """Engine calls made (the most attempts any prompt needed) and prompts asked again."""
+        self.stats[f"{stage}_calls"] += max((p.attempts for p in parsed), default=0)
+        self.stats[f"{stage}_retries"] += sum(max(p.attempts - 1, 0) for p in parsed)

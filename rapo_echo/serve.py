@@ -1,0 +1,603 @@
+"""``rapo-echo serve``: any chat engine behind an OpenAI-compatible API (``/v1/chat/completions``).
+
+``GET /v1/models`` lists the one served model; ``POST /v1/chat/completions`` answers in the OpenAI
+schema, with ``stream: true`` as server-sent events ending in ``data: [DONE]``. It honours vLLM's
+``continue_final_message`` / ``add_generation_prompt`` / ``top_k`` / ``return_tokens_as_token_ids``
+extensions, so the ``openai`` engine gets the same continuation semantics as from vLLM.
+
+Log-probs (engines with a tokenizer, e.g. ``hf``) are those of :func:`rapo_echo.engines.hf.sample_next`:
+the sampled token's log-prob under ``softmax(logits / temperature)`` before top-k / top-p truncation
+(temperature 0 counts as 1), exactly the value the ``hf`` engine returns in-process; ``top_logprobs``
+come from one teacher-forced pass over the reply under the same distribution. Engines without a
+tokenizer answer ``logprobs: null``. A model is not thread-safe, so one lock serialises engine calls.
+
+fastapi and uvicorn come with the ``serve`` extra and are imported only when a server is built.
+"""
+
+import argparse
+import asyncio
+import hmac
+import importlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rapo_echo.engines.base import ChatEngine
+from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.types import Conversation, Generation, Message, SamplingParams
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+SERVE_INSTALL = "pip install 'rapo-echo[serve]'"
+MAX_TOP_LOGPROBS = 20
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM uses the same floor
+UNSUPPORTED_FIELDS = ("tools", "functions", "logit_bias", "audio", "prediction")
+
+
+def require_serve_extra(module: str) -> Any:
+    """Import ``module`` (fastapi / uvicorn); a clear error with the install command when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise RapoEchoError(
+            f"the OpenAI-compatible server needs the package '{module}', which is not installed. "
+            f"Install it with:\n    {SERVE_INSTALL}"
+        ) from exc
+
+
+# ---------------------------------------------------------------------- request schema
+class TextPart(BaseModel):
+    """A text part of a multi-part message content."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(BaseModel):
+    """One request message (``developer`` is read as ``system``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def to_message(self) -> Message:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """The fields of an OpenAI chat-completions request this server understands. Other fields are
+    ignored, except those that would change the answer and are not supported (tools, logit_bias,
+    penalties, structured output), which are rejected."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    n: int = Field(1, ge=1, le=128)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
+    return_tokens_as_token_ids: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ChatCompletionRequest":
+        extra = self.model_extra or {}
+        for name in UNSUPPORTED_FIELDS:
+            if extra.get(name):
+                raise ValueError(f"'{name}' is not supported by this server")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if extra.get(name):
+                raise ValueError(f"'{name}' is not supported by this server (only 0 is accepted)")
+        fmt = extra.get("response_format")
+        if fmt and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+            raise ValueError("'response_format' other than {'type': 'text'} is not supported by this server")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if any(not s for s in self.stop_list):
+            raise ValueError("stop strings must not be empty")
+        if self.continue_final_message:
+            if self.add_generation_prompt and "add_generation_prompt" in self.model_fields_set:
+                raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+            self.add_generation_prompt = False
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message needs a last message with role 'assistant'")
+        if self.stream and self.n > 1:
+            raise ValueError("stream: true supports n = 1 only")
+        if self.stream and self.logprobs:
+            raise ValueError("stream: true does not return logprobs on this server; drop one of them")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class APIError(Exception):
+    """An error answered to the client as ``{"error": {...}}`` with an HTTP status."""
+
+    def __init__(
+        self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": None, "code": self.code}}
+
+
+def validation_message(exc: ValidationError | Any) -> str:
+    """One line per problem: ``field.path: what is wrong`` (the request body is never echoed)."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        where = ".".join(loc) or "request"
+        lines.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(lines)
+
+
+# ---------------------------------------------------------------------- token text
+class TokenText:
+    """Text and UTF-8 bytes of single tokens, as OpenAI log-prob entries show them. For byte-level BPE
+    tokenizers the bytes are exact even when a token holds part of a multi-byte character."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.byte_decoder: dict[str, int] | None = None
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        if type(decoder).__name__ == "ByteLevel":
+            from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+            self.byte_decoder = {c: b for b, c in bytes_to_unicode().items()}
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        if token_id not in self._cache:
+            raw: bytes | None = None
+            if self.byte_decoder is not None:
+                piece = self.tokenizer.convert_ids_to_tokens(token_id)
+                if piece and all(c in self.byte_decoder for c in piece):
+                    raw = bytes(self.byte_decoder[c] for c in piece)
+            if raw is None:
+                text = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+                raw = text.encode("utf-8")
+            else:
+                text = raw.decode("utf-8", errors="replace")
+            self._cache[token_id] = (text, list(raw))
+        return self._cache[token_id]
+
+    def entry(self, token_id: int, logprob: float, as_id: bool) -> dict[str, Any]:
+        text, raw = self(token_id)
+        return {
+            "token": f"token_id:{token_id}" if as_id else text,
+            "logprob": max(logprob, LOGPROB_FLOOR),
+            "bytes": raw,
+        }
+
+
+# ---------------------------------------------------------------------- the service
+def _is_token_engine(engine: Any) -> bool:
+    """Engines that expose their tokenizer and work on token ids (the ``hf`` engine)."""
+    return all(hasattr(engine, a) for a in ("tokenizer", "encode_chat", "generate_ids", "stream_generation"))
+
+
+class ChatService:
+    """The engine side of the server: turns a validated request into a response body or a stream."""
+
+    def __init__(self, engine: ChatEngine, model_name: str, default_max_tokens: int = 512) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.default_max_tokens = default_max_tokens
+        self.lock = threading.Lock()
+        self.token_engine = _is_token_engine(engine)
+        self.tokens = TokenText(engine.tokenizer) if self.token_engine else None  # type: ignore[attr-defined]
+        self.created = int(time.time())
+
+    def models(self) -> dict[str, Any]:
+        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "rapo-echo"}
+        return {"object": "list", "data": [card]}
+
+    def _context_length(self) -> int | None:
+        config = getattr(getattr(self.engine, "model", None), "config", None)
+        value = getattr(config, "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) else None
+
+    def prepare(self, req: ChatCompletionRequest) -> tuple[Conversation | list[int], SamplingParams]:
+        """The prompt (token ids for token engines, else a conversation) and sampling params; checks
+        the model name, prompt rendering and context length. Call with the lock held."""
+        if req.model is not None and req.model != self.model_name:
+            raise APIError(
+                404,
+                f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                code="model_not_found",
+            )
+        messages = [m.to_message() for m in req.messages]
+        asked = req.max_completion_tokens or req.max_tokens
+        max_tokens = asked or self.default_max_tokens
+        prompt: Conversation | list[int]
+        if self.token_engine:
+            try:
+                prompt = self.engine.encode_chat(  # type: ignore[attr-defined]
+                    messages,
+                    add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message,
+                )
+            except ValueError as exc:
+                raise APIError(400, str(exc)) from exc
+            ctx = self._context_length()
+            if ctx is not None and len(prompt) + max_tokens > ctx:
+                if asked or len(prompt) >= ctx:
+                    raise APIError(
+                        400,
+                        f"this model's maximum context length is {ctx} tokens; the prompt has {len(prompt)} "
+                        f"and max_tokens asks for {max_tokens}",
+                    )
+                max_tokens = ctx - len(prompt)
+        else:
+            last = messages[-1]["role"]
+            if not req.continue_final_message and (last == "assistant" or not req.add_generation_prompt):
+                raise APIError(
+                    400,
+                    f"engine {self.engine.name!r} can only continue a final assistant message "
+                    "(continue_final_message: true) or answer after a user/system message",
+                )
+            prompt = messages
+        try:
+            params = SamplingParams(
+                max_new_tokens=max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=max(0, req.top_k),
+                n=req.n,
+                stop=tuple(req.stop_list),
+                seed=req.seed,
+            )
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from exc
+        return prompt, params
+
+    def _chunk_base(self, rid: str, created: int) -> dict[str, Any]:
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
+
+    def complete(self, req: ChatCompletionRequest) -> dict[str, Any]:
+        """A whole (non-streaming) response body."""
+        with self.lock:
+            prompt, params = self.prepare(req)
+            tops = None
+            if self.token_engine:
+                gens = self.engine.generate_ids([prompt], params)[0]  # type: ignore[attr-defined]
+                if req.logprobs and req.top_logprobs:
+                    tops = self.engine.top_logprobs_ids(  # type: ignore[attr-defined]
+                        [prompt] * len(gens),
+                        [g.token_ids for g in gens],
+                        req.top_logprobs,
+                        params.temperature,
+                    )
+            else:
+                gens = self.engine.generate([prompt], params)[0]  # type: ignore[list-item]
+            choices = [  # built under the lock too: it uses the tokenizer
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": g.text},
+                    "logprobs": self._logprobs(g, tops[i] if tops else None, req) if req.logprobs else None,
+                    "finish_reason": g.finish_reason,
+                }
+                for i, g in enumerate(gens)
+            ]
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": self._usage(prompt, gens),
+        }
+
+    def _logprobs(
+        self, gen: Generation, top: list[list[tuple[int, float]]] | None, req: ChatCompletionRequest
+    ) -> dict[str, Any] | None:
+        if self.tokens is None or gen.logprobs is None:
+            return None
+        as_id = req.return_tokens_as_token_ids
+        content = []
+        for pos, (tid, lp) in enumerate(zip(gen.token_ids, gen.logprobs)):
+            entry = self.tokens.entry(tid, lp, as_id)
+            entry["top_logprobs"] = [self.tokens.entry(t, v, as_id) for t, v in top[pos]] if top else []
+            content.append(entry)
+        return {"content": content}
+
+    def _usage(self, prompt: Conversation | list[int], gens: list[Generation]) -> dict[str, int] | None:
+        if self.token_engine:
+            n_prompt = len(prompt)
+        elif gens and gens[0].prompt_ids is not None:
+            n_prompt = len(gens[0].prompt_ids)
+        else:
+            return None  # the engine does not say how many tokens it used
+        done = sum(len(g.token_ids) for g in gens)
+        return {"prompt_tokens": n_prompt, "completion_tokens": done, "total_tokens": n_prompt + done}
+
+    def _stream_items(
+        self, prompt: Conversation | list[int], params: SamplingParams
+    ) -> Iterator[str | Generation]:
+        if self.token_engine:
+            return self.engine.stream_generation(prompt, params)  # type: ignore[attr-defined]
+        return self.engine.stream(prompt, params)  # type: ignore[arg-type]
+
+    async def stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
+        """Server-sent events of one reply. The engine runs in one worker thread (holding the lock for
+        the whole reply), its pieces cross to the event loop through a queue; a client that goes away
+        stops the generation at the next piece."""
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        base = self._chunk_base(rid, created)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        cancel = threading.Event()
+        prepared: dict[str, Any] = {}
+
+        def put(kind: str, item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
+            except RuntimeError:  # the event loop is gone (server shutting down)
+                cancel.set()
+
+        def worker() -> None:
+            try:
+                with self.lock:
+                    prompt, params = self.prepare(req)
+                    prepared["prompt"] = prompt
+                    put("ready", None)
+                    items = self._stream_items(prompt, params)
+                    try:
+                        for item in items:
+                            if cancel.is_set():
+                                break
+                            put("item", item)
+                    finally:
+                        close = getattr(items, "close", None)
+                        if close is not None:
+                            close()
+                put("end", None)
+            except Exception as exc:  # reported to the client as an error event
+                put("error", exc)
+
+        threading.Thread(target=worker, name="rapo-echo-stream", daemon=True).start()
+        kind, item = await queue.get()
+        if kind == "error":
+            raise item  # before the first byte: answered as a normal HTTP error
+        return self._events(base, queue, cancel, prepared, req)
+
+    async def _events(
+        self,
+        base: dict[str, Any],
+        queue: "asyncio.Queue[tuple[str, Any]]",
+        cancel: threading.Event,
+        prepared: dict[str, Any],
+        req: ChatCompletionRequest,
+    ) -> AsyncIterator[str]:
+        def event(payload: dict[str, Any]) -> str:
+            return f"data: {json.dumps(payload)}\n\n"
+
+        def choice(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+        try:
+            yield event({**base, "choices": [choice({"role": "assistant", "content": ""}, None)]})
+            final: Generation | None = None
+            while True:
+                kind, item = await queue.get()
+                if kind == "item" and isinstance(item, Generation):
+                    final = item
+                elif kind == "item" and item:
+                    yield event({**base, "choices": [choice({"content": item}, None)]})
+                elif kind == "end":
+                    finish = final.finish_reason if final is not None else "stop"
+                    yield event({**base, "choices": [choice({}, finish)]})
+                    include_usage = req.stream_options is not None and req.stream_options.include_usage
+                    usage = self._usage(prepared["prompt"], [final]) if final is not None else None
+                    if include_usage and usage is not None:
+                        yield event({**base, "choices": [], "usage": usage})
+                    break
+                elif kind == "error":
+                    err = APIError(500, f"generation failed: {item}", "server_error")
+                    yield event(err.body())
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            cancel.set()
+
+
+# ---------------------------------------------------------------------- the app
+def create_app(
+    engine: ChatEngine, model_name: str, api_key: str | None = None, *, default_max_tokens: int = 512
+) -> "FastAPI":
+    """A FastAPI app serving ``engine`` as ``model_name``. With ``api_key`` every ``/v1`` request
+    needs ``Authorization: Bearer <api_key>`` (401 otherwise). ``default_max_tokens`` applies when a
+    request gives neither ``max_tokens`` nor ``max_completion_tokens``."""
+    fastapi = require_serve_extra("fastapi")
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+
+    service = ChatService(engine, model_name, default_max_tokens)
+    app = fastapi.FastAPI(
+        title="rapo-echo", description=f"OpenAI-compatible chat completions for {model_name}"
+    )
+    app.state.service = service
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    def error_response(err: APIError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next: Callable) -> Any:
+        if expected is not None and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return error_response(
+                    APIError(
+                        401,
+                        "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+                        code="invalid_api_key",
+                    )
+                )
+        return await call_next(request)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(APIError(400, validation_message(exc)))
+
+    @app.exception_handler(RapoEchoError)
+    async def engine_error(_: Request, exc: RapoEchoError) -> JSONResponse:
+        return error_response(APIError(500, f"engine error: {exc}", "server_error"))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return service.models()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            req = ChatCompletionRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            raise APIError(400, validation_message(exc)) from None
+        if req.stream:
+            events = await service.stream(req)
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+        return await run_in_threadpool(service.complete, req)
+
+    return app
+
+
+# ---------------------------------------------------------------------- CLI
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand to an argparse sub-parsers object."""
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a model behind an OpenAI-compatible API",
+        description="Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models), "
+        "e.g. for the 'openai' engine of a simulator or judge, or for any OpenAI client.",
+    )
+    p.add_argument(
+        "--model",
+        default="default",
+        metavar="SPEC",
+        help="'default' (embedded SmolLM2-135M-Instruct), a model folder, a training run or checkpoint "
+        "folder, a .gguf file, or a hub id (default: %(default)s)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default: %(default)s)")
+    p.add_argument(
+        "--served-name", default=None, metavar="NAME", help="model id clients send (default: SPEC)"
+    )
+    p.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="VAR",
+        help="require 'Authorization: Bearer <key>' where the key is read from this environment variable",
+    )
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: %(default)s)")
+    p.add_argument(
+        "--default-max-tokens",
+        metavar="N",
+        type=int,
+        default=512,
+        help="reply length limit when a request sets none (default: %(default)s)",
+    )
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=run)
+    return p
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free port); a clear error when that fails."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as exc:
+        raise ConfigError(f"--host/--port: cannot listen on {host}:{port}: {exc}") from exc
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, bind the socket, print the URL and serve until Ctrl-C / SIGTERM."""
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port: got {args.port}; must be between 0 and 65535")
+    if not _DEVICE.fullmatch(args.device):
+        raise ConfigError(f"--device: got {args.device!r}; allowed: auto, cpu, cuda, cuda:N, mps")
+    if args.default_max_tokens < 1:
+        raise ConfigError(f"--default-max-tokens: got {args.default_max_tokens}; must be >= 1")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise ConfigError(
+                f"--api-key-env: the environment variable {args.api_key_env} is not set or empty"
+            )
+    require_serve_extra("fastapi")
+    uvicorn = require_serve_extra("uvicorn")
+    from rapo_echo.engines.hf import HFEngine
+
+    engine = HFEngine.from_spec(args.model, dtype=args.dtype, device=args.device, name="serve")
+    name = args.served_name or args.model
+    app = create_app(engine, name, api_key, default_max_tokens=args.default_max_tokens)
+    sock = bind_socket(args.host, args.port)
+    port = sock.getsockname()[1]
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(
+        f"rapo-echo serve: model {name!r} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)",
+        flush=True,
+    )
+    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"warning: listening on {args.host} without --api-key-env; anyone who can reach it can use it",
+            flush=True,
+        )
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled; stopping is the normal end
+        pass
+    print("rapo-echo serve: stopped", flush=True)
+    return 0
