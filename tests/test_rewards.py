@@ -38,7 +38,7 @@ def test_question() -> None:
 
 def test_repeated_ngram_fraction_by_hand() -> None:
     # words a b c a b c -> 3-grams abc bca cab abc: 4 grams, 3 distinct -> 1 - 3/4 = 0.25
-    assert repeated_ngram_fraction("a b c a b c".split()) == pytest.approx(0.25)
+    assert repeated_ngram_fraction(["a", "b", "c", "a", "b", "c"]) == pytest.approx(0.25)
     assert repeated_ngram_fraction(["a", "b"]) == 0.0
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from rapo_echo.algorithms.grpo import GRPO
+
 from rapo_echo.config import load_config
 from rapo_echo.trainer import Trainer, TrainingError, lr_lambda
 
@@ -27,6 +27,9 @@ BASE = [
     "logging.tensorboard=false",
     "train.lr=1e-3",
 ]
+
+
+SET_ARGS = [part for s in BASE for part in ("--set", s)]
 
 
 def cfg_for(model: Path, out: Path, *extra: str):
@@ -184,7 +187,7 @@ def test_sigterm_finishes_step_checkpoints_and_resumes(tmp_path: Path, tiny_fold
         "500",
         "--set",
         "train.save_every=1000",
-        *sum((["--set", s] for s in BASE), []),
+        *SET_ARGS,
     ]
     proc = subprocess.Popen(
         args,
@@ -196,7 +199,7 @@ def test_sigterm_finishes_step_checkpoints_and_resumes(tmp_path: Path, tiny_fold
     try:
         _wait_for(run / "metrics.jsonl", 120)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
@@ -262,7 +265,7 @@ def test_two_process_ddp_on_cpu(tmp_path: Path, tiny_folder: Path) -> None:
             "2",
             "--set",
             "train.save_every=1",
-            *sum((["--set", s] for s in BASE), []),
+            *SET_ARGS,
         ],
         capture_output=True,
         text=True,
