@@ -12,6 +12,7 @@ from typing import Any
 
 _ALGORITHMS = {
     "grpo": "rapo_echo.algorithms.grpo:GRPO",
+    "rapo": "rapo_echo.algorithms.rapo:RAPO",
 }
 
 

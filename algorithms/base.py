@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, aggregate
 
+from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, aggregate
 from rapo_echo.types import Sample, Scenario
 
 if TYPE_CHECKING:
@@ -152,7 +152,24 @@ class Algorithm:
         return loss, metrics
 
     def loss(
-        self, mb: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor, totals: dict[str, dict[str, float]]
+        self,
+        mb: MicroBatch,
+        logp: torch.Tensor,
+        entropy: torch.Tensor,
+        totals: dict[str, dict[str, float]],
+        gathered: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The micro-batch's share of the mini-batch loss, and additive metric contributions."""
+        """The micro-batch's share of the mini-batch loss, and additive metric contributions.
+        ``gathered`` holds log-probs at the ids asked for by :meth:`forward_kwargs`, if any."""
         return self.pg_loss(mb, logp, entropy, totals)
+
+    def forward_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
+        """Extra keyword arguments for the scorer's forward on this micro-batch (e.g. ``gather_ids``)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Algorithm state to checkpoint (e.g. its own RNG); restored by :meth:`load_state_dict`."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 from rapo_echo.algorithms.base import PG, Algorithm, Rollout, TrainItem
-
 from rapo_echo.types import Sample, SamplingParams, Scenario
 
 

@@ -183,14 +183,34 @@ class DataConfig(Strict):
 
 
 class RapoJudgeConfig(Strict):
+    """The group judge (GRM): ranking from label-token log-probs when the engine has them."""
+
     use_logprobs: Literal["auto", "always", "never"] = "auto"
     max_retries: int = Field(2, ge=0, le=10)
     reverse_pass: bool = False
     shuffle: bool = True
+    tie_eps: float = Field(0.02, ge=0.0, le=1.0)
+    show_profile: bool = True
     max_new_tokens: int = Field(384, ge=16)
+    critique_tokens: int = Field(80, ge=8)
+
+
+class RapoSimulatorConfig(Strict):
+    """The reaction simulator ("echo"): the person's next message, emotion change, inner thought."""
+
+    use_logprobs: Literal["auto", "always", "never"] = "auto"
+    max_new_tokens: int = Field(64, ge=4)
+    thought_tokens: int = Field(32, ge=4)
+    temperature: float = Field(0.7, ge=0.0, le=5.0)
+    max_retries: int = Field(2, ge=0, le=10)
+    with_thought: bool = True
 
 
 class SelfDistillConfig(Strict):
+    """RAPO self-distillation: weak replies are rewritten by the policy from their critique, and the
+    better reply is learnt under the plain context (``loss``: nll = ILF, adv_nll = RLTF-SD,
+    in_group = Critique-GRPO, token_kl = SDPO-style on-policy logit matching)."""
+
     enabled: bool = True
     select: Literal["bottom_half", "all_but_best", "below_threshold"] = "bottom_half"
     threshold: float = 0.5
@@ -202,6 +222,7 @@ class SelfDistillConfig(Strict):
     shaping_gamma: float = Field(0.1, gt=0.0)
     top_k_logits: int = Field(100, ge=1)
     jsd_alpha: float = Field(0.5, ge=0.0, le=1.0)
+    max_per_group: int | None = Field(None, ge=1)
 
 
 class RapoConfig(Strict):
@@ -210,6 +231,7 @@ class RapoConfig(Strict):
     rank_reward: Literal["linear", "gopo"] = "linear"
     emotion_mix: float = Field(0.0, ge=0.0, le=1.0)
     emotion_scale: float = Field(10.0, gt=0.0)
+    simulator: RapoSimulatorConfig = Field(default_factory=RapoSimulatorConfig)
     judge: RapoJudgeConfig = Field(default_factory=RapoJudgeConfig)
     sd: SelfDistillConfig = Field(default_factory=SelfDistillConfig)
 

@@ -181,9 +181,10 @@ class GroupJudge:
             return "Person's reaction: (no reaction)"
         lines = [f"Person's reaction: {reaction.message}"]
         if reaction.emotion_delta is not None:
+            bound = f"{reaction.scale:g}"
             lines.append(
-                f"Emotion change: {reaction.emotion_delta:+.1f} (from -{reaction.scale:g} = much worse "
-                f"to +{reaction.scale:g} = much better)"
+                f"Emotion change: {reaction.emotion_delta:+.1f} on a -{bound}..+{bound} scale "
+                "(negative = feels worse)"
             )
         if reaction.thought:
             lines.append(f"Person's unspoken thought: {reaction.thought}")

@@ -71,3 +71,74 @@ def chunked_token_logprobs(
         lps.append(lp)
         ents.append(ent)
     return torch.cat(lps).reshape(shape), torch.cat(ents).reshape(shape)
+
+
+def _topk_chunk(
+    hidden: torch.Tensor, weight: torch.Tensor, k: int, temperature: float
+) -> tuple[torch.Tensor, ...]:
+    logp = torch.log_softmax(F.linear(hidden, weight).float() / temperature, dim=-1)
+    return torch.topk(logp, k, dim=-1)
+
+
+@torch.no_grad()
+def chunked_topk_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, k: int, *, temperature: float = 1.0, chunk_size: int = 512
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely token ids and their log-probs at each position: ([..., k] ids, [..., k] logp)."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    vals, ids = [], []
+    for start in range(0, h.shape[0], chunk_size):
+        v, i = _topk_chunk(h[start : start + chunk_size], weight, k, temperature)
+        vals.append(v)
+        ids.append(i)
+    shape = (*hidden.shape[:-1], k)
+    return torch.cat(ids).reshape(shape), torch.cat(vals).reshape(shape)
+
+
+def _gather_chunk(
+    hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    logp = torch.log_softmax(F.linear(hidden, weight).float() / temperature, dim=-1)
+    return logp.gather(-1, ids)
+
+
+def chunked_gather_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+) -> torch.Tensor:
+    """Log-probs at given token ids ``[..., k]`` (differentiable, checkpointed per chunk)."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    flat = ids.reshape(-1, ids.shape[-1])
+    out = []
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    for start in range(0, h.shape[0], chunk_size):
+        args = (h[start : start + chunk_size], weight, flat[start : start + chunk_size], temperature)
+        out.append(checkpoint(_gather_chunk, *args, use_reentrant=False) if grad else _gather_chunk(*args))
+    return torch.cat(out).reshape(ids.shape)
+
+
+def with_tail(logp: torch.Tensor) -> torch.Tensor:
+    """Append the log of the probability mass outside the given ids: [..., k] -> [..., k + 1]."""
+    rest = torch.log1p(-logp.exp().sum(-1).clamp(max=1.0 - 1e-6))
+    return torch.cat([logp, rest.unsqueeze(-1)], dim=-1)
+
+
+def generalized_jsd(teacher_logp: torch.Tensor, student_logp: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Divergence between teacher T and student S over the last dim (log-probs of a full distribution).
+
+    ``alpha = 0``: forward KL(T || S); ``alpha = 1``: reverse KL(S || T); otherwise
+    ``alpha * KL(T || M) + (1 - alpha) * KL(S || M)`` with ``M = alpha * T + (1 - alpha) * S``
+    (``alpha = 0.5`` is the Jensen-Shannon divergence)."""
+    t, s = teacher_logp, student_logp
+    if alpha == 0.0:
+        return (t.exp() * (t - s)).sum(-1)
+    if alpha == 1.0:
+        return (s.exp() * (s - t)).sum(-1)
+    import math
+
+    m = torch.logsumexp(torch.stack([t + math.log(alpha), s + math.log(1 - alpha)]), dim=0)
+    return alpha * (t.exp() * (t - m)).sum(-1) + (1 - alpha) * (s.exp() * (s - m)).sum(-1)

@@ -15,7 +15,7 @@ from torch import nn
 
 from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.engines.hf import HFEngine
-from rapo_echo.logprobs import chunked_token_logprobs
+from rapo_echo.logprobs import chunked_gather_logprobs, chunked_token_logprobs, chunked_topk_logprobs
 from rapo_echo.models import load_model, resolve
 from rapo_echo.types import Conversation, Scenario, msg
 
@@ -90,15 +90,15 @@ class TokenScorer(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        decoder = self.lm.get_decoder()
-        hidden = decoder(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
+        gather_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """(log-probs [B, n_targets], entropies [B, n_targets]) of the last ``n_targets`` tokens; with
+        ``gather_ids`` [B, n_targets, k] also the log-probs at those ids (for logit distillation)."""
+        hidden = self.hidden_states(input_ids, attention_mask, position_ids)[:, -n_targets - 1 : -1]
         head = self.lm.get_output_embeddings()
         softcap = getattr(self.lm.config, "final_logit_softcapping", None)
-        return chunked_token_logprobs(
-            hidden[:, -n_targets - 1 : -1],
+        logp, entropy = chunked_token_logprobs(
+            hidden,
             head.weight,
             input_ids[:, -n_targets:],
             bias=getattr(head, "bias", None),
@@ -107,6 +107,37 @@ class TokenScorer(nn.Module):
             chunk_size=self.chunk_size,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+        )
+        if gather_ids is None:
+            return logp, entropy
+        gathered = chunked_gather_logprobs(
+            hidden, head.weight, gather_ids, temperature=temperature, chunk_size=self.chunk_size
+        )
+        return logp, entropy, gathered
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Final hidden states of the decoder (before the LM head)."""
+        decoder = self.lm.get_decoder()
+        return decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+
+    @torch.no_grad()
+    def topk(self, batch: TokenBatch, k: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most likely ids and log-probs at each completion position of ``batch``."""
+        dev = next(self.lm.parameters()).device
+        hidden = self.hidden_states(
+            batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev)
+        )
+        head = self.lm.get_output_embeddings()
+        return chunked_topk_logprobs(
+            hidden[:, -batch.n_targets - 1 : -1],
+            head.weight,
+            k,
+            temperature=temperature,
+            chunk_size=self.chunk_size,
         )
 
 

@@ -191,6 +191,7 @@ class Trainer:
         self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
         self.scheduler.load_state_dict(load_torch(ckpt / "scheduler.pt"))
         self.stream.load_state_dict(state["data"])
+        self.algorithm.load_state_dict(state.get("algorithm", {}))
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
         load_rng(ckpt, self.accelerator.process_index)
@@ -222,6 +223,7 @@ class Trainer:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             trainer_state={
+                "algorithm": self.algorithm.state_dict(),
                 "data": self.stream.state_dict(),
                 "nonfinite_in_a_row": self.nonfinite_in_a_row,
                 "algo": self.cfg.algo,
@@ -351,6 +353,8 @@ class Trainer:
             )
 
     def _fill_reference(self, items: list[TrainItem]) -> None:
+        """Reference log-probs of the policy-gradient items (the KL term is taken on those only)."""
+        items = [it for it in items if it.kind == PG]
         if not self.algorithm.needs_reference or not items:
             return
         temp = self.cfg.rollout.temperature
@@ -443,7 +447,7 @@ class Trainer:
                     sync = self.accelerator.no_sync(self.scorer) if j < len(micro) - 1 else _nullcontext()
                     with sync:
                         t0 = time.perf_counter()
-                        logp, entropy = self.scorer(
+                        out = self.scorer(
                             batch.input_ids.to(dev),
                             batch.attention_mask.to(dev),
                             batch.position_ids.to(dev),
@@ -451,8 +455,11 @@ class Trainer:
                             temp,
                             want_entropy,
                             self.cfg.loss.entropy_coef > 0,
+                            **self.algorithm.forward_kwargs(mb),
                         )
-                        loss, metrics = self.algorithm.loss(mb, logp, entropy, totals)
+                        logp, entropy = out[0], out[1]
+                        gathered = out[2] if len(out) > 2 else None
+                        loss, metrics = self.algorithm.loss(mb, logp, entropy, totals, gathered)
                         t1 = time.perf_counter()
                         t_fwd += t1 - t0
                         if not torch.isfinite(loss):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from rapo_echo.algorithms.grpo import GRPO
 
+from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.config import load_config
 from rapo_echo.trainer import Trainer, TrainingError, lr_lambda
 
@@ -131,8 +131,8 @@ def test_nonfinite_loss_is_skipped_then_stops(tmp_path: Path, tiny_folder: Path,
     calls = {"n": 0}
     real = GRPO.loss
 
-    def flaky(self, mb, logp, entropy, totals):
-        loss, m = real(self, mb, logp, entropy, totals)
+    def flaky(self, *args):
+        loss, m = real(self, *args)
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] > 2 else loss), m
 
