@@ -1,0 +1,112 @@
+"""What every benchmark shares: the engines of its roles, the run settings, the benchmark protocol and
+the record it writes per case."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.engines.base import ChatEngine
+from rapo_echo.types import SamplingParams
+
+Record = dict[str, Any]
+Emit = Callable[[Record], None]
+
+
+@dataclass
+class Roles:
+    """The engines a benchmark talks to. ``simulator`` plays the user (ESConv seeker, SOTOPIA partner),
+    ``judge`` scores (PPDPP critic, SOTOPIA evaluator); a benchmark that needs no such role gets None."""
+
+    policy: ChatEngine
+    simulator: ChatEngine | None = None
+    judge: ChatEngine | None = None
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How an evaluation samples and when episodes end. ``max_turns`` None = the benchmark's own default
+    (ESConv 8, SOTOPIA 20). Temperature 0 is greedy decoding (the PPDPP test protocol)."""
+
+    max_turns: int | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    simulator_temperature: float = 0.0
+    judge_max_new_tokens: int = 256
+    judge_retries: int = 2
+    judge_logprobs: str = "auto"  # auto | always | never (see rapo_echo.judging.wants_logprobs)
+    seed: int | None = 0
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    batch_size: int = 8
+    subset: str = "all"  # SOTOPIA: all | hard
+
+    def __post_init__(self) -> None:
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.batch_size < 1 or self.judge_retries < 0:
+            raise ValueError("batch_size must be >= 1 and judge_retries >= 0")
+        if self.judge_logprobs not in ("auto", "always", "never"):
+            raise ValueError(f"judge_logprobs must be auto, always or never, got {self.judge_logprobs!r}")
+        if self.subset not in ("all", "hard"):
+            raise ValueError(f"subset must be 'all' or 'hard', got {self.subset!r}")
+
+    def policy_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed
+        )
+
+    def simulator_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.simulator_temperature, seed=self.seed
+        )
+
+    def judge_params(self) -> SamplingParams:
+        return SamplingParams(max_new_tokens=self.judge_max_new_tokens, temperature=0.0, seed=self.seed)
+
+
+@dataclass
+class Case:
+    """One unit of evaluation, identified by a stable ``id`` (what resume skips on)."""
+
+    id: str
+    data: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Benchmark(Protocol):
+    """A benchmark: loads its cases, runs a batch of them in lockstep, and summarises the records.
+
+    ``run_batch`` must make one engine call per role per turn covering every active case, and call
+    ``emit`` with a record as soon as a case is finished. A record is a JSON-able dict with ``id``,
+    ``valid`` (False when a judge stayed unparseable), ``metrics`` (numbers), ``transcript`` (list of
+    ``{role, content}``) and ``info``. ``summarize`` gets every record written so far.
+    """
+
+    name: str
+    roles: tuple[str, ...]  # which of policy / simulator / judge it uses
+    headline: tuple[tuple[str, str], ...]  # (summary key, column label) for comparison tables
+
+    def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]: ...
+
+    def run_batch(self, cases: Sequence[Case], roles: Roles, settings: EvalSettings, emit: Emit) -> None: ...
+
+    def summarize(self, records: Sequence[Record]) -> dict[str, Any]: ...
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """Arithmetic mean, None for no values."""
+    return sum(values) / len(values) if values else None
+
+
+def make_record(
+    case: Case,
+    *,
+    valid: bool,
+    metrics: dict[str, Any],
+    transcript: list[dict[str, str]],
+    info: dict[str, Any],
+) -> Record:
+    """A case's JSONL record in the common shape."""
+    return {"id": case.id, "valid": valid, "metrics": metrics, "transcript": transcript, "info": info}

@@ -1,0 +1,156 @@
+"""``rapo-echo eval`` and ``rapo-echo report``.
+
+``eval --benchmark NAME --policy SPEC --output DIR`` runs a benchmark; SPEC (for ``--policy``,
+``--simulator``, ``--judge``) is ``default`` (the embedded model), a model folder, a training run folder, a
+``.gguf`` file, a Hugging Face id, or an ``http(s)://`` OpenAI-compatible endpoint; ``--simulator`` and
+``--judge`` also take ``policy`` (share the policy's engine). Roles with the same spec share one engine.
+``report DIR [DIR ...]`` renders evaluation and training-run folders into one HTML page and a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rapo_echo.benchmarks.base import EvalSettings, Roles
+from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.engines.base import ChatEngine
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``eval`` and ``report`` sub-commands."""
+    from rapo_echo.benchmarks.runner import BENCHMARKS
+
+    ev = subparsers.add_parser(
+        "eval",
+        help="run a benchmark (esconv, esconv-ref, sotopia) on a policy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ev.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
+    ev.add_argument("--policy", required=True, help="model spec or http(s):// endpoint of the policy")
+    ev.add_argument(
+        "--data",
+        help="data file in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or "
+        "folder; default for sotopia: the bundled English scenarios)",
+    )
+    ev.add_argument(
+        "--simulator", default="default", help="seeker / partner model spec, or 'policy' (default: default)"
+    )
+    ev.add_argument(
+        "--judge", default="default", help="critic / evaluator model spec, or 'policy' (default: default)"
+    )
+    ev.add_argument("--limit", type=int, help="only the first N cases")
+    ev.add_argument(
+        "--output", required=True, help="output folder (results.jsonl, summary.json); resumes if it exists"
+    )
+    ev.add_argument("--batch-size", type=int, default=8, help="cases run in lockstep per batch (default 8)")
+    ev.add_argument("--max-turns", type=int, help="episode length limit (default: esconv 8, sotopia 20)")
+    ev.add_argument(
+        "--max-new-tokens", type=int, default=128, help="reply length limit for policy and simulator"
+    )
+    ev.add_argument("--temperature", type=float, default=0.0, help="policy sampling temperature (0 = greedy)")
+    ev.add_argument("--simulator-temperature", type=float, default=0.0)
+    ev.add_argument("--judge-max-new-tokens", type=int, default=256)
+    ev.add_argument(
+        "--judge-retries", type=int, default=2, help="retries of an unparseable judge reply (default 2)"
+    )
+    ev.add_argument(
+        "--judge-logprobs",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="read label verdicts from log-probs: auto = when the judge engine exposes them",
+    )
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument(
+        "--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="the policy's system prompt ('' for none)"
+    )
+    ev.add_argument(
+        "--subset", choices=("all", "hard"), default="all", help="sotopia: all scenarios or the hard ones"
+    )
+    ev.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
+    ev.add_argument("--device", default="auto")
+    ev.set_defaults(func=run_eval_command)
+
+    rep = subparsers.add_parser("report", help="render evaluation / training-run folders into an HTML report")
+    rep.add_argument(
+        "dirs", nargs="+", help="eval output folders, training run folders, or folders holding them"
+    )
+    rep.add_argument(
+        "--output", default="report", help="folder for report.html and report.md (default: ./report)"
+    )
+    rep.add_argument(
+        "--max-transcripts", type=int, default=50, help="transcripts shown per evaluation (default 50)"
+    )
+    rep.add_argument("--title", default="rapo-echo report")
+    rep.set_defaults(func=run_report_command)
+
+
+def settings_from_args(args: argparse.Namespace) -> EvalSettings:
+    try:
+        return EvalSettings(
+            max_turns=args.max_turns,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            simulator_temperature=args.simulator_temperature,
+            judge_max_new_tokens=args.judge_max_new_tokens,
+            judge_retries=args.judge_retries,
+            judge_logprobs=args.judge_logprobs,
+            seed=args.seed,
+            system_prompt=args.system_prompt or None,
+            batch_size=args.batch_size,
+            subset=args.subset,
+        )
+    except ValueError as exc:
+        from rapo_echo.errors import ConfigError
+
+        raise ConfigError(f"eval: {exc}") from exc
+
+
+def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any) -> Roles:
+    """Engines for the roles a benchmark needs; ``policy`` or a repeated spec reuses the same engine."""
+    from rapo_echo.engines import engine_from_spec
+
+    cache: dict[str, ChatEngine] = {}
+
+    def load(spec: str) -> ChatEngine:
+        if spec not in cache:
+            cache[spec] = engine_from_spec(spec, **engine_kw)
+        return cache[spec]
+
+    policy = load(specs["policy"])
+    others = {
+        r: (policy if specs[r] == "policy" else load(specs[r])) for r in ("simulator", "judge") if r in needed
+    }
+    return Roles(policy=policy, **others)
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    from rapo_echo.benchmarks.runner import get_benchmark, run_eval
+
+    benchmark = get_benchmark(args.benchmark)
+    settings = settings_from_args(args)
+    specs = {"policy": args.policy, "simulator": args.simulator, "judge": args.judge}
+    models = {r: s for r, s in specs.items() if r in benchmark.roles}
+    cases = benchmark.load_cases(args.data, settings)  # fail on bad data before loading any model
+    if not cases:
+        print(f"{args.benchmark}: no cases")
+        return 1
+    roles = build_roles(benchmark.roles, specs, dtype=args.dtype, device=args.device)
+    summary = run_eval(
+        benchmark, roles, settings, args.output, data=args.data, limit=args.limit, models=models
+    )
+    print(json.dumps(summary, indent=2))
+    print(f"results: {args.output}/results.jsonl  summary: {args.output}/summary.json")
+    return 0
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    from rapo_echo.benchmarks.report import build_report
+
+    html_path, md_path = build_report(
+        args.dirs, args.output, max_transcripts=args.max_transcripts, title=args.title
+    )
+    print(f"report: {html_path}\nmarkdown table: {md_path}")
+    return 0

@@ -1,0 +1,137 @@
+"""ESConv interactive benchmark (PPDPP protocol): the policy supports a simulated seeker.
+
+Per case the seeker opens with the case's situation. Each turn: the policy replies (one batched call
+over all active cases), the seeker simulator answers (one call), the critic judges the seeker's state
+(one call): worse -1, same -0.5, better 0.5, solved 1. With log-probs the turn's reward is the
+expectation of that value under the critic's label probabilities -- what PPDPP's mean over 10 sampled
+critic answers estimates; without, the parsed label's value. The case succeeds at the first turn whose
+reward exceeds 0.5; after ``max_turns`` (default 8) it fails. Reported: success rate (SR) and average
+turns (AT; a failed case counts ``max_turns``), over valid cases. A critic reply that stays unparseable
+after the retries ends the case as invalid: counted, excluded from SR and AT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.esconv_data import EsconvConversation, read_esconv
+from rapo_echo.benchmarks.judge import judge_labels
+from rapo_echo.engines.base import generate_texts
+from rapo_echo.errors import ConfigError
+from rapo_echo.simulators.esconv_seeker import (
+    CRITIC_LABELS,
+    SEEKER,
+    SUPPORTER,
+    clean_reply,
+    critic_prompt,
+    parse_critic,
+    seeker_prompt,
+    supporter_prompt,
+)
+
+DEFAULT_MAX_TURNS = 8
+SUCCESS_THRESHOLD = 0.5
+DATA_HINT = (
+    "pass an ESConv-format file with --data, e.g. the PPDPP test split ppdpp_esc-test.jsonl "
+    "(github.com/dengyang17/PPDPP data/esc-test.txt) or thu-coai's ESConv.json"
+)
+
+
+def require_data(data: str | None, benchmark: str) -> str:
+    """The ``--data`` path, or a clear error saying which file to pass."""
+    if not data:
+        raise ConfigError(f"benchmark {benchmark!r} needs a data file: {DATA_HINT}")
+    return data
+
+
+@dataclass
+class _Episode:
+    case: Case
+    conv: EsconvConversation
+    turns: list[tuple[str, str]]
+    rewards: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+
+
+class EsconvInteractive:
+    """PPDPP-style interactive ESConv evaluation."""
+
+    name = "esconv"
+    roles = ("policy", "simulator", "judge")
+    headline = (("success_rate", "ESConv SR"), ("avg_turns", "ESConv AT"))
+
+    def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
+        convs = read_esconv(require_data(data, self.name))
+        return [
+            Case(c.id, c, {"emotion_type": c.profile.emotion_type, "problem_type": c.profile.problem_type})
+            for c in convs
+        ]
+
+    def run_batch(self, cases: Sequence[Case], roles: Roles, settings: EvalSettings, emit: Emit) -> None:
+        if roles.simulator is None or roles.judge is None:
+            raise ConfigError("the esconv benchmark needs a simulator and a judge engine")
+        max_turns = settings.max_turns or DEFAULT_MAX_TURNS
+        episodes = [_Episode(c, c.data, [(SEEKER, c.data.profile.situation)]) for c in cases]
+        for turn in range(1, max_turns + 1):
+            active = [e for e in episodes if not e.done]
+            if not active:
+                break
+            replies = generate_texts(
+                roles.policy,
+                [supporter_prompt(settings.system_prompt, e.turns) for e in active],
+                settings.policy_params(),
+            )
+            for e, reply in zip(active, replies):
+                e.turns.append((SUPPORTER, reply.strip()))
+            answers = generate_texts(
+                roles.simulator,
+                [seeker_prompt(e.conv.profile, e.turns) for e in active],
+                settings.simulator_params(),
+            )
+            for e, answer in zip(active, answers):
+                e.turns.append((SEEKER, clean_reply(answer)))
+            verdicts = judge_labels(
+                roles.judge,
+                [critic_prompt(e.conv.profile, e.turns) for e in active],
+                CRITIC_LABELS,
+                parse_critic,
+                settings.judge_params(),
+                retries=settings.judge_retries,
+                logprobs=settings.judge_logprobs,
+            )
+            for e, v in zip(active, verdicts):
+                e.rewards.append(
+                    {
+                        "turn": turn,
+                        "reward": v.value,
+                        "label": v.label,
+                        "probs": v.probs,
+                        "raw": v.raw,
+                        "attempts": v.attempts,
+                        "mode": v.mode,
+                    }
+                )
+                if v.value is None:
+                    e.done = True
+                    emit(self._record(e, valid=False, success=False, turns=turn))
+                elif v.value > SUCCESS_THRESHOLD or turn == max_turns:
+                    e.done = True
+                    emit(self._record(e, valid=True, success=v.value > SUCCESS_THRESHOLD, turns=turn))
+
+    def _record(self, e: _Episode, *, valid: bool, success: bool, turns: int) -> Record:
+        transcript = [{"role": who, "content": text} for who, text in e.turns]
+        final = e.rewards[-1]["reward"]
+        metrics = {"success": float(success), "turns": turns, "final_reward": final} if valid else {}
+        info = {"profile": vars(e.conv.profile), "critic": e.rewards, "source": e.conv.meta.get("source")}
+        return make_record(e.case, valid=valid, metrics=metrics, transcript=transcript, info=info)
+
+    def summarize(self, records: Sequence[Record]) -> dict[str, Any]:
+        valid = [r for r in records if r["valid"]]
+        return {
+            "success_rate": mean([r["metrics"]["success"] for r in valid]),
+            "avg_turns": mean([r["metrics"]["turns"] for r in valid]),
+            "final_reward": mean([r["metrics"]["final_reward"] for r in valid]),
+        }

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""`make bench`: our GRPO (and RAPO) on the fixed shared workload, one JSON line per run.
+
+The workload is ../shared/bench/workload.py (SmolLM2-135M-Instruct in fp32, 8 prompts x 4
+completions, 48 new tokens, beta 0.04 so a reference is scored, full fine-tuning, 4 optimizer
+steps, lr 1e-6, the workload's deterministic reward). The figures use the peer's keys
+(``sec_per_step_median``, ``completion_tokens_per_s``, ``peak_rss_mb``, ``total_wall_s``) plus a
+per-stage breakdown. Model loading is not timed.
+
+    python benchmarks/perf/bench_grpo.py                 # our GRPO, full fine-tuning
+    python benchmarks/perf/bench_grpo.py --lora          # LoRA variant (reference = adapter off)
+    python benchmarks/perf/bench_grpo.py --algo rapo     # RAPO step (simulator + judge share weights)
+    python benchmarks/perf/bench_grpo.py --compare       # peer (TRL, own venv) and ours alternately + ratios
+
+Each run happens in a fresh process, one after another (never two at once on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_BENCH = Path(os.environ.get("RAPO_SHARED_BENCH", ROOT.parent / "shared" / "bench"))
+STAGES = (
+    "generate",
+    "rewards",
+    "simulate",
+    "judge",
+    "distill",
+    "ref_logprobs",
+    "old_logprobs",
+    "policy_forward",
+    "backward",
+    "optimizer",
+)
+
+
+def workload():
+    """The shared workload module (prompts, reward, sizes)."""
+    if not (SHARED_BENCH / "workload.py").is_file():
+        sys.exit(f"the shared workload is not at {SHARED_BENCH}/workload.py (set RAPO_SHARED_BENCH)")
+    sys.path.insert(0, str(SHARED_BENCH))
+    import workload as w
+
+    return w
+
+
+def workload_reward(prompts, completions, **columns):
+    """The workload's reward as a TRL-style function (so both sides score exactly the same)."""
+    w = workload()
+    return [w.score_text(c[0]["content"]) for c in completions]
+
+
+def run_ours(args: argparse.Namespace) -> dict:
+    """One timed run of our trainer on the workload, in this process."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    from rapo_echo.config import load_config
+    from rapo_echo.models import resolve
+    from rapo_echo.trainer import Trainer
+
+    w = workload()
+    tmp = Path(tempfile.mkdtemp(prefix="rapo-bench-"))
+    data = tmp / "workload.jsonl"
+    data.write_text(
+        "".join(json.dumps({"id": f"w{i}", "messages": p}) + "\n" for i, p in enumerate(w.prompts()))
+    )
+    model = args.model or str(resolve("default").path)
+    overrides = [
+        f"model.name={model}",
+        f"output={tmp / 'run'}",
+        f"data.path={data}",
+        "data.shuffle=false",
+        f"rollout.batch_size={w.NUM_PROMPTS}",
+        f"rollout.group_size={w.GROUP_SIZE}",
+        f"rollout.max_new_tokens={w.MAX_COMPLETION_TOKENS}",
+        f"rollout.temperature={w.TEMPERATURE}",
+        "rollout.top_p=1.0",
+        "rollout.top_k=0",
+        "rollout.system_prompt=null",
+        f"train.lr={w.LEARNING_RATE}",
+        "train.scheduler=linear",
+        f"train.max_steps={w.NUM_STEPS}",
+        f"train.seed={w.SEED}",
+        "train.max_grad_norm=1.0",
+        "train.micro_batch_size=" + str(args.micro_batch),
+        f"loss.beta={w.BETA}",
+        "loss.advantage=grpo",
+        "loss.agg=token-mean",
+        "loss.eps_low=0.2",
+        "loss.eps_high=0.2",
+        "rewards=[{name: 'benchmarks.perf.bench_grpo:workload_reward'}]",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "train.save_every=1000000",
+        f"model.lora.enabled={str(args.lora).lower()}",
+    ]
+    if args.algo == "rapo":
+        overrides += ["rewards=[]", "simulator.engine=policy", "judge.engine=policy"]
+    cfg = load_config(algo=args.algo, overrides=overrides + args.set)
+    t_load = time.perf_counter()
+    trainer = Trainer(cfg)
+    load_s = time.perf_counter() - t_load
+    steps, per_stage, tokens = [], {s: [] for s in STAGES}, 0
+    gen_tokens, gen_time, rewards = 0, 0.0, []
+    t_all = time.perf_counter()
+    for _ in range(w.NUM_STEPS):
+        t0 = time.perf_counter()
+        m = trainer.train_step()
+        trainer.step += 1
+        steps.append(time.perf_counter() - t0)
+        for s in STAGES:
+            per_stage[s].append(m.get(f"time/{s}", 0.0))
+        n = m["reply_len/mean"] * w.NUM_PROMPTS * w.GROUP_SIZE
+        tokens += n
+        gen_tokens += n
+        gen_time += m["time/generate"]
+        rewards.append(m["reward/mean"])
+    total = time.perf_counter() - t_all
+    return {
+        "bench": f"rapo_echo_{args.algo}" + ("_lora" if args.lora else ""),
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "model_load_s": round(load_s, 2),
+        "total_wall_s": round(total, 2),
+        "sec_per_step_median": round(statistics.median(steps), 2),
+        "sec_per_step": [round(s, 2) for s in steps],
+        "completion_tokens_total": int(round(tokens)),
+        "completion_tokens_per_s": round(tokens / total, 2),
+        "generate_tokens_per_s": round(gen_tokens / gen_time, 2) if gen_time else None,
+        "mean_reward": round(statistics.fmean(rewards), 4),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "breakdown_s_median": {s: round(statistics.median(v), 3) for s, v in per_stage.items() if any(v)},
+        "config": {
+            "algo": args.algo,
+            "lora": args.lora,
+            "micro_batch_size": args.micro_batch,
+            "set": args.set,
+        },
+    }
+
+
+def run_subprocess(cmd: list[str]) -> dict:
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"command failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def peer_command(args: argparse.Namespace) -> list[str]:
+    python = Path(args.peer_python)
+    if not python.is_file():
+        sys.exit(
+            f"the peer's venv python {python} is missing; create it as ../shared/bench/README.md says:\n"
+            f"  python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 trl gguf"
+        )
+    cmd = [str(python), str(SHARED_BENCH / "trl_grpo_peer.py")]
+    if args.model:
+        cmd += ["--model", args.model]
+    return cmd
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--algo", default="grpo", choices=["grpo", "rapo"])
+    ap.add_argument("--lora", action="store_true", help="LoRA instead of full fine-tuning")
+    ap.add_argument("--model", help="model folder (default: the embedded model's cached folder)")
+    ap.add_argument("--micro-batch", type=int, default=8, help="sequences per micro-batch")
+    ap.add_argument("--set", action="append", default=[], help="extra config override KEY=VALUE")
+    ap.add_argument(
+        "--compare", action="store_true", help="run the TRL peer and ours alternately; print ratios"
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="alternations with --compare")
+    ap.add_argument("--peer-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
+    ap.add_argument("--raw", action="store_true", help="with --compare, also run the raw-limit script")
+    ap.add_argument("--out", help="also append the JSON lines to this file")
+    ap.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.in_process:
+        print(json.dumps(run_ours(args)))
+        return
+    ours_cmd = [
+        sys.executable,
+        __file__,
+        "--in-process",
+        "--algo",
+        args.algo,
+        "--micro-batch",
+        str(args.micro_batch),
+    ]
+    ours_cmd += ["--lora"] if args.lora else []
+    ours_cmd += ["--model", args.model] if args.model else []
+    for s in args.set:
+        ours_cmd += ["--set", s]
+    lines = []
+    if not args.compare:
+        lines.append(run_subprocess(ours_cmd))
+    else:
+        peer_cmd = peer_command(args) + (["--lora"] if args.lora else [])
+        for _ in range(args.rounds):
+            peer = run_subprocess(peer_cmd)
+            ours = run_subprocess(ours_cmd)
+            lines += [peer, ours]
+            if args.raw:
+                raw_py = Path(args.peer_python)
+                lines.append(run_subprocess([str(raw_py), str(SHARED_BENCH / "raw_generate_limit.py")]))
+            ratio = {
+                "bench": "ratios_ours_over_peer",
+                "sec_per_step": round(ours["sec_per_step_median"] / peer["sec_per_step_median"], 3),
+                "peak_rss": round(ours["peak_rss_mb"] / peer["peak_rss_mb"], 3),
+                "completion_tokens_per_s": round(
+                    ours["completion_tokens_per_s"] / peer["completion_tokens_per_s"], 3
+                ),
+            }
+            if args.raw:
+                ratio["generate_vs_raw_generate"] = round(
+                    ours["generate_tokens_per_s"] / lines[-1]["generated_tokens_per_s"], 3
+                )
+            lines.append(ratio)
+    for line in lines:
+        print(json.dumps(line))
+    if args.out:
+        with open(args.out, "a") as fh:
+            fh.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Report figures as base64 PNG strings (matplotlib, Agg backend): training curves, metric bars."""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rapo_echo.errors import RapoEchoError
+
+FIRST_CURVES = ("reward/mean", "loss/total")
+MAX_CURVES = 24
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RapoEchoError("the report's plots need matplotlib: pip install 'rapo-echo[bench]'") from exc
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    _pyplot().close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def curve_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Numeric keys of metrics rows to plot: ``reward/mean`` and ``loss/total`` first, then the rest sorted
+    (``step`` is the x axis, not a curve)."""
+    numeric = {
+        k
+        for row in rows
+        for k, v in row.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    return [k for k in FIRST_CURVES if k in numeric] + sorted(numeric - set(FIRST_CURVES))
+
+
+def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, list[str]]:
+    """One subplot per metric key, one line per run; returns (PNG, or None when there is nothing to plot,
+    and the keys left out)."""
+    all_rows = [row for rows in runs.values() for row in rows]
+    keys = curve_keys(all_rows)
+    if not keys:
+        return None, []
+    shown, left_out = keys[:MAX_CURVES], keys[MAX_CURVES:]
+    plt = _pyplot()
+    cols = min(3, len(shown))
+    nrows = math.ceil(len(shown) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
+    for ax, key in zip(axes.flat, shown):
+        for label, rows in runs.items():
+            pts = [
+                (row.get("step", i), row[key])
+                for i, row in enumerate(rows)
+                if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])
+            ]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, linewidth=1.2)
+        ax.set_title(key, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.axis("off")
+    if len(runs) > 1:
+        axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig), left_out
+
+
+def grouped_bars(
+    title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]], *, ylabel: str = ""
+) -> str:
+    """Bars for each group (x axis), one colour per series (e.g. per policy); None values are left out."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5), 3.2))
+    width = 0.8 / max(1, len(series))
+    for k, (name, values) in enumerate(series.items()):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        pts = [(x, v) for x, v in zip(xs, values) if v is not None]
+        ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_title(title, fontsize=10)
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)

@@ -1,0 +1,292 @@
+"""``rapo-echo report``: eval and training-run folders -> one self-contained HTML page + a Markdown table.
+
+Inputs: eval output folders (``config.json`` + ``results.jsonl``), training run folders
+(``metrics.jsonl``), or folders holding either one level down. The page has the comparison table
+(policies x benchmark headline metrics), training curves, per-benchmark bars (SOTOPIA: per dimension),
+and the transcripts as ``<details>`` blocks. Images are inline PNGs, CSS is inline, there is no script,
+and every model-written text is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rapo_echo.benchmarks.plots import grouped_bars, training_curves
+from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
+from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
+from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS
+from rapo_echo.errors import DataError
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class EvalResult:
+    path: Path
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    label: str = ""
+
+    @property
+    def benchmark(self) -> str:
+        return self.summary["benchmark"]
+
+
+@dataclass
+class TrainingRun:
+    path: Path
+    rows: list[dict[str, Any]]
+
+
+def _is_eval(p: Path) -> bool:
+    return (p / CONFIG_FILE).is_file() and (p / RESULTS_FILE).is_file()
+
+
+def discover(dirs: Sequence[str | Path]) -> tuple[list[EvalResult], list[TrainingRun]]:
+    """The eval folders and training runs in ``dirs`` (each, or its direct subfolders)."""
+    evals: list[EvalResult] = []
+    runs: list[TrainingRun] = []
+    for d in dirs:
+        root = Path(d)
+        if not root.is_dir():
+            raise DataError(f"{root}: not a folder")
+        found = False
+        candidates = [root] if _is_eval(root) else [root, *sorted(c for c in root.iterdir() if c.is_dir())]
+        for p in candidates:
+            if _is_eval(p):
+                evals.append(EvalResult(p, compute_summary(p), read_records(p / RESULTS_FILE)))
+                found = True
+            if (p / METRICS_FILE).is_file():
+                runs.append(TrainingRun(p, read_metrics(p / METRICS_FILE)))
+                found = True
+        if not found:
+            raise DataError(
+                f"{root}: holds no eval results ({CONFIG_FILE} + {RESULTS_FILE}) or {METRICS_FILE}, "
+                "nor do its subfolders"
+            )
+    _label(evals)
+    return evals, runs
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Rows of a training run's ``metrics.jsonl`` (a truncated last line is skipped)."""
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines):
+                break
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _label(evals: list[EvalResult]) -> None:
+    """Row label = the policy spec; the folder name is added where one policy has two evals of a benchmark."""
+    for e in evals:
+        e.label = str(e.summary.get("models", {}).get("policy") or e.path.name)
+    seen: dict[tuple[str, str], int] = {}
+    for e in evals:
+        seen[(e.label, e.benchmark)] = seen.get((e.label, e.benchmark), 0) + 1
+    for e in evals:
+        if seen[(e.label, e.benchmark)] > 1:
+            e.label = f"{e.label} [{e.path.name}]"
+
+
+def fmt(value: Any) -> str:
+    """A table cell: numbers with 3 significant decimals, missing as an en dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
+    return str(value)
+
+
+def comparison_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: one row per policy; per benchmark present (registry order) its headline metrics and
+    valid/total cases."""
+    order = list(BENCHMARKS)
+    benchmarks = sorted(
+        {e.benchmark for e in evals}, key=lambda b: (order.index(b) if b in order else len(order), b)
+    )
+    header = ["policy"]
+    columns: list[tuple[str, str | None]] = []
+    for b in benchmarks:
+        headline = next(e.summary["headline"] for e in evals if e.benchmark == b)
+        for key, label in headline:
+            header.append(label)
+            columns.append((b, key))
+        header.append(f"{b} valid/n")
+        columns.append((b, None))
+    rows = []
+    for label in dict.fromkeys(e.label for e in evals):
+        by_bench = {e.benchmark: e for e in evals if e.label == label}
+        row = [label]
+        for b, key in columns:
+            e = by_bench.get(b)
+            if e is None:
+                row.append("–")
+            elif key is None:
+                row.append(f"{e.summary['n_valid']}/{e.summary['n_cases']}")
+            else:
+                row.append(fmt(e.summary["metrics"].get(key)))
+        rows.append(row)
+    return header, rows
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table (pipes in cells escaped)."""
+
+    def cell(s: str) -> str:
+        return s.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(png: str, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">'
+
+
+def _figures(evals: Sequence[EvalResult]) -> list[str]:
+    out = []
+    sotopia = [e for e in evals if e.benchmark == "sotopia" and e.summary["metrics"]]
+    if sotopia:
+        dims = [*DIMENSIONS, "overall"]
+        series = {e.label: [e.summary["metrics"].get(d) for d in dims] for e in sotopia}
+        out.append(_img(grouped_bars("SOTOPIA: score per dimension", dims, series), "SOTOPIA dimensions"))
+    for bench in dict.fromkeys(e.benchmark for e in evals):
+        if bench == "sotopia":
+            continue
+        group = [e for e in evals if e.benchmark == bench and e.summary["metrics"]]
+        if not group:
+            continue
+        keys = [k for k, _ in group[0].summary["headline"]]
+        labels = [label for _, label in group[0].summary["headline"]]
+        series = {e.label: [e.summary["metrics"].get(k) for k in keys] for e in group}
+        out.append(_img(grouped_bars(f"{bench}: headline metrics", labels, series), f"{bench} metrics"))
+    return out
+
+
+def _transcript_html(record: dict[str, Any]) -> str:
+    metrics = ", ".join(f"{k}={fmt(v)}" for k, v in record.get("metrics", {}).items())
+    status = "valid" if record.get("valid") else "INVALID (judge unparseable)"
+    turns = "".join(
+        f'<div class="turn"><span class="role">{html.escape(str(t.get("role", "")))}</span> '
+        f"{html.escape(str(t.get('content', '')))}</div>"
+        for t in record.get("transcript", [])
+    )
+    info = record.get("info", {})
+    extra = ""
+    if "reference" in info:
+        ref = html.escape(str(info["reference"]))
+        extra += f'<div class="turn ref"><span class="role">reference</span> {ref}</div>'
+    if info.get("critic"):
+        verdicts = "; ".join(
+            f"turn {c['turn']}: {fmt(c['reward'])} ({html.escape(str(c.get('label')))})"
+            for c in info["critic"]
+        )
+        extra += f'<div class="meta">critic: {verdicts}</div>'
+    if info.get("evaluator_raw"):
+        extra += f'<div class="meta">evaluator: {html.escape(str(info["evaluator_raw"]))}</div>'
+    if info.get("end"):
+        extra += f'<div class="meta">ended: {html.escape(str(info["end"]))}</div>'
+    summary = f"{html.escape(record['id'])} — {status}" + (f" — {html.escape(metrics)}" if metrics else "")
+    return f"<details><summary>{summary}</summary>{turns}{extra}</details>"
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;
+ max-width:1200px}
+h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
+h3{font-size:15px}table{border-collapse:collapse;font-size:13px;margin:8px 0}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}
+img{max-width:100%;margin:8px 0;border:1px solid #eee}
+details{margin:4px 0;padding:4px 8px;background:#fafafa;border:1px solid #e5e5e5;border-radius:4px;
+ font-size:13px}
+summary{cursor:pointer}.turn{margin:4px 0 4px 8px;white-space:pre-wrap}
+.role{font-weight:600;color:#2a5599}.ref .role{color:#8a4b00}
+.meta{color:#666;margin:4px 0 0 8px;white-space:pre-wrap}.note{color:#666;font-size:13px}
+"""
+
+
+def render_html(
+    evals: Sequence[EvalResult], runs: Sequence[TrainingRun], *, title: str, max_transcripts: int
+) -> str:
+    """The whole report page."""
+    parts = [
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+    ]
+    if evals:
+        header, rows = comparison_table(evals)
+        parts.append("<h2>Comparison</h2>" + _html_table(header, rows))
+        parts.append(
+            '<p class="note">ESConv SR = success rate, AT = average turns (PPDPP protocol); BLEU, ROUGE-L '
+            "and Distinct in percent; SOTOPIA dimensions on their own ranges, overall = mean of seven.</p>"
+        )
+        parts.extend(_figures(evals))
+    if runs:
+        png, left_out = training_curves({r.path.name: r.rows for r in runs})
+        parts.append("<h2>Training curves</h2>")
+        parts.append(_img(png, "training curves") if png else '<p class="note">no numeric metrics</p>')
+        if left_out:
+            parts.append(f'<p class="note">not plotted: {html.escape(", ".join(left_out))}</p>')
+    for e in evals:
+        s = e.summary
+        parts.append(f"<h2>{html.escape(e.benchmark)} — {html.escape(e.label)}</h2>")
+        models = ", ".join(f"{k}: {v}" for k, v in s.get("models", {}).items())
+        parts.append(
+            f'<p class="note">{html.escape(str(e.path))}; {html.escape(models)}; data: '
+            f"{html.escape(str(s.get('data')))}; {s['n_valid']} valid of {s['n_cases']} cases</p>"
+        )
+        metric_rows = [[k, fmt(v)] for k, v in s["metrics"].items()]
+        if metric_rows:
+            parts.append(_html_table(["metric", "value"], metric_rows))
+        shown = e.records[:max_transcripts]
+        parts.append(f"<h3>Transcripts ({len(shown)} of {len(e.records)})</h3>")
+        parts.extend(_transcript_html(r) for r in shown)
+    if not evals and not runs:
+        parts.append('<p class="note">nothing to report</p>')
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def build_report(
+    dirs: Sequence[str | Path],
+    output: str | Path,
+    *,
+    max_transcripts: int = 50,
+    title: str = "rapo-echo report",
+) -> tuple[Path, Path]:
+    """Write ``output/report.html`` and ``output/report.md``; returns their paths."""
+    evals, runs = discover(dirs)
+    output = Path(output)
+    html_path, md_path = output / "report.html", output / "report.md"
+    write_text_atomic(html_path, render_html(evals, runs, title=title, max_transcripts=max_transcripts))
+    md = f"# {title}\n\n"
+    if evals:
+        header, rows = comparison_table(evals)
+        md += markdown_table(header, rows)
+    else:
+        md += "No evaluation results.\n"
+    write_text_atomic(md_path, md)
+    return html_path, md_path

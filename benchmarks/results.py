@@ -1,0 +1,108 @@
+"""An evaluation's files: ``results.jsonl`` (one line per finished case, appended and flushed as cases
+finish), ``config.json`` (what was evaluated, how) and ``summary.json`` (computed from the JSONL).
+
+A crash can leave a half-written last line; it is dropped on the next open (the case runs again). A
+malformed line elsewhere is an error naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rapo_echo.errors import DataError
+
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.json"
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file through a temporary file in the same folder, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a results file (empty when it does not exist); a truncated last line is ignored,
+    and of two records with the same id the first is kept."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    records: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines):  # the last line, without its newline: a write cut short
+                break
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc}); fix or delete that line") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+            raise DataError(f"{path}:{lineno}: a result record must be a JSON object with a string 'id'")
+        if record["id"] not in seen:
+            seen.add(record["id"])
+            records.append(record)
+    return records
+
+
+class ResultWriter:
+    """Appends records to a results file, one flushed and fsynced line each."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair_tail()
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
+
+    def _repair_tail(self) -> None:
+        """Drop a half-written last line, or end a complete last line that lacks its newline."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        data = self.path.read_bytes()
+        if data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+        except ValueError:
+            with open(self.path, "r+b") as fh:
+                fh.truncate(cut)
+            return
+        with open(self.path, "ab") as fh:
+            fh.write(b"\n")
+
+    def append(self, record: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> ResultWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,192 @@
+"""Run a benchmark into an output folder: batched, resumable, summarised from the JSONL.
+
+Cases are taken in batches of ``settings.batch_size``; each batch runs in lockstep inside the benchmark.
+Every finished case is appended to ``results.jsonl`` at once, so a crashed or interrupted evaluation,
+started again with the same arguments, skips the cases already there. ``summary.json`` is recomputed
+from every record in the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles
+from rapo_echo.benchmarks.esconv_interactive import EsconvInteractive
+from rapo_echo.benchmarks.esconv_reference import EsconvReference
+from rapo_echo.benchmarks.results import (
+    CONFIG_FILE,
+    RESULTS_FILE,
+    SUMMARY_FILE,
+    ResultWriter,
+    read_records,
+    write_json_atomic,
+)
+from rapo_echo.benchmarks.sotopia import Sotopia
+from rapo_echo.config import redacted
+from rapo_echo.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+BENCHMARKS: dict[str, type] = {"esconv": EsconvInteractive, "esconv-ref": EsconvReference, "sotopia": Sotopia}
+# settings that do not change what a case's result means, so they may differ when resuming
+RESUME_FREE = ("batch_size",)
+
+
+def get_benchmark(name: str) -> Benchmark:
+    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``)."""
+    if name not in BENCHMARKS:
+        raise ConfigError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name]()
+
+
+def eval_config(
+    benchmark: str, models: dict[str, str], data: str | None, settings: EvalSettings
+) -> dict[str, Any]:
+    """What ``config.json`` records: benchmark, model per role, data file, settings (secrets redacted)."""
+    return redacted(
+        {"benchmark": benchmark, "models": models, "data": data, "settings": dataclasses.asdict(settings)}
+    )
+
+
+def check_resume(output: Path, config: dict[str, Any]) -> None:
+    """Refuse to continue an output folder written with a different benchmark, model, data or setting."""
+    old_path = output / CONFIG_FILE
+    if not old_path.exists():
+        return
+    try:
+        old = json.loads(old_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{old_path}: not valid JSON ({exc})") from exc
+    flat_old, flat_new = _flatten(old), _flatten(config)
+    for key in sorted(set(flat_old) | set(flat_new)):
+        if key.split(".")[-1] in RESUME_FREE:
+            continue
+        if flat_old.get(key) != flat_new.get(key):
+            raise ConfigError(
+                f"{output} holds an evaluation with {key}={flat_old.get(key)!r}, this run has "
+                f"{flat_new.get(key)!r}; resume with the same arguments or choose another --output"
+            )
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_eval(
+    benchmark: Benchmark,
+    roles: Roles,
+    settings: EvalSettings,
+    output: str | Path,
+    *,
+    data: str | None = None,
+    limit: int | None = None,
+    models: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Evaluate every case not yet in ``output/results.jsonl``; returns the summary (also written)."""
+    output = Path(output)
+    cases = benchmark.load_cases(data, settings)
+    if limit is not None:
+        if limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {limit}")
+        cases = cases[:limit]
+    ids = [c.id for c in cases]
+    if len(set(ids)) != len(ids):
+        raise DataError(
+            f"{data}: case ids are not unique (first repeat: {next(i for i in ids if ids.count(i) > 1)!r})"
+        )
+    config = eval_config(benchmark.name, models or {}, data, settings)
+    check_resume(output, config)
+    output.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output / CONFIG_FILE, config)
+    done = {r["id"] for r in read_records(output / RESULTS_FILE)}
+    pending = [c for c in cases if c.id not in done]
+    log.info(
+        "%s: %d cases, %d already done, %d to run",
+        benchmark.name,
+        len(cases),
+        len(cases) - len(pending),
+        len(pending),
+    )
+    with ResultWriter(output / RESULTS_FILE) as writer:
+        for start in range(0, len(pending), settings.batch_size):
+            batch = pending[start : start + settings.batch_size]
+            _run_one_batch(benchmark, batch, roles, settings, writer)
+            log.info(
+                "%s: %d/%d cases done",
+                benchmark.name,
+                len(cases) - len(pending) + start + len(batch),
+                len(cases),
+            )
+    return write_summary(output, benchmark, expected=len(cases))
+
+
+def _run_one_batch(
+    benchmark: Benchmark, batch: Sequence[Case], roles: Roles, settings: EvalSettings, writer: ResultWriter
+) -> None:
+    waiting = {c.id for c in batch}
+
+    def emit(record: Record) -> None:
+        if record.get("id") not in waiting:
+            raise RuntimeError(
+                f"{benchmark.name}: emitted a record for {record.get('id')!r}, which is not pending"
+            )
+        waiting.discard(record["id"])
+        writer.append(record)
+
+    benchmark.run_batch(batch, roles, settings, emit)
+    if waiting:
+        raise RuntimeError(f"{benchmark.name}: batch ended without results for {sorted(waiting)}")
+
+
+def compute_summary(
+    output: str | Path, benchmark: Benchmark | None = None, *, expected: int | None = None
+) -> dict[str, Any]:
+    """The summary of an output folder, computed from its ``results.jsonl`` (benchmark from ``config.json``
+    when not given)."""
+    output = Path(output)
+    config: dict[str, Any] = {}
+    if (output / CONFIG_FILE).exists():
+        try:
+            config = json.loads((output / CONFIG_FILE).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{output / CONFIG_FILE}: not valid JSON ({exc})") from exc
+    if benchmark is None:
+        if "benchmark" not in config:
+            raise DataError(
+                f"{output}: no {CONFIG_FILE} naming the benchmark; is this an eval output folder?"
+            )
+        benchmark = get_benchmark(config["benchmark"])
+    records = read_records(output / RESULTS_FILE)
+    n_valid = sum(bool(r.get("valid")) for r in records)
+    return {
+        "benchmark": benchmark.name,
+        "models": config.get("models", {}),
+        "data": config.get("data"),
+        "n_cases": len(records),
+        "n_valid": n_valid,
+        "n_invalid": len(records) - n_valid,
+        "n_expected": expected,
+        "complete": expected is None or len(records) >= expected,
+        "metrics": benchmark.summarize(records) if records else {},
+        "headline": [list(h) for h in benchmark.headline],
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write_summary(output: str | Path, benchmark: Benchmark, *, expected: int | None = None) -> dict[str, Any]:
+    """Summarise ``output/results.jsonl`` into ``output/summary.json`` and return it."""
+    summary = compute_summary(output, benchmark, expected=expected)
+    write_json_atomic(Path(output) / SUMMARY_FILE, summary)
+    return summary

@@ -1,0 +1,185 @@
+"""SOTOPIA benchmark: the policy plays one agent of a social scenario, a partner model the other.
+
+Each scenario/agent pair gives two cases, the policy playing agent 1 and then agent 2 (sotopia's full
+protocol). Agents act in round-robin order, agent 1 first; one batched engine call per role per turn
+covers every active episode. An episode ends after ``max_turns`` actions (default 20), when an agent
+leaves, or after more than 2 consecutive ``none`` actions (sotopia's ``RuleBasedTerminatedEvaluator``).
+The evaluator (the ``judge`` role, temperature 0) then scores the policy's agent on the seven
+SOTOPIA-Eval dimensions; overall = their mean. An evaluator reply that stays unparseable after the
+retries makes the case invalid (counted, not scored). The summary reports every dimension and overall
+over all valid cases, and goal / overall over the hard subset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.judge import parse_with_retries
+from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS, evaluator_prompt, overall, parse_reply
+from rapo_echo.benchmarks.sotopia_profiles import SotopiaPair, load_sotopia
+from rapo_echo.engines.base import generate_texts
+from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.simulators.sotopia_agent import Turn, agent_prompt, parse_action
+
+DEFAULT_MAX_TURNS = 20
+MAX_STALE_TURNS = 2
+
+
+def termination(history: Sequence[Turn], max_turns: int, max_stale: int = MAX_STALE_TURNS) -> str | None:
+    """Why the episode ends after ``history``, or None while it goes on: an agent left, more than
+    ``max_stale`` consecutive ``none`` actions, or ``max_turns`` actions taken."""
+    if history and history[-1].action.action_type == "leave":
+        return "an agent left"
+    stale = 0
+    for t in reversed(history):
+        if t.action.action_type != "none":
+            break
+        stale += 1
+    if stale > max_stale:
+        return "stale: too many consecutive none actions"
+    if len(history) >= max_turns:
+        return "max turns"
+    return None
+
+
+@dataclass
+class _Episode:
+    case: Case
+    pair: SotopiaPair
+    policy_agent: int
+    history: list[Turn] = field(default_factory=list)
+    end: str | None = None
+
+
+class Sotopia:
+    """SOTOPIA episodes scored with SOTOPIA-Eval."""
+
+    name = "sotopia"
+    roles = ("policy", "simulator", "judge")
+    headline = (("goal", "SOTOPIA goal"), ("overall", "SOTOPIA overall"), ("hard/goal", "SOTOPIA-hard goal"))
+
+    def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
+        pairs = list(enumerate(load_sotopia(data)))  # ids keep the index in the file, also for --subset hard
+        if settings.subset == "hard":
+            pairs = [(i, p) for i, p in pairs if p.env.hard]
+            if not pairs:
+                raise DataError(f"{data or 'the bundled scenarios'}: no scenario is marked hard")
+        return [
+            Case(
+                f"{i:03d}-{p.env.codename}-p{k + 1}",
+                p,
+                {"codename": p.env.codename, "hard": p.env.hard, "policy_agent": k},
+            )
+            for i, p in pairs
+            for k in (0, 1)
+        ]
+
+    def run_batch(self, cases: Sequence[Case], roles: Roles, settings: EvalSettings, emit: Emit) -> None:
+        if roles.simulator is None or roles.judge is None:
+            raise ConfigError(
+                "the sotopia benchmark needs a simulator (partner) and a judge (evaluator) engine"
+            )
+        max_turns = settings.max_turns or DEFAULT_MAX_TURNS
+        episodes = [_Episode(c, c.data, c.meta["policy_agent"]) for c in cases]
+        for turn in range(max_turns):
+            actor = turn % 2
+            active = [e for e in episodes if e.end is None]
+            if not active:
+                break
+            mine = [e for e in active if e.policy_agent == actor]
+            theirs = [e for e in active if e.policy_agent != actor]
+            for group, engine, params in (
+                (mine, roles.policy, settings.policy_params()),
+                (theirs, roles.simulator, settings.simulator_params()),
+            ):
+                if not group:
+                    continue
+                prompts = [agent_prompt(e.pair.env, e.pair.agents, actor, e.history, turn) for e in group]
+                for e, text in zip(group, generate_texts(engine, prompts, params)):
+                    action, strict = parse_action(text, [a.name for a in e.pair.agents])
+                    e.history.append(Turn(turn, actor, action, raw=text, strict=strict))
+            finished = []
+            for e in active:
+                e.end = termination(e.history, max_turns)
+                if e.end is not None:
+                    finished.append(e)
+            self._evaluate(finished, roles, settings, emit)
+
+    def _evaluate(self, episodes: list[_Episode], roles: Roles, settings: EvalSettings, emit: Emit) -> None:
+        if not episodes:
+            return
+        assert roles.judge is not None
+        prompts = [evaluator_prompt(e.pair.env, e.pair.agents, e.history, e.policy_agent) for e in episodes]
+        verdicts = parse_with_retries(
+            roles.judge, prompts, parse_reply, settings.judge_params(), settings.judge_retries
+        )
+        for e, v in zip(episodes, verdicts):
+            metrics: dict[str, Any] = {}
+            if v.value is not None:
+                metrics = {**v.value, "overall": overall(v.value), "turns": len(e.history)}
+            emit(
+                make_record(
+                    e.case,
+                    valid=v.value is not None,
+                    metrics=metrics,
+                    transcript=self._transcript(e),
+                    info=self._info(e, v.raw, v.attempts),
+                )
+            )
+
+    @staticmethod
+    def _transcript(e: _Episode) -> list[dict[str, str]]:
+        names = [a.name for a in e.pair.agents]
+        return [
+            {
+                "role": names[t.agent] + (" (policy)" if t.agent == e.policy_agent else " (partner)"),
+                "content": t.action.describe(names[t.agent]),
+            }
+            for t in e.history
+        ]
+
+    @staticmethod
+    def _info(e: _Episode, raw: str, attempts: int) -> dict[str, Any]:
+        own = [t for t in e.history if t.agent == e.policy_agent]
+        return {
+            "codename": e.pair.env.codename,
+            "hard": e.pair.env.hard,
+            "scenario": e.pair.env.scenario,
+            "policy_agent": e.policy_agent,
+            "agents": [a.name for a in e.pair.agents],
+            "goals": list(e.pair.env.agent_goals),
+            "end": e.end,
+            "turns": len(e.history),
+            "policy_loose_actions": sum(not t.strict for t in own),
+            "policy_actions": len(own),
+            "actions": [
+                {
+                    "turn": t.number,
+                    "agent": t.agent,
+                    "type": t.action.action_type,
+                    "argument": t.action.argument,
+                    "strict": t.strict,
+                }
+                for t in e.history
+            ],
+            "evaluator_raw": raw,
+            "evaluator_attempts": attempts,
+        }
+
+    def summarize(self, records: Sequence[Record]) -> dict[str, Any]:
+        valid = [r for r in records if r["valid"]]
+        hard = [r for r in valid if r["info"].get("hard")]
+        keys = [*DIMENSIONS, "overall"]
+        out: dict[str, Any] = {k: mean([r["metrics"][k] for r in valid]) for k in keys}
+        out["hard/goal"] = mean([r["metrics"]["goal"] for r in hard])
+        out["hard/overall"] = mean([r["metrics"]["overall"] for r in hard])
+        out["n_hard"] = len(hard)
+        out["avg_turns"] = mean([r["info"]["turns"] for r in records])
+        actions = sum(r["info"]["policy_actions"] for r in records)
+        out["policy_loose_action_rate"] = (
+            sum(r["info"]["policy_loose_actions"] for r in records) / actions if actions else None
+        )
+        return out

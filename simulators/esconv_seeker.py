@@ -1,0 +1,107 @@
+"""ESConv help-seeker simulator and critic prompts, after the PPDPP interactive protocol.
+
+PPDPP (Deng et al. 2023, github.com/dengyang17/PPDPP ``prompt.py`` / ``env.py``) evaluates an
+emotional-support system against an LLM "patient" seeded with an ESConv case: the patient opens with
+the case's situation, system and patient then alternate, and after every patient turn a critic LLM
+answers "has the patient's issue been solved?" with one of four verdicts mapped to -1 / -0.5 / 0.5 / 1.
+This module builds those three prompts as chat conversations (our wording, same content) and cleans the
+simulator's replies; the episode loop lives in :mod:`rapo_echo.benchmarks.esconv_interactive`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rapo_echo.types import Conversation, msg
+
+SEEKER = "seeker"
+SUPPORTER = "supporter"
+
+# PPDPP's critic verdicts and their rewards (env.py ``reward_dict['esc']``).
+CRITIC_LABELS: dict[str, float] = {"worse": -1.0, "same": -0.5, "better": 0.5, "solved": 1.0}
+
+SEEKER_SYSTEM = (
+    "Now enter the role-playing mode. In the following conversation you play a patient talking to a "
+    "therapist in a counselling conversation. Stay in character: you are the patient, not an assistant."
+)
+SEEKER_BRIEF = (
+    "You are the patient who is looking for help from the therapist, because you have the emotional issue "
+    "about {emotion} regarding {problem}. Your situation: {situation}\n"
+    "Please reply with only one short and succinct sentence. Now tell me your issue."
+)
+CRITIC_SYSTEM = (
+    "Given a conversation between a Therapist and a Patient, assess whether the Patient's emotional issue "
+    "has been solved after the conversation."
+)
+CRITIC_QUESTION = (
+    "You can only reply with one of the following words: worse (No, the Patient feels worse), "
+    "same (No, the Patient feels the same), better (No, but the Patient feels better), "
+    "solved (Yes, the Patient's issue has been solved).\n\n"
+    "The following is a conversation about {emotion} regarding {problem}: {dialogue}\n"
+    "Question: Has the Patient's issue been solved? Answer with one word."
+)
+
+_ROLE_TAG = re.compile(r"\b(?:Therapist|Patient|Supporter|Seeker|assistant|user)\s*:", re.I)
+
+
+@dataclass(frozen=True)
+class SeekerProfile:
+    """What the simulated seeker knows about itself (from the ESConv case)."""
+
+    emotion_type: str
+    problem_type: str
+    situation: str
+
+
+def seeker_prompt(profile: SeekerProfile, turns: Sequence[tuple[str, str]]) -> Conversation:
+    """The simulator's prompt: the role brief, then the dialogue seen from the seeker's side (its own
+    turns as ``assistant``); ``turns`` are ``(speaker, text)`` pairs and must end with the supporter."""
+    if not turns or turns[-1][0] != SUPPORTER:
+        raise ValueError("the seeker replies to the supporter: the last turn must be the supporter's")
+    brief = SEEKER_BRIEF.format(
+        emotion=profile.emotion_type, problem=profile.problem_type, situation=profile.situation.strip()
+    )
+    out: Conversation = [msg("system", SEEKER_SYSTEM), msg("user", brief)]
+    out.extend(msg("assistant" if who == SEEKER else "user", text) for who, text in turns)
+    return out
+
+
+def supporter_prompt(system_prompt: str | None, turns: Sequence[tuple[str, str]]) -> Conversation:
+    """The policy's prompt: its system prompt, then the dialogue with the seeker as ``user``."""
+    if not turns or turns[-1][0] != SEEKER:
+        raise ValueError("the supporter replies to the seeker: the last turn must be the seeker's")
+    out: Conversation = [msg("system", system_prompt)] if system_prompt else []
+    out.extend(msg("user" if who == SEEKER else "assistant", text) for who, text in turns)
+    return out
+
+
+def critic_prompt(profile: SeekerProfile, turns: Sequence[tuple[str, str]]) -> Conversation:
+    """The critic's prompt: the whole dialogue as ``Therapist: ... Patient: ...`` and PPDPP's question."""
+    dialogue = " ".join(f"{'Patient' if who == SEEKER else 'Therapist'}: {text}" for who, text in turns)
+    question = CRITIC_QUESTION.format(
+        emotion=profile.emotion_type, problem=profile.problem_type, dialogue=dialogue
+    )
+    return [msg("system", CRITIC_SYSTEM), msg("user", question)]
+
+
+def parse_critic(text: str) -> str | None:
+    """The verdict label in a critic's reply: the earliest of worse / same / better / solved that occurs
+    (case-insensitive, so PPDPP's full sentences parse too); None when none occurs."""
+    lowered = text.lower()
+    hits = [(lowered.find(label), label) for label in CRITIC_LABELS if label in lowered]
+    return min(hits)[1] if hits else None
+
+
+def clean_reply(text: str) -> str:
+    """A role-play reply cut where the model starts writing the other side (``Therapist:`` ...), with a
+    leading role tag of its own removed and whitespace stripped."""
+    text = text.strip()
+    first = _ROLE_TAG.match(text)
+    if first:
+        text = text[first.end() :].strip()
+    later = _ROLE_TAG.search(text)
+    if later:
+        text = text[: later.start()]
+    return text.strip()

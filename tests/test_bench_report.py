@@ -1,0 +1,187 @@
+"""``rapo-echo report``: discovery, the comparison table, plots, escaping, self-containment, and a
+screenshot of the page in headless Chromium (skipped where Chromium is not installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rapo_echo.benchmarks.base import EvalSettings, Roles
+from rapo_echo.benchmarks.plots import curve_keys
+from rapo_echo.benchmarks.report import build_report, comparison_table, discover, markdown_table
+from rapo_echo.benchmarks.runner import get_benchmark, run_eval
+from rapo_echo.engines.scripted import ScriptedEngine
+from rapo_echo.errors import DataError
+
+SCORES = (
+    "believability: 8\nrelationship: 2\nknowledge: 5\nsecret: -1\nsocial_rules: 0\nfinancial: -3\ngoal: 7"
+)
+LOW = "believability: 2\nrelationship: -2\nknowledge: 1\nsecret: -5\nsocial_rules: -3\nfinancial: 0\ngoal: 1"
+
+
+def esconv_file(tmp_path: Path) -> str:
+    rows = [
+        {
+            "emotion_type": "sadness",
+            "problem_type": "job crisis",
+            "situation": f"situation {i}",
+            "dialog": [
+                {"speaker": "usr", "text": f"I feel low {i}."},
+                {"speaker": "sys", "text": "I am sorry."},
+            ],
+        }
+        for i in range(3)
+    ]
+    path = tmp_path / "esc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    """Evals of two policies on all three benchmarks plus one training run, under one folder."""
+    root = tmp_path / "results"
+    data = esconv_file(tmp_path)
+    for policy, reply, scores in (
+        ("policy-a", "I am <script>alert(1)</script> sorry.", SCORES),
+        ("policy-b", "Tell me more.", LOW),
+    ):
+        engine = ScriptedEngine(default=reply)
+        speaker = ScriptedEngine(default='{"action_type": "speak", "argument": "Hello."}')
+        models = {"policy": policy}
+        run_eval(
+            get_benchmark("esconv-ref"),
+            Roles(engine),
+            EvalSettings(),
+            root / f"{policy}-ref",
+            data=data,
+            models=models,
+        )
+        critic = ScriptedEngine(default="better" if policy == "policy-b" else "solved")
+        run_eval(
+            get_benchmark("esconv"),
+            Roles(engine, ScriptedEngine(default="ok"), critic),
+            EvalSettings(max_turns=2),
+            root / f"{policy}-esconv",
+            data=data,
+            models=models,
+        )
+        run_eval(
+            get_benchmark("sotopia"),
+            Roles(speaker, speaker, ScriptedEngine(default=scores)),
+            EvalSettings(max_turns=2),
+            root / f"{policy}-sotopia",
+            limit=4,
+            models=models,
+        )
+    run = root / "run1"
+    run.mkdir()
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.1 * s,
+            "loss/total": 1.0 / s,
+            "kl": 0.01 * s,
+            "time/rollout": 2.0,
+            "note": "x",
+        }
+        for s in range(1, 6)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_discover_and_comparison_table(results):
+    evals, runs = discover([results])
+    assert len(evals) == 6 and [r.path.name for r in runs] == ["run1"]
+    header, rows = comparison_table(evals)
+    assert header[:5] == ["policy", "ESConv SR", "ESConv AT", "esconv valid/n", "BLEU-1"]
+    assert "ESConv SR" in header and "SOTOPIA goal" in header and "sotopia valid/n" in header
+    by_policy = {row[0]: dict(zip(header, row)) for row in rows}
+    assert set(by_policy) == {"policy-a", "policy-b"}
+    assert by_policy["policy-a"]["ESConv SR"] == "1.000" and by_policy["policy-b"]["ESConv SR"] == "0.000"
+    assert by_policy["policy-a"]["ESConv AT"] == "1.000" and by_policy["policy-b"]["ESConv AT"] == "2.000"
+    assert (
+        by_policy["policy-a"]["SOTOPIA goal"] == "7.000" and by_policy["policy-b"]["SOTOPIA goal"] == "1.000"
+    )
+    assert by_policy["policy-a"]["sotopia valid/n"] == "4/4"
+    md = markdown_table(header, rows)
+    assert md.startswith("| policy | ESConv SR |") and md.count("\n") == 4
+
+
+def test_report_page_is_self_contained_and_escaped(results, tmp_path):
+    html_path, md_path = build_report([results], tmp_path / "rep", max_transcripts=2, title="My <report>")
+    page = html_path.read_text()
+    assert "<script" not in page.lower().replace("&lt;script", "")  # the model's "<script>" is escaped
+    assert "I am &lt;script&gt;alert(1)&lt;/script&gt; sorry." in page
+    assert not re.search(r"(src|href)=[\"']?(https?:)?//", page)  # nothing loaded from elsewhere
+    assert "<title>My &lt;report&gt;</title>" in page
+    assert page.count('src="data:image/png;base64,') >= 4  # sotopia dims, esconv, esconv-ref, training curves
+    assert page.count("<details>") == 6 * 2 and "Transcripts (2 of 4)" in page
+    assert "critic: turn 1: 1.000 (solved)" in page and "evaluator: believability: 8" in page
+    md = md_path.read_text()
+    assert md.startswith("# My <report>\n\n| policy |") and "policy-b" in md
+
+
+def test_training_curve_keys_come_first_then_sorted():
+    rows = [
+        {
+            "step": 1,
+            "kl": 0.1,
+            "loss/total": 1.0,
+            "note": "x",
+            "reward/mean": 0.5,
+            "invalid": 0,
+            "bad": float("nan"),
+        }
+    ]
+    assert curve_keys(rows) == ["reward/mean", "loss/total", "invalid", "kl"]
+
+
+def test_a_run_folder_alone_and_a_folder_with_nothing(tmp_path, results):
+    html_path, md_path = build_report([results / "run1"], tmp_path / "only-run")
+    assert "Training curves" in html_path.read_text() and "No evaluation results" in md_path.read_text()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="holds no eval results"):
+        build_report([tmp_path / "empty"], tmp_path / "x")
+
+
+def test_same_policy_twice_on_one_benchmark_gets_folder_names(results, tmp_path):
+    shutil.copytree(results / "policy-a-ref", tmp_path / "again")
+    evals, _ = discover([results / "policy-a-ref", tmp_path / "again"])
+    assert [e.label for e in evals] == ["policy-a [policy-a-ref]", "policy-a [again]"]
+
+
+def test_report_renders_in_headless_chromium(results, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+    html_path, _ = build_report([results], tmp_path / "rep")
+    shot = tmp_path / "report.png"
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chrome'}",
+        f"--screenshot={shot}",
+        "--window-size=1280,2000",
+        html_path.resolve().as_uri(),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (1280, 2000)
+    # a rendered page is not blank: a blank screenshot compresses to a few kB
+    assert len(png) > 50_000
