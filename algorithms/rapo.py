@@ -21,7 +21,6 @@ from rapo_echo.algorithms.grpo import GRPO, advantage_stats, reward_stats
 from rapo_echo.algorithms.rank_rewards import average_ranks, gopo_advantages, linear_rank_rewards, mix_emotion
 from rapo_echo.group_judge import Candidate, GroupJudge, GroupJudgement
 from rapo_echo.logprobs import generalized_jsd, with_tail
-from rapo_echo.policy import collate
 from rapo_echo.simulators.reaction import Reaction, ReactionSimulator
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
@@ -386,7 +385,7 @@ class RAPO(GRPO):
         temp = self.cfg.rollout.temperature
         for start in range(0, len(chosen), self.cfg.train.micro_batch_size):
             part = slice(start, start + self.cfg.train.micro_batch_size)
-            batch = collate(prompts[part], completions[part], policy.pad_id)
+            batch = policy.batch(prompts[part], completions[part])
             ids, logp = policy.scorer.topk(batch, k, temperature=temp)
             for row, i in enumerate(chosen[part]):
                 n = len(samples[i].completion_ids)
@@ -397,8 +396,8 @@ class RAPO(GRPO):
                     group=samples[i].group,
                     sample=i,
                 )
-                item.teacher_ids = ids[row, batch.n_targets - n :].cpu()  # type: ignore[attr-defined]
-                item.teacher_logp = logp[row, batch.n_targets - n :].cpu()  # type: ignore[attr-defined]
+                item.teacher_ids = ids[row, :n].cpu()  # type: ignore[attr-defined]
+                item.teacher_logp = logp[row, :n].cpu()  # type: ignore[attr-defined]
                 items.append(item)
         return items
 
@@ -412,7 +411,7 @@ class RAPO(GRPO):
         for row, it in enumerate(mb.items):
             t = getattr(it, "teacher_ids", None)
             if t is not None:
-                ids[row, n - t.shape[0] :] = t
+                ids[row, : t.shape[0]] = t
         return {"gather_ids": ids.to(mb.mask.device)}
 
     def loss(
@@ -461,7 +460,7 @@ class RAPO(GRPO):
         for row, it in enumerate(mb.items):
             t = getattr(it, "teacher_logp", None)
             if t is not None:
-                teacher[row, n - t.shape[0] :] = t.to(gathered.device)
+                teacher[row, : t.shape[0]] = t.to(gathered.device)
         div = generalized_jsd(with_tail(teacher), with_tail(gathered), self.sd.jsd_alpha)
         return div * mask
 

@@ -24,50 +24,91 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TokenBatch:
-    """Sequences right-aligned in one tensor: left padding, then prompt, then completion.
+    """(prompt, completion) pairs prepared for scoring.
 
-    The completion tokens of every row sit in the last ``n_targets`` columns (``target_mask`` marks
-    which of those belong to the row's completion)."""
+    ``inputs`` is what :class:`TokenScorer` takes. Per-token values of the completions are
+    left-aligned: column ``j`` of a ``[rows, n_targets]`` tensor is completion token ``j`` of the row
+    and ``target_mask`` marks the columns that exist.
 
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
+    Two layouts: ``shared`` runs each distinct prompt once and lets its rows (a GRPO group) attend to
+    its KV cache, so a prompt shared by G replies costs one forward instead of G; ``full`` runs each
+    row's whole sequence (needed under gradient checkpointing, which turns the KV cache off).
+    """
+
+    inputs: dict[str, torch.Tensor]
     target_mask: torch.Tensor
-    n_targets: int
+    lengths: list[int]
 
     @property
-    def targets(self) -> torch.Tensor:
-        return self.input_ids[:, -self.n_targets :]
+    def n_targets(self) -> int:
+        return int(self.target_mask.shape[1])
+
+    def to(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        return {k: v.to(device) for k, v in self.inputs.items()}
+
+    def rows(self, values: torch.Tensor) -> list[list[float]]:
+        """Per-row lists of a [rows, n_targets] tensor's values, cut to each completion's length."""
+        values = values.detach().cpu()
+        return [values[i, :n].tolist() for i, n in enumerate(self.lengths)]
 
 
 def collate(
-    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+    *,
+    shared: bool = True,
 ) -> TokenBatch:
-    """Left-pad ``prompt + completion`` rows into a :class:`TokenBatch`."""
+    """Build a :class:`TokenBatch` (``shared`` prefix layout by default, else ``full``)."""
     if any(len(c) == 0 for c in completions):
         raise ValueError("every completion needs at least one token")
-    seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
-    width = max(len(s) for s in seqs)
-    n_targets = max(len(c) for c in completions)
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    lengths = [len(c) for c in completions]
+    n = max(lengths)
+    tmask = torch.zeros((len(completions), n), dtype=torch.float32)
+    targets = torch.full((len(completions), n), pad_id, dtype=torch.long)
+    for i, c in enumerate(completions):
+        tmask[i, : len(c)] = 1.0
+        targets[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+    if shared:
+        index: dict[tuple[int, ...], int] = {}
+        rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
+        unique = list(index)
+        width = max(len(p) for p in unique)
+        pids = torch.full((len(unique), width), pad_id, dtype=torch.long)
+        pmask = torch.zeros((len(unique), width), dtype=torch.long)
+        for k, p in enumerate(unique):
+            pids[k, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            pmask[k, width - len(p) :] = 1
+        inputs = {"prompt_ids": pids, "prompt_mask": pmask, "rows": torch.tensor(rows), "targets": targets}
+        return TokenBatch(inputs, tmask, lengths)
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    tmask = torch.zeros((len(seqs), n_targets), dtype=torch.float32)
+    where = torch.full((len(seqs), n), width - 1, dtype=torch.long)
     for i, (s, c) in enumerate(zip(seqs, completions)):
         ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
         mask[i, width - len(s) :] = 1
-        tmask[i, n_targets - len(c) :] = 1.0
+        where[i, : len(c)] = torch.arange(width - len(c) - 1, width - 1)  # hidden state predicting token j
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return TokenBatch(ids, mask, positions, tmask, n_targets)
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": positions,
+        "where": where,
+        "targets": targets,
+    }
+    return TokenBatch(inputs, tmask, lengths)
 
 
-def pad_right_aligned(values: Sequence[Sequence[float]], n_targets: int) -> torch.Tensor:
-    """Per-token values (one list per row) right-aligned into [rows, n_targets], zeros elsewhere."""
+def pad_left_aligned(values: Sequence[Sequence[float]], n_targets: int) -> torch.Tensor:
+    """Per-token values (one list per row) left-aligned into [rows, n_targets], zeros elsewhere."""
     out = torch.zeros((len(values), n_targets), dtype=torch.float32)
     for i, v in enumerate(values):
         if len(v):
-            out[i, n_targets - len(v) :] = torch.tensor(list(v), dtype=torch.float32)
+            out[i, : len(v)] = torch.tensor(list(v), dtype=torch.float32)
     return out
 
 
@@ -83,24 +124,21 @@ class TokenScorer(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        n_targets: int,
+        inputs: dict[str, torch.Tensor],
         temperature: float = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = False,
         gather_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """(log-probs [B, n_targets], entropies [B, n_targets]) of the last ``n_targets`` tokens; with
-        ``gather_ids`` [B, n_targets, k] also the log-probs at those ids (for logit distillation)."""
-        hidden = self.hidden_states(input_ids, attention_mask, position_ids)[:, -n_targets - 1 : -1]
+        """(log-probs [B, n], entropies [B, n]) of the completion tokens, left-aligned; with
+        ``gather_ids`` [B, n, k] also the log-probs at those ids (for logit distillation)."""
+        hidden = self.target_hidden(inputs)
         head = self.lm.get_output_embeddings()
         softcap = getattr(self.lm.config, "final_logit_softcapping", None)
         logp, entropy = chunked_token_logprobs(
             hidden,
             head.weight,
-            input_ids[:, -n_targets:],
+            inputs["targets"],
             bias=getattr(head, "bias", None),
             temperature=temperature,
             softcap=softcap,
@@ -115,29 +153,55 @@ class TokenScorer(nn.Module):
         )
         return logp, entropy, gathered
 
-    def hidden_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-    ) -> torch.Tensor:
-        """Final hidden states of the decoder (before the LM head)."""
+    def target_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Hidden states [B, n, H] that predict each completion token (either layout)."""
         decoder = self.lm.get_decoder()
-        return decoder(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        if "where" in inputs:
+            hidden = decoder(
+                input_ids=inputs["input_ids"],
+                attention_mask=inputs["attention_mask"],
+                position_ids=inputs["position_ids"],
+                use_cache=False,
+            ).last_hidden_state
+            where = inputs["where"]
+            return hidden.gather(1, where.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        from transformers import DynamicCache
+
+        pmask, rows, targets = inputs["prompt_mask"], inputs["rows"], inputs["targets"]
+        cache = DynamicCache(config=self.lm.config)
+        positions = (pmask.cumsum(-1) - 1).clamp(min=0)
+        prompt = decoder(
+            input_ids=inputs["prompt_ids"],
+            attention_mask=pmask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
         ).last_hidden_state
+        cache.batch_select_indices(rows)  # each row reads its prompt's keys/values (differentiable)
+        n = targets.shape[1]
+        mask = torch.cat([pmask[rows], pmask.new_ones((rows.shape[0], n - 1))], dim=1)
+        start = pmask.sum(-1)[rows]
+        comp_pos = start[:, None] + torch.arange(n - 1, device=start.device)[None, :]
+        first = prompt[:, -1][rows].unsqueeze(1)
+        if n == 1:
+            return first
+        rest = decoder(
+            input_ids=targets[:, :-1],
+            attention_mask=mask,
+            position_ids=comp_pos,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        return torch.cat([first, rest], dim=1)
 
     @torch.no_grad()
     def topk(self, batch: TokenBatch, k: int, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``k`` most likely ids and log-probs at each completion position of ``batch``."""
+        """The ``k`` most likely ids and log-probs at each completion position of ``batch`` (left-aligned)."""
         dev = next(self.lm.parameters()).device
-        hidden = self.hidden_states(
-            batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev)
-        )
+        hidden = self.target_hidden(batch.to(dev))
         head = self.lm.get_output_embeddings()
         return chunked_topk_logprobs(
-            hidden[:, -batch.n_targets - 1 : -1],
-            head.weight,
-            k,
-            temperature=temperature,
-            chunk_size=self.chunk_size,
+            hidden, head.weight, k, temperature=temperature, chunk_size=self.chunk_size
         )
 
 
@@ -234,20 +298,18 @@ class Policy:
         """Per-token log-probs under the reference (adapter off under LoRA), no gradient."""
         if not self.need_reference:
             raise RuntimeError("this policy was built without a reference (beta = 0)")
-        dev = self.device
-        args = (
-            batch.input_ids.to(dev),
-            batch.attention_mask.to(dev),
-            batch.position_ids.to(dev),
-            batch.n_targets,
-            temperature,
-        )
+        inputs = batch.to(self.device)
         with torch.no_grad():
             if self.is_lora:
                 with self.lm.disable_adapter():
-                    return self.scorer(*args)[0]
+                    return self.scorer(inputs, temperature)[0]
             assert self.ref_scorer is not None
-            return self.ref_scorer(*args)[0]
+            return self.ref_scorer(inputs, temperature)[0]
+
+    def batch(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> TokenBatch:
+        """A scoring batch in the fastest layout this model allows (shared prompts unless gradient
+        checkpointing is on, which disables the KV cache the shared layout needs)."""
+        return collate(prompts, completions, self.pad_id, shared=not self.cfg.gradient_checkpointing)
 
     @property
     def device(self) -> torch.device:

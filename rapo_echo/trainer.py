@@ -38,7 +38,7 @@ from rapo_echo.data import ScenarioStream, load_scenarios
 from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
-from rapo_echo.policy import Policy, collate, pad_right_aligned
+from rapo_echo.policy import Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,9 @@ def lr_lambda(kind: str, warmup: int, total: int):
 
 
 def length_grouped(items: list[TrainItem], size: int) -> list[list[TrainItem]]:
-    """Split items into micro-batches of ``size`` sequences of similar length (little padding)."""
-    order = sorted(items, key=lambda it: (it.length, len(it.completion_ids)))
+    """Split items into micro-batches of ``size`` sequences, ordered by prompt (so a group's replies
+    share one prompt forward) and then by completion length (little padding)."""
+    order = sorted(items, key=lambda it: (len(it.prompt_ids), it.prompt_ids, len(it.completion_ids)))
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
@@ -347,10 +348,7 @@ class Trainer:
 
     def _scoring_batches(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
         for mb in length_grouped(items, self.cfg.train.micro_batch_size):
-            yield (
-                mb,
-                collate([it.prompt_ids for it in mb], [it.completion_ids for it in mb], self.policy.pad_id),
-            )
+            yield mb, self.policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb])
 
     def _fill_reference(self, items: list[TrainItem]) -> None:
         """Reference log-probs of the policy-gradient items (the KL term is taken on those only)."""
@@ -359,13 +357,12 @@ class Trainer:
             return
         temp = self.cfg.rollout.temperature
         for mb, batch in self._scoring_batches(items):
-            ref = self.policy.reference_logprobs(batch, temperature=temp).cpu()
-            for row, it in enumerate(mb):
-                it.ref_logprobs = ref[row, batch.n_targets - len(it.completion_ids) :].tolist()
+            for it, values in zip(mb, batch.rows(self.policy.reference_logprobs(batch, temperature=temp))):
+                it.ref_logprobs = values
 
     def _fill_old(self, items: list[TrainItem]) -> None:
         """Old log-probs: the sampling log-probs with one inner epoch; otherwise (or when an item has
-        none, e.g. a distillation target) one no-grad pass of the current policy."""
+        none) one no-grad pass of the current policy."""
         need = [
             it
             for it in items
@@ -376,25 +373,17 @@ class Trainer:
         temp = self.cfg.rollout.temperature
         with torch.no_grad():
             for mb, batch in self._scoring_batches(need):
-                dev = self.accelerator.device
-                logp, _ = self.scorer(
-                    batch.input_ids.to(dev),
-                    batch.attention_mask.to(dev),
-                    batch.position_ids.to(dev),
-                    batch.n_targets,
-                    temp,
-                )
-                logp = logp.cpu()
-                for row, it in enumerate(mb):
-                    it.old_logprobs = logp[row, batch.n_targets - len(it.completion_ids) :].tolist()
+                logp = self.scorer(batch.to(self.accelerator.device), temp)[0]
+                for it, values in zip(mb, batch.rows(logp)):
+                    it.old_logprobs = values
 
     def _micro(self, mb: list[TrainItem], batch: Any) -> MicroBatch:
         dev = self.accelerator.device
         n = batch.n_targets
-        old = pad_right_aligned([it.old_logprobs or [0.0] * len(it.completion_ids) for it in mb], n)
+        old = pad_left_aligned([it.old_logprobs or [0.0] * len(it.completion_ids) for it in mb], n)
         ref = None
         if self.algorithm.needs_reference:
-            ref = pad_right_aligned([it.ref_logprobs or [0.0] * len(it.completion_ids) for it in mb], n).to(
+            ref = pad_left_aligned([it.ref_logprobs or [0.0] * len(it.completion_ids) for it in mb], n).to(
                 dev
             )
         return MicroBatch(
@@ -448,10 +437,7 @@ class Trainer:
                     with sync:
                         t0 = time.perf_counter()
                         out = self.scorer(
-                            batch.input_ids.to(dev),
-                            batch.attention_mask.to(dev),
-                            batch.position_ids.to(dev),
-                            batch.n_targets,
+                            batch.to(dev),
                             temp,
                             want_entropy,
                             self.cfg.loss.entropy_coef > 0,

@@ -7,6 +7,7 @@ import typing
 
 import pytest
 import torch
+
 from rapo_echo.algorithms import core
 from rapo_echo.algorithms.core import (
     ADVANTAGE_ESTIMATORS,

@@ -1,0 +1,396 @@
+"""The generative group judge (rapo_echo/group_judge.py): scripted engines for every rule, plus one
+test with the real embedded model."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import re
+
+import pytest
+
+from rapo_echo.engines.scripted import ScriptedEngine
+from rapo_echo.group_judge import (
+    BEST_PREFIX,
+    CRITIQUE_PREFIX,
+    CRITIQUE_STOP,
+    RETRY_TEMPERATURE,
+    Candidate,
+    GroupJudge,
+    label_options,
+    parse_ranking,
+)
+from rapo_echo.judging import generate_parsed
+from rapo_echo.simulators.reaction import Reaction
+from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+
+_SHOWN = re.compile(r"^Reply ([A-Z]): (.*)$", re.M)
+
+
+def scenario(sid: str = "s") -> Scenario:
+    return Scenario(sid, [msg("user", "I failed my exam.")], profile={"need": "SECRET-NEED"})
+
+
+def reaction(text: str, delta: float | None = 2.0, thought: str = "") -> Reaction:
+    return Reaction(message=text, emotion_delta=delta, thought=thought, valid=True)
+
+
+def group(*replies: str) -> list[Candidate]:
+    return [Candidate(r, reaction(f"reaction to {r}")) for r in replies]
+
+
+def shown(prompt: Conversation) -> dict[str, str]:
+    """Label -> reply text as presented in a ranking prompt."""
+    return dict(_SHOWN.findall(prompt[1]["content"]))
+
+
+def quality_choice_fn(quality: dict[str, float], unknown: float = 0.9):
+    """P(label) proportional to the quality of the reply shown under it; labels not in the prompt get
+    ``unknown`` (must be ignored by the judge, which normalises over the group's own labels)."""
+
+    def fn(prompt: Conversation, options) -> dict[str, float]:
+        labels = shown(prompt)
+        return {o: math.log(quality[labels[o.strip()]] if o.strip() in labels else unknown) for o in options}
+
+    return fn
+
+
+def text_ranker(quality: dict[str, float]):
+    """A text-mode judge that writes the correct ranking (equal quality -> '=') of what it is shown."""
+
+    def fn(prompt: Conversation) -> str:
+        if prompt[0]["content"].startswith("You coach"):
+            return "critique"
+        labels = sorted(shown(prompt).items(), key=lambda kv: -quality[kv[1]])
+        out = labels[0][0]
+        for (_, prev), (label, reply) in itertools.pairwise(labels):
+            out += (" = " if quality[reply] == quality[prev] else " > ") + label
+        return f"**Ranking:** {out}."
+
+    return fn
+
+
+# ---------------------------------------------------------------------------- parsing
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Ranking: B > A = C > D", [2.5, 1.0, 2.5, 4.0]),
+        ("**Ranking**: reply c > reply a > reply b > reply d. C felt heard.", [2.0, 3.0, 1.0, 4.0]),
+        ("Thinking...\nD = C = B = A", [2.5, 2.5, 2.5, 2.5]),
+        ("Ranking: [A] > [D] > (B) > C", None),  # "(" starts an explanation: C, B missing
+        ("Ranking: A > B > C", None),  # D missing
+        ("Ranking: A > B > C > D > A", None),  # A twice
+        ("Ranking: A > B > C > E", None),  # unknown label
+        ("Ranking: A, B, C, D", None),  # wrong separator
+        ("Ranking: A < B < C < D", None),
+        ("", None),
+    ],
+)
+def test_parse_ranking(text, expected):
+    assert parse_ranking(text, "ABCD") == expected
+
+
+def test_label_options_are_single_tokens_after_the_prefix(smol_tokenizer):
+    # The log-prob options must each be ONE token right after BEST_PREFIX, and appending them must not
+    # change how the prefix itself tokenises (otherwise P(option) would be read at the wrong place).
+    judge = GroupJudge(ScriptedEngine(choice_fn=lambda p, o: dict.fromkeys(o, 0.0)))
+    prompt = judge.rank_prompt(scenario(), group("a", "b"), [0, 1], text_mode=False)
+    assert prompt[-1] == msg("assistant", BEST_PREFIX)
+    head = smol_tokenizer.apply_chat_template(prompt[:-1], tokenize=False, add_generation_prompt=True)
+    base = smol_tokenizer(head + BEST_PREFIX, add_special_tokens=False)["input_ids"]
+    for option in label_options(26):
+        ids = smol_tokenizer(option, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, option
+        joined = smol_tokenizer(head + BEST_PREFIX + option, add_special_tokens=False)["input_ids"]
+        assert joined == base + ids, option
+
+
+# ---------------------------------------------------------------------------- log-prob mode
+def test_logprob_mode_one_call_for_all_groups_mapped_back_to_caller_order():
+    quality = {"kind": 0.5, "ok": 0.3, "cold": 0.2, "x": 0.1, "y": 0.6, "z": 0.15, "w": 0.15, "solo": 1.0}
+    engine = ScriptedEngine(choice_fn=quality_choice_fn(quality))
+    judge = GroupJudge(engine, rng=random.Random(3), tie_eps=0.0)
+    groups = [group("cold", "kind", "ok"), group("x", "y", "z", "w"), group("solo")]
+    out = judge.rank([scenario("a"), scenario("b"), scenario("c")], groups, with_critiques=False)
+
+    assert len(engine.calls) == 1 and engine.calls[0]["method"] == "choice_logprobs"
+    assert engine.calls[0]["options"] == [" A", " B", " C", " D"]  # widest group; a group of 1 is not asked
+    assert len(engine.calls[0]["prompts"]) == 2
+    # group 0: P(best) normalised over A..C only (the " D" option's 0.9 is ignored): 0.2, 0.5, 0.3
+    assert out[0].scores == pytest.approx([0.2, 0.5, 0.3])
+    assert out[0].ranks == [3.0, 1.0, 2.0]
+    # group 1: 0.1 / 1.0, 0.6, 0.15, 0.15 -> y best, z and w tie exactly at positions 2-3 -> 2.5
+    assert out[1].scores == pytest.approx([0.1, 0.6, 0.15, 0.15])
+    assert out[1].ranks == [4.0, 1.0, 2.5, 2.5]
+    assert (out[2].ranks, out[2].valid) == ([1.0], True)
+    assert all(j.valid for j in out) and judge.stats["rank_calls"] == 1
+
+
+def test_shuffle_uses_the_rng_and_is_reproducible():
+    quality = {r: 0.2 for r in "abcde"}
+    prompts = []
+    for _ in range(2):
+        engine = ScriptedEngine(choice_fn=quality_choice_fn(quality))
+        GroupJudge(engine, rng=random.Random(7)).rank([scenario()], [group(*"abcde")], with_critiques=False)
+        prompts.append(engine.calls[0]["prompts"][0])
+    assert prompts[0] == prompts[1]  # same seed, same presentation
+    assert list(shown(prompts[0]).values()) != list("abcde")  # but shuffled
+    engine = ScriptedEngine(choice_fn=quality_choice_fn(quality))
+    GroupJudge(engine, shuffle=False).rank([scenario()], [group(*"abcde")], with_critiques=False)
+    assert list(shown(engine.calls[0]["prompts"][0]).values()) == list("abcde")
+
+
+def test_tie_eps_on_p_best():
+    # P = 0.40, 0.39, 0.21: 0.40 - 0.39 = 0.01 < 0.02 -> tie at positions 1-2 -> 1.5; 0.21 -> 3
+    quality = {"a": 0.40, "b": 0.39, "c": 0.21}
+    engine = ScriptedEngine(choice_fn=quality_choice_fn(quality))
+    out = GroupJudge(engine, tie_eps=0.02).rank([scenario()], [group("a", "b", "c")], with_critiques=False)
+    assert out[0].ranks == [1.5, 1.5, 3.0]
+
+
+def test_reverse_pass_cancels_position_bias():
+    # A judge that always prefers whatever is shown first: P(A) = 0.6, P(B) = P(C) = 0.2.
+    # pass 1 (order 0,1,2): ranks [1, 2.5, 2.5]; pass 2 (order 2,1,0): ranks [2.5, 2.5, 1]
+    # mean [1.75, 2.5, 1.75] -> re-ranked (lower better): 1.75 twice at positions 1-2 -> 1.5; 2.5 -> 3
+    # scores: mean P = [(0.6 + 0.2)/2, 0.2, (0.2 + 0.6)/2] = [0.4, 0.2, 0.4]
+    biased = {" A": math.log(0.6), " B": math.log(0.2), " C": math.log(0.2)}
+    engine = ScriptedEngine(choice_fn=lambda p, o: {k: biased[k] for k in o})
+    judge = GroupJudge(engine, shuffle=False, reverse_pass=True)
+    out = judge.rank([scenario()], [group("x", "y", "z")], with_critiques=False)
+    assert len(engine.calls) == 1 and len(engine.calls[0]["prompts"]) == 2  # both passes in one call
+    assert list(shown(engine.calls[0]["prompts"][1]).values()) == ["z", "y", "x"]
+    assert out[0].ranks == [1.5, 3.0, 1.5]
+    assert out[0].scores == pytest.approx([0.4, 0.2, 0.4])
+
+
+# ---------------------------------------------------------------------------- text mode
+def test_text_mode_ranks_with_ties_in_one_call():
+    quality = {"kind": 3, "ok": 2, "meh": 2, "cold": 1, "p": 1, "q": 2}
+    engine = ScriptedEngine(fn=text_ranker(quality))
+    judge = GroupJudge(engine, rng=random.Random(1))
+    out = judge.rank(
+        [scenario(), scenario()], [group("cold", "ok", "kind", "meh"), group("p", "q")], with_critiques=False
+    )
+    assert len(engine.calls) == 1 and len(engine.calls[0]["prompts"]) == 2
+    assert "Ranking:" in engine.calls[0]["prompts"][0][1]["content"]
+    # kind > ok = meh > cold -> kind 1, ok/meh (2 + 3)/2 = 2.5, cold 4
+    assert out[0].ranks == [4.0, 2.5, 1.0, 2.5]
+    assert out[1].ranks == [2.0, 1.0]
+    assert out[0].scores is None and out[0].valid and out[0].raw[0].startswith("**Ranking:**")
+
+
+def test_text_mode_retries_failures_together_then_invalid():
+    asked: dict[str, int] = {}
+
+    def fn(prompt: Conversation) -> str:
+        labels = shown(prompt)
+        key = "".join(sorted(labels.values()))
+        asked[key] = asked.get(key, 0) + 1
+        if key == "ab":  # always unparseable
+            return "Both replies are lovely!"
+        if key == "cd" and asked[key] == 1:  # fixed on the retry
+            return "Ranking: A > A"
+        return "Ranking: " + " > ".join(sorted(labels))  # ranks in presentation order
+
+    engine = ScriptedEngine(fn=fn)
+    judge = GroupJudge(engine, shuffle=False, max_retries=2)
+    out = judge.rank(
+        [scenario()] * 3, [group("a", "b"), group("c", "d"), group("e", "f")], with_critiques=False
+    )
+    assert [len(c["prompts"]) for c in engine.calls] == [3, 2, 1]
+    assert (out[0].valid, out[0].ranks, out[0].attempts, len(out[0].raw)) == (False, None, 3, 1)
+    assert (out[1].valid, out[1].ranks, out[1].attempts) == (True, [1.0, 2.0], 2)
+    assert (out[2].valid, out[2].ranks, out[2].attempts) == (True, [1.0, 2.0], 1)
+    assert judge.stats["invalid_groups"] == 1
+    assert judge.stats["rank_calls"] == 3
+    assert judge.stats["rank_retries"] == 3  # ab twice, cd once
+
+
+def test_text_mode_reverse_pass_invalid_if_either_pass_is():
+    def fn(prompt: Conversation) -> str:
+        labels = shown(prompt)
+        return "Ranking: A > B" if labels["A"] == "x" else "no idea"  # only the forward pass parses
+
+    engine = ScriptedEngine(fn=fn)
+    out = GroupJudge(engine, shuffle=False, reverse_pass=True, max_retries=1).rank(
+        [scenario()], [group("x", "y")], with_critiques=False
+    )
+    assert not out[0].valid and out[0].ranks is None and len(out[0].raw) == 2
+
+
+def test_text_mode_reverse_pass_averages_ranks():
+    # forward shows x,y,z and the judge says A > B > C -> [1, 2, 3]; reversed shows z,y,x and it again
+    # says A > B > C -> z 1, y 2, x 3. Mean [2, 2, 2] -> all tie -> 2 each.
+    engine = ScriptedEngine(fn=lambda p: "Ranking: A > B > C")
+    out = GroupJudge(engine, shuffle=False, reverse_pass=True).rank(
+        [scenario()], [group("x", "y", "z")], with_critiques=False
+    )
+    assert out[0].ranks == [2.0, 2.0, 2.0]
+
+
+# ---------------------------------------------------------------------------- critiques
+def test_critiques_one_batched_call_with_contrast():
+    quality = {"kind": 0.6, "cold": 0.1, "ok": 0.3, "solo": 1.0}
+    replies_seen = []
+
+    def fn(prompt: Conversation) -> str:
+        replies_seen.append(prompt[1]["content"])
+        return " that they opened up.\nHint: ask one open question.\n\nDialogue so far: ..."
+
+    engine = ScriptedEngine(fn=fn, choice_fn=quality_choice_fn(quality))
+    groups = [
+        [Candidate("kind", reaction("Thank you.", 4.0, "finally")), Candidate("cold", None), group("ok")[0]],
+        group("solo"),
+    ]
+    out = GroupJudge(engine, rng=random.Random(0)).rank([scenario(), scenario()], groups)
+    assert [c["method"] for c in engine.calls] == ["choice_logprobs", "generate"]
+    assert len(engine.calls[1]["prompts"]) == 4  # one per candidate of every group, one call
+    texts = [p[1]["content"] for p in engine.calls[1]["prompts"]]
+    assert "ranked 1 of 3" in texts[0] and "for contrast" not in texts[0]
+    assert "ranked 3 of 3" in texts[1] and "(no reaction)" in texts[1]
+    assert "for contrast:\nkind\nPerson's reaction: Thank you." in texts[1]
+    assert "Emotion change: +4.0 on a -10..+10 scale (negative = feels worse)" in texts[1]
+    assert "unspoken thought: finally" in texts[1]
+    assert "ranked 2 of 3" in texts[2] and "for contrast:\nkind" in texts[2]
+    assert "ranked 1 of 1" in texts[3] and "for contrast" not in texts[3]
+    assert all("Do not write a new reply" in t for t in texts)
+    # the prefix joins the continuation, cut at the first blank line, whitespace normalised
+    critique = "The person's reaction shows that they opened up. Hint: ask one open question."
+    assert all(p[-1] == msg("assistant", CRITIQUE_PREFIX) for p in engine.calls[1]["prompts"])
+    assert out[0].critiques == [critique] * 3
+    assert out[1].critiques == [critique]
+
+
+def test_empty_critiques_are_retried_then_none():
+    calls = {"n": 0}
+
+    def fn(prompt: Conversation) -> str:
+        if "ranked 1 of" in prompt[1]["content"]:
+            return "she felt heard."
+        calls["n"] += 1
+        return "   " if calls["n"] <= 2 else "Too blunt."
+
+    quality = {"a": 0.7, "b": 0.2, "c": 0.1}
+    engine = ScriptedEngine(fn=fn, choice_fn=quality_choice_fn(quality))
+    judge = GroupJudge(engine, shuffle=False, max_retries=1)
+    out = judge.rank([scenario()], [group("a", "b", "c")])
+    # first critique call: 3 prompts, b and c come back empty; retry: b and c again -> "Too blunt." for both
+    assert [len(c["prompts"]) for c in engine.calls[1:]] == [3, 2]
+    assert out[0].critiques == [
+        f"{CRITIQUE_PREFIX} {c}" for c in ["she felt heard.", "Too blunt.", "Too blunt."]
+    ]
+    engine = ScriptedEngine(fn=lambda p: "", choice_fn=quality_choice_fn(quality))
+    judge = GroupJudge(engine, shuffle=False, max_retries=1)
+    out = judge.rank([scenario()], [group("a", "b", "c")])
+    assert out[0].critiques == [None, None, None] and judge.stats["failed_critiques"] == 3
+
+
+def test_no_critiques_for_invalid_groups_or_when_not_asked():
+    engine = ScriptedEngine(fn=lambda p: "critique text" if p[0]["content"].startswith("You coach") else "?")
+    out = GroupJudge(engine, max_retries=0).rank([scenario()], [group("a", "b")])
+    assert not out[0].valid and out[0].critiques == [None, None]
+    assert len(engine.calls) == 1  # no critique call: nothing valid to critique
+
+
+# ---------------------------------------------------------------------------- prompts and errors
+def test_profile_visibility_and_reaction_rendering():
+    engine = ScriptedEngine(fn=lambda p: "Ranking: A > B")
+    order = [0, 1]
+    shown_profile = GroupJudge(engine).rank_prompt(scenario(), group("a", "b"), order, text_mode=True)
+    hidden = GroupJudge(engine, show_profile=False).rank_prompt(
+        scenario(), group("a", "b"), order, text_mode=True
+    )
+    assert "SECRET-NEED" in shown_profile[1]["content"] and "SECRET-NEED" not in hidden[1]["content"]
+    assert "reaction to a" in shown_profile[1]["content"]
+    invalid = Reaction(message="", emotion_delta=None, thought="", valid=False)
+    assert GroupJudge.render_reaction(invalid) == "Person's reaction: (no reaction)"
+    assert GroupJudge.render_reaction(None) == "Person's reaction: (no reaction)"
+
+
+def test_rank_rejects_bad_input():
+    judge = GroupJudge(ScriptedEngine())
+    with pytest.raises(ValueError, match="1 scenarios but 2 groups"):
+        judge.rank([scenario()], [group("a"), group("b")])
+    with pytest.raises(ValueError, match="group 0 has 0 candidates"):
+        judge.rank([scenario()], [[]])
+    with pytest.raises(ValueError, match="group 0 has 27 candidates"):
+        judge.rank([scenario()], [group(*[str(i) for i in range(27)])])
+    with pytest.raises(ValueError, match="use_logprobs"):
+        GroupJudge(ScriptedEngine(), use_logprobs="maybe")
+
+
+# ---------------------------------------------------------------------------- real model
+@pytest.mark.integration
+def test_real_model_ranks_and_critiques(smol_engine):
+    scenarios = [
+        Scenario("grief", [msg("user", "My gran died last week and everyone says she had a long life.")]),
+        Scenario(
+            "exam", [msg("user", "I have a resit in ten days and I can't focus.")], profile={"need": "advice"}
+        ),
+    ]
+    groups = [
+        [
+            Candidate(
+                "I'm so sorry. Do you want to tell me about her?", reaction("Yes. She raised me.", 5.0)
+            ),
+            Candidate("She had a long life, be grateful.", reaction("That's not helping.", -6.0)),
+            Candidate("Have you tried jogging?", None),
+        ],
+        [
+            Candidate(
+                "That sounds stressful. What makes focusing hard?", reaction("I'm just so tired.", 2.0)
+            ),
+            Candidate("Just study harder.", reaction("Wow. Thanks.", -4.0, "they don't care")),
+            Candidate("Exams don't matter.", reaction("They do to me.", -3.0)),
+        ],
+    ]
+    judge = GroupJudge(smol_engine, critique_tokens=16, rng=random.Random(0))
+    out = judge.rank(scenarios, groups)
+    for judgement in out:
+        assert judgement.valid and judgement.ranks is not None and judgement.scores is not None
+        assert sum(judgement.ranks) == pytest.approx(6.0)  # average ranks of 3 always sum to 1 + 2 + 3
+        assert all(1.0 <= r <= 3.0 for r in judgement.ranks)
+        assert sum(judgement.scores) == pytest.approx(1.0)
+        assert all(isinstance(c, str) and c.startswith(CRITIQUE_PREFIX + " ") for c in judgement.critiques)
+    assert judge.stats["rank_calls"] == 1 and judge.stats["critique_calls"] >= 1
+
+
+# ---------------------------------------------------------------------------- retry sampling
+class RecordingEngine(ScriptedEngine):
+    """Records the temperature and stop strings of every generate call."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.params = []
+
+    def generate(self, prompts, params):
+        self.params.append((params.temperature, params.stop))
+        return super().generate(prompts, params)
+
+
+def test_first_attempt_is_greedy_and_retries_sample():
+    # a greedy retry would repeat the failed answer, so retries (judging.generate_parsed's retry_params)
+    # sample at RETRY_TEMPERATURE; critiques stop at the first blank line
+    answers = iter(["no ranking here", "Ranking: A > B", "   ", "they felt heard.", "too blunt."])
+    engine = RecordingEngine(fn=lambda p: next(answers))
+    out = GroupJudge(engine, shuffle=False, max_retries=1).rank([scenario()], [group("a", "b")])
+    assert engine.params == [
+        (0.0, ()),
+        (RETRY_TEMPERATURE, ()),
+        (0.0, CRITIQUE_STOP),
+        (RETRY_TEMPERATURE, CRITIQUE_STOP),
+    ]
+    assert out[0].ranks == [1.0, 2.0] and out[0].attempts == 2
+    assert out[0].critiques == [f"{CRITIQUE_PREFIX} too blunt.", f"{CRITIQUE_PREFIX} they felt heard."]
+
+
+def test_generate_parsed_takes_one_parser_per_prompt():
+    # what the text-mode judge relies on for groups of different sizes in one batched call
+    engine = ScriptedEngine(fn=lambda p: "Ranking: B > A")
+    prompts = [[msg("user", "x")], [msg("user", "y")]]
+    parsers = [lambda t: parse_ranking(t, "AB"), lambda t: parse_ranking(t, "ABC")]
+    out = generate_parsed(engine, prompts, parsers, SamplingParams(max_new_tokens=8), max_retries=1)
+    assert [p.value for p in out] == [[2.0, 1.0], None] and [p.attempts for p in out] == [1, 2]
+    with pytest.raises(ValueError, match="1 parse functions for 2 prompts"):
+        generate_parsed(engine, prompts, parsers[:1], SamplingParams())
