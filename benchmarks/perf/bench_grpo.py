@@ -138,7 +138,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         "total_wall_s": round(total, 2),
         "sec_per_step_median": round(statistics.median(steps), 2),
         "sec_per_step": [round(s, 2) for s in steps],
-        "completion_tokens_total": int(round(tokens)),
+        "completion_tokens_total": round(tokens),
         "completion_tokens_per_s": round(tokens / total, 2),
         "generate_tokens_per_s": round(gen_tokens / gen_time, 2) if gen_time else None,
         "mean_reward": round(statistics.fmean(rewards), 4),
