@@ -29,8 +29,13 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+QUICKSTART_RUN ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
+
 quickstart: install
-	$(BIN)/rapo-echo train --config configs/quickstart.yaml --output runs/quickstart
+	$(BIN)/rapo-echo train --config configs/quickstart.yaml --output $(QUICKSTART_RUN)
+	$(BIN)/rapo-echo report $(QUICKSTART_RUN) --output $(QUICKSTART_RUN)/report --title "rapo-echo quickstart"
+	@echo "run directory: $(QUICKSTART_RUN)"
+	@echo "report:        $(QUICKSTART_RUN)/report/report.html"
 
 bench: install
 	$(BIN)/python benchmarks/perf/bench_grpo.py

@@ -90,6 +90,7 @@ class Algorithm:
     """Base class: GRPO's loss core over ``pg`` items; subclasses add rollout shape and extra terms."""
 
     name = "base"
+    progress_keys: tuple[str, ...] = ("reward/mean", "loss/total")  # shown on the progress bar
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

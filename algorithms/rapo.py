@@ -91,6 +91,8 @@ class RAPO(GRPO):
     """GRPO over judge ranks of simulated reactions, plus critique self-distillation."""
 
     name = "rapo"
+    # Linear rank rewards average 0.5 in every group, so show the simulated emotion change instead.
+    progress_keys = ("sim/emotion_delta", "loss/sd", "loss/total")
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

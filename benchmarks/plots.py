@@ -10,8 +10,29 @@ from typing import Any
 
 from rapo_echo.errors import RapoEchoError
 
-FIRST_CURVES = ("reward/mean", "loss/total")
-MAX_CURVES = 24
+# Plotted first, in this order, when a run logged them; the rest follow sorted, up to MAX_CURVES.
+FIRST_CURVES = (
+    "reward/mean",
+    "loss/total",
+    "sim/emotion_delta",
+    "loss/grpo",
+    "loss/sd",
+    "kl",
+    "entropy",
+    "reply_len/mean",
+    "sd/beat_original",
+    "sd/rank_vs_original",
+    "critique/len",
+    "clip_frac",
+    "grad_norm",
+    "invalid",
+    "judge/invalid_groups",
+    "tokens_per_s",
+    "time/step",
+)
+# Bookkeeping that is not worth a plot.
+NOT_PLOTTED = frozenset({"lr", "world", "updates", "items", "nonfinite_skipped", "adv/mean"})
+MAX_CURVES = 18
 
 
 def _pyplot() -> Any:
@@ -41,6 +62,7 @@ def curve_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
         for k, v in row.items()
         if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     }
+    numeric -= NOT_PLOTTED
     return [k for k in FIRST_CURVES if k in numeric] + sorted(numeric - set(FIRST_CURVES))
 
 

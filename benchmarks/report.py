@@ -20,6 +20,7 @@ from rapo_echo.benchmarks.plots import grouped_bars, training_curves
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
 from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
 from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS
+from rapo_echo.benchmarks.training_report import read_samples, samples_html, summary_table
 from rapo_echo.errors import DataError
 
 METRICS_FILE = "metrics.jsonl"
@@ -250,6 +251,13 @@ def render_html(
         parts.append(_img(png, "training curves") if png else '<p class="note">no numeric metrics</p>')
         if left_out:
             parts.append(f'<p class="note">not plotted: {html.escape(", ".join(left_out))}</p>')
+        header, rows = summary_table(runs)
+        parts.append("<h3>Runs</h3>" + _html_table(header, rows))
+        for run in runs:
+            samples = read_samples(run.path)
+            if samples:
+                parts.append(f"<h3>Samples of {html.escape(run.path.name)} (last logged step)</h3>")
+                parts.append(samples_html(samples))
     for e in evals:
         s = e.summary
         parts.append(f"<h2>{html.escape(e.benchmark)} — {html.escape(e.label)}</h2>")
@@ -286,7 +294,10 @@ def build_report(
     if evals:
         header, rows = comparison_table(evals)
         md += markdown_table(header, rows)
-    else:
-        md += "No evaluation results.\n"
+    if runs:
+        header, rows = summary_table(runs)
+        md += ("\n" if evals else "") + markdown_table(header, rows)
+    if not evals and not runs:
+        md += "Nothing to report.\n"
     write_text_atomic(md_path, md)
     return html_path, md_path

@@ -250,9 +250,8 @@ class Trainer:
                 self._log(metrics)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(
-                        {k: f"{metrics.get(k, float('nan')):.3f}" for k in ("reward/mean", "loss/total")}
-                    )
+                    keys = self.algorithm.progress_keys
+                    bar.set_postfix({k: f"{metrics.get(k, float('nan')):.3f}" for k in keys})
                 done = self.step >= self.cfg.train.max_steps
                 if self.step % self.cfg.train.save_every == 0 or done or self.stop.requested:
                     self._checkpoint()

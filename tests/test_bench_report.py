@@ -140,12 +140,16 @@ def test_training_curve_keys_come_first_then_sorted():
             "bad": float("nan"),
         }
     ]
-    assert curve_keys(rows) == ["reward/mean", "loss/total", "invalid", "kl"]
+    # the priority order first (kl before invalid), bookkeeping keys and non-numbers left out
+    rows[0]["lr"] = 1e-5
+    rows[0]["zeta"] = 2.0
+    assert curve_keys(rows) == ["reward/mean", "loss/total", "kl", "invalid", "zeta"]
 
 
 def test_a_run_folder_alone_and_a_folder_with_nothing(tmp_path, results):
     html_path, md_path = build_report([results / "run1"], tmp_path / "only-run")
-    assert "Training curves" in html_path.read_text() and "No evaluation results" in md_path.read_text()
+    assert "Training curves" in html_path.read_text()
+    assert "| run1 | 5 | 0.1 → 0.5 |" in md_path.read_text()
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="holds no eval results"):
         build_report([tmp_path / "empty"], tmp_path / "x")
@@ -185,3 +189,37 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     assert (width, height) == (1280, 2000)
     # a rendered page is not blank: a blank screenshot compresses to a few kB
     assert len(png) > 50_000
+
+
+def test_training_run_samples_show_reactions_and_critiques(tmp_path):
+    from rapo_echo.benchmarks.training_report import read_samples, samples_html
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "reward/mean": 0.5, "sim/emotion_delta": 1.5}) + "\n"
+    )
+    rows = [
+        {
+            "step": 1,
+            "scenario": "s0",
+            "group": 0,
+            "prompt": [{"role": "user", "content": "I lost my job <today>"}],
+            "reply": r,
+            "reward": w,
+            "advantage": w - 0.5,
+            "critique": f"critique {i}",
+            "info": {"rank": i + 1, "reaction": {"message": f"reaction {i}", "emotion_delta": 2.0 - i}},
+        }
+        for i, (r, w) in enumerate([("That is hard.", 1.0), ("Move on.", 0.0)])
+    ]
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    got = read_samples(run)
+    assert len(got) == 2
+    page = samples_html(got)
+    assert "I lost my job &lt;today&gt;" in page and "reaction 0 (emotion +2.0)" in page
+    assert page.index("That is hard.") < page.index("Move on.") and "critique 1" in page
+    html_path, md_path = build_report([run], tmp_path / "rep")
+    assert (
+        "emotion change (first → last)" in md_path.read_text() and "Samples of run" in html_path.read_text()
+    )

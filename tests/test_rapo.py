@@ -232,3 +232,40 @@ def test_sd_losses_by_hand(tiny_folder, mode: str, expected: float) -> None:
     # the PG row has advantage 0 and ratio 1: its loss is 0, so the total is the SD term
     assert loss.item() == pytest.approx(expected, abs=1e-5)
     assert math.isfinite(loss.item())
+
+
+@pytest.mark.integration
+def test_rapo_step_on_the_embedded_model(tmp_path) -> None:
+    """One RAPO training step with policy, simulator and judge all the real embedded model (LoRA;
+    simulator and judge see the base with the adapter off)."""
+    import json
+
+    from rapo_echo.trainer import Trainer
+
+    run = tmp_path / "run"
+    cfg = load_config(
+        algo="rapo",
+        overrides=[
+            f"output={run}",
+            "rollout.batch_size=1",
+            "rollout.group_size=3",
+            "rollout.max_new_tokens=12",
+            "rapo.simulator.max_new_tokens=12",
+            "rapo.simulator.thought_tokens=8",
+            "rapo.judge.critique_tokens=12",
+            "rapo.sd.max_new_tokens=12",
+            "rapo.sd.select=all_but_best",
+            "train.max_steps=1",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+        ],
+    )
+    Trainer(cfg).train()
+    m = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["judge/invalid_groups"] == 0.0 and m["items"] >= 3
+    for key in ("loss/grpo", "time/simulate", "time/judge", "time/distill", "sd/corrections"):
+        assert key in m, key
+    rows = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["info"]["reaction"]["message"] for r in rows)
+    assert any(r["critique"] for r in rows)
+    assert (run / "final" / "config.json").is_file()

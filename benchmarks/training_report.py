@@ -1,0 +1,111 @@
+"""The training-run part of the report: a summary table of key metrics and browsable samples
+(prompt, replies with rewards, the simulated reactions and the judge's critiques)."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SAMPLES_FILE = "samples.jsonl"
+# Shown in the summary table when the run logged them: (key, label).
+SUMMARY_KEYS = (
+    ("reward/mean", "reward"),
+    ("sim/emotion_delta", "emotion change"),
+    ("loss/grpo", "GRPO loss"),
+    ("loss/sd", "SD loss"),
+    ("sd/beat_original", "corrections beat original"),
+    ("kl", "KL"),
+    ("entropy", "entropy"),
+    ("reply_len/mean", "reply tokens"),
+    ("invalid", "invalid samples"),
+    ("time/step", "s/step"),
+)
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return f"{v:.3g}"
+    return "–"
+
+
+def first_last(rows: Sequence[dict[str, Any]], key: str) -> tuple[Any, Any]:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return (vals[0], vals[-1]) if vals else (None, None)
+
+
+def summary_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per run: steps, then first -> last value of each key metric it logged."""
+    keys = [(k, label) for k, label in SUMMARY_KEYS if any(k in r for run in runs for r in run.rows)]
+    header = ["run", "steps", *[f"{label} (first → last)" for _, label in keys]]
+    rows = []
+    for run in runs:
+        cells = [run.path.name, str(len(run.rows))]
+        for k, _ in keys:
+            a, b = first_last(run.rows, k)
+            cells.append(f"{_num(a)} → {_num(b)}")
+        rows.append(cells)
+    return header, rows
+
+
+def read_samples(run_dir: Path, *, last_steps: int = 1) -> list[dict[str, Any]]:
+    """Sample records of the last ``last_steps`` logged steps (skips unreadable lines)."""
+    path = run_dir / SAMPLES_FILE
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    steps = sorted({r.get("step", 0) for r in rows})[-last_steps:]
+    return [r for r in rows if r.get("step", 0) in steps]
+
+
+def samples_html(records: Sequence[dict[str, Any]], *, max_groups: int = 20) -> str:
+    """One ``<details>`` per (step, scenario) group: the context, then each reply with its reward, rank,
+    advantage, the person's simulated reaction and the judge's critique."""
+    groups: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r.get("step"), r.get("scenario"), r.get("group")), []).append(r)
+    out = []
+    for (step, scenario, _), rows in list(groups.items())[:max_groups]:
+        prompt = rows[0].get("prompt") or []
+        turns = "".join(
+            f'<div class="turn"><span class="role">{html.escape(m.get("role", ""))}</span> '
+            f"{html.escape(m.get('content', ''))}</div>"
+            for m in prompt
+            if m.get("role") != "system"
+        )
+        replies = []
+        for r in sorted(
+            rows, key=lambda x: -(x.get("reward") if isinstance(x.get("reward"), (int, float)) else -1e9)
+        ):
+            info = r.get("info") or {}
+            reaction = info.get("reaction") or {}
+            meta = [f"reward {_num(r.get('reward'))}", f"advantage {_num(r.get('advantage'))}"]
+            if info.get("rank") is not None:
+                meta.append(f"rank {_num(info['rank'])}")
+            block = (
+                f'<div class="turn"><span class="role">reply</span> {html.escape(str(r.get("reply", "")))}'
+                f'<div class="meta">{html.escape(", ".join(meta))}</div>'
+            )
+            if reaction.get("message"):
+                delta = reaction.get("emotion_delta")
+                block += (
+                    f'<div class="meta">reaction: {html.escape(str(reaction["message"]))}'
+                    + (f" (emotion {delta:+.1f})" if isinstance(delta, (int, float)) else "")
+                    + "</div>"
+                )
+            if r.get("critique"):
+                block += f'<div class="meta">critique: {html.escape(str(r["critique"]))}</div>'
+            replies.append(block + "</div>")
+        out.append(
+            f"<details><summary>step {step} — {html.escape(str(scenario))}</summary>{turns}"
+            f"{''.join(replies)}</details>"
+        )
+    return "".join(out)
