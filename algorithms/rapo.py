@@ -157,18 +157,18 @@ class RAPO(GRPO):
         timings["simulate"] = time.perf_counter() - t0
         groups = self._groups(samples)
         t0 = time.perf_counter()
-        judgements = self.judge.rank(
-            scenarios,
-            [
-                [Candidate(samples[i].text, reactions[i] if reactions[i].valid else None) for i in g]
-                for g in groups
-            ],
-            with_critiques=self.sd.enabled,
-        )
-        timings["judge"] = time.perf_counter() - t0
+        candidates = [
+            [Candidate(samples[i].text, reactions[i] if reactions[i].valid else None) for i in g]
+            for g in groups
+        ]
+        judgements = self.judge.rank(scenarios, candidates, with_critiques=False)
+        t_rank = time.perf_counter() - t0
         t0 = time.perf_counter()
         self._assign_rewards(samples, reactions, groups, judgements)
         timings["rewards"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self._critique(scenarios, samples, groups, candidates, judgements)
+        timings["judge"] = t_rank + time.perf_counter() - t0
         advantages = self._advantages(samples, groups)
         items = self.pg_items(samples, advantages)
         metrics = {**reward_stats(samples, [RANK, *self.ctx.rewards.names])}
@@ -212,8 +212,6 @@ class RAPO(GRPO):
                     "valid": r.valid,
                 }
                 s.info["rank"] = None if j.ranks is None else j.ranks[pos]
-                if j.critiques and j.critiques[pos]:
-                    s.critique = j.critiques[pos]
             if not j.valid or j.ranks is None:
                 for i in g:
                     samples[i].rewards[RANK] = None
@@ -226,14 +224,35 @@ class RAPO(GRPO):
                 samples[i].rewards[RANK] = v
         plugins = self.ctx.rewards
         if plugins.rewards:
-            critiques = [s.critique for s in samples]
             plugins.score(samples)  # fills plugin scores and a combined plugin total in s.reward
-            for s, c in zip(samples, critiques):
-                s.critique = c  # the judge's critique is what self-distillation uses
         for s in samples:
             extra = 0.0 if not plugins.rewards else s.reward
             rank = s.rewards.get(RANK)
             s.reward = None if rank is None or extra is None else rank + extra
+
+    def _critique(
+        self,
+        scenarios: list[Scenario],
+        samples: list[Sample],
+        groups: list[list[int]],
+        candidates: list[list[Candidate]],
+        judgements: list[GroupJudgement],
+    ) -> None:
+        """The judge's critiques, one batched call: for the replies self-distillation will rewrite
+        (``rapo.judge.critique_for: selected``, the default) or for every reply (``all``)."""
+        if self.cfg.rapo.judge.critique_for == "all":
+            which = [(k, pos) for k, g in enumerate(groups) for pos in range(len(g))]
+        elif self.sd.enabled:
+            chosen = set(self._selected(samples, groups))
+            which = [(k, pos) for k, g in enumerate(groups) for pos, i in enumerate(g) if i in chosen]
+        else:
+            return
+        self.judge.critique(scenarios, candidates, judgements, which)
+        for g, j in zip(groups, judgements):
+            for pos, i in enumerate(g):
+                # the judge's critique is what self-distillation uses (it replaces a plugin's)
+                if j.critiques and j.critiques[pos]:
+                    samples[i].critique = j.critiques[pos]
 
     def _advantages(self, samples: list[Sample], groups: list[list[int]]) -> list[float]:
         if self.cfg.rapo.rank_reward != "gopo":

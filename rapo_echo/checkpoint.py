@@ -7,7 +7,6 @@ import json
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +70,51 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def staging_dir(run_dir: str | Path, step: int) -> Path:
+    """A fresh temporary folder beside the final checkpoint (same file system, so the rename is atomic)."""
+    final = checkpoint_dir(run_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-step-{step}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def write_state_files(
+    folder: Path,
+    step: int,
+    *,
+    trainer_state: dict[str, Any],
+    rank_rng: dict[int, dict[str, Any]],
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+) -> None:
+    """Optimizer and scheduler states (torch tensors), RNG states and the trainer state (JSON)."""
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+    if scheduler is not None:
+        torch.save(scheduler.state_dict(), folder / "scheduler.pt")
+    for rank, state in rank_rng.items():
+        (folder / f"rng_rank{rank}.json").write_text(json.dumps(state))
+    (folder / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+
+
+def commit(tmp: Path, run_dir: str | Path, step: int, keep: int) -> Path:
+    """Rename a staged checkpoint into place and keep only the newest ``keep`` checkpoints."""
+    final = checkpoint_dir(run_dir, step)
+    try:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    for _, old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -85,25 +129,21 @@ def save_checkpoint(
     """Write ``checkpoints/step-N`` atomically and keep the newest ``keep`` checkpoints.
 
     ``save_model(folder)`` writes the weights (Hugging Face format, safetensors)."""
-    final = checkpoint_dir(run_dir, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step}-", dir=final.parent))
+    tmp = staging_dir(run_dir, step)
     try:
         save_model(tmp / "model")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        for rank, state in (rank_rng or {0: rng_state()}).items():
-            (tmp / f"rng_rank{rank}.json").write_text(json.dumps(state))
-        (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    for _, old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+        write_state_files(
+            tmp,
+            step,
+            trainer_state=trainer_state,
+            rank_rng=rank_rng or {0: rng_state()},
+            optimizer=optimizer,
+            scheduler=scheduler,
+        )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return commit(tmp, run_dir, step, keep)
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:

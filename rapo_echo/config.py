@@ -61,8 +61,10 @@ class EngineConfig(Strict):
     """A simulator or judge role: which engine backs it.
 
     ``engine: policy`` shares the policy's weights (no second model in memory); ``hf`` loads
-    ``model``; ``openai`` calls ``base_url`` with the key read from the environment variable
-    ``api_key_env``; ``scripted`` replies from ``script``; ``vllm`` runs in-process on GPUs.
+    ``model``; both run their forwards under ``autocast`` (``auto``: bfloat16 where the hardware has
+    it, which roughly halves simulator and judge time on such CPUs; ``none``: the weights' dtype).
+    ``openai`` calls ``base_url`` with the key read from the environment variable ``api_key_env``;
+    ``scripted`` replies from ``script``; ``vllm`` runs in-process on GPUs.
     """
 
     engine: Literal["policy", "hf", "openai", "scripted", "vllm"] = "policy"
@@ -75,6 +77,7 @@ class EngineConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(256, ge=1, le=32768)
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    autocast: Literal["auto", "none", "bfloat16", "float16"] = "auto"
     device: str = "auto"
     trust_remote_code: bool = False
     max_batch_size: int = Field(64, ge=1)
@@ -192,15 +195,16 @@ class RapoJudgeConfig(Strict):
     tie_eps: float = Field(0.02, ge=0.0, le=1.0)
     show_profile: bool = True
     max_new_tokens: int = Field(384, ge=16)
-    critique_tokens: int = Field(80, ge=8)
+    critique_tokens: int = Field(64, ge=8)
+    critique_for: Literal["selected", "all"] = "selected"
 
 
 class RapoSimulatorConfig(Strict):
     """The reaction simulator ("echo"): the person's next message, emotion change, inner thought."""
 
     use_logprobs: Literal["auto", "always", "never"] = "auto"
-    max_new_tokens: int = Field(64, ge=4)
-    thought_tokens: int = Field(32, ge=4)
+    max_new_tokens: int = Field(48, ge=4)
+    thought_tokens: int = Field(24, ge=4)
     temperature: float = Field(0.7, ge=0.0, le=5.0)
     max_retries: int = Field(2, ge=0, le=10)
     with_thought: bool = True

@@ -273,7 +273,7 @@ class GroupJudge:
         self.stats["groups"] += len(groups)
         self.stats["invalid_groups"] += sum(not j.valid for j in judged)
         if with_critiques:
-            self._critique(scenarios, groups, judged)
+            self.critique(scenarios, groups, judged)
         return judged
 
     def _presentation_orders(self, groups: Sequence[Sequence[Candidate]]) -> list[list[list[int]]]:
@@ -370,14 +370,18 @@ class GroupJudge:
             )
         return out
 
-    def _critique(
+    def critique(
         self,
         scenarios: Sequence[Scenario],
         groups: Sequence[Sequence[Candidate]],
         judged: Sequence[GroupJudgement],
+        which: Sequence[tuple[int, int]] | None = None,
     ) -> None:
-        """Fill ``critiques`` of every valid group in place: one batched generation for all candidates."""
-        jobs = [(k, i) for k, j in enumerate(judged) if j.ranks is not None for i in range(len(groups[k]))]
+        """Fill ``critiques`` in place for the ``(group, candidate)`` pairs in ``which`` (default: every
+        candidate of every valid group): one batched generation for all of them."""
+        if which is None:
+            which = [(k, i) for k in range(len(groups)) for i in range(len(groups[k]))]
+        jobs = [(k, i) for k, i in which if judged[k].ranks is not None]
         if not jobs:
             return
         prompts = [self.critique_prompt(scenarios[k], groups[k], judged[k].ranks or [], i) for k, i in jobs]

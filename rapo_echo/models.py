@@ -197,6 +197,26 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, DTYPES[name])
 
 
+def autocast_dtype(name: str, device: str) -> Any:
+    """The autocast dtype for ``'auto' | 'none' | 'bfloat16' | 'float16'`` on ``device``; ``auto`` is
+    bfloat16 where the hardware runs it natively (CPUs with AVX-512 BF16/AMX, GPUs with bf16), else None."""
+    import torch
+
+    if name == "none":
+        return None
+    if name in ("bfloat16", "float16"):
+        return getattr(torch, name)
+    if name != "auto":
+        raise ModelResolutionError(f"unknown autocast {name!r}; allowed: auto, none, bfloat16, float16")
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else None
+    try:
+        supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        supported = False
+    return torch.bfloat16 if supported else None
+
+
 def pick_device(name: str = "auto") -> str:
     """``auto`` -> ``cuda`` when available, else ``cpu``."""
     import torch

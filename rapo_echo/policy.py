@@ -316,9 +316,12 @@ class Policy:
         return next(self.lm.parameters()).device
 
     # ------------------------------------------------------------------ saving
-    def save(self, path: str | Path, *, merged: bool = False) -> None:
+    def save(
+        self, path: str | Path, *, merged: bool = False, state_dict: dict[str, Any] | None = None
+    ) -> None:
         """Save the model in Hugging Face format (adapter only under LoRA unless ``merged``) plus the
-        tokenizer; plain transformers (or peft, for an adapter) loads the folder."""
+        tokenizer; plain transformers (or peft, for an adapter) loads the folder. ``state_dict`` gives
+        the weights when they live elsewhere (gathered from DeepSpeed ZeRO-3 partitions)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         model: Any = self.lm
@@ -326,5 +329,6 @@ class Policy:
             model = copy.deepcopy(self.lm).merge_and_unload()
         elif self.is_lora:
             model.peft_config["default"].base_model_name_or_path = self.resolved.path
-        model.save_pretrained(path, safe_serialization=True)
+        kwargs = {"state_dict": state_dict} if state_dict is not None and not merged else {}
+        model.save_pretrained(path, safe_serialization=True, **kwargs)
         self.tokenizer.save_pretrained(path)

@@ -26,18 +26,29 @@ import torch
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
 from rapo_echo.checkpoint import (
+    checkpoint_dir,
+    commit,
     latest_checkpoint,
     load_rng,
     load_torch,
     load_trainer_state,
     rng_state,
     save_checkpoint,
+    staging_dir,
+    write_state_files,
 )
 from rapo_echo.config import RunConfig, dump_config
 from rapo_echo.data import ScenarioStream, load_scenarios
+from rapo_echo.distributed import (
+    configure_deepspeed,
+    gathered_for_generation,
+    is_deepspeed,
+    mark_last_micro_batch,
+)
 from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.models import autocast_dtype
 from rapo_echo.policy import Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 
@@ -147,6 +158,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.scheduler, t.warmup_steps, t.max_steps * updates_per_step)
         )
+        configure_deepspeed(self.accelerator, t.micro_batch_size, t.max_grad_norm)
+        self.deepspeed = is_deepspeed(self.accelerator)
         # The scheduler is not handed to accelerate: its wrapper would step it once per process.
         self.scorer, self.optimizer = self.accelerator.prepare(self.policy.scorer, self.optimizer)
         self.step = 0
@@ -159,10 +172,11 @@ class Trainer:
     def _role(self, role: str) -> Any:
         cfg = getattr(self.cfg, role)
         if cfg.engine == "policy":
-            return role_engine(self.policy, role, cfg.max_batch_size)
+            autocast = autocast_dtype(cfg.autocast, str(self.policy.device))
+            return role_engine(self.policy, role, cfg.max_batch_size, autocast)
         return make_engine(cfg, role=role)
 
-    def _open_logs(self) -> None:
+    def open_logs(self) -> None:
         if not self.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -188,8 +202,11 @@ class Trainer:
                 f"--resume {self.run_dir}: no checkpoint found under {self.run_dir / 'checkpoints'}"
             )
         state = load_trainer_state(ckpt)
-        load_model_weights(self.policy, ckpt / "model")
-        self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
+        if self.deepspeed:
+            self.accelerator.load_state(str(ckpt / "accelerate"))
+        else:
+            load_model_weights(self.policy, ckpt / "model")
+            self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
         self.scheduler.load_state_dict(load_torch(ckpt / "scheduler.pt"))
         self.stream.load_state_dict(state["data"])
         self.algorithm.load_state_dict(state.get("algorithm", {}))
@@ -207,6 +224,14 @@ class Trainer:
                     ]
                     f.write_text("".join(ln + "\n" for ln in keep))
 
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm.state_dict(),
+            "data": self.stream.state_dict(),
+            "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            "algo": self.cfg.algo,
+        }
+
     def _checkpoint(self) -> Path | None:
         self.accelerator.wait_for_everyone()
         self._check_replicas()
@@ -215,6 +240,8 @@ class Trainer:
             if self.accelerator.num_processes > 1
             else [rng_state()]
         )
+        if self.deepspeed:
+            return self._deepspeed_checkpoint(dict(enumerate(states)))
         if not self.is_main:
             return None
         path = save_checkpoint(
@@ -223,16 +250,36 @@ class Trainer:
             save_model=lambda folder: self.policy.save(folder, merged=False),
             optimizer=self.optimizer,
             scheduler=self.scheduler,
-            trainer_state={
-                "algorithm": self.algorithm.state_dict(),
-                "data": self.stream.state_dict(),
-                "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                "algo": self.cfg.algo,
-            },
+            trainer_state=self._trainer_state(),
             keep=self.cfg.train.keep_checkpoints,
             rank_rng=dict(enumerate(states)),
         )
         log.info("checkpoint: %s", path)
+        return path
+
+    def _deepspeed_checkpoint(self, rank_rng: dict[int, dict[str, Any]]) -> Path | None:
+        """Under DeepSpeed every rank saves its engine shard (``accelerate/``, via accelerate's
+        save_state); rank 0 also writes the gathered weights in Hugging Face format and the states."""
+        if self.is_main:
+            staging_dir(self.run_dir, self.step)
+        self.accelerator.wait_for_everyone()
+        tmp = checkpoint_dir(self.run_dir, self.step).parent / f".tmp-step-{self.step}"
+        self.accelerator.save_state(str(tmp / "accelerate"))
+        full = self.accelerator.get_state_dict(self.scorer)  # gathers ZeRO-3 partitions
+        path = None
+        if self.is_main:
+            lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
+            self.policy.save(tmp / "model", merged=False, state_dict=lm_state)
+            write_state_files(
+                tmp,
+                self.step,
+                trainer_state=self._trainer_state(),
+                rank_rng=rank_rng,
+                scheduler=self.scheduler,
+            )
+            path = commit(tmp, self.run_dir, self.step, self.cfg.train.keep_checkpoints)
+            log.info("checkpoint: %s", path)
+        self.accelerator.wait_for_everyone()
         return path
 
     # ------------------------------------------------------------------ the loop
@@ -240,7 +287,7 @@ class Trainer:
         """Run to ``train.max_steps`` (or until stopped); returns the run directory."""
         if self.resume:
             self._restore()
-        self._open_logs()
+        self.open_logs()
         self.stop.install()
         bar = self._progress()
         try:
@@ -263,9 +310,7 @@ class Trainer:
                         self.run_dir,
                     )
                     return self.run_dir
-            if self.is_main:
-                self.policy.save(self.run_dir / "final", merged=True)
-                log.info("final model: %s", self.run_dir / "final")
+            self._save_final()
         finally:
             self.stop.restore()
             if bar is not None:
@@ -273,6 +318,20 @@ class Trainer:
             if self.tb is not None:
                 self.tb.close()
         return self.run_dir
+
+    def _save_final(self) -> None:
+        """The final model in Hugging Face format: merged under LoRA (plain transformers loads it);
+        under DeepSpeed the gathered weights (an adapter folder under LoRA)."""
+        final = self.run_dir / "final"
+        if self.deepspeed:
+            full = self.accelerator.get_state_dict(self.scorer)
+            if self.is_main:
+                lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
+                self.policy.save(final, merged=False, state_dict=lm_state)
+        elif self.is_main:
+            self.policy.save(final, merged=True)
+        if self.is_main:
+            log.info("final model: %s", final)
 
     def _progress(self) -> Any:
         if not (self.is_main and self.cfg.logging.progress):
@@ -293,7 +352,8 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
         t_step = time.perf_counter()
-        rollout = self.algorithm.rollout(self._batch(), self.step)
+        with gathered_for_generation(self.accelerator, self.policy.lm):
+            rollout = self.algorithm.rollout(self._batch(), self.step)
         timings = dict(rollout.timings)
         items = rollout.items
         t0 = time.perf_counter()
@@ -413,55 +473,19 @@ class Trainer:
         t = self.cfg.train
         sums: dict[str, float] = defaultdict(float)
         updates = skipped = 0
-        t_fwd = t_bwd = t_opt = 0.0
-        world = self.accelerator.num_processes
-        temp = self.cfg.rollout.temperature
-        want_entropy = True
+        clock = {"policy_forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         for _epoch in range(t.inner_epochs):
             order = items[:]
             if t.inner_epochs > 1 or t.mini_batches > 1:
                 random.shuffle(order)
-            minis = [order[i :: t.mini_batches] for i in range(t.mini_batches)]
-            for mini in minis:
-                totals = self._global_totals(mini)
+            for mini in (order[i :: t.mini_batches] for i in range(t.mini_batches)):
                 micro = list(self._scoring_batches(mini))
                 if not micro:
                     continue
-                finite = True
-                step_metrics: dict[str, float] = defaultdict(float)
-                for j, (mb_items, batch) in enumerate(micro):
-                    mb = self._micro(mb_items, batch)
-                    dev = self.accelerator.device
-                    sync = self.accelerator.no_sync(self.scorer) if j < len(micro) - 1 else _nullcontext()
-                    with sync:
-                        t0 = time.perf_counter()
-                        out = self.scorer(
-                            batch.to(dev),
-                            temp,
-                            want_entropy,
-                            self.cfg.loss.entropy_coef > 0,
-                            **self.algorithm.forward_kwargs(mb),
-                        )
-                        logp, entropy = out[0], out[1]
-                        gathered = out[2] if len(out) > 2 else None
-                        loss, metrics = self.algorithm.loss(mb, logp, entropy, totals, gathered)
-                        t1 = time.perf_counter()
-                        t_fwd += t1 - t0
-                        if not torch.isfinite(loss):
-                            finite = False
-                            break
-                        self.accelerator.backward(loss * world)
-                        t_bwd += time.perf_counter() - t1
-                    step_metrics["loss/total"] += float(loss.detach())
-                    for k, v in metrics.items():
-                        step_metrics[k] += float(v)
+                finite, step_metrics = self._accumulate(micro, self._global_totals(mini), clock)
                 t0 = time.perf_counter()
-                grad_norm = None
-                if finite and t.max_grad_norm:
-                    grad_norm = float(
-                        self.accelerator.clip_grad_norm_(self.policy.trainable_parameters(), t.max_grad_norm)
-                    )
-                    finite = math.isfinite(grad_norm)
+                grad_norm = self._clip() if finite else None
+                finite = finite and (grad_norm is None or math.isfinite(grad_norm))
                 if finite:
                     self.optimizer.step()
                     self.scheduler.step()
@@ -480,7 +504,7 @@ class Trainer:
                         self.nonfinite_in_a_row,
                     )
                 self.optimizer.zero_grad(set_to_none=True)
-                t_opt += time.perf_counter() - t0
+                clock["optimizer"] += time.perf_counter() - t0
                 if self.nonfinite_in_a_row >= t.max_nonfinite:
                     ckpt = latest_checkpoint(self.run_dir)
                     raise TrainingError(
@@ -488,10 +512,65 @@ class Trainer:
                         f"{self.step + 1}; stopping. Last checkpoint: {ckpt or 'none yet'}. "
                         "Lower train.lr or check the rewards."
                     )
-        timings.update({"policy_forward": t_fwd, "backward": t_bwd, "optimizer": t_opt})
+        timings.update(clock)
         metrics = {k: v / max(1, updates) for k, v in sums.items()}
         metrics["updates"] = float(updates)
         return metrics, skipped
+
+    def _accumulate(
+        self,
+        micro: list[tuple[list[TrainItem], Any]],
+        totals: dict[str, dict[str, float]],
+        clock: dict[str, float],
+    ) -> tuple[bool, dict[str, float]]:
+        """Forward and backward every micro-batch of one optimizer step (gradients sync on the last);
+        returns whether every loss was finite, and the summed metric contributions."""
+        dev, world = self.accelerator.device, self.accelerator.num_processes
+        step_metrics: dict[str, float] = defaultdict(float)
+        for j, (mb_items, batch) in enumerate(micro):
+            last = j == len(micro) - 1
+            mb = self._micro(mb_items, batch)
+            if self.deepspeed:
+                mark_last_micro_batch(self.accelerator, last)
+            sync = _nullcontext() if last or self.deepspeed else self.accelerator.no_sync(self.scorer)
+            with sync:
+                t0 = time.perf_counter()
+                out = self.scorer(
+                    batch.to(dev),
+                    self.cfg.rollout.temperature,
+                    True,
+                    self.cfg.loss.entropy_coef > 0,
+                    **self.algorithm.forward_kwargs(mb),
+                )
+                loss, metrics = self.algorithm.loss(
+                    mb, out[0], out[1], totals, out[2] if len(out) > 2 else None
+                )
+                t1 = time.perf_counter()
+                clock["policy_forward"] += t1 - t0
+                if not torch.isfinite(loss):
+                    if self.deepspeed:  # the engine keeps what earlier micro-batches accumulated
+                        raise TrainingError(
+                            f"step {self.step + 1}: non-finite loss under DeepSpeed; stopping"
+                        )
+                    return False, step_metrics
+                # Losses are normalised by global totals; DDP averages gradients over ranks, so scale back.
+                self.accelerator.backward(loss * world)
+                clock["backward"] += time.perf_counter() - t1
+            step_metrics["loss/total"] += float(loss.detach())
+            for k, v in metrics.items():
+                step_metrics[k] += float(v)
+        return True, step_metrics
+
+    def _clip(self) -> float | None:
+        """Clip gradients to ``train.max_grad_norm``; returns the norm before clipping (DeepSpeed clips
+        inside its own step and reports the norm)."""
+        if self.deepspeed:
+            norm = getattr(self.scorer, "get_global_grad_norm", lambda: None)()
+            return None if norm is None else float(norm)
+        if not self.cfg.train.max_grad_norm:
+            return None
+        params = self.policy.trainable_parameters()
+        return float(self.accelerator.clip_grad_norm_(params, self.cfg.train.max_grad_norm))
 
     # ------------------------------------------------------------------ logging
     def _log(self, metrics: dict[str, float]) -> None:

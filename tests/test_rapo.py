@@ -122,8 +122,9 @@ def test_rewards_advantages_and_distillation_targets(tiny_folder) -> None:
     deltas = [s.info["reaction"]["emotion_delta"] for s in samples[:4]]
     assert deltas == pytest.approx([10.0, 10 / 3, 0.0, -10.0])
     assert samples[0].info["reaction"]["message"] == "reaction to best"
-    assert [s.critique for s in samples[:4]] == [
-        f"The person's reaction shows critique of {t}" for t in ("best", "good", "meh", "bad")
+    # critiques are written for the replies self-distillation rewrites (critique_for: selected)
+    assert [s.critique for s in samples[:4]] == [None, None] + [
+        f"The person's reaction shows critique of {t}" for t in ("meh", "bad")
     ]
     # bottom half (ranks 3, 4) rewritten; learnt under the PLAIN prompt of the original
     sd = [it for it in out.items if it.kind == SD]
@@ -135,8 +136,14 @@ def test_rewards_advantages_and_distillation_targets(tiny_folder) -> None:
     # one engine call per stage: simulator = messages, emotions, thoughts; judge = ranking, critiques
     assert [c["method"] for c in sim.calls] == ["generate", "choice_logprobs", "generate"]
     assert [c["method"] for c in jud.calls] == ["choice_logprobs", "generate"]
-    assert len(jud.calls[1]["prompts"]) == 8
+    assert len(jud.calls[1]["prompts"]) == 4
     assert out.metrics["sd/items"] == 4.0 and out.metrics["judge/invalid_groups"] == 0.0
+
+
+def test_critiques_for_every_reply_when_asked(tiny_folder) -> None:
+    algo, _, _, jud = make_rapo(tiny_folder, "rapo.judge.critique_for=all")
+    samples = algo.rollout(SCENARIOS, 0).samples
+    assert all(s.critique for s in samples) and len(jud.calls[1]["prompts"]) == 8
 
 
 def test_emotion_mix_and_gopo(tiny_folder) -> None:

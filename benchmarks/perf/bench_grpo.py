@@ -100,7 +100,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         "loss.agg=token-mean",
         "loss.eps_low=0.2",
         "loss.eps_high=0.2",
-        "rewards=[{name: 'benchmarks.perf.bench_grpo:workload_reward'}]",
+        "rewards=[{name: 'rapo_echo.benchmarks.perf.bench_grpo:workload_reward'}]",
         "logging.progress=false",
         "logging.tensorboard=false",
         "train.save_every=1000000",
@@ -111,6 +111,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     cfg = load_config(algo=args.algo, overrides=overrides + args.set)
     t_load = time.perf_counter()
     trainer = Trainer(cfg)
+    trainer.open_logs()
     load_s = time.perf_counter() - t_load
     steps, per_stage, tokens = [], {s: [] for s in STAGES}, 0
     gen_tokens, gen_time, rewards = 0, 0.0, []
@@ -161,16 +162,34 @@ def run_subprocess(cmd: list[str]) -> dict:
 
 
 def peer_command(args: argparse.Namespace) -> list[str]:
+    """The TRL peer in its own venv; the LoRA variant goes through trl_lora_peer.py (``python -O``)."""
     python = Path(args.peer_python)
     if not python.is_file():
         sys.exit(
             f"the peer's venv python {python} is missing; create it as ../shared/bench/README.md says:\n"
-            f"  python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 trl gguf"
+            "  python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 trl gguf peft"
         )
-    cmd = [str(python), str(SHARED_BENCH / "trl_grpo_peer.py")]
+    if args.lora:
+        cmd = [str(python), "-O", str(Path(__file__).with_name("trl_lora_peer.py"))]
+    else:
+        cmd = [str(python), str(SHARED_BENCH / "trl_grpo_peer.py")]
     if args.model:
         cmd += ["--model", args.model]
     return cmd
+
+
+def checked_peer(line: dict, args: argparse.Namespace) -> dict:
+    """The peer's JSON line, checked for the whole workload (4 steps x 32 completions) and labelled."""
+    w = workload()
+    expected = w.NUM_STEPS * w.NUM_PROMPTS * w.GROUP_SIZE
+    if len(line["sec_per_step"]) != w.NUM_STEPS or line["completions_total"] != expected:
+        sys.exit(
+            f"the peer did not run the whole workload: {line['sec_per_step']}, {line['completions_total']}"
+        )
+    if args.lora:
+        line["bench"] = "trl_grpo_peer_lora"
+        line["config"]["lora"] = True
+    return line
 
 
 def main() -> None:
@@ -205,36 +224,38 @@ def main() -> None:
     ours_cmd += ["--model", args.model] if args.model else []
     for s in args.set:
         ours_cmd += ["--set", s]
-    lines = []
+
+    def emit(line: dict) -> dict:
+        print(json.dumps(line), flush=True)
+        if args.out:
+            with open(args.out, "a") as fh:
+                fh.write(json.dumps(line) + "\n")
+        return line
+
     if not args.compare:
-        lines.append(run_subprocess(ours_cmd))
-    else:
-        peer_cmd = peer_command(args) + (["--lora"] if args.lora else [])
-        for _ in range(args.rounds):
-            peer = run_subprocess(peer_cmd)
-            ours = run_subprocess(ours_cmd)
-            lines += [peer, ours]
-            if args.raw:
-                raw_py = Path(args.peer_python)
-                lines.append(run_subprocess([str(raw_py), str(SHARED_BENCH / "raw_generate_limit.py")]))
-            ratio = {
-                "bench": "ratios_ours_over_peer",
-                "sec_per_step": round(ours["sec_per_step_median"] / peer["sec_per_step_median"], 3),
-                "peak_rss": round(ours["peak_rss_mb"] / peer["peak_rss_mb"], 3),
-                "completion_tokens_per_s": round(
-                    ours["completion_tokens_per_s"] / peer["completion_tokens_per_s"], 3
-                ),
-            }
-            if args.raw:
-                ratio["generate_vs_raw_generate"] = round(
-                    ours["generate_tokens_per_s"] / lines[-1]["generated_tokens_per_s"], 3
-                )
-            lines.append(ratio)
-    for line in lines:
-        print(json.dumps(line))
-    if args.out:
-        with open(args.out, "a") as fh:
-            fh.writelines(json.dumps(line) + "\n" for line in lines)
+        emit(run_subprocess(ours_cmd))
+        return
+    for _ in range(args.rounds):
+        peer = emit(checked_peer(run_subprocess(peer_command(args)), args))
+        ours = emit(run_subprocess(ours_cmd))
+        ratio = {
+            "bench": "ratios_ours_over_peer" + ("_lora" if args.lora else ""),
+            "sec_per_step": round(ours["sec_per_step_median"] / peer["sec_per_step_median"], 3),
+            "peak_rss": round(ours["peak_rss_mb"] / peer["peak_rss_mb"], 3),
+            "completion_tokens_per_s": round(
+                ours["completion_tokens_per_s"] / peer["completion_tokens_per_s"], 3
+            ),
+        }
+        if args.raw:
+            raw_cmd = [args.peer_python, str(SHARED_BENCH / "raw_generate_limit.py")]
+            raw = emit(run_subprocess(raw_cmd + (["--model", args.model] if args.model else [])))
+            ratio["generate_vs_raw_generate"] = round(
+                ours["generate_tokens_per_s"] / raw["generated_tokens_per_s"], 3
+            )
+            ratio["sec_per_step_vs_raw_floor"] = round(
+                ours["sec_per_step_median"] / raw["grpo_step_floor_s"], 3
+            )
+        emit(ratio)
 
 
 if __name__ == "__main__":

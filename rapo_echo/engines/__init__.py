@@ -23,6 +23,7 @@ def make_engine(
         return policy_engine
     if cfg.engine == "hf":
         from rapo_echo.engines.hf import HFEngine
+        from rapo_echo.models import autocast_dtype, pick_device
 
         return HFEngine.from_spec(
             cfg.model,
@@ -31,6 +32,7 @@ def make_engine(
             trust_remote_code=cfg.trust_remote_code,
             name=f"{role}:hf",
             max_batch_size=cfg.max_batch_size,
+            autocast=autocast_dtype(cfg.autocast, pick_device(cfg.device)),
         )
     if cfg.engine == "openai":
         from rapo_echo.engines.openai_engine import OpenAIEngine

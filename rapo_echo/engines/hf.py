@@ -58,8 +58,19 @@ class HFEngine:
 
     supports_logprobs = True
 
-    def __init__(self, model: Any, tokenizer: Any, *, name: str = "hf", max_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str = "hf",
+        max_batch_size: int = 64,
+        autocast: torch.dtype | None = None,
+    ) -> None:
+        """``autocast`` runs every forward in that lower precision (e.g. bfloat16 for a simulator or
+        judge that shares fp32 policy weights: about 2-3x faster on CPUs with bf16 support)."""
         self.model = model
+        self.autocast = autocast
         self.tokenizer = tokenizer
         self.name = name
         self.max_batch_size = max_batch_size
@@ -138,7 +149,11 @@ class HFEngine:
         )
 
     def _mode(self) -> contextlib.AbstractContextManager:
-        return _EvalMode(self.model)
+        stack = contextlib.ExitStack()
+        stack.enter_context(_EvalMode(self.model))
+        if self.autocast is not None:
+            stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast))
+        return stack
 
     def _decode_batch(
         self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None

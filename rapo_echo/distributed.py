@@ -1,0 +1,68 @@
+"""What the training loop does differently under DeepSpeed (through accelerate).
+
+rapo-echo micro-batches itself with exact loss normalisation and has no dataloader, so DeepSpeed runs
+with ``gradient_accumulation_steps: 1`` and is told at each backward whether it is the last
+micro-batch of an optimizer step (the engine then reduces, clips, steps and zeroes gradients
+itself). Under ZeRO-3 the partitioned parameters are gathered for generation. Written against
+accelerate 1.15 / DeepSpeed 0.19; no GPU was available to run it here (see README, "Known limits").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from rapo_echo.errors import ConfigError
+
+
+def is_deepspeed(accelerator: Any) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+def zero_stage(accelerator: Any) -> int:
+    """The ZeRO stage of the DeepSpeed config (0 without DeepSpeed)."""
+    if not is_deepspeed(accelerator):
+        return 0
+    return int(
+        accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0)
+    )
+
+
+def configure_deepspeed(accelerator: Any, micro_batch_size: int, max_grad_norm: float | None) -> None:
+    """Fill the DeepSpeed config fields accelerate cannot infer without a dataloader, and refuse
+    settings that would double-scale the loss."""
+    if not is_deepspeed(accelerator):
+        return
+    ds = accelerator.state.deepspeed_plugin.deepspeed_config
+    if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds["train_micro_batch_size_per_gpu"] = micro_batch_size
+    gas = ds.get("gradient_accumulation_steps", "auto")
+    if gas == "auto":
+        ds["gradient_accumulation_steps"] = 1
+    elif int(gas) != 1:
+        raise ConfigError(
+            f"DeepSpeed config: gradient_accumulation_steps is {gas}; rapo-echo accumulates micro-batches "
+            "itself (train.micro_batch_size), so set it to 1"
+        )
+    if ds.get("gradient_clipping", "auto") == "auto":
+        ds["gradient_clipping"] = max_grad_norm or 0.0
+
+
+def mark_last_micro_batch(accelerator: Any, is_last: bool) -> None:
+    """Tell DeepSpeed whether the next backward ends the optimizer step (it steps inside backward)."""
+    accelerator.gradient_state._set_sync_gradients(is_last)
+
+
+@contextlib.contextmanager
+def gathered_for_generation(accelerator: Any, model: Any) -> Iterator[None]:
+    """Under ZeRO-3, gather the full parameters on every rank while the policy generates."""
+    if zero_stage(accelerator) != 3:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+        yield
