@@ -19,8 +19,10 @@ import torch
 from rapo_echo.algorithms.base import SD, AlgoContext, MicroBatch, Rollout, TrainItem
 from rapo_echo.algorithms.grpo import GRPO, advantage_stats, reward_stats
 from rapo_echo.algorithms.rank_rewards import average_ranks, gopo_advantages, linear_rank_rewards, mix_emotion
+from rapo_echo.engines.hf import HFEngine
 from rapo_echo.group_judge import Candidate, GroupJudge, GroupJudgement
 from rapo_echo.logprobs import generalized_jsd, with_tail
+from rapo_echo.models import autocast_dtype
 from rapo_echo.simulators.reaction import Reaction, ReactionSimulator
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
@@ -120,6 +122,14 @@ class RAPO(GRPO):
             temperature=sim.temperature,
             max_retries=sim.max_retries,
             with_thought=sim.with_thought,
+        )
+        policy = ctx.policy
+        self.rewriter = HFEngine(
+            policy.lm,
+            policy.tokenizer,
+            name="rewriter",
+            max_batch_size=cfg.rollout.max_batch_size,
+            autocast=autocast_dtype(rc.sd.autocast, str(policy.device)),
         )
         jc = rc.judge
         self.judge = GroupJudge(
@@ -304,7 +314,7 @@ class RAPO(GRPO):
             top_p=self.cfg.rollout.top_p,
         )
         prompts = [policy.prompt_ids(self._teacher_conv(samples[i], reactions[i])) for i in chosen]
-        gens = policy.engine.generate_ids(prompts, params)
+        gens = self.rewriter.generate_ids(prompts, params)
         corrections = [
             Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and g[0].text.strip()
         ]

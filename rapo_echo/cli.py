@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "rapo_echo.serve",
     "rapo_echo.train_cli",
     "rapo_echo.benchmarks.cli",
+    "rapo_echo.openrlhf.cli",
 )
 
 

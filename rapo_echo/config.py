@@ -227,6 +227,9 @@ class SelfDistillConfig(Strict):
     top_k_logits: int = Field(100, ge=1)
     jsd_alpha: float = Field(0.5, ge=0.0, le=1.0)
     max_per_group: int | None = Field(None, ge=1)
+    # Rewrites are training targets, not samples whose log-probs enter a ratio, so they can be
+    # generated in lower precision (auto: bfloat16 where the hardware has it).
+    autocast: Literal["auto", "none", "bfloat16", "float16"] = "auto"
 
 
 class RapoConfig(Strict):

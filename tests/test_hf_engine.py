@@ -118,3 +118,39 @@ def test_real_model_stop_string(smol_engine: HFEngine) -> None:
     )[0][0]
     assert g.text.strip() and "\n" not in g.text and g.finish_reason == "stop"
     assert "\n" in smol_engine.decode(g.token_ids)
+
+
+def test_shared_prefix_grouping_by_hand() -> None:
+    from rapo_echo.engines.hf import shared_prefixes
+
+    a = list(range(40)) + [100, 101]
+    b = list(range(40)) + [200]
+    c = list(range(40))  # identical to the common prefix: keeps its last token as its own
+    d = [7, 8, 9]
+    # a, b, c share 40 tokens, but c needs one token of its own -> 39; d shares nothing
+    assert shared_prefixes([a, b, c, d], min_len=32) == [39, 39, 39, 0]
+    assert shared_prefixes([a, b], min_len=41) == [0, 0]
+
+
+def test_shared_prefix_prefill_equals_plain_prefill(tiny_engine: HFEngine, monkeypatch) -> None:
+    """Prompts of one group (a long common system prompt) give the same greedy replies and log-probs
+    with the shared-prefix prefill as with the plain one."""
+    import rapo_echo.engines.hf as hf
+
+    system = "You are role-playing a person talking to a supporter about something hard. " * 3
+    prompts = [
+        [msg("system", system), msg("user", f"Reply {i}: {'so ' * i}sorry to hear that.")] for i in range(4)
+    ]
+    prompts.append([msg("user", "A short unrelated prompt.")])
+    assert any(hf.shared_prefixes([tiny_engine.encode(p) for p in prompts]))
+    p = SamplingParams(max_new_tokens=5, temperature=0)
+    shared = tiny_engine.generate(prompts, p)
+    shared_choice = tiny_engine.choice_logprobs(prompts, ["1", "2"])
+    monkeypatch.setattr(hf, "shared_prefixes", lambda prompts, min_len=32: [0] * len(prompts))
+    plain = tiny_engine.generate(prompts, p)
+    plain_choice = tiny_engine.choice_logprobs(prompts, ["1", "2"])
+    for x, y in zip(shared, plain):
+        assert x[0].token_ids == y[0].token_ids
+        assert x[0].logprobs == pytest.approx(y[0].logprobs, abs=1e-4)
+    for x, y in zip(shared_choice, plain_choice):
+        assert x["1"] == pytest.approx(y["1"], abs=1e-4)

@@ -98,6 +98,7 @@ def make_rapo(
     policy.engine = ScriptedPolicyEngine(policy.lm, policy.tokenizer, name="policy")
     sim, jud = simulator(), judge_engine or judge()
     algo = RAPO(cfg, AlgoContext(policy, RewardSet([]), sim, jud))
+    algo.rewriter = policy.engine  # rewrites come from the same scripted replies
     return algo, policy, sim, jud
 
 

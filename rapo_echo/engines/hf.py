@@ -44,6 +44,51 @@ def sample_next(
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
+MIN_SHARED_PREFIX = 32  # tokens; shorter common prefixes are not worth a separate prefill
+
+
+def shared_prefixes(prompts: Sequence[Sequence[int]], min_len: int = MIN_SHARED_PREFIX) -> list[int]:
+    """For each prompt, how many leading tokens it shares with the other prompts of its prefix group
+    (0: none worth sharing). Prompts are grouped greedily in sorted order while their common prefix
+    stays at least ``min_len`` long; every prompt keeps at least one token of its own."""
+    order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
+    shared = [0] * len(prompts)
+    start = 0
+    while start < len(order):
+        first = prompts[order[start]]
+        end, common = start + 1, len(first)
+        while end < len(order):
+            other = prompts[order[end]]
+            lcp = next(
+                (k for k, (a, b) in enumerate(zip(first, other)) if a != b), min(len(first), len(other))
+            )
+            if min(lcp, common) < min_len:
+                break
+            common = min(common, lcp)
+            end += 1
+        if end - start > 1:
+            members = order[start:end]
+            keep = min(common, *(len(prompts[i]) - 1 for i in members))
+            if keep >= min_len:
+                for i in members:
+                    shared[i] = keep
+        start = end
+    return shared
+
+
+def _left_pad(
+    seqs: Sequence[Sequence[int]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, width - len(s) :] = torch.tensor(list(s), dtype=torch.long, device=device)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
 @dataclass
 class _Row:
     prompt_index: int
@@ -172,30 +217,13 @@ class HFEngine:
     ) -> Iterator[list[int]]:
         """Run the decode loop; fills ``rows`` and yields, after each step, the indices of rows that
         received a token."""
-        from transformers import DynamicCache
 
         dev = self.device
         n = params.n
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=dev)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long, device=dev)
-            mask[i, width - len(p) :] = 1
         rows.extend(_Row(i, prompts[i], [], []) for i in range(len(prompts)) for _ in range(n))
         stop_window = max((len(s) for s in params.stop), default=0)
         with self._mode(), torch.inference_mode():
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            cache = DynamicCache(config=self.model.config)
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            logits = out.logits[:, -1]
+            cache, mask, positions, logits = self._prefill(prompts)
             if n > 1:
                 cache.batch_repeat_interleave(n)
                 logits = logits.repeat_interleave(n, 0)
@@ -329,18 +357,61 @@ class HFEngine:
         return [{o: sum(scores[i * k + j]) for j, o in enumerate(options)} for i in range(len(p_ids))]
 
     def _next_token_logprobs(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        logits = self._prefill([list(p) for p in prompts])[3]
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the prompts through the model into a KV cache; returns (cache, attention mask, position
+        ids, logits of the last position). Prompts that share a long prefix (e.g. a judge's or a
+        simulator's prompts for the replies of one group) compute that prefix once: the prefixes are
+        prefilled, each row then reads its prefix's cache and prefills only its own suffix."""
+        from transformers import DynamicCache
+
         dev = self.device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long, device=dev)
-            mask[i, width - len(p) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1
-        ).logits
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+        cache = DynamicCache(config=self.model.config)
+        shared = shared_prefixes(prompts)
+        if not any(shared) or min(len(p) for p in prompts) < 2:
+            ids, mask = _left_pad(prompts, self.pad_id, dev)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            return cache, mask, positions, out.logits[:, -1]
+        shared = [
+            k or 1 for k in shared
+        ]  # a prompt that shares nothing keeps its first token as its own prefix
+        index: dict[tuple[int, ...], int] = {}
+        which = [index.setdefault(tuple(p[:k]), len(index)) for p, k in zip(prompts, shared)]
+        prefixes = [list(k) for k in index]
+        p_ids, p_mask = _left_pad(prefixes, self.pad_id, dev)
+        p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+        self.model(
+            input_ids=p_ids,
+            attention_mask=p_mask,
+            position_ids=p_pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        rows = torch.tensor(which, dtype=torch.long, device=dev)
+        cache.batch_select_indices(rows)
+        s_ids, s_mask = _left_pad([p[k:] for p, k in zip(prompts, shared)], self.pad_id, dev)
+        mask = torch.cat([p_mask[rows], s_mask], dim=1)
+        positions = p_mask.sum(-1)[rows][:, None] + (s_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=s_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return cache, mask, positions, out.logits[:, -1]
 
     # ------------------------------------------------------------------ serving helpers
     def encode_chat(
