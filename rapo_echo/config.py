@@ -156,6 +156,9 @@ class TrainConfig(Strict):
     save_every: int = Field(50, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     max_nonfinite: int = Field(3, ge=1)
+    # One prompt forward per group of replies sharing it (off: each sequence is run whole; gradient
+    # checkpointing always runs sequences whole, since it disables the KV cache this needs).
+    shared_prompt_forward: bool = True
     threads: int | None = Field(None, ge=1)
 
 

@@ -220,8 +220,10 @@ class Policy:
         *,
         need_reference: bool,
         device: str | None = None,
+        shared_prompt_forward: bool = True,
     ) -> None:
         self.cfg = model_cfg
+        self.shared_prompt_forward = shared_prompt_forward and not model_cfg.gradient_checkpointing
         self.rollout_cfg = rollout_cfg
         self.resolved = resolve(model_cfg.name)
         lm, tokenizer = load_model(
@@ -309,7 +311,7 @@ class Policy:
     def batch(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> TokenBatch:
         """A scoring batch in the fastest layout this model allows (shared prompts unless gradient
         checkpointing is on, which disables the KV cache the shared layout needs)."""
-        return collate(prompts, completions, self.pad_id, shared=not self.cfg.gradient_checkpointing)
+        return collate(prompts, completions, self.pad_id, shared=self.shared_prompt_forward)
 
     @property
     def device(self) -> torch.device:

@@ -141,7 +141,11 @@ class Trainer:
             raise ConfigError(f"data.path: {cfg.data.path or 'bundled examples'} holds no scenarios")
         self.stream = ScenarioStream(self.scenarios, seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.policy = Policy(
-            cfg.model, cfg.rollout, need_reference=cfg.loss.beta > 0, device=str(self.accelerator.device)
+            cfg.model,
+            cfg.rollout,
+            need_reference=cfg.loss.beta > 0,
+            device=str(self.accelerator.device),
+            shared_prompt_forward=cfg.train.shared_prompt_forward,
         )
         simulator = self._role("simulator")
         judge = self._role("judge")
