@@ -269,24 +269,9 @@ class HFEngine:
 
     def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]:
         """Yield the text of one reply piece by piece (``params.n`` is ignored)."""
-        params = SamplingParams(**{**params.__dict__, "n": 1})
-        generator = (
-            torch.Generator(device=self.device).manual_seed(params.seed) if params.seed is not None else None
-        )
-        rows: list[_Row] = []
-        sent = ""
-        for _ in self._decode_steps([self.encode(prompt)], params, generator, rows):
-            text = self.decode(rows[0].tokens)
-            if params.stop:
-                text, _ = truncate_at_stop(text, params.stop)
-            if text.endswith("\ufffd"):
-                continue  # an incomplete multi-byte character; wait for the next token
-            if len(text) > len(sent) and text.startswith(sent):
-                yield text[len(sent) :]
-                sent = text
-        final = self._finish(rows[0], params).text
-        if len(final) > len(sent) and final.startswith(sent):
-            yield final[len(sent) :]
+        for piece in self.stream_generation(self.encode(prompt), params):
+            if isinstance(piece, str):
+                yield piece
 
     # ------------------------------------------------------------------ scoring
     def score_ids(
@@ -305,14 +290,10 @@ class HFEngine:
     def _score_chunk(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
     ) -> list[list[float]]:
-        dev = self.device
-        seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long, device=dev)
-            mask[i, width - len(s) :] = 1
+        ids, mask = _left_pad(
+            [list(p) + list(c) for p, c in zip(prompts, completions)], self.pad_id, self.device
+        )
+        width = ids.shape[1]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         keep = max(len(c) for c in completions) + 1
         logits = self.model(
@@ -369,10 +350,8 @@ class HFEngine:
 
         dev = self.device
         cache = DynamicCache(config=self.model.config)
-        shared = shared_prefixes(prompts)
-        if not any(shared) or min(len(p) for p in prompts) < 2:
-            ids, mask = _left_pad(prompts, self.pad_id, dev)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+
+        def run(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -381,37 +360,24 @@ class HFEngine:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            return cache, mask, positions, out.logits[:, -1]
-        shared = [
-            k or 1 for k in shared
-        ]  # a prompt that shares nothing keeps its first token as its own prefix
+            return out.logits[:, -1]
+
+        shared = shared_prefixes(prompts)
+        if not any(shared) or min(len(p) for p in prompts) < 2:
+            ids, mask = _left_pad(prompts, self.pad_id, dev)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            return cache, mask, positions, run(ids, mask, positions)
+        shared = [k or 1 for k in shared]  # a prompt sharing nothing: its first token is its own prefix
         index: dict[tuple[int, ...], int] = {}
         which = [index.setdefault(tuple(p[:k]), len(index)) for p, k in zip(prompts, shared)]
-        prefixes = [list(k) for k in index]
-        p_ids, p_mask = _left_pad(prefixes, self.pad_id, dev)
-        p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
-        self.model(
-            input_ids=p_ids,
-            attention_mask=p_mask,
-            position_ids=p_pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        p_ids, p_mask = _left_pad([list(k) for k in index], self.pad_id, dev)
+        run(p_ids, p_mask, (p_mask.cumsum(-1) - 1).clamp(min=0))
         rows = torch.tensor(which, dtype=torch.long, device=dev)
-        cache.batch_select_indices(rows)
+        cache.batch_select_indices(rows)  # every row reads its prefix's keys and values
         s_ids, s_mask = _left_pad([p[k:] for p, k in zip(prompts, shared)], self.pad_id, dev)
         mask = torch.cat([p_mask[rows], s_mask], dim=1)
         positions = p_mask.sum(-1)[rows][:, None] + (s_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=s_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return cache, mask, positions, out.logits[:, -1]
+        return cache, mask, positions, run(s_ids, mask, positions)
 
     # ------------------------------------------------------------------ serving helpers
     def encode_chat(
