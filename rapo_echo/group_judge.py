@@ -29,7 +29,7 @@ from functools import partial
 
 from rapo_echo.algorithms.rank_rewards import average_ranks
 from rapo_echo.engines.base import ChatEngine, normalize_choices
-from rapo_echo.judging import Parsed, generate_parsed, wants_logprobs
+from rapo_echo.judging import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.reaction import Reaction, render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
@@ -145,8 +145,7 @@ class GroupJudge:
         show_profile: bool = True,
         rng: random.Random | None = None,
     ) -> None:
-        if use_logprobs not in {"auto", "always", "never"}:
-            raise ValueError(f"GroupJudge: use_logprobs must be auto|always|never, got {use_logprobs!r}")
+        check_logprobs_mode("GroupJudge", use_logprobs)
         if max_retries < 0 or tie_eps < 0:
             raise ValueError(
                 f"GroupJudge: max_retries and tie_eps must be >= 0, got {max_retries}, {tie_eps}"

@@ -25,6 +25,16 @@ class Parsed(Generic[T]):
     attempts: int
 
 
+LOGPROB_MODES = ("auto", "always", "never")
+
+
+def check_logprobs_mode(owner: str, mode: str) -> str:
+    """``mode`` if it is one of :data:`LOGPROB_MODES`, else a ``ValueError`` naming ``owner``."""
+    if mode not in LOGPROB_MODES:
+        raise ValueError(f"{owner}: use_logprobs must be auto|always|never, got {mode!r}")
+    return mode
+
+
 def wants_logprobs(engine: ChatEngine, mode: str) -> bool:
     """Whether to read label probabilities: ``always`` / ``never`` / ``auto`` (when the engine can)."""
     if mode == "never":

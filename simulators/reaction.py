@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judging import Parsed, generate_parsed, label_probabilities, wants_logprobs
+from rapo_echo.judging import (
+    Parsed,
+    check_logprobs_mode,
+    generate_parsed,
+    label_probabilities,
+    wants_logprobs,
+)
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.esconv_seeker import clean_reply
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
@@ -134,10 +140,7 @@ class ReactionSimulator:
     ) -> None:
         if scale <= 0:
             raise ValueError(f"ReactionSimulator: scale must be > 0, got {scale}")
-        if use_logprobs not in {"auto", "always", "never"}:
-            raise ValueError(
-                f"ReactionSimulator: use_logprobs must be auto|always|never, got {use_logprobs!r}"
-            )
+        check_logprobs_mode("ReactionSimulator", use_logprobs)
         if max_new_tokens < 1 or thought_tokens < 1:
             raise ValueError("ReactionSimulator: max_new_tokens and thought_tokens must be >= 1")
         if max_retries < 0:

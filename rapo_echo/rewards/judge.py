@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.judging import generate_parsed, label_probabilities, wants_logprobs
+from rapo_echo.judging import check_logprobs_mode, generate_parsed, label_probabilities, wants_logprobs
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.types import Conversation, Sample, SamplingParams, msg
 
@@ -48,8 +48,10 @@ class JudgeReward:
             raise ConfigError("rewards: the 'judge' reward needs a judge engine (config section 'judge')")
         if not 2 <= scale <= 9:
             raise ConfigError(f"rewards: judge scale must be 2..9 (single-digit labels), got {scale}")
-        if use_logprobs not in {"auto", "always", "never"}:
-            raise ConfigError(f"rewards: judge use_logprobs must be auto|always|never, got {use_logprobs!r}")
+        try:
+            check_logprobs_mode("rewards: judge", use_logprobs)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.engine = ctx.judge
         self.rubric = rubric
         self.scale = scale
