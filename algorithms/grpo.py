@@ -67,7 +67,7 @@ class GRPO(Algorithm):
         policy = self.ctx.policy
         t0 = time.perf_counter()
         prompt_ids = [policy.prompt_ids(s) for s in scenarios]
-        gens = policy.engine.generate_ids(prompt_ids, self.sampling_params())
+        gens = policy.generator.generate_ids(prompt_ids, self.sampling_params())
         samples = [
             Sample(
                 scenario=sc,

@@ -102,6 +102,10 @@ class RolloutConfig(Strict):
     max_prompt_tokens: int = Field(1024, ge=16)
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     max_batch_size: int = Field(64, ge=1)
+    # The policy's sampler: ``hf`` (the training model itself) or ``vllm`` (an in-process vLLM copy on
+    # the GPU, weights synced after every step; old log-probs are then recomputed by the trainer).
+    engine: Literal["hf", "vllm"] = "hf"
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0)
 
 
 class LossConfig(Strict):

@@ -147,6 +147,17 @@ class Trainer:
             device=str(self.accelerator.device),
             shared_prompt_forward=cfg.train.shared_prompt_forward,
         )
+        if cfg.rollout.engine == "vllm":
+            from rapo_echo.engines.vllm_engine import VLLMEngine
+
+            self.policy.generator = VLLMEngine(
+                self.policy.resolved.path,
+                dtype=cfg.model.dtype,
+                trust_remote_code=cfg.model.trust_remote_code,
+                name="policy:vllm",
+                gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+                seed=cfg.train.seed + self.accelerator.process_index,
+            )
         simulator = self._role("simulator")
         judge = self._role("judge")
         self.rewards = RewardSet.from_specs(cfg.rewards, RewardContext(self.policy.engine, simulator, judge))
@@ -199,6 +210,11 @@ class Trainer:
                 config=json.loads(json.dumps(self.cfg.model_dump(mode="json"))),
             )
 
+    def _sync_generator(self) -> None:
+        """Push the policy's weights into a separate sampler (vLLM), if there is one."""
+        if self.policy.generator is not self.policy.engine:
+            self.policy.generator.sync_from(self.policy.lm)
+
     def _restore(self) -> None:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
@@ -217,6 +233,7 @@ class Trainer:
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
         load_rng(ckpt, self.accelerator.process_index)
+        self._sync_generator()
         log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
         if self.is_main:  # drop metric lines written after that checkpoint (they will be recomputed)
             for f in (self.metrics_file, self.samples_file):
@@ -367,6 +384,9 @@ class Trainer:
         self._fill_old(items)
         timings["old_logprobs"] = time.perf_counter() - t0
         update_metrics, skipped = self._update(items, timings)
+        t0 = time.perf_counter()
+        self._sync_generator()
+        timings["weight_sync"] = time.perf_counter() - t0
         timings["step"] = time.perf_counter() - t_step
         tokens = sum(len(s.completion_ids) for s in rollout.samples)
         metrics = {**rollout.metrics, **update_metrics, **{f"time/{k}": v for k, v in timings.items()}}
@@ -424,13 +444,11 @@ class Trainer:
                 it.ref_logprobs = values
 
     def _fill_old(self, items: list[TrainItem]) -> None:
-        """Old log-probs: the sampling log-probs with one inner epoch; otherwise (or when an item has
-        none) one no-grad pass of the current policy."""
-        need = [
-            it
-            for it in items
-            if it.kind == PG and (it.old_logprobs is None or self.cfg.train.inner_epochs > 1)
-        ]
+        """Old log-probs: the sampling log-probs with one inner epoch and the ``hf`` sampler; otherwise
+        (several epochs, a vLLM sampler whose numerics differ, or an item without any) one no-grad pass
+        of the current policy."""
+        recompute = self.cfg.train.inner_epochs > 1 or self.cfg.rollout.engine != "hf"  # vLLM: other numerics
+        need = [it for it in items if it.kind == PG and (it.old_logprobs is None or recompute)]
         if not need:
             return
         temp = self.cfg.rollout.temperature

@@ -361,3 +361,37 @@ def test_make_engine_builds_the_vllm_engine(vllm_module, smol_path):
     eng = make_engine(EngineConfig(engine="vllm", model=smol_path, dtype="bfloat16"), role="judge")
     assert isinstance(eng, VLLMEngine) and eng.name == "judge:vllm"
     assert FakeLLM.instances[-1].kwargs["dtype"] == "bfloat16"
+
+
+def test_trainer_samples_with_vllm_and_syncs_weights_every_step(vllm_module, tiny_folder, tmp_path) -> None:
+    """``rollout.engine: vllm``: rollouts come from the vLLM copy, the trainer recomputes old log-probs
+    (vLLM's numerics differ from the training forward), and pushes the weights after every step."""
+    import json
+
+    from rapo_echo.config import load_config
+    from rapo_echo.trainer import Trainer
+
+    run = tmp_path / "run"
+    cfg = load_config(
+        overrides=[
+            f"model.name={tiny_folder}",
+            f"output={run}",
+            "rollout.engine=vllm",
+            "rollout.batch_size=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=4",
+            "rewards=[{name: length, args: {target: 2}}]",
+            "train.max_steps=2",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+        ]
+    )
+    trainer = Trainer(cfg)
+    llm = FakeLLM.instances[-1]
+    trainer.train()
+    assert len(llm.calls) == 2 and all(s.n == 2 for _, s in llm.calls)  # one batched call per step
+    assert [len(w.loaded) for w in llm.workers] == [2, 2]  # weights pushed after each step
+    m = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(x["time/old_logprobs"] > 0 and "time/weight_sync" in x for x in m)
+    rows = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert rows[0]["reply"].startswith("t")  # the fake engine's text, so rollouts came from it
