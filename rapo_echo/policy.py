@@ -248,8 +248,13 @@ class Policy:
         self.scorer = TokenScorer(lm)
         self.ref_scorer = TokenScorer(self.ref_lm) if self.ref_lm is not None else None
         self.engine = HFEngine(lm, tokenizer, name="policy", max_batch_size=rollout_cfg.max_batch_size)
-        # What samples rollouts: this engine, or a vLLM copy the trainer keeps in sync.
-        self.generator: Any = self.engine
+        # A separate rollout engine (a vLLM copy the trainer keeps in sync), or None.
+        self.rollout_engine: Any = None
+
+    @property
+    def generator(self) -> Any:
+        """What samples rollouts: the separate rollout engine if set, else ``engine``."""
+        return self.rollout_engine if self.rollout_engine is not None else self.engine
 
     @staticmethod
     def _add_lora(lm: nn.Module, cfg: ModelConfig) -> nn.Module:

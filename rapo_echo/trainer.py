@@ -150,7 +150,7 @@ class Trainer:
         if cfg.rollout.engine == "vllm":
             from rapo_echo.engines.vllm_engine import VLLMEngine
 
-            self.policy.generator = VLLMEngine(
+            self.policy.rollout_engine = VLLMEngine(
                 self.policy.resolved.path,
                 dtype=cfg.model.dtype,
                 trust_remote_code=cfg.model.trust_remote_code,
@@ -212,8 +212,8 @@ class Trainer:
 
     def _sync_generator(self) -> None:
         """Push the policy's weights into a separate sampler (vLLM), if there is one."""
-        if self.policy.generator is not self.policy.engine:
-            self.policy.generator.sync_from(self.policy.lm)
+        if self.policy.rollout_engine is not None:
+            self.policy.rollout_engine.sync_from(self.policy.lm)
 
     def _restore(self) -> None:
         ckpt = latest_checkpoint(self.run_dir)
