@@ -42,7 +42,7 @@ def wants_logprobs(engine: ChatEngine, mode: str) -> bool:
     if mode == "always":
         if not engine.supports_logprobs:
             raise CapabilityError(
-                f"judge engine {engine.name!r} exposes no log-probs but use_logprobs is 'always'"
+                f"engine {engine.name!r} exposes no log-probs but use_logprobs is 'always'"
             )
         return True
     return bool(engine.supports_logprobs)
@@ -88,7 +88,7 @@ def generate_parsed(
         pending = still
     if pending:
         log.warning(
-            "judge %s: %d of %d replies stayed unparseable after %d attempts",
+            "engine %s: %d of %d replies stayed unparseable after %d attempts",
             engine.name,
             len(pending),
             len(prompts),
