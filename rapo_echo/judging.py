@@ -41,9 +41,7 @@ def wants_logprobs(engine: ChatEngine, mode: str) -> bool:
         return False
     if mode == "always":
         if not engine.supports_logprobs:
-            raise CapabilityError(
-                f"engine {engine.name!r} exposes no log-probs but use_logprobs is 'always'"
-            )
+            raise CapabilityError(f"engine {engine.name!r} exposes no log-probs but use_logprobs is 'always'")
         return True
     return bool(engine.supports_logprobs)
 

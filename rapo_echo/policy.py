@@ -17,7 +17,8 @@ from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.logprobs import chunked_gather_logprobs, chunked_token_logprobs, chunked_topk_logprobs
 from rapo_echo.models import load_model, resolve
-from rapo_echo.types import Conversation, Scenario, msg
+from rapo_echo.prompting import fit_turns, policy_conversation
+from rapo_echo.types import Conversation, Scenario
 
 log = logging.getLogger(__name__)
 
@@ -284,23 +285,14 @@ class Policy:
     def conversation(self, scenario: Scenario) -> Conversation:
         """The policy's prompt for a scenario: the configured system prompt (unless the scenario has
         one) followed by the visible dialogue."""
-        messages = list(scenario.messages)
-        system = self.rollout_cfg.system_prompt
-        if system and not (messages and messages[0]["role"] == "system"):
-            messages = [msg("system", system), *messages]
-        return messages
+        return policy_conversation(scenario, self.rollout_cfg.system_prompt)
 
     def prompt_ids(self, scenario: Scenario | Conversation) -> list[int]:
         """Token ids of the prompt, dropping the oldest turns (never the system prompt or the last
         user message) until it fits ``rollout.max_prompt_tokens``."""
         conv = self.conversation(scenario) if isinstance(scenario, Scenario) else list(scenario)
         limit = self.rollout_cfg.max_prompt_tokens
-        ids = self.engine.encode(conv)
-        head = 1 if conv and conv[0]["role"] == "system" else 0
-        while len(ids) > limit and len(conv) - head > 1:
-            conv = conv[:head] + conv[head + 1 :]
-            ids = self.engine.encode(conv)
-        return ids[-limit:]
+        return fit_turns(conv, self.engine.encode, limit)[1][-limit:]
 
     # ------------------------------------------------------------------ scoring
     def reference_logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.errors import DataError
+from rapo_echo.prompting import fit_turns, policy_conversation
 from rapo_echo.types import Conversation, Scenario, msg
 
 PROMPT_KEY = "prompt"
@@ -21,27 +22,15 @@ LABEL_KEY = "label"
 LABEL_MARK = "rapo_echo_scenario"
 
 
-def policy_conversation(scenario: Scenario, system_prompt: str | None) -> Conversation:
-    """The policy's prompt: ``system_prompt`` (unless the scenario starts with its own) + the dialogue.
-    The same rule as :meth:`rapo_echo.policy.Policy.conversation`."""
-    messages = list(scenario.messages)
-    if system_prompt and not (messages and messages[0]["role"] == "system"):
-        messages = [msg("system", system_prompt), *messages]
-    return messages
-
-
 def fit_conversation(conv: Conversation, tokenizer: Any, max_tokens: int) -> Conversation:
-    """Drop the oldest turns (never a leading system message or the last message) until the rendered
-    prompt fits ``max_tokens`` (the same rule as :meth:`rapo_echo.policy.Policy.prompt_ids`)."""
+    """The turns of ``conv`` that fit ``max_tokens`` once rendered, by the policy's rule
+    (:func:`rapo_echo.prompting.fit_turns`)."""
 
-    def length(c: Conversation) -> int:
+    def encode(c: Conversation) -> list[int]:
         text = tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    head = 1 if conv and conv[0]["role"] == "system" else 0
-    while length(conv) > max_tokens and len(conv) - head > 1:
-        conv = conv[:head] + conv[head + 1 :]
-    return conv
+    return fit_turns(conv, encode, max_tokens)[0]
 
 
 def scenario_label(scenario: Scenario) -> str:
