@@ -40,5 +40,15 @@ quickstart: install
 bench: install
 	$(BIN)/python benchmarks/perf/bench_grpo.py
 
+# TRL's GRPOTrainer (the peer) lives in its own venv so that TRL never becomes our dependency.
+TRL_VENV ?= .venv-trl
+$(TRL_VENV)/.installed:
+	test -x $(TRL_VENV)/bin/python || $(PY) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q torch==2.13.0 trl==1.16.0 gguf peft
+	touch $@
+
+bench-compare: install $(TRL_VENV)/.installed
+	$(BIN)/python benchmarks/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

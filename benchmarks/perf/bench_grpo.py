@@ -167,7 +167,7 @@ def peer_command(args: argparse.Namespace) -> list[str]:
     if not python.is_file():
         sys.exit(
             f"the peer's venv python {python} is missing; create it as ../shared/bench/README.md says:\n"
-            "  python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 trl gguf peft"
+            "  python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 trl==1.16.0 gguf peft"
         )
     if args.lora:
         cmd = [str(python), "-O", str(Path(__file__).with_name("trl_lora_peer.py"))]
@@ -211,6 +211,10 @@ def main() -> None:
     if args.in_process:
         print(json.dumps(run_ours(args)))
         return
+    if args.model is None:  # the peer, the raw limits and ours all load the same folder
+        from rapo_echo.models import resolve
+
+        args.model = str(resolve("default").path)
     ours_cmd = [
         sys.executable,
         __file__,
