@@ -484,9 +484,11 @@ def test_bundled_files_are_package_data():
     # every bundled file matches a package-data pattern, so wheels ship it
     tomllib = pytest.importorskip("tomllib")
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["rapo_echo"]
+    setuptools_cfg = pyproject["tool"]["setuptools"]
+    assert "rapo_echo.examples" in setuptools_cfg["packages"]
+    patterns = setuptools_cfg["package-data"]["rapo_echo.examples"]
     for name in names:
-        assert any(fnmatch.fnmatch(f"examples/{name}", p) for p in patterns), name
+        assert any(fnmatch.fnmatch(name, p) for p in patterns), name
     default = load_scenarios()
     assert default[0].meta["file"] == str(root / "examples" / BUNDLED_SCENARIOS)
 
