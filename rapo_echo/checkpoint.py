@@ -4,7 +4,6 @@ and step, written to a temporary folder and renamed, so a crash never leaves a h
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rapo_echo.atomic import replace_dir
 from rapo_echo.errors import RapoEchoError
 
 
@@ -103,13 +103,7 @@ def write_state_files(
 def commit(tmp: Path, run_dir: str | Path, step: int, keep: int) -> Path:
     """Rename a staged checkpoint into place and keep only the newest ``keep`` checkpoints."""
     final = checkpoint_dir(run_dir, step)
-    try:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    replace_dir(tmp, final)
     for _, old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rapo_echo.atomic import write_text_atomic
 from rapo_echo.errors import ConfigError
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -539,8 +540,5 @@ def redacted(data: Any) -> Any:
 
 def dump_config(cfg: RunConfig, path: str | Path) -> None:
     """Write the resolved config as YAML, secrets redacted, atomically."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(redacted(cfg.model_dump(mode="json")), sort_keys=False, allow_unicode=True))
-    os.replace(tmp, p)
+    text = yaml.safe_dump(redacted(cfg.model_dump(mode="json")), sort_keys=False, allow_unicode=True)
+    write_text_atomic(path, text)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.atomic import replace_dir
 from rapo_echo.errors import ModelResolutionError
 
 DEFAULT_SPEC = "default"
@@ -169,12 +170,10 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         (tmp / "SOURCE.txt").write_text(
             f"Converted by rapo-echo from {gguf} (weights dequantized to float32).\n"
         )
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, out)
 
 
 DTYPES = {
