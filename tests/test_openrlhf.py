@@ -458,7 +458,7 @@ def test_profiles_dataset_from_rlver_rows(tmp_path, smol_path):
     assert [m["role"] for m in rows[1]["prompt"]] == ["system"]  # no preset opening: the agent writes it
     assert SageProfile.from_label(rows[0]["label"]).persona == RLVER_ROW["player"]
     src.write_text("{broken\n")
-    with pytest.raises(DataError, match=r"profiles.jsonl:1: not valid JSON"):
+    with pytest.raises(DataError, match=r"profiles.jsonl:1: invalid JSON"):
         export_profiles(run_config(tmp_path, smol_path), src, tmp_path / "c")
 
 

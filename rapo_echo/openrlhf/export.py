@@ -12,7 +12,6 @@ runs) and read the other files from their own folder.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -208,20 +207,12 @@ def export_dataset(config: RunConfig | str | Path, out_dir: str | Path, *, token
 
 
 def export_profiles(config: RunConfig | str | Path, profiles_path: str | Path, out_dir: str | Path) -> Path:
-    """Write ``prompts.jsonl`` for the RLVER agent from a JSON-lines file of simulated-user profiles
+    """Write ``prompts.jsonl`` for the RLVER agent from a JSON or JSON-lines file of simulated-user profiles
     (RLVER's ``train_profile.jsonl`` rows, SAGE rows, or our scenarios)."""
-    from rapo_echo.errors import DataError
+    from rapo_echo.data.files import open_source, read_records
 
     cfg = as_config(config)
-    rows = []
-    with open(profiles_path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                raise DataError(f"{profiles_path}:{n}: not valid JSON: {exc}") from exc
+    rows = [r.data for r in read_records(open_source(profiles_path))]
     path = Path(out_dir) / PROMPTS_FILE
     write_profiles(rows, path, system_prompt=cfg.rollout.system_prompt)
     return path
