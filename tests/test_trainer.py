@@ -283,23 +283,10 @@ def test_two_process_ddp_on_cpu(tmp_path: Path, tiny_folder: Path) -> None:
 def test_grpo_learns_to_ask_questions_on_the_embedded_model(tmp_path: Path) -> None:
     """Proof that it learns: with the verifiable reward 'the reply asks a question', GRPO (LoRA) on
     SmolLM2-135M raises the mean reward clearly within a few seeded CPU steps."""
+    from rapo_echo.benchmarks.perf.bench_learning import learning_config
+
     run = tmp_path / "run"
-    cfg = load_config(
-        overrides=[
-            f"output={run}",
-            "rewards=[{name: question}]",
-            "model.lora.enabled=true",
-            "train.lr=2e-3",
-            "loss.beta=0",
-            "rollout.batch_size=4",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=24",
-            "train.max_steps=8",
-            "train.save_every=100",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-        ]
-    )
+    cfg = learning_config(run, steps=8)
     Trainer(cfg).train()
     rewards = [m["reward/mean"] for m in metrics(run)]
     first, last = rewards[0], sum(rewards[-2:]) / 2
