@@ -70,11 +70,16 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def staging_path(run_dir: str | Path, step: int) -> Path:
+    """Where checkpoint ``step`` is written before it is renamed into place (beside it, so the rename
+    stays on one file system)."""
+    return checkpoint_dir(run_dir, step).parent / f".tmp-step-{step}"
+
+
 def staging_dir(run_dir: str | Path, step: int) -> Path:
-    """A fresh temporary folder beside the final checkpoint (same file system, so the rename is atomic)."""
-    final = checkpoint_dir(run_dir, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-step-{step}"
+    """A fresh, empty :func:`staging_path` folder."""
+    tmp = staging_path(run_dir, step)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()

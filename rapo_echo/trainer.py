@@ -26,7 +26,6 @@ import torch
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
 from rapo_echo.checkpoint import (
-    checkpoint_dir,
     commit,
     latest_checkpoint,
     load_rng,
@@ -35,6 +34,7 @@ from rapo_echo.checkpoint import (
     rng_state,
     save_checkpoint,
     staging_dir,
+    staging_path,
     write_state_files,
 )
 from rapo_echo.config import RunConfig, dump_config
@@ -284,13 +284,11 @@ class Trainer:
         if self.is_main:
             staging_dir(self.run_dir, self.step)
         self.accelerator.wait_for_everyone()
-        tmp = checkpoint_dir(self.run_dir, self.step).parent / f".tmp-step-{self.step}"
+        tmp = staging_path(self.run_dir, self.step)
         self.accelerator.save_state(str(tmp / "accelerate"))
-        full = self.accelerator.get_state_dict(self.scorer)  # gathers ZeRO-3 partitions
+        self._save_gathered(tmp / "model")
         path = None
         if self.is_main:
-            lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
-            self.policy.save(tmp / "model", merged=False, state_dict=lm_state)
             write_state_files(
                 tmp,
                 self.step,
@@ -345,14 +343,19 @@ class Trainer:
         under DeepSpeed the gathered weights (an adapter folder under LoRA)."""
         final = self.run_dir / "final"
         if self.deepspeed:
-            full = self.accelerator.get_state_dict(self.scorer)
-            if self.is_main:
-                lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
-                self.policy.save(final, merged=False, state_dict=lm_state)
+            self._save_gathered(final)
         elif self.is_main:
             self.policy.save(final, merged=True)
         if self.is_main:
             log.info("final model: %s", final)
+
+    def _save_gathered(self, folder: Path) -> None:
+        """Under DeepSpeed: gather the weights on every rank (ZeRO-3 partitions them) and save them in
+        Hugging Face format on rank 0 (an adapter folder under LoRA)."""
+        full = self.accelerator.get_state_dict(self.scorer)
+        if self.is_main:
+            lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
+            self.policy.save(folder, merged=False, state_dict=lm_state)
 
     def _progress(self) -> Any:
         if not (self.is_main and self.cfg.logging.progress):
