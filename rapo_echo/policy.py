@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from rapo_echo.config import ModelConfig, RolloutConfig
-from rapo_echo.engines.hf import HFEngine
+from rapo_echo.engines.hf import HFEngine, left_pad
 from rapo_echo.logprobs import chunked_gather_logprobs, chunked_token_logprobs, chunked_topk_logprobs
 from rapo_echo.models import load_model, resolve
 from rapo_echo.prompting import fit_turns, policy_conversation
@@ -76,22 +76,14 @@ def collate(
         index: dict[tuple[int, ...], int] = {}
         rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
         unique = list(index)
-        width = max(len(p) for p in unique)
-        pids = torch.full((len(unique), width), pad_id, dtype=torch.long)
-        pmask = torch.zeros((len(unique), width), dtype=torch.long)
-        for k, p in enumerate(unique):
-            pids[k, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            pmask[k, width - len(p) :] = 1
+        pids, pmask = left_pad(unique, pad_id)
         inputs = {"prompt_ids": pids, "prompt_mask": pmask, "rows": torch.tensor(rows), "targets": targets}
         return TokenBatch(inputs, tmask, lengths)
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    ids, mask = left_pad(seqs, pad_id)
+    width = ids.shape[1]
     where = torch.full((len(seqs), n), width - 1, dtype=torch.long)
-    for i, (s, c) in enumerate(zip(seqs, completions)):
-        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s) :] = 1
+    for i, c in enumerate(completions):
         where[i, : len(c)] = torch.arange(width - len(c) - 1, width - 1)  # hidden state predicting token j
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     inputs = {

@@ -76,9 +76,10 @@ def shared_prefixes(prompts: Sequence[Sequence[int]], min_len: int = MIN_SHARED_
     return shared
 
 
-def _left_pad(
-    seqs: Sequence[Sequence[int]], pad: int, device: torch.device
+def left_pad(
+    seqs: Sequence[Sequence[int]], pad: int, device: torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows left-padded with ``pad`` to the longest: (ids, attention mask), both long."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long, device=device)
     mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
@@ -290,7 +291,7 @@ class HFEngine:
     def _score_chunk(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
     ) -> list[list[float]]:
-        ids, mask = _left_pad(
+        ids, mask = left_pad(
             [list(p) + list(c) for p, c in zip(prompts, completions)], self.pad_id, self.device
         )
         width = ids.shape[1]
@@ -364,17 +365,17 @@ class HFEngine:
 
         shared = shared_prefixes(prompts)
         if not any(shared) or min(len(p) for p in prompts) < 2:
-            ids, mask = _left_pad(prompts, self.pad_id, dev)
+            ids, mask = left_pad(prompts, self.pad_id, dev)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             return cache, mask, positions, run(ids, mask, positions)
         shared = [k or 1 for k in shared]  # a prompt sharing nothing: its first token is its own prefix
         index: dict[tuple[int, ...], int] = {}
         which = [index.setdefault(tuple(p[:k]), len(index)) for p, k in zip(prompts, shared)]
-        p_ids, p_mask = _left_pad([list(k) for k in index], self.pad_id, dev)
+        p_ids, p_mask = left_pad([list(k) for k in index], self.pad_id, dev)
         run(p_ids, p_mask, (p_mask.cumsum(-1) - 1).clamp(min=0))
         rows = torch.tensor(which, dtype=torch.long, device=dev)
         cache.batch_select_indices(rows)  # every row reads its prefix's keys and values
-        s_ids, s_mask = _left_pad([p[k:] for p, k in zip(prompts, shared)], self.pad_id, dev)
+        s_ids, s_mask = left_pad([p[k:] for p, k in zip(prompts, shared)], self.pad_id, dev)
         mask = torch.cat([p_mask[rows], s_mask], dim=1)
         positions = p_mask.sum(-1)[rows][:, None] + (s_mask.cumsum(-1) - 1).clamp(min=0)
         return cache, mask, positions, run(s_ids, mask, positions)
