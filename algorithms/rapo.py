@@ -20,7 +20,7 @@ from rapo_echo.algorithms.base import SD, AlgoContext, MicroBatch, Rollout, Trai
 from rapo_echo.algorithms.grpo import GRPO, advantage_stats, reward_stats
 from rapo_echo.algorithms.rank_rewards import average_ranks, gopo_advantages, linear_rank_rewards, mix_emotion
 from rapo_echo.engines.hf import HFEngine
-from rapo_echo.group_judge import Candidate, GroupJudge, GroupJudgement
+from rapo_echo.judges.group import Candidate, GroupJudge, GroupJudgement
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
 from rapo_echo.simulators.reaction import Reaction, ReactionSimulator

@@ -36,7 +36,7 @@ class EvalSettings:
     simulator_temperature: float = 0.0
     judge_max_new_tokens: int = 256
     judge_retries: int = 2
-    judge_logprobs: str = "auto"  # auto | always | never (see rapo_echo.judging.wants_logprobs)
+    judge_logprobs: str = "auto"  # auto | always | never (see rapo_echo.judges.base.wants_logprobs)
     seed: int | None = 0
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     batch_size: int = 8

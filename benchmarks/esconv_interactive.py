@@ -18,9 +18,9 @@ from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
 from rapo_echo.benchmarks.esconv_data import EsconvConversation, read_esconv
-from rapo_echo.benchmarks.judge import judge_labels
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError
+from rapo_echo.judges.labels import judge_labels
 from rapo_echo.simulators.esconv_seeker import (
     CRITIC_LABELS,
     SEEKER,

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
-from rapo_echo.benchmarks.judge import parse_with_retries
 from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS, evaluator_prompt, overall, parse_reply
 from rapo_echo.benchmarks.sotopia_profiles import SotopiaPair, load_sotopia
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.labels import parse_with_retries
 from rapo_echo.simulators.sotopia_agent import Turn, agent_prompt, parse_action
 
 DEFAULT_MAX_TURNS = 20

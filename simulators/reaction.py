@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judging import (
+from rapo_echo.judges.base import (
     Parsed,
     check_logprobs_mode,
     generate_parsed,

@@ -13,10 +13,10 @@ from rapo_echo.benchmarks.base import Case, EvalSettings, Roles
 from rapo_echo.benchmarks.esconv_data import read_esconv
 from rapo_echo.benchmarks.esconv_interactive import EsconvInteractive
 from rapo_echo.benchmarks.esconv_reference import EsconvReference
-from rapo_echo.benchmarks.judge import judge_labels, parse_with_retries
 from rapo_echo.benchmarks.text_metrics import reference_metrics
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.labels import judge_labels, parse_with_retries
 from rapo_echo.simulators.esconv_seeker import (
     CRITIC_LABELS,
     SEEKER,

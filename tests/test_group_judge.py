@@ -1,4 +1,4 @@
-"""The generative group judge (rapo_echo/group_judge.py): scripted engines for every rule, plus one
+"""The generative group judge (rapo_echo/judges/group.py): scripted engines for every rule, plus one
 test with the real embedded model."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import re
 import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.group_judge import (
+from rapo_echo.judges.base import generate_parsed
+from rapo_echo.judges.group import (
     BEST_PREFIX,
     CRITIQUE_PREFIX,
     CRITIQUE_STOP,
@@ -21,7 +22,6 @@ from rapo_echo.group_judge import (
     label_options,
     parse_ranking,
 )
-from rapo_echo.judging import generate_parsed
 from rapo_echo.simulators.reaction import Reaction
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
@@ -370,7 +370,7 @@ class RecordingEngine(ScriptedEngine):
 
 
 def test_first_attempt_is_greedy_and_retries_sample():
-    # a greedy retry would repeat the failed answer, so retries (judging.generate_parsed's retry_params)
+    # a greedy retry would repeat the failed answer, so retries (judges.base.generate_parsed's retry_params)
     # sample at RETRY_TEMPERATURE; critiques stop at the first blank line
     answers = iter(["no ranking here", "Ranking: A > B", "   ", "they felt heard.", "too blunt."])
     engine = RecordingEngine(fn=lambda p: next(answers))

@@ -27,7 +27,7 @@ from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import DataError
-from rapo_echo.judging import generate_parsed
+from rapo_echo.judges.base import generate_parsed
 from rapo_echo.types import Conversation, SamplingParams, msg
 
 EMOTION_MIN = 0.0

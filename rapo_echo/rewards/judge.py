@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.judging import check_logprobs_mode, generate_parsed, label_probabilities, wants_logprobs
+from rapo_echo.judges.base import check_logprobs_mode, generate_parsed, label_probabilities, wants_logprobs
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.types import Conversation, Sample, SamplingParams, msg
 

@@ -1,4 +1,4 @@
-"""Benchmark judges on top of :mod:`rapo_echo.judging`: label verdicts read from label-token
+"""Benchmark judges on top of :mod:`rapo_echo.judges.base`: label verdicts read from label-token
 probabilities when the engine exposes log-probs (else parsed from text), and text verdicts parsed with
 retries. A reply that stays unparseable gives ``None`` (the case is then invalid), never a default score.
 
@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from rapo_echo.engines.base import ChatEngine, generate_texts, normalize_choices
 from rapo_echo.errors import CapabilityError
-from rapo_echo.judging import Parsed, wants_logprobs
+from rapo_echo.judges.base import Parsed, wants_logprobs
 from rapo_echo.types import Conversation, SamplingParams
 
 T = TypeVar("T")

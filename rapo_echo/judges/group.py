@@ -29,7 +29,7 @@ from functools import partial
 
 from rapo_echo.algorithms.rank_rewards import average_ranks
 from rapo_echo.engines.base import ChatEngine, normalize_choices
-from rapo_echo.judging import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
+from rapo_echo.judges.base import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.reaction import Reaction, render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
