@@ -454,8 +454,8 @@ class RAPO(GRPO):
         gathered: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, metrics = self.pg_loss(mb, logp, entropy, totals)
-        if not self.sd.enabled or totals[SD]["tokens"] == 0:
-            return loss, metrics
+        if not self.sd.enabled or totals[SD]["tokens"] == 0 or SD not in mb.kinds:
+            return loss, metrics  # no SD rows here (other micro-batches of the mini-batch have them)
         mask = mb.kind_mask(SD)
         per = self.sd_per_token(mb, logp, mask, gathered)
         sd = (per * mask).sum() / totals[SD]["tokens"]

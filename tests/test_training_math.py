@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from rapo_echo.algorithms.base import PG
 from rapo_echo.config import load_config
@@ -136,3 +137,68 @@ def test_ddp_ranks_with_nothing_to_train_and_a_nonfinite_loss_do_not_hang(
     assert [x["nonfinite_skipped"] for x in m] == [0.0, 2.0, 0.0]  # both non-empty mini-batches
     assert [x["updates"] for x in m] == [2.0, 0.0, 2.0]  # the mini-batch empty everywhere is skipped
     assert (run / "final" / "config.json").is_file()
+
+
+# ---------------------------------------------------------------------------- 9.2 token_kl micro-batches
+
+
+def _scripted_rapo_trainer(tiny_folder: Path, run: Path, *extra: str) -> Trainer:
+    """A RAPO trainer on the tiny model whose replies, reactions and rankings are the scripted ones
+    of tests/test_rapo.py (known ranks: two replies per group are distilled)."""
+    from rapo_echo.algorithms.base import AlgoContext
+    from rapo_echo.algorithms.rapo import RAPO
+    from tests.test_rapo import SCENARIOS, ScriptedPolicyEngine, judge, simulator
+
+    path = run.parent / "scenarios.json"
+    path.write_text(
+        json.dumps([{"id": s.id, "messages": s.messages, "profile": s.profile} for s in SCENARIOS])
+    )
+    cfg = load_config(
+        algo="rapo",
+        overrides=[
+            f"model.name={tiny_folder}",
+            f"output={run}",
+            f"data.path={path}",
+            "data.shuffle=false",
+            "rollout.batch_size=2",
+            "rollout.group_size=4",
+            "simulator.engine=scripted",
+            "judge.engine=scripted",
+            "train.max_steps=1",
+            *QUIET,
+            *extra,
+        ],
+    )
+    trainer = Trainer(cfg)
+    policy = trainer.policy
+    policy.engine = ScriptedPolicyEngine(policy.lm, policy.tokenizer, name="policy")
+    trainer.algorithm = RAPO(cfg, AlgoContext(policy, trainer.rewards, simulator(), judge()))
+    trainer.algorithm.rewriter = policy.engine
+    trainer.open_logs()
+    return trainer
+
+
+def test_token_kl_runs_with_any_micro_batch_size(tmp_path: Path, tiny_folder: Path) -> None:
+    """A micro-batch without distillation rows used to raise ("token_kl distillation needs the
+    student's log-probs at the teacher's top-k ids"); the accumulated loss and gradient are the same
+    whatever the micro-batch size."""
+    trainer = _scripted_rapo_trainer(
+        tiny_folder, tmp_path / "run", "rapo.sd.loss=token_kl", "rapo.sd.top_k_logits=8"
+    )
+    rollout = trainer.algorithm.rollout(trainer._batch(), 0)
+    items = rollout.items
+    assert rollout.metrics["sd/items"] == 4.0 and len(items) == 12
+    seen = {}
+    for size in (1, 4, 8):
+        trainer.cfg.train.micro_batch_size = size
+        micro = list(trainer._scoring_batches(items))
+        clock = {"policy_forward": 0.0, "backward": 0.0}
+        finite, m = trainer._accumulate(micro, trainer._global_totals(items), clock)
+        grad = torch.cat([p.grad.flatten() for p in trainer.policy.trainable_parameters()])
+        trainer.optimizer.zero_grad(set_to_none=True)
+        assert finite
+        seen[size] = (m["loss/total"], m["loss/sd"], grad)
+    for size in (4, 8):
+        assert seen[size][:2] == pytest.approx(seen[1][:2], rel=1e-4, abs=1e-6)
+        assert torch.allclose(seen[size][2], seen[1][2], rtol=1e-3, atol=1e-6)
+    assert seen[1][1] > 0
