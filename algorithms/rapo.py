@@ -42,23 +42,24 @@ class Correction:
     kept: bool = True
 
 
+def _feeling(reaction: Reaction) -> str | None:
+    if reaction.emotion_delta is None:
+        return None
+    d = reaction.emotion_delta
+    return "better" if d > 0 else "worse" if d < 0 else "no different"
+
+
 def teacher_prompt(
     conversation: Conversation, reply: str, reaction: Reaction | None, critique: str | None
 ) -> Conversation:
-    """The policy's prompt for rewriting a weak reply: the dialogue, the reply it gave, how the person
-    reacted, the judge's critique, and the request for a better reply to the same message."""
+    """The policy's prompt for *rewriting* a weak reply (``nll``, ``adv_nll``, ``in_group``): the
+    dialogue, the reply it gave, how the person reacted, the judge's critique, and the request for a
+    better reply to the same message. The rewrite is then learnt under the plain context."""
     last_user = next((m["content"] for m in reversed(conversation) if m["role"] == "user"), "")
     lines = [f'Your reply was: "{reply}"']
     if reaction is not None and reaction.valid:
         lines.append(f'The person answered: "{reaction.message}"')
-        if reaction.emotion_delta is not None:
-            feel = (
-                "better"
-                if reaction.emotion_delta > 0
-                else "worse"
-                if reaction.emotion_delta < 0
-                else "no different"
-            )
+        if (feel := _feeling(reaction)) is not None:
             lines.append(f"It left them feeling {feel}.")
     if critique:
         lines.append(f"Feedback on your reply: {critique}")
@@ -67,6 +68,53 @@ def teacher_prompt(
         "brief, and write only the new reply."
     )
     return [*conversation, msg("assistant", reply), msg("user", "\n".join(lines))]
+
+
+EARLIER_REPLY = "[the earlier reply]"
+
+
+def feedback_prompt(
+    conversation: Conversation,
+    reply: str,
+    reaction: Reaction | None,
+    critique: str | None,
+    demonstration: str | None = None,
+) -> Conversation:
+    """The self-teacher's context for ``token_kl`` (SDPO): the dialogue with the feedback on an earlier
+    attempt -- the person's reaction, how it left them, the judge's critique -- and, if given, a
+    reply of the same group that helped more (``rapo.sd.teacher_demo``), added to the person's last
+    message as a note, followed by the request to reply. The teacher then scores the student's own
+    reply as its answer, so the failed ``reply`` itself is never in the context: where the reaction
+    or critique quote it verbatim, the quote is replaced by "[the earlier reply]". (With the reply in
+    context, the teacher mostly predicts copying it: on the embedded model its tokens' mean log-prob
+    rose from -2.2 to -0.1, and distillation towards that teacher raised exactly the failed replies.)"""
+
+    def clean(text: str) -> str:
+        quoted = reply.strip()
+        return text.replace(quoted, EARLIER_REPLY) if len(quoted) >= 8 else text
+
+    lines = [
+        "(A note for you, the supporter; the person did not write it.",
+        "An earlier reply of yours to this message",
+    ]
+    if reaction is not None and reaction.valid:
+        lines[-1] += f' got this answer from the person: "{clean(reaction.message)}"'
+        if (feel := _feeling(reaction)) is not None:
+            lines.append(f"It left them feeling {feel}.")
+    else:
+        lines[-1] += " did not help enough."
+    if critique:
+        lines.append(f"Feedback on that reply: {clean(critique)}")
+    if demonstration and demonstration.strip() != reply.strip():
+        lines.append(f'A reply that helped more: "{demonstration}"')
+    lines.append("Now write your reply to the person's message above, using the feedback.)")
+    note = "\n".join(lines)
+    conv = list(conversation)
+    last = max((i for i, m in enumerate(conv) if m["role"] == "user"), default=None)
+    if last is None or last != len(conv) - 1:
+        return [*conv, msg("user", note)]
+    conv[last] = msg("user", f"{conv[last]['content']}\n\n{note}")
+    return conv
 
 
 def select_for_distillation(
@@ -296,8 +344,23 @@ class RAPO(GRPO):
             chosen += [g[p] for p in picked if samples[g[p]].completion_ids]
         return chosen
 
-    def _teacher_conv(self, s: Sample, reaction: Reaction) -> Conversation:
+    def _rewrite_conv(self, s: Sample, reaction: Reaction) -> Conversation:
         return teacher_prompt(self.ctx.policy.conversation(s.scenario), s.text, reaction, s.critique)
+
+    def _feedback_conv(
+        self, samples: list[Sample], group: list[int], i: int, reaction: Reaction
+    ) -> Conversation:
+        """The ``token_kl`` teacher's context for sample ``i`` of ``group`` (see :func:`feedback_prompt`);
+        with ``rapo.sd.teacher_demo`` the group's best-ranked valid reply is the demonstration."""
+        s = samples[i]
+        demo = None
+        if self.sd.teacher_demo:
+            ranked = [
+                j for j in group if j != i and samples[j].valid and samples[j].info.get("rank") is not None
+            ]
+            if ranked:
+                demo = samples[min(ranked, key=lambda j: samples[j].info["rank"])].text
+        return feedback_prompt(self.ctx.policy.conversation(s.scenario), s.text, reaction, s.critique, demo)
 
     def _corrections(
         self, samples: list[Sample], reactions: list[Reaction], groups: list[list[int]]
@@ -313,7 +376,7 @@ class RAPO(GRPO):
             temperature=self.sd.temperature,
             top_p=self.cfg.rollout.top_p,
         )
-        prompts = [policy.prompt_ids(self._teacher_conv(samples[i], reactions[i])) for i in chosen]
+        prompts = [policy.prompt_ids(self._rewrite_conv(samples[i], reactions[i])) for i in chosen]
         gens = self.rewriter.generate_ids(prompts, params)
         corrections = [
             Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and g[0].text.strip()
@@ -404,13 +467,17 @@ class RAPO(GRPO):
         self, samples: list[Sample], reactions: list[Reaction], groups: list[list[int]]
     ) -> list[TrainItem]:
         """SDPO-style: the selected failed replies themselves, with the teacher's top-k distribution
-        (same model, critique in context, no gradient) at each of their tokens."""
+        (same model, conditioned on the reaction and critique but not on the reply, no gradient) at
+        each of their tokens."""
         chosen = self._selected(samples, groups)
         if not chosen:
             return []
         policy = self.ctx.policy
         k = self.sd.top_k_logits
-        prompts = [policy.prompt_ids(self._teacher_conv(samples[i], reactions[i])) for i in chosen]
+        group_of = {i: g for g in groups for i in g}
+        prompts = [
+            policy.prompt_ids(self._feedback_conv(samples, group_of[i], i, reactions[i])) for i in chosen
+        ]
         completions = [samples[i].completion_ids for i in chosen]
         items = []
         temp = self.cfg.rollout.temperature

@@ -234,6 +234,9 @@ class SelfDistillConfig(Strict):
     shaping_gamma: float = Field(0.1, gt=0.0)
     top_k_logits: int = Field(100, ge=1)
     jsd_alpha: float = Field(0.5, ge=0.0, le=1.0)
+    # token_kl: also show the teacher the group's best-ranked reply as a demonstration (SDPO's
+    # "successful sibling"); the teacher always sees the reaction and critique, never the failed reply.
+    teacher_demo: bool = False
     max_per_group: int | None = Field(None, ge=1)
     # Rewrites are training targets, not samples whose log-probs enter a ratio, so they can be
     # generated in lower precision (auto: bfloat16 where the hardware has it).

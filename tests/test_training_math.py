@@ -202,3 +202,74 @@ def test_token_kl_runs_with_any_micro_batch_size(tmp_path: Path, tiny_folder: Pa
         assert seen[size][:2] == pytest.approx(seen[1][:2], rel=1e-4, abs=1e-6)
         assert torch.allclose(seen[size][2], seen[1][2], rtol=1e-3, atol=1e-6)
     assert seen[1][1] > 0
+
+
+# ---------------------------------------------------------------------------- 9.1 token_kl teacher
+
+
+def _teacher_prompts(trainer: Trainer) -> tuple[list, list[str]]:
+    """Run a rollout and return its samples and the decoded teacher contexts token_kl scored with."""
+    policy = trainer.policy
+    seen: list[list[int]] = []
+    real = policy.batch
+
+    def batch(prompts, completions):
+        seen.extend(list(p) for p in prompts)
+        return real(prompts, completions)
+
+    policy.batch = batch  # type: ignore[method-assign]
+    rollout = trainer.algorithm.rollout(trainer._batch(), 0)
+    policy.batch = real  # type: ignore[method-assign]
+    return rollout.samples, [policy.tokenizer.decode(p) for p in seen]
+
+
+@pytest.mark.parametrize("demo", [False, True])
+def test_token_kl_teacher_sees_feedback_never_the_failed_reply(
+    tmp_path: Path, tiny_folder: Path, demo
+) -> None:
+    from tests.test_rapo import REPLIES
+
+    trainer = _scripted_rapo_trainer(
+        tiny_folder,
+        tmp_path / "run",
+        "rapo.sd.loss=token_kl",
+        "rapo.sd.top_k_logits=4",
+        f"rapo.sd.teacher_demo={str(demo).lower()}",
+    )
+    _, contexts = _teacher_prompts(trainer)
+    assert len(contexts) == 4  # the two bottom-ranked replies of each of the two groups
+    failed = {"meh": REPLIES[2].split(": ", 1)[1], "bad": REPLIES[3].split(": ", 1)[1]}
+    for text in contexts:
+        tag = "meh" if "critique of meh" in text else "bad"
+        assert f"reaction to {tag}" in text and f"critique of {tag}" in text  # the feedback
+        assert failed[tag] not in text and f"{tag}:" not in text  # never the reply it is about
+        assert (REPLIES[0] in text) is demo  # the best-ranked sibling, behind the switch
+
+
+@pytest.mark.integration
+def test_token_kl_teacher_does_not_inflate_the_copied_reply(smol_engine) -> None:
+    """On the embedded model: the failed reply's mean token log-prob under the teacher's context stays
+    near its value under the student's (plain) context. Control: with the reply quoted in the context
+    (the rewriting prompt, as token_kl used to score it) the model mostly copies it (about +3.4 nats)."""
+    import statistics
+
+    from rapo_echo.algorithms.rapo import feedback_prompt, teacher_prompt
+    from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+    from rapo_echo.prompting import policy_conversation
+    from rapo_echo.simulators.reaction import Reaction
+    from rapo_echo.types import Scenario, msg
+
+    scenario = Scenario("x", [msg("user", "I failed my exam and my parents are furious with me.")])
+    conv = policy_conversation(scenario, DEFAULT_SYSTEM_PROMPT)
+    reply = "Just study harder next time, it is not a big deal."
+    reaction = Reaction("That makes me feel worse, you don't get it at all.", -6.0, "", True)
+    critique = "The reply dismisses the person's feelings; acknowledge how upset they are before any advice."
+
+    def mean_logp(context) -> float:
+        return statistics.fmean(smol_engine.score([context], [reply])[0].logprobs)
+
+    student = mean_logp(conv)
+    teacher = mean_logp(feedback_prompt(conv, reply, reaction, critique))
+    quoted = mean_logp(teacher_prompt(conv, reply, reaction, critique))
+    assert quoted - student > 1.0  # the control: a context holding the reply is copied from
+    assert teacher - student < 0.5
