@@ -277,6 +277,11 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
     "gspo": gspo_policy_loss,
 }
 
+# The aggregation ``loss.agg: auto`` resolves to for each policy loss (``token-mean`` otherwise): GSPO
+# weights sequences equally (its objective is a mean over sequences of sequence-level terms; verl
+# hard-codes ``seq-mean-token-mean`` for it), where ``token-mean`` would weigh a reply by its length.
+DEFAULT_AGGREGATION: dict[str, str] = {"gspo": "seq-mean-token-mean"}
+
 
 # ---------------------------------------------------------------------------- KL estimators
 

@@ -118,7 +118,9 @@ class LossConfig(Strict):
     eps_high: float | None = Field(None, ge=0.0, le=10.0)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     beta: float = Field(0.04, ge=0.0)
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    # auto: the policy loss's own (gspo: seq-mean-token-mean, else token-mean), resolved at load time
+    # so the run directory's config.yaml names the aggregation used
+    agg: Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "auto"
     norm_constant: int | None = Field(None, ge=1)
     std_eps: float = Field(1e-4, gt=0.0)
     entropy_coef: float = Field(0.0, ge=0.0)
@@ -142,6 +144,14 @@ class LossConfig(Strict):
         if v not in POLICY_LOSSES:
             raise ValueError(f"unknown policy loss; allowed: {', '.join(sorted(POLICY_LOSSES))}")
         return v
+
+    @model_validator(mode="after")
+    def _resolve_agg(self) -> LossConfig:
+        if self.agg == "auto":
+            from rapo_echo.algorithms.core import DEFAULT_AGGREGATION
+
+            self.agg = DEFAULT_AGGREGATION.get(self.policy_loss, "token-mean")
+        return self
 
 
 class TrainConfig(Strict):

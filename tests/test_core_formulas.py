@@ -401,7 +401,7 @@ def test_config_choices_match_the_registries():
 
     fields = LossConfig.model_fields
     assert set(typing.get_args(fields["kl_estimator"].annotation)) == set(KL_ESTIMATORS)
-    assert set(typing.get_args(fields["agg"].annotation)) == set(AGGREGATIONS)
+    assert set(typing.get_args(fields["agg"].annotation)) == {"auto", *AGGREGATIONS}
     assert LossConfig(advantage="rloo", policy_loss="gspo").advantage == "rloo"
     with pytest.raises(ValueError, match="allowed: dr_grpo, grpo, rloo"):
         LossConfig(advantage="ppo")

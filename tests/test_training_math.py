@@ -44,6 +44,9 @@ def test_bf16_step_one_has_ratio_one_and_reports_the_sampler_gap(tmp_path: Path)
         ]
     )
     Trainer(cfg).train()
+    import yaml
+
+    assert yaml.safe_load((run / "config.yaml").read_text())["loss"]["agg"] == "seq-mean-token-mean"  # 9.5
     m = metrics(run)[0]
     assert m["adv/max"] > 0  # some sequences carry an advantage, so a clipped one would count
     assert m["clip_frac"] == 0.0
@@ -273,3 +276,37 @@ def test_token_kl_teacher_does_not_inflate_the_copied_reply(smol_engine) -> None
     quoted = mean_logp(teacher_prompt(conv, reply, reaction, critique))
     assert quoted - student > 1.0  # the control: a context holding the reply is copied from
     assert teacher - student < 0.5
+
+
+# ---------------------------------------------------------------------------- 9.5 GSPO aggregation
+
+
+def test_gspo_weighs_sequences_equally_by_default() -> None:
+    """``loss.agg: auto`` resolves at load time: gspo -> seq-mean-token-mean, clip -> token-mean; an
+    explicit choice is kept. By hand: a 10-token reply with A = -1 and a 2-token one with A = +1,
+    ratio 1, so each token's loss is -A: seq-mean-token-mean gives (1 + -1) / 2 = 0, where token-mean
+    would give (10 * 1 + 2 * -1) / 12 = 2/3 (the long reply weighing 5x)."""
+    from rapo_echo.algorithms.base import MicroBatch
+    from rapo_echo.algorithms.grpo import GRPO
+
+    assert load_config(overrides=["loss.policy_loss=gspo"]).loss.agg == "seq-mean-token-mean"
+    assert load_config(algo="rapo", overrides=["loss.policy_loss=gspo"]).loss.agg == "seq-mean-token-mean"
+    assert load_config(overrides=["loss.policy_loss=clip"]).loss.agg == "token-mean"
+    assert load_config(overrides=["loss.policy_loss=gspo", "loss.agg=token-mean"]).loss.agg == "token-mean"
+    assert (
+        load_config("configs/grpo.yaml", overrides=["loss.policy_loss=gspo"]).loss.agg
+        == "seq-mean-token-mean"
+    )
+
+    mask = torch.zeros(2, 10)
+    mask[0, :10] = 1
+    mask[1, :2] = 1
+    logp = torch.full((2, 10), -1.0, requires_grad=True)
+    mb = MicroBatch(
+        [], None, mask, logp.detach().clone(), None, torch.tensor([-1.0, 1.0]), torch.ones(2), [PG, PG]
+    )  # type: ignore[arg-type]
+    totals = {PG: {"tokens": 12.0, "seqs": 2.0}}
+    for agg, expected in (("auto", 0.0), ("token-mean", 2 / 3)):
+        cfg = load_config(overrides=["loss.policy_loss=gspo", f"loss.agg={agg}", "loss.beta=0"])
+        loss, _ = GRPO(cfg, None).pg_loss(mb, logp, torch.zeros_like(logp), totals)  # type: ignore[arg-type]
+        assert loss.item() == pytest.approx(expected, abs=1e-6)
