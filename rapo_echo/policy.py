@@ -3,9 +3,10 @@ turns (prompt, completion) token ids into per-token log-probs for the loss."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,12 +199,37 @@ class TokenScorer(nn.Module):
         )
 
 
+def disable_dropout(model: nn.Module) -> int:
+    """Turn the model's own dropout off: ``p = 0`` on every ``nn.Dropout`` and 0 for the attention
+    dropout rates that attention modules read in train mode, keeping LoRA's (``model.lora.dropout``).
+    Train mode -- which the training forward needs for gradient checkpointing and LoRA dropout --
+    then changes nothing else. Returns how many modules were changed."""
+    changed = 0
+    for name, module in model.named_modules():
+        if "lora_dropout" in name.split("."):
+            continue
+        if isinstance(module, nn.Dropout) and module.p:
+            module.p = 0.0
+            changed += 1
+        for attr in ("attention_dropout", "attn_dropout", "dropout"):
+            if isinstance(getattr(module, attr, None), float) and getattr(module, attr):
+                setattr(module, attr, 0.0)
+                changed += 1
+    return changed
+
+
 class Policy:
     """The policy model, its tokenizer, its generation engine and its reference.
 
     * LoRA (``model.lora.enabled``): only the adapter trains; the reference is the same model with
       the adapter disabled, so no second copy is held in memory.
     * Full fine-tuning: the reference is a frozen copy, made only when ``need_reference``.
+
+    Dropout has one rule: the model's own dropout is off (:func:`disable_dropout`) and the model
+    rests in eval mode, so sampling and every scoring forward (old and reference log-probs, the
+    ``token_kl`` teacher, roles sharing the weights) are dropout-free; only the training forward,
+    where the loss is taken, runs in train mode (:meth:`training_mode`), which applies LoRA dropout
+    (``model.lora.dropout``) and gradient checkpointing (``model.gradient_checkpointing``).
     """
 
     def __init__(
@@ -236,13 +262,26 @@ class Policy:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if model_cfg.lora.enabled:
                 lm.enable_input_require_grads()
-        self.lm = lm
+        disable_dropout(lm)
+        self.lm = lm.eval()
         self.need_reference = need_reference
         self.scorer = TokenScorer(lm)
         self.ref_scorer = TokenScorer(self.ref_lm) if self.ref_lm is not None else None
         self.engine = HFEngine(lm, tokenizer, name="policy", max_batch_size=rollout_cfg.max_batch_size)
         # A separate rollout engine (a vLLM copy the trainer keeps in sync), or None.
         self.rollout_engine: Any = None
+
+    @contextlib.contextmanager
+    def training_mode(self) -> Iterator[None]:
+        """Train mode for a training forward and its backward (gradient checkpointing recomputes the
+        forward during backward, so both must see the same mode); each module's mode is restored."""
+        modes = [(m, m.training) for m in self.lm.modules()]
+        self.lm.train()
+        try:
+            yield
+        finally:
+            for m, training in modes:
+                m.training = training
 
     @property
     def generator(self) -> Any:

@@ -629,7 +629,7 @@ class Trainer:
             if self.deepspeed:
                 mark_last_micro_batch(self.accelerator, last)
             sync = _nullcontext() if last or self.deepspeed else self.accelerator.no_sync(self.scorer)
-            with sync:
+            with sync, self.policy.training_mode():  # the one forward with dropout (see Policy)
                 t0 = time.perf_counter()
                 if not real:
                     self._idle_backward()

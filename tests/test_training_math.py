@@ -54,7 +54,7 @@ def test_bf16_step_one_has_ratio_one_and_reports_the_sampler_gap(tmp_path: Path)
     assert 0 < m["train/sampler_logprob_gap/mean"] <= m["train/sampler_logprob_gap/max"]
 
 
-def _bf16_trainer(tiny_folder: Path, run: Path, *extra: str) -> Trainer:
+def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Trainer:
     cfg = load_config(
         overrides=[
             f"model.name={tiny_folder}",
@@ -76,7 +76,7 @@ def test_old_logprobs_with_several_mini_batches(tmp_path: Path, tiny_folder: Pat
     sampler's (they match), bf16 recomputes them with the scorer and measures the gap there."""
     from rapo_echo.trainer import _LogprobGap
 
-    trainer = _bf16_trainer(tiny_folder, tmp_path / "run", f"model.dtype={dtype}", "train.mini_batches=2")
+    trainer = _tiny_trainer(tiny_folder, tmp_path / "run", f"model.dtype={dtype}", "train.mini_batches=2")
     rollout = trainer.algorithm.rollout(trainer._batch(), 0)
     items = [it for it in rollout.items if it.kind == PG]
     gap = _LogprobGap()
@@ -310,3 +310,92 @@ def test_gspo_weighs_sequences_equally_by_default() -> None:
         cfg = load_config(overrides=["loss.policy_loss=gspo", f"loss.agg={agg}", "loss.beta=0"])
         loss, _ = GRPO(cfg, None).pg_loss(mb, logp, torch.zeros_like(logp), totals)  # type: ignore[arg-type]
         assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------- 9.6 gradient checkpointing
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_recomputes_in_the_training_forward(
+    tmp_path: Path, tiny_folder: Path, lora: bool
+) -> None:
+    """With ``model.gradient_checkpointing`` each decoder layer runs twice per training micro-batch
+    (forward, then recomputed in backward), under full fine-tuning as under LoRA; it used to be a
+    no-op under full fine-tuning (the model was never in train mode). The model rests in eval mode."""
+    trainer = _tiny_trainer(
+        tiny_folder,
+        tmp_path / "run",
+        "model.gradient_checkpointing=true",
+        f"model.lora.enabled={str(lora).lower()}",
+    )
+    items = trainer.algorithm.rollout(trainer._batch(), 0).items
+    calls: list[bool] = []
+    mlp = trainer.policy.lm.get_decoder().layers[0].mlp  # inside the checkpointed layer forward
+    forward = mlp.forward
+
+    def counted(*args, **kwargs):  # (module hooks do not fire in the recompute)
+        calls.append(True)
+        return forward(*args, **kwargs)
+
+    mlp.forward = counted
+    micro = list(trainer._scoring_batches(items))
+    finite, _ = trainer._accumulate(
+        micro, trainer._global_totals(items), {"policy_forward": 0.0, "backward": 0.0}
+    )
+    del mlp.forward
+    assert finite and len(calls) == 2 * len(micro)
+    assert not any(m.training for m in trainer.policy.lm.modules())
+
+
+# ---------------------------------------------------------------------------- 9.7 one dropout rule
+
+
+def test_eval_mode_restores_each_modules_own_mode(smol_tokenizer) -> None:
+    from rapo_echo.engines.hf import _EvalMode
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model(smol_tokenizer).train()
+    model.model.layers[1].eval()
+    with _EvalMode(model):
+        assert not any(m.training for m in model.modules())
+    assert model.training and model.model.layers[0].training
+    assert not any(m.training for m in model.model.layers[1].modules())
+
+
+def _policy(folder: Path, *overrides: str):
+    from rapo_echo.policy import Policy
+
+    cfg = load_config(overrides=[f"model.name={folder}", *overrides])
+    return Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+
+
+def test_dropout_only_in_the_training_forward(tmp_path: Path, smol_tokenizer) -> None:
+    """LoRA dropout 0.5 (adapter made non-zero): scoring forwards outside the training forward are
+    dropout-free (they used to run in train mode and were random), the training forward has it; the
+    base model's own attention dropout is off even in train mode (full fine-tuning)."""
+    from rapo_echo.policy import collate
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model(smol_tokenizer)
+    model.config.attention_dropout = 0.5
+    folder = tmp_path / "tiny-dropout"
+    model.save_pretrained(folder)
+    smol_tokenizer.save_pretrained(folder)
+
+    def logp(policy) -> torch.Tensor:
+        batch = collate([[5, 6, 7, 8]], [[9, 10, 11, 12]], policy.pad_id)
+        with torch.no_grad():
+            return policy.scorer(batch.to("cpu"))[0]
+
+    lora = _policy(folder, "model.lora.enabled=true", "model.lora.dropout=0.5", "model.lora.r=4")
+    torch.manual_seed(0)
+    for name, p in lora.lm.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    assert torch.equal(logp(lora), logp(lora))  # scoring: no dropout
+    with lora.training_mode():
+        assert not torch.equal(logp(lora), logp(lora))  # the training forward: LoRA dropout
+    assert torch.equal(logp(lora), logp(lora))
+    full = _policy(folder)
+    with full.training_mode():
+        assert torch.equal(logp(full), logp(full))  # train mode, yet the model's own dropout is off

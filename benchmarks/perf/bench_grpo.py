@@ -10,6 +10,7 @@ per-stage breakdown. Model loading is not timed.
     python benchmarks/perf/bench_grpo.py                 # our GRPO, full fine-tuning
     python benchmarks/perf/bench_grpo.py --lora          # LoRA variant (reference = adapter off)
     python benchmarks/perf/bench_grpo.py --algo rapo     # RAPO step (simulator + judge share weights)
+    python benchmarks/perf/bench_grpo.py --gradient-checkpointing   # the memory effect (peak_rss_mb)
     python benchmarks/perf/bench_grpo.py --compare       # peer (TRL, own venv) and ours alternately + ratios
 
 Each run happens in a fresh process, one after another (never two at once on 2 cores).
@@ -105,6 +106,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         "logging.tensorboard=false",
         "train.save_every=1000000",
         f"model.lora.enabled={str(args.lora).lower()}",
+        f"model.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
     ]
     if args.algo == "rapo":
         overrides += ["rewards=[]", "simulator.engine=policy", "judge.engine=policy"]
@@ -130,7 +132,9 @@ def run_ours(args: argparse.Namespace) -> dict:
         rewards.append(m["reward/mean"])
     total = time.perf_counter() - t_all
     return {
-        "bench": f"rapo_echo_{args.algo}" + ("_lora" if args.lora else ""),
+        "bench": f"rapo_echo_{args.algo}"
+        + ("_lora" if args.lora else "")
+        + ("_gradient_checkpointing" if args.gradient_checkpointing else ""),
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
@@ -148,6 +152,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         "config": {
             "algo": args.algo,
             "lora": args.lora,
+            "gradient_checkpointing": args.gradient_checkpointing,
             "micro_batch_size": args.micro_batch,
             "set": args.set,
         },
@@ -196,6 +201,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algo", default="grpo", choices=["grpo", "rapo"])
     ap.add_argument("--lora", action="store_true", help="LoRA instead of full fine-tuning")
+    ap.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="model.gradient_checkpointing: recompute activations in backward (compare peak_rss_mb)",
+    )
     ap.add_argument("--model", help="model folder (default: the embedded model's cached folder)")
     ap.add_argument("--micro-batch", type=int, default=8, help="sequences per micro-batch")
     ap.add_argument("--set", action="append", default=[], help="extra config override KEY=VALUE")
@@ -225,6 +235,7 @@ def main() -> None:
         str(args.micro_batch),
     ]
     ours_cmd += ["--lora"] if args.lora else []
+    ours_cmd += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
     ours_cmd += ["--model", args.model] if args.model else []
     for s in args.set:
         ours_cmd += ["--set", s]

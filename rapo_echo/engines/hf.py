@@ -454,15 +454,18 @@ class HFEngine:
 
 
 class _EvalMode(contextlib.AbstractContextManager):
-    """Put a module in eval mode for the block and restore its previous mode afterwards."""
+    """Put a module in eval mode for the block and restore each submodule's own mode afterwards (a
+    module may hold submodules in different modes; ``train()`` on the root would flip them all)."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.was_training = bool(getattr(model, "training", False))
+        self.modes: list[tuple[Any, bool]] = []
 
     def __enter__(self) -> None:
+        modules = self.model.modules() if hasattr(self.model, "modules") else []
+        self.modes = [(m, m.training) for m in modules]
         self.model.eval()
 
     def __exit__(self, *exc: object) -> None:
-        if self.was_training:
-            self.model.train()
+        for m, training in self.modes:
+            m.training = training
