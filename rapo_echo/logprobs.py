@@ -1,11 +1,93 @@
 """Per-token log-probs through the LM head in chunks, so the full-vocabulary logits of a whole batch
-are never held at once (with gradients, each chunk is recomputed in the backward pass)."""
+are never held at once (with gradients, each chunk is recomputed in the backward pass).
+
+Every path applies the model's own logit processing (:class:`LogitTransform`): the head's bias,
+Granite's ``logits_scaling``, Cohere's ``logit_scale`` and the final soft-capping of Gemma-2/3, in
+the order the models apply them. :func:`check_logit_transform` refuses a model whose logits the
+transform does not reproduce (some other model-specific step), with a message that says so."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from rapo_echo.errors import ModelResolutionError
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a causal LM does between its head's matmul and the softmax: ``z = (h W^T + bias) *
+    scale``, then ``z = softcap * tanh(z / softcap)`` when ``softcap`` is set."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def logit_transform(config: Any) -> LogitTransform:
+    """The :class:`LogitTransform` a model's config asks for: Granite divides the logits by
+    ``logits_scaling``, Cohere multiplies them by ``logit_scale``, Gemma-2/3 soft-cap them at
+    ``final_logit_softcapping`` (the head's bias, if any, is applied with the matmul)."""
+    scale = 1.0
+    if getattr(config, "logits_scaling", None):
+        scale /= float(config.logits_scaling)
+    if getattr(config, "logit_scale", None) is not None:
+        scale *= float(config.logit_scale)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    return LogitTransform(scale, float(softcap) if softcap else None)
+
+
+class UnsupportedLogitsError(ModelResolutionError):
+    """The model's own logits differ from what the chunked scorer computes from its hidden states."""
+
+
+@torch.no_grad()
+def check_logit_transform(lm: Any, transform: LogitTransform, probe_ids: list[int]) -> float:
+    """Compare the model's own forward logits on ``probe_ids`` with the head applied to its decoder's
+    hidden states through ``transform``; raise :class:`UnsupportedLogitsError` when they differ
+    (beyond the precision of the weights' dtype). Returns the largest difference."""
+    ids = torch.tensor([probe_ids], dtype=torch.long, device=next(lm.parameters()).device)
+    own = lm(input_ids=ids, use_cache=False).logits.float()
+    hidden = lm.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
+    head = lm.get_output_embeddings()
+    ours = transform(F.linear(hidden, head.weight, getattr(head, "bias", None)).float())
+    diff = float((own - ours).abs().max())
+    exact = head.weight.dtype in (torch.float32, torch.float64)
+    tol = (1e-4 if exact else 2e-2) * max(1.0, float(own.abs().max()))
+    if not diff <= tol:
+        kind = getattr(lm.config, "model_type", type(lm).__name__)
+        raise UnsupportedLogitsError(
+            f"model type {kind!r}: its forward transforms the logits in a way rapo-echo's scorer does not "
+            f"reproduce (max |difference| {diff:.4g} on a probe); supported are a head bias, Granite's "
+            "logits_scaling, Cohere's logit_scale and final_logit_softcapping (Gemma-2/3). Training such "
+            "a model would compute wrong log-probs; please report the model so its transform can be added."
+        )
+    return diff
+
+
+def _logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    transform: LogitTransform | None,
+    temperature: float,
+) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias).float()
+    if transform is not None:
+        logits = transform(logits)
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits
 
 
 def _chunk(
@@ -14,15 +96,11 @@ def _chunk(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     temperature: float,
-    softcap: float | None,
+    transform: LogitTransform | None,
     with_entropy: bool,
     entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, weight, bias).float()
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    if temperature != 1.0:
-        logits = logits / temperature
+    logits = _logits(hidden, weight, bias, transform, temperature)
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
@@ -40,15 +118,16 @@ def chunked_token_logprobs(
     *,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
-    softcap: float | None = None,
+    transform: LogitTransform | None = None,
     chunk_size: int = 512,
     with_entropy: bool = False,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (and entropies) of ``targets`` [..., N] given hidden states [..., N, H].
 
-    ``log softmax(h W^T / temperature)[target]`` computed ``chunk_size`` positions at a time; under
-    autograd each chunk is checkpointed so only one chunk of logits exists during backward too.
+    ``log softmax(transform(h W^T + bias) / temperature)[target]`` computed ``chunk_size`` positions
+    at a time; under autograd each chunk is checkpointed so only one chunk of logits exists during
+    backward too.
     The entropy is detached unless ``entropy_grad``.
     """
     shape = targets.shape
@@ -63,7 +142,7 @@ def chunked_token_logprobs(
             bias,
             t[start : start + chunk_size],
             temperature,
-            softcap,
+            transform,
             with_entropy,
             entropy_grad,
         )
@@ -74,21 +153,33 @@ def chunked_token_logprobs(
 
 
 def _topk_chunk(
-    hidden: torch.Tensor, weight: torch.Tensor, k: int, temperature: float
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    k: int,
+    temperature: float,
+    transform: LogitTransform | None,
 ) -> tuple[torch.Tensor, ...]:
-    logp = torch.log_softmax(F.linear(hidden, weight).float() / temperature, dim=-1)
+    logp = torch.log_softmax(_logits(hidden, weight, bias, transform, temperature), dim=-1)
     return torch.topk(logp, k, dim=-1)
 
 
 @torch.no_grad()
 def chunked_topk_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, k: int, *, temperature: float = 1.0, chunk_size: int = 512
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    transform: LogitTransform | None = None,
+    chunk_size: int = 512,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` most likely token ids and their log-probs at each position: ([..., k] ids, [..., k] logp)."""
     h = hidden.reshape(-1, hidden.shape[-1])
     vals, ids = [], []
     for start in range(0, h.shape[0], chunk_size):
-        v, i = _topk_chunk(h[start : start + chunk_size], weight, k, temperature)
+        v, i = _topk_chunk(h[start : start + chunk_size], weight, bias, k, temperature, transform)
         vals.append(v)
         ids.append(i)
     shape = (*hidden.shape[:-1], k)
@@ -96,9 +187,14 @@ def chunked_topk_logprobs(
 
 
 def _gather_chunk(
-    hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, temperature: float
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    ids: torch.Tensor,
+    temperature: float,
+    transform: LogitTransform | None,
 ) -> torch.Tensor:
-    logp = torch.log_softmax(F.linear(hidden, weight).float() / temperature, dim=-1)
+    logp = torch.log_softmax(_logits(hidden, weight, bias, transform, temperature), dim=-1)
     return logp.gather(-1, ids)
 
 
@@ -107,7 +203,9 @@ def chunked_gather_logprobs(
     weight: torch.Tensor,
     ids: torch.Tensor,
     *,
+    bias: torch.Tensor | None = None,
     temperature: float = 1.0,
+    transform: LogitTransform | None = None,
     chunk_size: int = 512,
 ) -> torch.Tensor:
     """Log-probs at given token ids ``[..., k]`` (differentiable, checkpointed per chunk)."""
@@ -116,7 +214,14 @@ def chunked_gather_logprobs(
     out = []
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     for start in range(0, h.shape[0], chunk_size):
-        args = (h[start : start + chunk_size], weight, flat[start : start + chunk_size], temperature)
+        args = (
+            h[start : start + chunk_size],
+            weight,
+            bias,
+            flat[start : start + chunk_size],
+            temperature,
+            transform,
+        )
         out.append(checkpoint(_gather_chunk, *args, use_reentrant=False) if grad else _gather_chunk(*args))
     return torch.cat(out).reshape(ids.shape)
 

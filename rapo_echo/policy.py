@@ -16,7 +16,13 @@ from torch import nn
 
 from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.engines.hf import HFEngine, left_pad
-from rapo_echo.logprobs import chunked_gather_logprobs, chunked_token_logprobs, chunked_topk_logprobs
+from rapo_echo.logprobs import (
+    check_logit_transform,
+    chunked_gather_logprobs,
+    chunked_token_logprobs,
+    chunked_topk_logprobs,
+    logit_transform,
+)
 from rapo_echo.models import load_model, resolve
 from rapo_echo.prompting import fit_turns, policy_conversation
 from rapo_echo.types import Conversation, Scenario
@@ -109,12 +115,24 @@ def pad_left_aligned(values: Sequence[Sequence[float]], n_targets: int) -> torch
 class TokenScorer(nn.Module):
     """Wraps a causal LM; ``forward`` returns per-token log-probs (and entropies) of the completion
     tokens of a :class:`TokenBatch`. This is the module DDP / DeepSpeed wrap, so gradient sync sees
-    every forward. The LM head runs in chunks on completion positions only."""
+    every forward. The LM head runs in chunks on completion positions only, with the model's own logit
+    processing (:mod:`rapo_echo.logprobs`); :meth:`check` refuses a model whose logits it cannot
+    reproduce."""
 
     def __init__(self, lm: nn.Module, chunk_size: int = 512) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
+        self.transform = logit_transform(lm.config)
+
+    def check(self, probe_ids: Sequence[int]) -> float:
+        """Check on a few token ids that the scorer's logits are the model's own (see
+        :func:`rapo_echo.logprobs.check_logit_transform`); returns the largest difference."""
+        return check_logit_transform(self.lm, self.transform, list(probe_ids))
+
+    def _head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        head = self.lm.get_output_embeddings()
+        return head.weight, getattr(head, "bias", None)
 
     def forward(
         self,
@@ -127,15 +145,14 @@ class TokenScorer(nn.Module):
         """(log-probs [B, n], entropies [B, n]) of the completion tokens, left-aligned; with
         ``gather_ids`` [B, n, k] also the log-probs at those ids (for logit distillation)."""
         hidden = self.target_hidden(inputs)
-        head = self.lm.get_output_embeddings()
-        softcap = getattr(self.lm.config, "final_logit_softcapping", None)
+        weight, bias = self._head()
         logp, entropy = chunked_token_logprobs(
             hidden,
-            head.weight,
+            weight,
             inputs["targets"],
-            bias=getattr(head, "bias", None),
+            bias=bias,
             temperature=temperature,
-            softcap=softcap,
+            transform=self.transform,
             chunk_size=self.chunk_size,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
@@ -143,7 +160,13 @@ class TokenScorer(nn.Module):
         if gather_ids is None:
             return logp, entropy
         gathered = chunked_gather_logprobs(
-            hidden, head.weight, gather_ids, temperature=temperature, chunk_size=self.chunk_size
+            hidden,
+            weight,
+            gather_ids,
+            bias=bias,
+            temperature=temperature,
+            transform=self.transform,
+            chunk_size=self.chunk_size,
         )
         return logp, entropy, gathered
 
@@ -193,9 +216,15 @@ class TokenScorer(nn.Module):
         """The ``k`` most likely ids and log-probs at each completion position of ``batch`` (left-aligned)."""
         dev = next(self.lm.parameters()).device
         hidden = self.target_hidden(batch.to(dev))
-        head = self.lm.get_output_embeddings()
+        weight, bias = self._head()
         return chunked_topk_logprobs(
-            hidden, head.weight, k, temperature=temperature, chunk_size=self.chunk_size
+            hidden,
+            weight,
+            k,
+            bias=bias,
+            temperature=temperature,
+            transform=self.transform,
+            chunk_size=self.chunk_size,
         )
 
 
@@ -266,6 +295,7 @@ class Policy:
         self.lm = lm.eval()
         self.need_reference = need_reference
         self.scorer = TokenScorer(lm)
+        self.scorer.check(tokenizer("How are you feeling today?", add_special_tokens=False)["input_ids"])
         self.ref_scorer = TokenScorer(self.ref_lm) if self.ref_lm is not None else None
         self.engine = HFEngine(lm, tokenizer, name="policy", max_batch_size=rollout_cfg.max_batch_size)
         # A separate rollout engine (a vLLM copy the trainer keeps in sync), or None.

@@ -399,3 +399,81 @@ def test_dropout_only_in_the_training_forward(tmp_path: Path, smol_tokenizer) ->
     full = _policy(folder)
     with full.training_mode():
         assert torch.equal(logp(full), logp(full))  # train mode, yet the model's own dropout is off
+
+
+# ---------------------------------------------------------------------------- 9.8 logit transforms
+
+
+def _tiny_lm(kind: str):
+    """A tiny random causal LM of the given family, with a logit transform that shows at its scale."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    if kind == "granite":
+        model = tf.GraniteForCausalLM(tf.GraniteConfig(**common, logits_scaling=4.0))
+    elif kind == "gemma2":
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(**common, head_dim=8, final_logit_softcapping=0.1))
+    elif kind == "cohere":
+        model = tf.CohereForCausalLM(tf.CohereConfig(**common, logit_scale=0.25))
+    else:  # phi: the LM head has a bias
+        model = tf.PhiForCausalLM(tf.PhiConfig(**common))
+        torch.nn.init.normal_(model.lm_head.bias, std=0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["granite", "gemma2", "cohere", "phi"])
+def test_scorer_applies_the_models_own_logit_transform(kind: str) -> None:
+    """Log-probs of the scorer (both layouts), its top-k and its gathered ids against log_softmax of
+    the model's own forward logits (Granite logits_scaling, Gemma-2 final softcap, Cohere logit_scale,
+    a head bias). The scorer used to compute plain ``h @ W^T`` on its top-k and gather paths, and
+    skip the scaling everywhere."""
+    from rapo_echo.policy import TokenScorer, collate
+
+    model = _tiny_lm(kind)
+    scorer = TokenScorer(model)
+    assert scorer.check([5, 6, 7, 8, 9]) < 1e-4
+    prompt, completion = [5, 6, 7, 8], [9, 10, 11]
+    with torch.no_grad():
+        own = torch.log_softmax(model(input_ids=torch.tensor([prompt + completion])).logits.float(), -1)
+    own = own[0, len(prompt) - 1 : -1]  # positions predicting the completion
+    expected = own.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+    assert (expected - torch.log_softmax(torch.zeros(512), -1)[0]).abs().max() > 1e-3  # not uniform
+    for shared in (True, False):
+        batch = collate([prompt], [completion], 0, shared=shared)
+        with torch.no_grad():
+            got = scorer(batch.to("cpu"), gather_ids=torch.tensor([[[1, 2, 3]] * 3]))
+        assert torch.allclose(got[0][0], expected, atol=1e-5), (shared, got[0][0], expected)
+        assert torch.allclose(got[2][0], own[:, 1:4], atol=1e-5)
+    ids, vals = scorer.topk(collate([prompt], [completion], 0), 5)
+    top = own.topk(5, -1)
+    assert torch.equal(ids[0], top.indices) and torch.allclose(vals[0], top.values, atol=1e-5)
+
+
+def test_scorer_refuses_an_unknown_logit_transform(smol_tokenizer) -> None:
+    from transformers import LlamaForCausalLM
+
+    from rapo_echo.logprobs import UnsupportedLogitsError
+    from rapo_echo.policy import TokenScorer
+    from tests.conftest import make_tiny_model
+
+    class Tripled(LlamaForCausalLM):  # a model family with a logit step the scorer does not know
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 3
+            return out
+
+    base = make_tiny_model(smol_tokenizer)
+    model = Tripled(base.config).eval()
+    model.load_state_dict(base.state_dict())
+    assert TokenScorer(base).check([5, 6, 7]) < 1e-4
+    with pytest.raises(UnsupportedLogitsError, match="'llama'.*does not\\s+reproduce"):
+        TokenScorer(model).check([5, 6, 7])
