@@ -214,32 +214,39 @@ class RAPO(GRPO):
         reactions = self.simulator.react([(s.scenario, s.text) for s in samples])
         timings["simulate"] = time.perf_counter() - t0
         groups = self._groups(samples)
+        # Only replies with a reaction are ranked: a reply whose simulated reaction failed would be
+        # judged on "(no reaction)" and the policy would pay for the simulator's failure. Its reward
+        # is None (masked out and counted); a group is ranked when at least two of its replies can be.
+        with_reaction = [[i for i in g if reactions[i].valid] for g in groups]
+        judged = [k for k, g in enumerate(with_reaction) if len(g) >= 2]
+        ranked = [with_reaction[k] for k in judged]  # sample indices of each judged group
+        ranked_scenarios = [scenarios[k] for k in judged]
         t0 = time.perf_counter()
-        candidates = [
-            [Candidate(samples[i].text, reactions[i] if reactions[i].valid else None) for i in g]
-            for g in groups
-        ]
-        judgements = self.judge.rank(scenarios, candidates, with_critiques=False)
+        candidates = [[Candidate(samples[i].text, reactions[i]) for i in g] for g in ranked]
+        judgements = self.judge.rank(ranked_scenarios, candidates, with_critiques=False) if ranked else []
         t_rank = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self._assign_rewards(samples, reactions, groups, judgements)
+        self._assign_rewards(samples, reactions, ranked, judgements)
         timings["rewards"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self._critique(scenarios, samples, groups, candidates, judgements)
+        self._critique(ranked_scenarios, samples, ranked, candidates, judgements)
         timings["judge"] = t_rank + time.perf_counter() - t0
         advantages = self._advantages(samples, groups)
         items = self.pg_items(samples, advantages)
         metrics = {**reward_stats(samples, [RANK, *self.ctx.rewards.names])}
         metrics.update(advantage_stats([a for a, s in zip(advantages, samples) if s.valid]))
         metrics.update(self._reaction_metrics(reactions, judgements, samples))
+        metrics["rank/unranked"] = float(
+            sum(len(with_reaction[k]) for k in range(len(groups)) if k not in judged)
+        )
         corrections: list[Correction] = []
         if self.sd.enabled:
             t0 = time.perf_counter()
             if self.sd.loss == "token_kl":
-                items += self._token_kl_items(samples, reactions, groups)
+                items += self._token_kl_items(samples, reactions, ranked)
             else:
-                corrections = self._corrections(samples, reactions, groups)
-                items = self._distillation_items(samples, groups, corrections, items, advantages)
+                corrections = self._corrections(samples, reactions, ranked)
+                items = self._distillation_items(samples, ranked, corrections, items, advantages)
             timings["distill"] = time.perf_counter() - t0
             metrics.update(self._distill_metrics(items, corrections))
         return Rollout(samples, items, metrics, timings, {"reactions": reactions, "corrections": corrections})
@@ -258,21 +265,22 @@ class RAPO(GRPO):
         groups: list[list[int]],
         judgements: list[GroupJudgement],
     ) -> None:
-        """Rank rewards (optionally mixed with the emotion change) plus any reward plugins."""
+        """Rank rewards (optionally mixed with the emotion change) plus any reward plugins. ``groups``
+        holds the ranked replies of each judged group; every other reply gets no rank reward (None)."""
         rc = self.cfg.rapo
+        for s, r in zip(samples, reactions):
+            s.info["reaction"] = {
+                "message": r.message,
+                "emotion_delta": r.emotion_delta,
+                "thought": r.thought,
+                "valid": r.valid,
+            }
+            s.info["rank"] = None
+            s.rewards[RANK] = None
         for g, j in zip(groups, judgements):
             for pos, i in enumerate(g):
-                s, r = samples[i], reactions[i]
-                s.info["reaction"] = {
-                    "message": r.message,
-                    "emotion_delta": r.emotion_delta,
-                    "thought": r.thought,
-                    "valid": r.valid,
-                }
-                s.info["rank"] = None if j.ranks is None else j.ranks[pos]
+                samples[i].info["rank"] = None if j.ranks is None else j.ranks[pos]
             if not j.valid or j.ranks is None:
-                for i in g:
-                    samples[i].rewards[RANK] = None
                 continue
             base = linear_rank_rewards(j.ranks)
             mixed = mix_emotion(
@@ -403,16 +411,17 @@ class RAPO(GRPO):
         for c in corrections:
             by_group.setdefault(samples[c.sample].group, []).append(c)
         gidx = {samples[g[0]].group: g for g in groups}
-        keys = sorted(by_group)
+        for key in by_group:  # like an original, a correction whose reaction failed is not ranked
+            by_group[key] = [c for c in by_group[key] if c.reaction is not None and c.reaction.valid]
+        keys = sorted(k for k, cs in by_group.items() if cs)
         candidates = []
         for key in keys:
             g = gidx[key]
-            cands = [Candidate(samples[i].text, reactions[i] if reactions[i].valid else None) for i in g]
-            cands += [
-                Candidate(c.generation.text, c.reaction if c.reaction and c.reaction.valid else None)
-                for c in by_group[key]
-            ]
+            cands = [Candidate(samples[i].text, reactions[i]) for i in g]
+            cands += [Candidate(c.generation.text, c.reaction) for c in by_group[key]]
             candidates.append(cands)
+        if not candidates:
+            return
         judged = self.judge.rank(
             [samples[gidx[k][0]].scenario for k in keys], candidates, with_critiques=False
         )

@@ -477,3 +477,26 @@ def test_scorer_refuses_an_unknown_logit_transform(smol_tokenizer) -> None:
     assert TokenScorer(base).check([5, 6, 7]) < 1e-4
     with pytest.raises(UnsupportedLogitsError, match="'llama'.*does not\\s+reproduce"):
         TokenScorer(model).check([5, 6, 7])
+
+
+# ---------------------------------------------------------------------------- 9.9 smaller items
+
+
+def test_a_reply_whose_reaction_failed_is_masked_not_ranked(tiny_folder: Path) -> None:
+    """The simulator fails on the "good" reply: it is not shown to the judge (which ranks the other
+    three), its reward is None (masked) and it is counted; the others get the ranks of three."""
+    from rapo_echo.engines.scripted import prompt_text
+    from tests.test_rapo import SCENARIOS, make_rapo
+
+    algo, _, sim, jud = make_rapo(tiny_folder, "rapo.simulator.max_retries=0", "rapo.sd.enabled=false")
+    base = sim.fn
+    sim.fn = lambda prompt: "" if base(prompt) == "reaction to good" else base(prompt)  # type: ignore[misc]
+    out = algo.rollout(SCENARIOS[:1], 0)
+    s = out.samples
+    assert [x.info["reaction"]["valid"] for x in s] == [True, False, True, True]
+    assert [x.reward for x in s] == [1.0, None, 0.5, 0.0]  # best, (failed), meh, bad ranked 1..3
+    assert [x.info["rank"] for x in s] == [1.0, None, 2.0, 3.0]
+    assert out.metrics["invalid"] == 1.0 and out.metrics["sim/invalid"] == 1.0
+    assert [it.advantage for it in out.items] == pytest.approx([0.5, 0.0, -0.5])  # dr_grpo over 3
+    shown = prompt_text(jud.calls[0]["prompts"][0])
+    assert "good:" not in shown and "(no reaction)" not in shown
