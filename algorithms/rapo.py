@@ -37,8 +37,9 @@ class Correction:
     generation: Generation
     reaction: Reaction | None = None
     rank_delta: float | None = None  # rank of the correction minus the original's, in the re-ranked group
-    reward: float | None = None  # linear rank reward in the re-ranked group
-    baseline: float | None = None  # mean reward of the group's originals in the re-ranked group
+    reward: float | None = None  # total reward in the re-ranked group (as a policy-gradient sample's)
+    baseline: float | None = None  # mean total reward of the group's originals in the re-ranked group
+    plugin_reward: float | None = 0.0  # the reward plugins' weighted total for the correction
     kept: bool = True
 
 
@@ -115,6 +116,10 @@ def feedback_prompt(
         return [*conv, msg("user", note)]
     conv[last] = msg("user", f"{conv[last]['content']}\n\n{note}")
     return conv
+
+
+def _plus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
 
 
 def select_for_distillation(
@@ -267,7 +272,6 @@ class RAPO(GRPO):
     ) -> None:
         """Rank rewards (optionally mixed with the emotion change) plus any reward plugins. ``groups``
         holds the ranked replies of each judged group; every other reply gets no rank reward (None)."""
-        rc = self.cfg.rapo
         for s, r in zip(samples, reactions):
             s.info["reaction"] = {
                 "message": r.message,
@@ -282,19 +286,42 @@ class RAPO(GRPO):
                 samples[i].info["rank"] = None if j.ranks is None else j.ranks[pos]
             if not j.valid or j.ranks is None:
                 continue
-            base = linear_rank_rewards(j.ranks)
-            mixed = mix_emotion(
-                base, [reactions[i].emotion_delta for i in g], mix=rc.emotion_mix, scale=rc.emotion_scale
-            )
-            for i, v in zip(g, mixed):
+            for i, v in zip(g, self._rank_rewards(j.ranks, [reactions[i].emotion_delta for i in g])):
                 samples[i].rewards[RANK] = v
         plugins = self.ctx.rewards
         if plugins.rewards:
             plugins.score(samples)  # fills plugin scores and a combined plugin total in s.reward
         for s in samples:
             extra = 0.0 if not plugins.rewards else s.reward
-            rank = s.rewards.get(RANK)
-            s.reward = None if rank is None or extra is None else rank + extra
+            s.info["plugin_reward"] = extra
+            s.reward = _plus(s.rewards.get(RANK), extra)
+
+    def _rank_rewards(self, ranks: list[float], deltas: list[float | None]) -> list[float | None]:
+        """A ranked group's rank rewards: linear in the rank, mixed with the emotion change
+        (``rapo.emotion_mix``). A reply's total reward adds the reward plugins' total to it."""
+        rc = self.cfg.rapo
+        return mix_emotion(linear_rank_rewards(ranks), deltas, mix=rc.emotion_mix, scale=rc.emotion_scale)
+
+    def _plugin_totals(self, samples: list[Sample], corrections: list[Correction]) -> list[float | None]:
+        """The reward plugins' weighted total for each correction (0 without plugins), scored as a
+        reply to its original's context."""
+        plugins = self.ctx.rewards
+        if not plugins.rewards:
+            return [0.0] * len(corrections)
+        as_samples = [
+            Sample(
+                scenario=samples[c.sample].scenario,
+                group=samples[c.sample].group,
+                prompt_ids=samples[c.sample].prompt_ids,
+                completion_ids=c.generation.token_ids,
+                logprobs=c.generation.logprobs,
+                text=c.generation.text,
+                finish_reason=c.generation.finish_reason,
+            )
+            for c in corrections
+        ]
+        plugins.score(as_samples)
+        return [x.reward for x in as_samples]
 
     def _critique(
         self,
@@ -403,10 +430,13 @@ class RAPO(GRPO):
         groups: list[list[int]],
         corrections: list[Correction],
     ) -> None:
-        """Re-simulate the corrections and rank each group again with its corrections added."""
+        """Re-simulate the corrections and rank each group again with its corrections added; each
+        correction's reward and its baseline (the originals' mean) are total rewards in that group,
+        computed as for the policy-gradient samples (emotion mix and reward plugins included)."""
         new = self.simulator.react([(samples[c.sample].scenario, c.generation.text) for c in corrections])
-        for c, r in zip(corrections, new):
+        for c, r, extra in zip(corrections, new, self._plugin_totals(samples, corrections)):
             c.reaction = r
+            c.plugin_reward = extra
         by_group: dict[int, list[Correction]] = {}
         for c in corrections:
             by_group.setdefault(samples[c.sample].group, []).append(c)
@@ -428,13 +458,17 @@ class RAPO(GRPO):
         for key, j in zip(keys, judged):
             if not j.valid or j.ranks is None:
                 continue
-            g = gidx[key]
-            rewards = linear_rank_rewards(j.ranks)
-            baseline = statistics.fmean(rewards[: len(g)])
-            for n, c in enumerate(by_group[key]):
+            g, cs = gidx[key], by_group[key]
+            deltas = [reactions[i].emotion_delta for i in g]
+            deltas += [c.reaction.emotion_delta for c in cs if c.reaction is not None]
+            extras = [samples[i].info.get("plugin_reward", 0.0) for i in g] + [c.plugin_reward for c in cs]
+            totals = [_plus(r, e) for r, e in zip(self._rank_rewards(j.ranks, deltas), extras)]
+            originals = [t for t in totals[: len(g)] if t is not None]
+            baseline = statistics.fmean(originals) if originals else None
+            for n, c in enumerate(cs):
                 pos = len(g) + n
                 c.rank_delta = j.ranks[pos] - j.ranks[g.index(c.sample)]
-                c.reward = rewards[pos]
+                c.reward = totals[pos]
                 c.baseline = baseline
 
     def _distillation_items(
@@ -544,7 +578,10 @@ class RAPO(GRPO):
         """Per-token self-distillation loss of the ``sd`` rows (token-mean over SD tokens afterwards):
 
         * ``nll``: ``-log p`` (ILF / context distillation);
-        * ``adv_nll``: ``-A * log p`` with ``A = R(correction) - mean R(originals)`` (RLTF-SD);
+        * ``adv_nll``: ``-A * log p`` with ``A = R(correction) - mean R(originals)`` (RLTF-SD), total
+          rewards in the re-ranked group; with ``A < 0`` it is ``-A * max(log p, adv_nll_floor)``: a
+          token stops being pushed down once its probability is below ``exp(floor)`` (``-A log p``
+          alone has no lower bound);
         * ``in_group``: ``-A * p / (p + gamma)`` with p the token probability (Critique-GRPO's shaped
           off-policy term; the gradient is ``-A * gamma / (p + gamma)^2 * dp``);
         * ``token_kl``: generalized JSD between the teacher's and the student's top-k (+ tail)
@@ -554,7 +591,8 @@ class RAPO(GRPO):
         if loss == "nll":
             return -logp
         if loss == "adv_nll":
-            return -mb.weights[:, None] * logp
+            w = mb.weights[:, None]
+            return -w * torch.where(w < 0, logp.clamp(min=self.sd.adv_nll_floor), logp)
         if loss == "in_group":
             p = logp.exp()
             return -mb.advantages[:, None] * p / (p + self.sd.shaping_gamma)

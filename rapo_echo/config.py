@@ -242,6 +242,8 @@ class SelfDistillConfig(Strict):
     max_new_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.7, ge=0.0, le=5.0)
     shaping_gamma: float = Field(0.1, gt=0.0)
+    # adv_nll with a negative weight: -w * max(log p, floor), so unlikelihood stops at p < exp(floor)
+    adv_nll_floor: float = Field(-5.0, le=0.0)
     top_k_logits: int = Field(100, ge=1)
     jsd_alpha: float = Field(0.5, ge=0.0, le=1.0)
     # token_kl: also show the teacher the group's best-ranked reply as a demonstration (SDPO's

@@ -4,6 +4,7 @@ teacher, GSPO aggregation, gradient checkpointing, dropout, scorer logit transfo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -500,3 +501,56 @@ def test_a_reply_whose_reaction_failed_is_masked_not_ranked(tiny_folder: Path) -
     assert [it.advantage for it in out.items] == pytest.approx([0.5, 0.0, -0.5])  # dr_grpo over 3
     shown = prompt_text(jud.calls[0]["prompts"][0])
     assert "good:" not in shown and "(no reaction)" not in shown
+
+
+def test_adv_nll_with_a_negative_weight_is_bounded(tiny_folder: Path) -> None:
+    """Weight -2 on an SD row with token probabilities 0.5 and 0.001: -w * max(log p, -5) per token,
+    (2 ln 0.5 + 2 * -5) / 2 = -5.6931 (unclipped it was (2 ln 0.5 + 2 ln 0.001) / 2 = -7.6009 and
+    kept falling as p -> 0); the token already below the floor gets no gradient."""
+    from rapo_echo.algorithms.base import SD
+    from tests.test_rapo import make_rapo, micro
+
+    algo, *_ = make_rapo(tiny_folder, "rapo.sd.loss=adv_nll", "rapo.sd.coef=1.0")
+    logp = torch.log(torch.tensor([[0.5, 0.001], [0.9, 0.9]])).requires_grad_(True)
+    mb = micro([[0, 0], [0, 0]], [SD, PG], [0.0, 0.0], [-2.0, 1.0])
+    totals = {SD: {"tokens": 2.0, "seqs": 1.0}, PG: {"tokens": 2.0, "seqs": 1.0}}
+    loss, metrics = algo.loss(mb, logp, torch.zeros_like(logp), totals)
+    assert metrics["loss/sd"].item() == pytest.approx((2 * math.log(0.5) + 2 * -5.0) / 2, abs=1e-5)
+    loss.backward()
+    assert logp.grad[0, 0].item() == pytest.approx(2 / 2, abs=1e-6) and logp.grad[0, 1].item() == 0.0
+
+
+def test_sd_advantages_use_the_total_reward(tiny_folder: Path) -> None:
+    """adv_nll's weight is R(correction) - mean R(originals) with the same total reward as the
+    policy-gradient samples: rank reward mixed with the emotion change, plus the reward plugins.
+    Re-ranked group: fixed 1, best 2, good 3, meh 4, bad 5 (worse 6, not kept): linear (6 - rank)/5;
+    emotion labels 6, 7, 5, 4, 1 -> (label - 1) / 6; mix 0.5; plugin 0.1 x words (7, 7, 4, 2, 4):
+      fixed 0.5 * 1.0 + 0.5 * 5/6 + 0.7 = 1.616667
+      originals 0.5 * (0.8, 0.6, 0.4, 0.2) + 0.5 * (1, 2/3, 1/2, 0) + (0.7, 0.4, 0.2, 0.4), mean 0.945833
+    weight 0.670833 (with the linear rank reward alone it was 0.5)."""
+    from rapo_echo.algorithms.base import SD, AlgoContext
+    from rapo_echo.algorithms.rapo import RAPO
+    from rapo_echo.policy import Policy
+    from rapo_echo.rewards import RewardContext, RewardSet
+    from tests.test_rapo import SCENARIOS, ScriptedPolicyEngine, judge, simulator
+
+    cfg = load_config(
+        algo="rapo",
+        overrides=[
+            f"model.name={tiny_folder}",
+            "rollout.group_size=4",
+            "rapo.sd.verify=true",
+            "rapo.sd.loss=adv_nll",
+            "rapo.judge.tie_eps=0.001",
+            "rapo.emotion_mix=0.5",
+            "rewards=[{name: 'tests.plugin_rewards:words', weight: 0.1}]",
+        ],
+    )
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+    policy.engine = ScriptedPolicyEngine(policy.lm, policy.tokenizer, name="policy")
+    rewards = RewardSet.from_specs(cfg.rewards, RewardContext())
+    algo = RAPO(cfg, AlgoContext(policy, rewards, simulator(), judge()))
+    algo.rewriter = policy.engine
+    out = algo.rollout(SCENARIOS[:1], 0)
+    sd = [it for it in out.items if it.kind == SD]
+    assert len(sd) == 1 and sd[0].weight == pytest.approx(0.670833, abs=1e-5)
