@@ -168,6 +168,12 @@ class Algorithm:
         ``gathered`` holds log-probs at the ids asked for by :meth:`forward_kwargs`, if any."""
         return self.pg_loss(mb, logp, entropy, totals)
 
+    def forward_temperature(self, mb: MicroBatch) -> float | torch.Tensor:
+        """The temperature of the training forward's distribution, one for all rows or one per row:
+        the sampling temperature, so the policy-gradient ratio is taken against the distribution
+        that sampled the tokens."""
+        return self.cfg.rollout.temperature
+
     def forward_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
         """Extra keyword arguments for the scorer's forward on this micro-batch (e.g. ``gather_ids``)."""
         return {}

@@ -523,11 +523,10 @@ class RAPO(GRPO):
         ]
         completions = [samples[i].completion_ids for i in chosen]
         items = []
-        temp = self.cfg.rollout.temperature
         for start in range(0, len(chosen), self.cfg.train.micro_batch_size):
             part = slice(start, start + self.cfg.train.micro_batch_size)
             batch = policy.batch(prompts[part], completions[part])
-            ids, logp = policy.scorer.topk(batch, k, temperature=temp)
+            ids, logp = policy.scorer.topk(batch, k)  # temperature 1, as the student's SD rows
             for row, i in enumerate(chosen[part]):
                 n = len(samples[i].completion_ids)
                 item = TrainItem(
@@ -543,6 +542,15 @@ class RAPO(GRPO):
         return items
 
     # ------------------------------------------------------------------ loss
+    def forward_temperature(self, mb: MicroBatch) -> float | torch.Tensor:
+        """Policy-gradient rows at the sampling temperature; distillation rows at temperature 1, so
+        every SD loss (and the ``token_kl`` teacher) distils the model's own distribution, not the
+        temperature-scaled one that ``rollout.temperature`` samples from."""
+        t = self.cfg.rollout.temperature
+        if t == 1.0 or SD not in mb.kinds:
+            return t
+        return torch.tensor([1.0 if k == SD else t for k in mb.kinds], device=mb.mask.device)
+
     def forward_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
         """Extra scorer inputs: the teacher's top-k ids for ``token_kl`` distillation rows."""
         if not (self.sd.enabled and self.sd.loss == "token_kl") or SD not in mb.kinds:

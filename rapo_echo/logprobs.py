@@ -80,14 +80,29 @@ def _logits(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     transform: LogitTransform | None,
-    temperature: float,
+    temperature: float | torch.Tensor,
 ) -> torch.Tensor:
     logits = F.linear(hidden, weight, bias).float()
     if transform is not None:
         logits = transform(logits)
-    if temperature != 1.0:
-        logits = logits / temperature
+    if isinstance(temperature, torch.Tensor) or temperature != 1.0:
+        logits = logits / temperature  # a tensor holds one temperature per position: [N, 1]
     return logits
+
+
+Temperature = float | torch.Tensor  # one for all positions, or one per row of the batch ([B])
+
+
+def _per_position(temperature: Temperature, shape: torch.Size) -> Temperature:
+    """A per-row temperature tensor ``[B]`` spread over positions ``[B * n, 1]`` (floats unchanged)."""
+    if not isinstance(temperature, torch.Tensor):
+        return temperature
+    rows = temperature.reshape(-1, *([1] * (len(shape) - 1))).float()
+    return rows.expand(shape).reshape(-1, 1)
+
+
+def _at(temperature: Temperature, start: int, size: int) -> Temperature:
+    return temperature[start : start + size] if isinstance(temperature, torch.Tensor) else temperature
 
 
 def _chunk(
@@ -95,7 +110,7 @@ def _chunk(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     targets: torch.Tensor,
-    temperature: float,
+    temperature: Temperature,
     transform: LogitTransform | None,
     with_entropy: bool,
     entropy_grad: bool,
@@ -117,7 +132,7 @@ def chunked_token_logprobs(
     targets: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     transform: LogitTransform | None = None,
     chunk_size: int = 512,
     with_entropy: bool = False,
@@ -127,12 +142,13 @@ def chunked_token_logprobs(
 
     ``log softmax(transform(h W^T + bias) / temperature)[target]`` computed ``chunk_size`` positions
     at a time; under autograd each chunk is checkpointed so only one chunk of logits exists during
-    backward too.
-    The entropy is detached unless ``entropy_grad``.
+    backward too. ``temperature`` is a float or one per row (``[B]`` for targets ``[B, n]``). The
+    entropy is detached unless ``entropy_grad``.
     """
     shape = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)
+    temperature = _per_position(temperature, shape)
     lps, ents = [], []
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     for start in range(0, t.shape[0], chunk_size):
@@ -141,7 +157,7 @@ def chunked_token_logprobs(
             weight,
             bias,
             t[start : start + chunk_size],
-            temperature,
+            _at(temperature, start, chunk_size),
             transform,
             with_entropy,
             entropy_grad,
@@ -191,7 +207,7 @@ def _gather_chunk(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     ids: torch.Tensor,
-    temperature: float,
+    temperature: Temperature,
     transform: LogitTransform | None,
 ) -> torch.Tensor:
     logp = torch.log_softmax(_logits(hidden, weight, bias, transform, temperature), dim=-1)
@@ -204,13 +220,15 @@ def chunked_gather_logprobs(
     ids: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
+    temperature: Temperature = 1.0,
     transform: LogitTransform | None = None,
     chunk_size: int = 512,
 ) -> torch.Tensor:
-    """Log-probs at given token ids ``[..., k]`` (differentiable, checkpointed per chunk)."""
+    """Log-probs at given token ids ``[..., k]`` (differentiable, checkpointed per chunk);
+    ``temperature`` as in :func:`chunked_token_logprobs`."""
     h = hidden.reshape(-1, hidden.shape[-1])
     flat = ids.reshape(-1, ids.shape[-1])
+    temperature = _per_position(temperature, ids.shape[:-1])
     out = []
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     for start in range(0, h.shape[0], chunk_size):
@@ -219,7 +237,7 @@ def chunked_gather_logprobs(
             weight,
             bias,
             flat[start : start + chunk_size],
-            temperature,
+            _at(temperature, start, chunk_size),
             transform,
         )
         out.append(checkpoint(_gather_chunk, *args, use_reentrant=False) if grad else _gather_chunk(*args))

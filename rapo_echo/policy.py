@@ -137,13 +137,14 @@ class TokenScorer(nn.Module):
     def forward(
         self,
         inputs: dict[str, torch.Tensor],
-        temperature: float = 1.0,
+        temperature: float | torch.Tensor = 1.0,
         with_entropy: bool = False,
         entropy_grad: bool = False,
         gather_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """(log-probs [B, n], entropies [B, n]) of the completion tokens, left-aligned; with
-        ``gather_ids`` [B, n, k] also the log-probs at those ids (for logit distillation)."""
+        ``gather_ids`` [B, n, k] also the log-probs at those ids (for logit distillation).
+        ``temperature``: one for every row, or a tensor with one per row ([B])."""
         hidden = self.target_hidden(inputs)
         weight, bias = self._head()
         logp, entropy = chunked_token_logprobs(

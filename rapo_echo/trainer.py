@@ -639,7 +639,7 @@ class Trainer:
                 mb = self._micro(mb_items, batch)
                 out = self.scorer(
                     batch.to(dev),
-                    self.cfg.rollout.temperature,
+                    self.algorithm.forward_temperature(mb),
                     True,
                     self.cfg.loss.entropy_coef > 0,
                     **self.algorithm.forward_kwargs(mb),

@@ -554,3 +554,38 @@ def test_sd_advantages_use_the_total_reward(tiny_folder: Path) -> None:
     out = algo.rollout(SCENARIOS[:1], 0)
     sd = [it for it in out.items if it.kind == SD]
     assert len(sd) == 1 and sd[0].weight == pytest.approx(0.670833, abs=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["nll", "token_kl"])
+def test_sd_losses_distil_the_temperature_one_distribution(tmp_path: Path, tiny_folder: Path, loss) -> None:
+    """With rollout.temperature 0.5 the PG rows are scored at 0.5 (the sampling distribution) and the
+    SD rows at 1: nll is the mean -log p of the rewrites under the model's own distribution; the
+    token_kl teacher's top-k are temperature-1 log-probs (they used to be the 0.5-scaled ones)."""
+    from rapo_echo.algorithms.base import SD
+
+    trainer = _scripted_rapo_trainer(
+        tiny_folder,
+        tmp_path / "run",
+        f"rapo.sd.loss={loss}",
+        "rapo.sd.top_k_logits=4",
+        "rollout.temperature=0.5",
+    )
+    policy = trainer.policy
+    teacher_batches, real = [], policy.batch
+    policy.batch = lambda p, c: teacher_batches.append(real(p, c)) or teacher_batches[-1]  # type: ignore[method-assign]
+    items = trainer.algorithm.rollout(trainer._batch(), 0).items
+    policy.batch = real  # type: ignore[method-assign]
+    sd = [it for it in items if it.kind == SD]
+    if loss == "token_kl":
+        (batch,) = teacher_batches
+        _, logp = policy.scorer.topk(batch, 4, temperature=1.0)
+        for row, it in enumerate(sd):
+            assert torch.allclose(it.teacher_logp, logp[row, : len(it.completion_ids)])  # type: ignore[attr-defined]
+        return
+    batch = policy.batch([it.prompt_ids for it in sd], [it.completion_ids for it in sd])
+    with torch.no_grad():
+        plain = policy.scorer(batch.to("cpu"), 1.0)[0]
+    micro = list(trainer._scoring_batches(items))
+    _, m = trainer._accumulate(micro, trainer._global_totals(items), {"policy_forward": 0.0, "backward": 0.0})
+    expected = -(plain * batch.target_mask).sum() / batch.target_mask.sum()
+    assert m["loss/sd"] == pytest.approx(float(expected), rel=1e-5)
