@@ -33,6 +33,9 @@ def test_bf16_step_one_has_ratio_one_and_reports_the_sampler_gap(tmp_path: Path)
         overrides=[
             f"output={run}",
             "model.dtype=bfloat16",
+            "model.lora.enabled=true",  # (a cheaper backward; the adapter starts at 0, so this is the base)
+            "model.lora.r=4",
+            "model.lora.target_modules=[q_proj, v_proj]",
             "rollout.batch_size=2",
             "rollout.group_size=2",
             "rollout.max_new_tokens=8",
