@@ -11,12 +11,11 @@ import re
 import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.judges.base import generate_parsed
+from rapo_echo.judges.base import RETRY_TEMPERATURE, generate_parsed
 from rapo_echo.judges.group import (
     BEST_PREFIX,
     CRITIQUE_PREFIX,
     CRITIQUE_STOP,
-    RETRY_TEMPERATURE,
     Candidate,
     GroupJudge,
     label_options,
@@ -370,7 +369,7 @@ class RecordingEngine(ScriptedEngine):
 
 
 def test_first_attempt_is_greedy_and_retries_sample():
-    # a greedy retry would repeat the failed answer, so retries (judges.base.generate_parsed's retry_params)
+    # a greedy retry would repeat the failed answer, so retries (judges.base.retry_sampling)
     # sample at RETRY_TEMPERATURE; critiques stop at the first blank line
     answers = iter(["no ranking here", "Ranking: A > B", "   ", "they felt heard.", "too blunt."])
     engine = RecordingEngine(fn=lambda p: next(answers))

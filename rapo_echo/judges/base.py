@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from rapo_echo.engines.base import ChatEngine, normalize_choices
@@ -14,6 +14,7 @@ from rapo_echo.types import Conversation, SamplingParams
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+RETRY_TEMPERATURE = 0.7  # retries sample at least this hot: a greedy retry would repeat the failure
 
 
 @dataclass
@@ -53,6 +54,14 @@ def label_probabilities(
     return [normalize_choices(lp) for lp in engine.choice_logprobs(prompts, labels)]
 
 
+def retry_sampling(params: SamplingParams, attempt: int) -> SamplingParams:
+    """The sampling parameters of retry ``attempt`` (1, 2, ...) after a first try with ``params``: at least
+    :data:`RETRY_TEMPERATURE` and, when ``params`` has a seed, seed + ``attempt``, so that a retry can differ
+    from a greedy (or seeded) failure and reruns stay reproducible."""
+    seed = None if params.seed is None else params.seed + attempt
+    return replace(params, temperature=max(params.temperature, RETRY_TEMPERATURE), seed=seed)
+
+
 def generate_parsed(
     engine: ChatEngine,
     prompts: Sequence[Conversation],
@@ -63,8 +72,8 @@ def generate_parsed(
     retry_params: SamplingParams | None = None,
 ) -> list[Parsed[T]]:
     """Generate one reply per prompt and parse it; prompts whose reply does not parse are asked
-    again together (one batched call per attempt), up to ``max_retries`` more times. Retries use
-    ``retry_params`` when given (e.g. sampling after a greedy first try, which would repeat itself).
+    again together (one batched call per attempt), up to ``max_retries`` more times. Retries sample
+    (:func:`retry_sampling`: a greedy retry would repeat the failure) unless ``retry_params`` is given.
     ``parse`` is one function for every reply or a sequence with one function per prompt."""
     parsers = [parse] * len(prompts) if callable(parse) else list(parse)
     if len(parsers) != len(prompts):
@@ -74,7 +83,7 @@ def generate_parsed(
     for attempt in range(max_retries + 1):
         if not pending:
             break
-        use = params if attempt == 0 or retry_params is None else retry_params
+        use = params if attempt == 0 else retry_params or retry_sampling(params, attempt)
         replies = engine.generate([prompts[i] for i in pending], use)
         still = []
         for i, gens in zip(pending, replies):
@@ -86,7 +95,7 @@ def generate_parsed(
         pending = still
     if pending:
         log.warning(
-            "engine %s: %d of %d replies stayed unparseable after %d attempts",
+            "engine %s: %d of %d replies stayed unparseable after %d attempts; they are invalid",
             engine.name,
             len(pending),
             len(prompts),

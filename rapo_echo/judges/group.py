@@ -38,7 +38,6 @@ LABELS = string.ascii_uppercase
 BEST_PREFIX = "The reply that helped the person most is Reply"
 CRITIQUE_PREFIX = "The person's reaction shows"  # starts the critique: keeps small judges on task
 CRITIQUE_STOP = ("\n\n",)  # a critique is one short paragraph
-RETRY_TEMPERATURE = 0.7  # retries sample: a greedy retry would repeat the failed answer
 SYSTEM = (
     "You judge emotional-support replies by their effect on the person. For each reply you see how the "
     "person reacted: what they said next, how their feelings changed and what they privately thought. "
@@ -340,9 +339,6 @@ class GroupJudge:
                 parsers,
                 SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0),
                 max_retries=self.max_retries,
-                retry_params=SamplingParams(
-                    max_new_tokens=self.max_new_tokens, temperature=RETRY_TEMPERATURE
-                ),
             )
             self._count_calls("rank", parsed)
             for (k, order), p in zip(jobs, parsed):
@@ -390,9 +386,6 @@ class GroupJudge:
             clean_critique,
             SamplingParams(max_new_tokens=self.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
             max_retries=self.max_retries,
-            retry_params=SamplingParams(
-                max_new_tokens=self.critique_tokens, temperature=RETRY_TEMPERATURE, stop=CRITIQUE_STOP
-            ),
         )
         self._count_calls("critique", parsed)
         self.stats["failed_critiques"] += sum(p.value is None for p in parsed)

@@ -3,24 +3,21 @@ probabilities when the engine exposes log-probs (else parsed from text), and tex
 retries. A reply that stays unparseable gives ``None`` (the case is then invalid), never a default score.
 
 Retries matter only if a second attempt can differ: the first attempt uses the given (usually greedy)
-parameters, every retry samples at temperature >= 0.7 with a different seed.
+parameters, every retry samples (:func:`rapo_echo.judges.base.retry_sampling`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
-from rapo_echo.engines.base import ChatEngine, generate_texts, normalize_choices
+from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.errors import CapabilityError
-from rapo_echo.judges.base import Parsed, wants_logprobs
+from rapo_echo.judges.base import Parsed, generate_parsed, wants_logprobs
 from rapo_echo.types import Conversation, SamplingParams
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
-RETRY_TEMPERATURE = 0.7
 
 
 @dataclass
@@ -43,29 +40,8 @@ def parse_with_retries(
     params: SamplingParams,
     retries: int,
 ) -> list[Parsed[T]]:
-    """One batched generation per attempt; only prompts whose reply did not parse are asked again."""
-    results: list[Parsed[T]] = [Parsed(None, "", 0) for _ in prompts]
-    pending = list(range(len(prompts)))
-    for attempt in range(retries + 1):
-        if not pending:
-            break
-        now = params
-        if attempt:
-            seed = None if params.seed is None else params.seed + attempt
-            now = replace(params, temperature=max(params.temperature, RETRY_TEMPERATURE), seed=seed)
-        replies = generate_texts(engine, [prompts[i] for i in pending], now)
-        for i, text in zip(pending, replies):
-            results[i] = Parsed(parse(text), text, attempt + 1)
-        pending = [i for i in pending if results[i].value is None]
-    if pending:
-        log.warning(
-            "judge %s: %d of %d replies unparseable after %d attempts; those cases are invalid",
-            engine.name,
-            len(pending),
-            len(prompts),
-            retries + 1,
-        )
-    return results
+    """:func:`~rapo_echo.judges.base.generate_parsed` with ``retries`` (the benchmarks' call form)."""
+    return generate_parsed(engine, prompts, parse, params, max_retries=retries)
 
 
 def expected_value(probs: Mapping[str, float], values: Mapping[str, float]) -> float:
