@@ -4,6 +4,7 @@ parsed text otherwise, with retries; a reply that stays unparseable is ``None`` 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
@@ -52,6 +53,32 @@ def label_probabilities(
 ) -> list[dict[str, float]]:
     """Normalised probability of each label as the judge's next token(s), one dict per prompt."""
     return [normalize_choices(lp) for lp in engine.choice_logprobs(prompts, labels)]
+
+
+_MARKUP = re.compile(r"[*_#>`\s]+")
+_NUMBER = r"([+-]?[0-9]{1,6})(?:\s*(?:/|out\s+of)\s*([0-9]{1,6}))?\.?"
+
+
+def parse_answer_line(text: str, key: str, lo: int, hi: int) -> int | None:
+    """The integer of the answer line ``KEY: N`` in a judge's reply, or None.
+
+    Only a line that holds nothing but the answer counts (any case, markdown allowed, ``:`` / ``=`` or no
+    sign, an optional ``/hi`` or ``out of hi`` and a final period), so an echoed instruction ("Score: 1
+    (worst) to 5") or a quote inside reasoning ("the reply says Score: 5") never parses. A reply that is a
+    bare integer is its own answer line. Several answer lines must agree; N must lie in ``[lo, hi]``.
+    """
+    name = _MARKUP.sub(" ", key).strip()
+    keyed = re.compile(rf"{re.escape(name)}\s*[:=]?\s*{_NUMBER}", re.I)
+    lines = [_MARKUP.sub(" ", line).strip() for line in str(text).splitlines()]
+    lines = [line for line in lines if line]
+    matches = [keyed.fullmatch(line) for line in lines]
+    if len(lines) == 1 and matches[0] is None:
+        matches = [re.fullmatch(_NUMBER, lines[0])]
+    found = {int(m.group(1)) for m in matches if m is not None and m.group(2) in (None, str(hi))}
+    if len(found) != 1:
+        return None
+    (value,) = found
+    return value if lo <= value <= hi else None
 
 
 def retry_sampling(params: SamplingParams, attempt: int) -> SamplingParams:

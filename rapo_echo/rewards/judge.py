@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.base import check_logprobs_mode, generate_parsed, label_probabilities, wants_logprobs
+from rapo_echo.judges.base import (
+    check_logprobs_mode,
+    generate_parsed,
+    label_probabilities,
+    parse_answer_line,
+    wants_logprobs,
+)
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.types import Conversation, Sample, SamplingParams, msg
 
@@ -28,8 +33,9 @@ class JudgeReward:
     """Scores in [0, 1]: ``(s - 1) / (scale - 1)`` for a 1..``scale`` rating.
 
     With log-probs the rating is the expectation over the label tokens' probabilities (robust even
-    with small judges); otherwise the judge writes ``Score: N``, which is parsed, retried up to
-    ``max_retries`` times, then marked invalid.
+    with small judges); otherwise the judge writes an answer line ``Score: N``, which is parsed, retried
+    up to ``max_retries`` times (sampling, so a retry can differ from the greedy first try), then
+    marked invalid.
     """
 
     name = "judge"
@@ -81,12 +87,9 @@ class JudgeReward:
         ]
 
     def parse(self, text: str) -> int | None:
-        """The integer rating in ``text`` (``Score: N`` first, else a lone number), if in range."""
-        m = re.search(r"score\s*[:=]?\s*(\d+)", text, re.I) or re.fullmatch(r"\s*(\d+)\s*\.?\s*", text)
-        if not m:
-            return None
-        value = int(m.group(1))
-        return value if 1 <= value <= self.scale else None
+        """The rating on the answer line ``Score: N`` (:func:`~rapo_echo.judges.base.parse_answer_line`:
+        an echoed "Score: 1 (worst) to 5" or a "Score: 5" quoted in reasoning does not count), if in range."""
+        return parse_answer_line(text, "score", 1, self.scale)
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         prompts = [self.prompt(s) for s in samples]
