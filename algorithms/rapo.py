@@ -139,6 +139,7 @@ class RAPO(GRPO):
             reverse_pass=jc.reverse_pass,
             shuffle=jc.shuffle,
             tie_eps=jc.tie_eps,
+            ties=jc.ties,
             max_new_tokens=jc.max_new_tokens,
             critique_tokens=jc.critique_tokens,
             show_profile=jc.show_profile,

@@ -19,7 +19,9 @@ from rapo_echo.judges.group import (
     Candidate,
     GroupJudge,
     label_options,
+    pairwise_scores,
     parse_ranking,
+    ranks_from_p_best,
 )
 from rapo_echo.simulators.reaction import Reaction
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
@@ -146,6 +148,86 @@ def test_tie_eps_on_p_best():
     engine = ScriptedEngine(choice_fn=quality_choice_fn(quality))
     out = GroupJudge(engine, tie_eps=0.02).rank([scenario()], [group("a", "b", "c")], with_critiques=False)
     assert out[0].ranks == [1.5, 1.5, 3.0]
+
+
+# ---------------------------------------------------------------------------- tie rules (rapo.judge.ties)
+@pytest.mark.parametrize(
+    ("ties", "expected"),
+    [
+        # P sorted 0.30, 0.29, 0.275, 0.135, eps 0.02: gaps 0.01, 0.015, 0.14
+        ("chained", [2.0, 2.0, 2.0, 4.0]),  # both small gaps chain: positions 1-3 -> 2 (a 0.025 span)
+        ("leader", [1.5, 1.5, 3.0, 4.0]),  # 0.30 takes 0.29 (0.01) but not 0.275 (0.025 >= 0.02)
+        ("none", [1.0, 2.0, 3.0, 4.0]),
+    ],
+)
+def test_p_best_tie_rules(ties, expected):
+    quality = {"a": 0.30, "b": 0.29, "c": 0.275, "d": 0.135}
+    engine = ScriptedEngine(choice_fn=quality_choice_fn(quality))
+    judge = GroupJudge(engine, tie_eps=0.02, ties=ties)
+    out = judge.rank([scenario()], [group("a", "b", "c", "d")], with_critiques=False)
+    assert out[0].ranks == expected and out[0].scores == pytest.approx([0.30, 0.29, 0.275, 0.135])
+    assert ranks_from_p_best([0.30, 0.29, 0.275, 0.135], ties, 0.02) == expected
+
+
+def test_sequential_asks_again_without_the_chosen_reply():
+    # P(best) depends on who is shown: "b" beats everyone only while "a" is absent (a judge whose first
+    # choice is a but who prefers b over c): the rounds must drop the chosen reply and re-ask.
+    def choice(prompt, options):
+        there = set(shown(prompt).values())
+        weights = {"a": 5.0, "b": 1.0 if "a" in there else 3.0, "c": 2.0, "d": 0.5}
+        labels = shown(prompt)
+        return {o: math.log(weights[labels[o.strip()]]) if o.strip() in labels else 0.0 for o in options}
+
+    engine = ScriptedEngine(choice_fn=choice)
+    judge = GroupJudge(engine, ties="sequential", shuffle=False)
+    (out,) = judge.rank([scenario()], [group("a", "b", "c", "d")], with_critiques=False)
+    # round 1 (a b c d): a; round 2 (b c d, b now 3): b; round 3 (c d): c; d is last.
+    # Ranking by round-1 P(best) alone would put c (2) above b (1).
+    assert out.ranks == [1.0, 2.0, 3.0, 4.0]
+    assert [sorted(shown(c["prompts"][0]).values()) for c in engine.calls] == [
+        ["a", "b", "c", "d"],
+        ["b", "c", "d"],
+        ["c", "d"],
+    ]
+    assert out.scores == pytest.approx([5 / 8.5, 1 / 8.5, 2 / 8.5, 0.5 / 8.5])  # the first round's P(best)
+    assert judge.stats["rank_calls"] == 3
+
+
+def test_pairwise_averages_both_orders_of_every_pair():
+    # P(shown first helped more) per presentation (first, second):
+    first_wins = {
+        ("a", "b"): 0.8,
+        ("b", "a"): 0.4,
+        ("a", "c"): 0.5,
+        ("c", "a"): 0.5,
+        ("b", "c"): 0.3,
+        ("c", "b"): 0.9,
+    }
+
+    def choice(prompt, options):
+        labels = shown(prompt)
+        p = first_wins[(labels["A"], labels["B"])]
+        return {o: math.log({" A": p, " B": 1 - p}.get(o, 1e-9)) for o in options}
+
+    engine = ScriptedEngine(choice_fn=choice)
+    (out,) = GroupJudge(engine, ties="pairwise").rank(
+        [scenario()], [group("a", "b", "c")], with_critiques=False
+    )
+    # a: (a,b) 0.8, (b,a) 0.6, (a,c) 0.5, (c,a) 0.5 -> 0.6; b: 0.2, 0.4, 0.3, 0.1 -> 0.25;
+    # c: 0.5, 0.5, 0.7, 0.9 -> 0.65. Ranks: c 1, a 2, b 3.
+    assert out.scores == pytest.approx([0.6, 0.25, 0.65]) and out.ranks == [2.0, 3.0, 1.0]
+    assert len(engine.calls) == 1 and len(engine.calls[0]["prompts"]) == 6
+    assert engine.calls[0]["options"] == [" A", " B"]
+
+
+def test_pairwise_scores_by_hand():
+    # presentations (i, j, p_i, p_j): 0 vs 1 once (0.7 / 0.3), 1 vs 0 once (0.5 / 0.5) -> 0: 0.6, 1: 0.4
+    assert pairwise_scores(3, [(0, 1, 0.7, 0.3), (1, 0, 0.5, 0.5)]) == pytest.approx([0.6, 0.4, 0.0])
+
+
+def test_unknown_tie_rule_is_refused():
+    with pytest.raises(ValueError, match="ties must be one of"):
+        GroupJudge(ScriptedEngine(), ties="borda")
 
 
 def test_reverse_pass_cancels_position_bias():

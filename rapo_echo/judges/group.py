@@ -8,7 +8,16 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
 * Log-prob mode: one ``choice_logprobs`` call for all groups (and both passes) reads P(best) over the
   group's labels right after the prefix ``... helped the person most is Reply``; the options are the
   labels with a leading space (``" A"``, ``" B"``, ...), single tokens in common BPE vocabularies.
-  Candidates rank by P(best); P differing by less than ``tie_eps`` tie.
+  How the ranks come out of those probabilities is ``ties`` (:data:`TIE_RULES`):
+
+  - ``chained``: rank by P(best); neighbours closer than ``tie_eps`` tie, chained, so one block can
+    span many times ``tie_eps`` (the rule before the study in the README, section RAPO);
+  - ``leader``: rank by P(best); a tie block holds the scores closer than ``tie_eps`` to its best one;
+  - ``none``: rank by P(best); only equal probabilities tie;
+  - ``sequential`` (listwise, Plackett-Luce style selection): the most likely best reply takes rank 1,
+    then the judge is asked again without it, and so on: G - 1 batched calls, no ties;
+  - ``pairwise``: every pair shown in both orders (G (G - 1) prompts, one batched call); a reply's score
+    is its expected number of wins, sum over rivals of P(it helped more), averaged over the two orders.
 * Text mode: one generation per group asks for ``Ranking: B > A = C``; every label exactly once, ``>``
   and ``=`` only. Unparseable groups are asked again together, then marked invalid.
 * ``reverse_pass`` ranks a second time with the presentation reversed and averages the two rank
@@ -35,6 +44,7 @@ from rapo_echo.simulators.reaction import Reaction, render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 LABELS = string.ascii_uppercase
+TIE_RULES = ("chained", "leader", "none", "sequential", "pairwise")
 BEST_PREFIX = "The reply that helped the person most is Reply"
 CRITIQUE_PREFIX = "The person's reaction shows"  # starts the critique: keeps small judges on task
 CRITIQUE_STOP = ("\n\n",)  # a critique is one short paragraph
@@ -123,6 +133,29 @@ def clean_critique(text: str) -> str | None:
     return CRITIQUE_PREFIX + ("" if text[0] in ".,:;" else " ") + text
 
 
+def ranks_from_p_best(p_best: Sequence[float], ties: str, tie_eps: float) -> list[float]:
+    """Average ranks from P(best) under the P(best) tie rules: ``chained`` (neighbours closer than
+    ``tie_eps`` tie, chained), ``leader`` (scores closer than ``tie_eps`` to their block's best tie),
+    ``none`` (only equal probabilities tie)."""
+    if ties not in ("chained", "leader", "none"):
+        raise ValueError(f"ranks_from_p_best: ties must be chained, leader or none, got {ties!r}")
+    return average_ranks(p_best, tie_eps=0.0 if ties == "none" else tie_eps, chain=ties == "chained")
+
+
+def pairwise_scores(size: int, shown: Sequence[tuple[int, int, float, float]]) -> list[float]:
+    """Each candidate's expected share of wins from pairwise presentations ``(i, j, p_i, p_j)``: reply ``i``
+    shown first, ``j`` second, and the judge's probability that each helped more. A candidate's score is
+    the mean of its probabilities over the presentations it appears in (0 if none)."""
+    wins = [0.0] * size
+    seen = [0] * size
+    for i, j, p_i, p_j in shown:
+        wins[i] += p_i
+        wins[j] += p_j
+        seen[i] += 1
+        seen[j] += 1
+    return [w / n if n else 0.0 for w, n in zip(wins, seen)]
+
+
 def _fmt(rank: float) -> str:
     return f"{rank:g}"
 
@@ -139,6 +172,7 @@ class GroupJudge:
         reverse_pass: bool = False,
         shuffle: bool = True,
         tie_eps: float = 0.02,
+        ties: str = "chained",
         max_new_tokens: int = 384,
         critique_tokens: int = 96,
         show_profile: bool = True,
@@ -151,12 +185,15 @@ class GroupJudge:
             )
         if max_new_tokens < 1 or critique_tokens < 1:
             raise ValueError("GroupJudge: max_new_tokens and critique_tokens must be >= 1")
+        if ties not in TIE_RULES:
+            raise ValueError(f"GroupJudge: ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
         self.engine = engine
         self.use_logprobs = use_logprobs
         self.max_retries = max_retries
         self.reverse_pass = reverse_pass
         self.shuffle = shuffle
         self.tie_eps = tie_eps
+        self.ties = ties
         self.max_new_tokens = max_new_tokens
         self.critique_tokens = critique_tokens
         self.show_profile = show_profile
@@ -297,29 +334,119 @@ class GroupJudge:
         groups: Sequence[Sequence[Candidate]],
         passes: Sequence[Sequence[Sequence[int]]],
     ) -> list[GroupJudgement]:
-        jobs = [(k, order) for k, orders in enumerate(passes) if len(groups[k]) > 1 for order in orders]
-        scores_by_group: dict[int, list[list[float]]] = {}
-        if jobs:
-            width = max(len(order) for _, order in jobs)
-            prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=False) for k, o in jobs]
-            logprobs = self.engine.choice_logprobs(prompts, label_options(width))
-            self.stats["rank_calls"] += 1
-            for (k, order), lp in zip(jobs, logprobs):
-                options = label_options(len(order))
-                p_best = normalize_choices({o: lp[o] for o in options})
-                scores = [0.0] * len(order)
-                for pos, i in enumerate(order):
-                    scores[i] = p_best[options[pos]]
-                scores_by_group.setdefault(k, []).append(scores)
+        many = [k for k in range(len(groups)) if len(groups[k]) > 1]
+        if self.ties == "pairwise":
+            found = self._pairwise(scenarios, groups, many)
+        else:
+            jobs = [(k, order) for k in many for order in passes[k]]
+            rank_sets, score_sets = (
+                self._sequential(scenarios, groups, jobs)
+                if self.ties == "sequential"
+                else self._p_best(scenarios, groups, jobs)
+            )
+            found = {}
+            for k in many:
+                ranks = self._combine(rank_sets[k])
+                found[k] = (ranks, [sum(col) / len(col) for col in zip(*score_sets[k])])
         out = []
         for k, group in enumerate(groups):
             if len(group) == 1:
                 out.append(GroupJudgement([1.0], [None], [1.0], True, [], attempts=0))
                 continue
-            score_sets = scores_by_group[k]
-            ranks = self._combine([average_ranks(s, tie_eps=self.tie_eps) for s in score_sets])
-            mean_scores = [sum(col) / len(col) for col in zip(*score_sets)]
-            out.append(GroupJudgement(ranks, [None] * len(group), mean_scores, True, []))
+            ranks, scores = found[k]
+            out.append(GroupJudgement(ranks, [None] * len(group), scores, True, []))
+        return out
+
+    def _best_probs(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        jobs: Sequence[tuple[int, Sequence[int]]],
+    ) -> list[list[float]]:
+        """One batched ``choice_logprobs`` call: for each ``(group, presentation order)`` job, P(best) of
+        each shown candidate, in presentation order."""
+        if not jobs:
+            return []
+        width = max(len(order) for _, order in jobs)
+        prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=False) for k, o in jobs]
+        logprobs = self.engine.choice_logprobs(prompts, label_options(width))
+        self.stats["rank_calls"] += 1
+        out = []
+        for (_, order), lp in zip(jobs, logprobs):
+            options = label_options(len(order))
+            p_best = normalize_choices({o: lp[o] for o in options})
+            out.append([p_best[o] for o in options])
+        return out
+
+    def _p_best(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        jobs: Sequence[tuple[int, Sequence[int]]],
+    ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
+        """Ranks by P(best) (ties: ``chained``, ``leader`` or ``none``), per group one rank and one score
+        vector per pass, in the caller's order."""
+        rank_sets: dict[int, list[list[float]]] = {}
+        score_sets: dict[int, list[list[float]]] = {}
+        for (k, order), shown in zip(jobs, self._best_probs(scenarios, groups, jobs)):
+            scores = [0.0] * len(order)
+            for pos, i in enumerate(order):
+                scores[i] = shown[pos]
+            score_sets.setdefault(k, []).append(scores)
+            rank_sets.setdefault(k, []).append(ranks_from_p_best(scores, self.ties, self.tie_eps))
+        return rank_sets, score_sets
+
+    def _sequential(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        jobs: Sequence[tuple[int, Sequence[int]]],
+    ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
+        """Listwise selection: each round asks every job with two or more candidates left which one helped
+        most (one batched call), gives it the next rank and removes it; the last one left takes rank G.
+        The scores are the first round's P(best)."""
+        left = [list(order) for _, order in jobs]
+        ranks = [[0.0] * len(order) for _, order in jobs]
+        first: list[list[float]] = [[0.0] * len(order) for _, order in jobs]
+        place = 1
+        while True:
+            active = [j for j, rest in enumerate(left) if len(rest) > 1]
+            if not active:
+                break
+            shown = self._best_probs(scenarios, groups, [(jobs[j][0], left[j]) for j in active])
+            for j, probs in zip(active, shown):
+                if place == 1:
+                    for pos, i in enumerate(left[j]):
+                        first[j][i] = probs[pos]
+                pick = max(range(len(probs)), key=probs.__getitem__)  # first shown wins an exact tie
+                ranks[j][left[j].pop(pick)] = float(place)
+            place += 1
+        for j, rest in enumerate(left):
+            for i in rest:
+                ranks[j][i] = float(len(jobs[j][1]))
+        rank_sets: dict[int, list[list[float]]] = {}
+        score_sets: dict[int, list[list[float]]] = {}
+        for (k, _), r, f in zip(jobs, ranks, first):
+            rank_sets.setdefault(k, []).append(r)
+            score_sets.setdefault(k, []).append(f)
+        return rank_sets, score_sets
+
+    def _pairwise(
+        self, scenarios: Sequence[Scenario], groups: Sequence[Sequence[Candidate]], many: Sequence[int]
+    ) -> dict[int, tuple[list[float], list[float]]]:
+        """Every ordered pair of each group in one batched call; scores from :func:`pairwise_scores`, ranks
+        by score (exact ties only). Presentation shuffling and ``reverse_pass`` are moot: both orders of
+        every pair are asked."""
+        jobs = [
+            (k, [i, j]) for k in many for i in range(len(groups[k])) for j in range(len(groups[k])) if i != j
+        ]
+        shown: dict[int, list[tuple[int, int, float, float]]] = {k: [] for k in many}
+        for (k, (i, j)), (p_i, p_j) in zip(jobs, self._best_probs(scenarios, groups, jobs)):
+            shown[k].append((i, j, p_i, p_j))
+        out = {}
+        for k in many:
+            scores = pairwise_scores(len(groups[k]), shown[k])
+            out[k] = (average_ranks(scores), scores)
         return out
 
     def _rank_text(
