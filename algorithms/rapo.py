@@ -122,6 +122,7 @@ class RAPO(GRPO):
             temperature=sim.temperature,
             max_retries=sim.max_retries,
             with_thought=sim.with_thought,
+            rng=self.rng,
         )
         policy = ctx.policy
         self.rewriter = HFEngine(

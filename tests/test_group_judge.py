@@ -12,6 +12,7 @@ import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.judges.base import RETRY_TEMPERATURE, generate_parsed
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.group import (
     BEST_PREFIX,
     CRITIQUE_PREFIX,
@@ -26,7 +27,7 @@ from rapo_echo.judges.group import (
 from rapo_echo.simulators.reaction import Reaction
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
-_SHOWN = re.compile(r"^Reply ([A-Z]): (.*)$", re.M)
+_SHOWN = re.compile(r"^<<<REPLY ([A-Z]) [0-9A-F]{8}>>>\n(.*?)\n<<<END REPLY \1 [0-9A-F]{8}>>>$", re.M | re.S)
 
 
 def scenario(sid: str = "s") -> Scenario:
@@ -330,10 +331,15 @@ def test_critiques_one_batched_call_with_contrast():
     texts = [p[1]["content"] for p in engine.calls[1]["prompts"]]
     assert "ranked 1 of 3" in texts[0] and "for contrast" not in texts[0]
     assert "ranked 3 of 3" in texts[1] and "(no reaction)" in texts[1]
-    assert "for contrast:\nkind\nPerson's reaction: Thank you." in texts[1]
+    m = re.search(r"<<<BEST REPLY ([0-9A-F]{8})>>>", texts[1])
+    assert m is not None
+    fence = Fence(m.group(1))  # one marker for the whole batch
+    assert all(t.count(fence.marker) >= 4 for t in texts)
+    assert f"for contrast:\n{fence.block('BEST REPLY', 'kind')}\nPerson's reaction:\n" in texts[1]
+    assert fence.block("REACTION BEST", "Thank you.") in texts[1]
     assert "Emotion change: +4.0 on a -10..+10 scale (negative = feels worse)" in texts[1]
-    assert "unspoken thought: finally" in texts[1]
-    assert "ranked 2 of 3" in texts[2] and "for contrast:\nkind" in texts[2]
+    assert f"unspoken thought:\n{fence.block('THOUGHT BEST', 'finally')}" in texts[1]
+    assert "ranked 2 of 3" in texts[2] and f"for contrast:\n{fence.block('BEST REPLY', 'kind')}" in texts[2]
     assert "ranked 1 of 1" in texts[3] and "for contrast" not in texts[3]
     assert all("Do not write a new reply" in t for t in texts)
     # the prefix joins the continuation, cut at the first blank line, whitespace normalised

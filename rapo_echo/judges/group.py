@@ -39,6 +39,7 @@ from functools import partial
 from rapo_echo.algorithms.rank_rewards import average_ranks
 from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.judges.base import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.reaction import Reaction, render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
@@ -117,6 +118,11 @@ def _parse_order(line: str, labels: Sequence[str]) -> list[float] | None:
         ranks.update((label, shared) for label in tier)
         position += len(tier)
     return [ranks[label] for label in labels]
+
+
+def _parse_own_ranking(text: str, fence: Fence, labels: Sequence[str]) -> list[float] | None:
+    """:func:`parse_ranking` of the judge's own words (blocks it copied from the prompt removed)."""
+    return parse_ranking(fence.own_words(text), labels)
 
 
 def label_options(size: int) -> list[str]:
@@ -199,22 +205,39 @@ class GroupJudge:
         self.show_profile = show_profile
         self.rng = rng if rng is not None else random.Random(0)
         self.stats: Counter[str] = Counter()
+        self._fence: Fence | None = None
 
     # ------------------------------------------------------------------ prompts
-    def _context(self, scenario: Scenario) -> str:
+    @property
+    def fence(self) -> Fence:
+        """The fence of the current batch: drawn from ``rng`` by every :meth:`rank` and :meth:`critique`
+        call (one marker per batch, so a group's prompts still share their prefix)."""
+        if self._fence is None:
+            self._fence = Fence(rng=self.rng)
+        return self._fence
+
+    def _context(self, scenario: Scenario, fence: Fence) -> str:
         profile = render_profile(scenario.profile) if self.show_profile else ""
         about = (
-            f"What we know about the person (hidden from the supporter):\n{profile}\n\n" if profile else ""
+            "What we know about the person (hidden from the supporter):\n"
+            + fence.block("PROFILE", profile)
+            + "\n\n"
+            if profile
+            else ""
         )
-        dialogue = render_dialogue(scenario.messages) or "(the supporter speaks first)"
-        return f"{about}Dialogue so far:\n{dialogue}\n\n"
+        dialogue = render_dialogue(scenario.messages)
+        shown = fence.block("DIALOGUE", dialogue) if dialogue else "(none: the supporter speaks first)"
+        return f"{fence.rules()}\n\n{about}Dialogue so far:\n{shown}\n\n"
 
     @staticmethod
-    def render_reaction(reaction: Reaction | None) -> str:
-        """The person's reaction as judge-facing lines; ``(no reaction)`` when missing or invalid."""
+    def render_reaction(reaction: Reaction | None, fence: Fence | None = None, label: str = "") -> str:
+        """The person's reaction as judge-facing lines, what they said and thought in fenced blocks
+        (``REACTION <label>``, ``THOUGHT <label>``); ``(no reaction)`` when missing or invalid."""
         if reaction is None or not reaction.valid:
             return "Person's reaction: (no reaction)"
-        lines = [f"Person's reaction: {reaction.message}"]
+        fence = fence or Fence.derived([reaction.message, reaction.thought])
+        tag = f" {label}" if label else ""
+        lines = [f"Person's reaction:\n{fence.block('REACTION' + tag, reaction.message)}"]
         if reaction.emotion_delta is not None:
             bound = f"{reaction.scale:g}"
             lines.append(
@@ -222,26 +245,33 @@ class GroupJudge:
                 "(negative = feels worse)"
             )
         if reaction.thought:
-            lines.append(f"Person's unspoken thought: {reaction.thought}")
+            lines.append(f"Person's unspoken thought:\n{fence.block('THOUGHT' + tag, reaction.thought)}")
         return "\n".join(lines)
 
-    def _candidates(self, group: Sequence[Candidate], order: Sequence[int]) -> str:
-        blocks = [
-            f"Reply {LABELS[pos]}: {group[i].reply}\n{self.render_reaction(group[i].reaction)}"
-            for pos, i in enumerate(order)
-        ]
-        return "\n\n".join(blocks)
+    def _candidate(self, candidate: Candidate, label: str, fence: Fence) -> str:
+        reply = fence.block(f"REPLY {label}", candidate.reply)
+        return f"Reply {label}:\n{reply}\n{self.render_reaction(candidate.reaction, fence, label)}"
 
     def rank_prompt(
-        self, scenario: Scenario, group: Sequence[Candidate], order: Sequence[int], *, text_mode: bool
+        self,
+        scenario: Scenario,
+        group: Sequence[Candidate],
+        order: Sequence[int],
+        *,
+        text_mode: bool,
+        fence: Fence | None = None,
     ) -> Conversation:
-        """The ranking prompt for one group shown in presentation ``order`` (caller indices). Log-prob
-        mode ends with the assistant prefix :data:`BEST_PREFIX`, right before the label."""
+        """The ranking prompt for one group shown in presentation ``order`` (caller indices): the context,
+        replies and reactions in fenced blocks (``fence``, default :attr:`fence`), the instructions
+        outside them. Log-prob mode ends with the assistant prefix :data:`BEST_PREFIX`, right before
+        the label."""
+        fence = fence or self.fence
         labels = LABELS[: len(order)]
+        candidates = "\n\n".join(self._candidate(group[i], LABELS[pos], fence) for pos, i in enumerate(order))
         body = (
-            self._context(scenario)
+            self._context(scenario, fence)
             + "The supporter tried these replies; after each is how the person reacted to it.\n\n"
-            + self._candidates(group, order)
+            + candidates
             + "\n\n"
         )
         if text_mode:
@@ -256,23 +286,34 @@ class GroupJudge:
         return [msg("system", SYSTEM), msg("user", body), msg("assistant", BEST_PREFIX)]
 
     def critique_prompt(
-        self, scenario: Scenario, group: Sequence[Candidate], ranks: Sequence[float], index: int
+        self,
+        scenario: Scenario,
+        group: Sequence[Candidate],
+        ranks: Sequence[float],
+        index: int,
+        fence: Fence | None = None,
     ) -> Conversation:
-        """The critique prompt for candidate ``index`` of a ranked group (contrasted with the best one);
-        ends with the assistant prefix :data:`CRITIQUE_PREFIX`."""
+        """The critique prompt for candidate ``index`` of a ranked group (contrasted with the best one),
+        untrusted text fenced as in :meth:`rank_prompt`; ends with the assistant prefix
+        :data:`CRITIQUE_PREFIX`."""
+        fence = fence or self.fence
         best = min(range(len(group)), key=lambda i: ranks[i])
         own = group[index]
         body = (
             "Review a supporter's reply by how the person reacted to it.\n\n"
-            + self._context(scenario)
-            + f"Reply under review (ranked {_fmt(ranks[index])} of {len(group)}, 1 = best):\n{own.reply}\n"
-            + self.render_reaction(own.reaction)
+            + self._context(scenario, fence)
+            + f"Reply under review (ranked {_fmt(ranks[index])} of {len(group)}, 1 = best):\n"
+            + fence.block("REVIEWED REPLY", own.reply)
+            + "\n"
+            + self.render_reaction(own.reaction, fence, "REVIEWED")
             + "\n\n"
         )
         if ranks[index] > ranks[best]:
             body += (
-                f"Best-ranked reply, for contrast:\n{group[best].reply}\n"
-                + self.render_reaction(group[best].reaction)
+                "Best-ranked reply, for contrast:\n"
+                + fence.block("BEST REPLY", group[best].reply)
+                + "\n"
+                + self.render_reaction(group[best].reaction, fence, "BEST")
                 + "\n\nIn at most three short sentences: what in the person's reaction shows the reply under "
                 "review failed, its main mistake, and one concrete hint to do better."
             )
@@ -298,6 +339,7 @@ class GroupJudge:
         for k, group in enumerate(groups):
             if not 1 <= len(group) <= len(LABELS):
                 raise ValueError(f"GroupJudge.rank: group {k} has {len(group)} candidates; allowed 1..26")
+        self._fence = Fence(rng=self.rng)
         passes = self._presentation_orders(groups)
         text_mode = not wants_logprobs(self.engine, self.use_logprobs)
         judged = (
@@ -459,7 +501,8 @@ class GroupJudge:
         results_by_group: dict[int, list[tuple[Sequence[int], Parsed[list[float]]]]] = {}
         if jobs:
             prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=True) for k, o in jobs]
-            parsers = [partial(parse_ranking, labels=LABELS[: len(o)]) for _, o in jobs]
+            fence = self.fence
+            parsers = [partial(_parse_own_ranking, fence=fence, labels=LABELS[: len(o)]) for _, o in jobs]
             parsed = generate_parsed(
                 self.engine,
                 prompts,
@@ -506,11 +549,12 @@ class GroupJudge:
         jobs = [(k, i) for k, i in which if judged[k].ranks is not None]
         if not jobs:
             return
+        self._fence = fence = Fence(rng=self.rng)
         prompts = [self.critique_prompt(scenarios[k], groups[k], judged[k].ranks or [], i) for k, i in jobs]
         parsed = generate_parsed(
             self.engine,
             prompts,
-            clean_critique,
+            lambda text: clean_critique(fence.own_words(text)),
             SamplingParams(max_new_tokens=self.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
             max_retries=self.max_retries,
         )

@@ -53,7 +53,7 @@ def judge_labels(
     engine: ChatEngine,
     prompts: Sequence[Conversation],
     values: Mapping[str, float],
-    parse_label: Callable[[str], str | None],
+    parse_label: Callable[[str], str | None] | Sequence[Callable[[str], str | None]],
     params: SamplingParams,
     *,
     retries: int = 2,
@@ -61,7 +61,8 @@ def judge_labels(
 ) -> list[LabelVerdict]:
     """Each prompt's verdict among ``values``' labels. With log-probs: one ``choice_logprobs`` call, the
     label probabilities renormalised over the labels; a row where every label has probability 0 (e.g. none
-    is in a server's top log-probs) falls back to text. Text: generate, ``parse_label``, retry."""
+    is in a server's top log-probs) falls back to text. Text: generate, ``parse_label`` (one function, or
+    one per prompt), retry."""
     labels = list(values)
     out: list[LabelVerdict | None] = [None] * len(prompts)
     text_rows = list(range(len(prompts)))
@@ -76,7 +77,14 @@ def judge_labels(
             best = max(probs, key=probs.__getitem__)
             out[i] = LabelVerdict(expected_value(probs, values), best, probs, "", 1, "logprobs")
     if text_rows:
-        parsed = parse_with_retries(engine, [prompts[i] for i in text_rows], parse_label, params, retries)
+        parsers = [parse_label] * len(prompts) if callable(parse_label) else list(parse_label)
+        parsed = generate_parsed(
+            engine,
+            [prompts[i] for i in text_rows],
+            [parsers[i] for i in text_rows],
+            params,
+            max_retries=retries,
+        )
         for i, p in zip(text_rows, parsed):
             value = None if p.value is None else values[p.value]
             out[i] = LabelVerdict(value, p.value, None, p.raw, p.attempts, "text")

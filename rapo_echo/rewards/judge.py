@@ -12,6 +12,7 @@ from rapo_echo.judges.base import (
     parse_answer_line,
     wants_logprobs,
 )
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.types import Conversation, Sample, SamplingParams, msg
 
@@ -67,19 +68,27 @@ class JudgeReward:
         self.show_profile = show_profile
         self.labels = [str(k) for k in range(1, scale + 1)]
 
-    def prompt(self, sample: Sample) -> Conversation:
-        """The judge's prompt for one reply."""
+    def fence(self, samples: Sequence[Sample]) -> Fence:
+        """One fence for a batch, its marker a hash of the batch's texts (reproducible; the prompts of
+        one context keep their shared prefix)."""
+        texts = [t for s in samples for t in (s.text, render_dialogue(s.scenario.messages))]
+        return Fence.derived(texts, salt="judge-reward")
+
+    def prompt(self, sample: Sample, fence: Fence | None = None) -> Conversation:
+        """The judge's prompt for one reply: the dialogue, the reply (and the profile) in fenced blocks,
+        the rubric and the answer format outside them."""
+        fence = fence or self.fence([sample])
         profile = ""
         if self.show_profile and sample.scenario.profile:
-            profile = (
-                "What we know about the person (hidden from the supporter):\n"
-                + "\n".join(f"- {k}: {v}" for k, v in sample.scenario.profile.items())
-                + "\n\n"
-            )
+            lines = "\n".join(f"- {k}: {v}" for k, v in sample.scenario.profile.items())
+            block = fence.block("PROFILE", lines)
+            profile = f"What we know about the person (hidden from the supporter):\n{block}\n\n"
+        dialogue = render_dialogue(sample.scenario.messages)
+        shown = fence.block("DIALOGUE", dialogue) if dialogue else "(none: the supporter speaks first)"
         body = (
-            f"{self.rubric}\n\n{profile}Dialogue so far:\n{render_dialogue(sample.scenario.messages)}\n\n"
-            f"Supporter's reply to rate:\n{sample.text}\n\n"
-            f"Answer with 'Score: N' where N is an integer from 1 (worst) to {self.scale} (best)."
+            f"{self.rubric}\n\n{fence.rules()}\n\n{profile}Dialogue so far:\n{shown}\n\n"
+            f"Supporter's reply to rate:\n{fence.block('REPLY', sample.text)}\n\n"
+            f"Answer with one line 'Score: N' where N is an integer from 1 (worst) to {self.scale} (best)."
         )
         return [
             msg("system", "You are a careful judge of emotional-support conversations."),
@@ -92,7 +101,8 @@ class JudgeReward:
         return parse_answer_line(text, "score", 1, self.scale)
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
-        prompts = [self.prompt(s) for s in samples]
+        fence = self.fence(samples)
+        prompts = [self.prompt(s, fence) for s in samples]
         if wants_logprobs(self.engine, self.use_logprobs):
             probs = label_probabilities(
                 self.engine, [p + [msg("assistant", "Score: ")] for p in prompts], self.labels
@@ -107,7 +117,13 @@ class JudgeReward:
                 )
             return out
         params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
-        parsed = generate_parsed(self.engine, prompts, self.parse, params, max_retries=self.max_retries)
+        parsed = generate_parsed(
+            self.engine,
+            prompts,
+            lambda text: self.parse(fence.own_words(text)),
+            params,
+            max_retries=self.max_retries,
+        )
         return [
             RewardOutput(
                 None if p.value is None else (p.value - 1) / (self.scale - 1),
