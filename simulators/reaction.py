@@ -26,7 +26,7 @@ from rapo_echo.judges.base import (
     Parsed,
     check_logprobs_mode,
     generate_parsed,
-    label_probabilities,
+    read_label_probabilities,
     wants_logprobs,
 )
 from rapo_echo.judges.fencing import Fence
@@ -304,13 +304,17 @@ class ReactionSimulator:
             lambda text: self.clean_message(fence.own_words(text)),
             self._params(self.max_new_tokens, stop=PARAGRAPH_STOP),
             max_retries=self.max_retries,
+            role="simulator",
         )
-        probs = label_probabilities(
-            self.engine, [self.emotion_prompt(s, r, fence) for s, r in pairs], EMOTION_LABELS
+        probs = read_label_probabilities(
+            self.engine,
+            [self.emotion_prompt(s, r, fence) for s, r in pairs],
+            EMOTION_LABELS,
+            role="simulator",
         )
-        deltas = [emotion_delta(p, self.scale) for p in probs]
+        deltas = [None if p is None else emotion_delta(p, self.scale) for p in probs]
         thoughts: dict[int, Parsed[str]] = {}
-        ok = [i for i, m in enumerate(messages) if m.value is not None]
+        ok = [i for i, m in enumerate(messages) if m.value is not None and deltas[i] is not None]
         if self.with_thought and ok:
             prompts = [self.thought_prompt(*pairs[i], messages[i].value or "", fence) for i in ok]
             params = self._params(self.thought_tokens, stop=PARAGRAPH_STOP)
@@ -320,11 +324,12 @@ class ReactionSimulator:
                 lambda text: self.clean_thought(fence.own_words(text)),
                 params,
                 max_retries=0,
+                role="simulator",
             )
             thoughts = dict(zip(ok, written))
         out = []
         for i, m in enumerate(messages):
-            valid = m.value is not None
+            valid = m.value is not None and deltas[i] is not None  # no usable emotion labels: invalid
             thought = thoughts.get(i)
             out.append(
                 Reaction(
@@ -347,6 +352,7 @@ class ReactionSimulator:
             lambda text: self.parse_text(fence.own_words(text)),
             self._params(self.max_new_tokens + (self.thought_tokens if self.with_thought else 0)),
             max_retries=self.max_retries,
+            role="simulator",
         )
         out = []
         for p in parsed:

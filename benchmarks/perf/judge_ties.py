@@ -118,6 +118,8 @@ def judge_all(
     if p_rules:
         t0 = time.perf_counter()
         shown = judge._best_probs(scenarios, groups, both)
+        if any(p is None for p in shown):
+            raise SystemExit("the judge gave unusable label probabilities (NaN or no label); cannot compare")
         seconds = (time.perf_counter() - t0) / 2
         p_best = [in_caller_order(o, p) for (_, o), p in zip(both, shown)]
         for rule in p_rules:
@@ -148,6 +150,8 @@ def judge_all(
         ]
         t0 = time.perf_counter()
         probs = judge._best_probs(scenarios, groups, jobs)
+        if any(p is None for p in probs):
+            raise SystemExit("the judge gave unusable label probabilities (NaN or no label); cannot compare")
         seconds = time.perf_counter() - t0
         shown_by = [
             [(i, j, pi, pj) for (kk, (i, j)), (pi, pj) in zip(jobs, probs) if kk == k] for k in range(n)

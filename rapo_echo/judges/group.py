@@ -28,6 +28,7 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import string
@@ -37,13 +38,21 @@ from dataclasses import dataclass
 from functools import partial
 
 from rapo_echo.algorithms.rank_rewards import average_ranks
-from rapo_echo.engines.base import ChatEngine, normalize_choices
-from rapo_echo.judges.base import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
+from rapo_echo.engines.base import ChatEngine
+from rapo_echo.judges.base import (
+    Parsed,
+    check_logprobs_mode,
+    describe_engine,
+    generate_parsed,
+    usable_probabilities,
+    wants_logprobs,
+)
 from rapo_echo.judges.fencing import Fence
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.reaction import Reaction, render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
+log = logging.getLogger(__name__)
 LABELS = string.ascii_uppercase
 TIE_RULES = ("chained", "leader", "none", "sequential", "pairwise")
 BEST_PREFIX = "The reply that helped the person most is Reply"
@@ -377,6 +386,7 @@ class GroupJudge:
         passes: Sequence[Sequence[Sequence[int]]],
     ) -> list[GroupJudgement]:
         many = [k for k in range(len(groups)) if len(groups[k]) > 1]
+        found: dict[int, tuple[list[float], list[float]] | None]
         if self.ties == "pairwise":
             found = self._pairwise(scenarios, groups, many)
         else:
@@ -388,6 +398,9 @@ class GroupJudge:
             )
             found = {}
             for k in many:
+                if k not in rank_sets or len(rank_sets[k]) < len(passes[k]):  # a pass was unusable
+                    found[k] = None
+                    continue
                 ranks = self._combine(rank_sets[k])
                 found[k] = (ranks, [sum(col) / len(col) for col in zip(*score_sets[k])])
         out = []
@@ -395,8 +408,21 @@ class GroupJudge:
             if len(group) == 1:
                 out.append(GroupJudgement([1.0], [None], [1.0], True, [], attempts=0))
                 continue
-            ranks, scores = found[k]
+            result = found[k]
+            if result is None:
+                out.append(GroupJudgement(None, [None] * len(group), None, False, []))
+                continue
+            ranks, scores = result
             out.append(GroupJudgement(ranks, [None] * len(group), scores, True, []))
+        bad = sum(found[k] is None for k in many)
+        if bad:
+            log.warning(
+                "judge engine %s: %d of %d groups got no usable label probabilities (NaN, or no label among "
+                "the top log-probs); those groups are invalid",
+                describe_engine(self.engine),
+                bad,
+                len(groups),
+            )
         return out
 
     def _best_probs(
@@ -404,20 +430,21 @@ class GroupJudge:
         scenarios: Sequence[Scenario],
         groups: Sequence[Sequence[Candidate]],
         jobs: Sequence[tuple[int, Sequence[int]]],
-    ) -> list[list[float]]:
+    ) -> list[list[float] | None]:
         """One batched ``choice_logprobs`` call: for each ``(group, presentation order)`` job, P(best) of
-        each shown candidate, in presentation order."""
+        each shown candidate, in presentation order; None where the label log-probs are unusable
+        (:func:`~rapo_echo.judges.base.usable_probabilities`)."""
         if not jobs:
             return []
         width = max(len(order) for _, order in jobs)
         prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=False) for k, o in jobs]
         logprobs = self.engine.choice_logprobs(prompts, label_options(width))
         self.stats["rank_calls"] += 1
-        out = []
+        out: list[list[float] | None] = []
         for (_, order), lp in zip(jobs, logprobs):
             options = label_options(len(order))
-            p_best = normalize_choices({o: lp[o] for o in options})
-            out.append([p_best[o] for o in options])
+            p_best = usable_probabilities(lp, options)
+            out.append(None if p_best is None else [p_best[o] for o in options])
         return out
 
     def _p_best(
@@ -427,10 +454,12 @@ class GroupJudge:
         jobs: Sequence[tuple[int, Sequence[int]]],
     ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
         """Ranks by P(best) (ties: ``chained``, ``leader`` or ``none``), per group one rank and one score
-        vector per pass, in the caller's order."""
+        vector per usable pass, in the caller's order."""
         rank_sets: dict[int, list[list[float]]] = {}
         score_sets: dict[int, list[list[float]]] = {}
         for (k, order), shown in zip(jobs, self._best_probs(scenarios, groups, jobs)):
+            if shown is None:
+                continue
             scores = [0.0] * len(order)
             for pos, i in enumerate(order):
                 scores[i] = shown[pos]
@@ -446,17 +475,21 @@ class GroupJudge:
     ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
         """Listwise selection: each round asks every job with two or more candidates left which one helped
         most (one batched call), gives it the next rank and removes it; the last one left takes rank G.
-        The scores are the first round's P(best)."""
+        The scores are the first round's P(best). A job with an unusable round is dropped."""
         left = [list(order) for _, order in jobs]
         ranks = [[0.0] * len(order) for _, order in jobs]
         first: list[list[float]] = [[0.0] * len(order) for _, order in jobs]
+        failed: set[int] = set()
         place = 1
         while True:
-            active = [j for j, rest in enumerate(left) if len(rest) > 1]
+            active = [j for j, rest in enumerate(left) if len(rest) > 1 and j not in failed]
             if not active:
                 break
             shown = self._best_probs(scenarios, groups, [(jobs[j][0], left[j]) for j in active])
             for j, probs in zip(active, shown):
+                if probs is None:
+                    failed.add(j)
+                    continue
                 if place == 1:
                     for pos, i in enumerate(left[j]):
                         first[j][i] = probs[pos]
@@ -468,27 +501,32 @@ class GroupJudge:
                 ranks[j][i] = float(len(jobs[j][1]))
         rank_sets: dict[int, list[list[float]]] = {}
         score_sets: dict[int, list[list[float]]] = {}
-        for (k, _), r, f in zip(jobs, ranks, first):
-            rank_sets.setdefault(k, []).append(r)
-            score_sets.setdefault(k, []).append(f)
+        for j, ((k, _), r, f) in enumerate(zip(jobs, ranks, first)):
+            if j not in failed:
+                rank_sets.setdefault(k, []).append(r)
+                score_sets.setdefault(k, []).append(f)
         return rank_sets, score_sets
 
     def _pairwise(
         self, scenarios: Sequence[Scenario], groups: Sequence[Sequence[Candidate]], many: Sequence[int]
-    ) -> dict[int, tuple[list[float], list[float]]]:
+    ) -> dict[int, tuple[list[float], list[float]] | None]:
         """Every ordered pair of each group in one batched call; scores from :func:`pairwise_scores`, ranks
-        by score (exact ties only). Presentation shuffling and ``reverse_pass`` are moot: both orders of
-        every pair are asked."""
+        by score (exact ties only); None for a group with an unusable pair. Presentation shuffling and
+        ``reverse_pass`` are moot: both orders of every pair are asked."""
         jobs = [
             (k, [i, j]) for k in many for i in range(len(groups[k])) for j in range(len(groups[k])) if i != j
         ]
         shown: dict[int, list[tuple[int, int, float, float]]] = {k: [] for k in many}
-        for (k, (i, j)), (p_i, p_j) in zip(jobs, self._best_probs(scenarios, groups, jobs)):
-            shown[k].append((i, j, p_i, p_j))
-        out = {}
+        failed: set[int] = set()
+        for (k, (i, j)), probs in zip(jobs, self._best_probs(scenarios, groups, jobs)):
+            if probs is None:
+                failed.add(k)
+            else:
+                shown[k].append((i, j, probs[0], probs[1]))
+        out: dict[int, tuple[list[float], list[float]] | None] = {}
         for k in many:
             scores = pairwise_scores(len(groups[k]), shown[k])
-            out[k] = (average_ranks(scores), scores)
+            out[k] = None if k in failed else (average_ranks(scores), scores)
         return out
 
     def _rank_text(

@@ -8,8 +8,8 @@ from rapo_echo.errors import ConfigError
 from rapo_echo.judges.base import (
     check_logprobs_mode,
     generate_parsed,
-    label_probabilities,
     parse_answer_line,
+    read_label_probabilities,
     wants_logprobs,
 )
 from rapo_echo.judges.fencing import Fence
@@ -104,11 +104,14 @@ class JudgeReward:
         fence = self.fence(samples)
         prompts = [self.prompt(s, fence) for s in samples]
         if wants_logprobs(self.engine, self.use_logprobs):
-            probs = label_probabilities(
-                self.engine, [p + [msg("assistant", "Score: ")] for p in prompts], self.labels
+            probs = read_label_probabilities(
+                self.engine, [p + [msg("assistant", "Score: ")] for p in prompts], self.labels, role="judge"
             )
             out = []
             for p in probs:
+                if p is None:  # NaN or no label among the top log-probs: invalid, counted, warned
+                    out.append(RewardOutput(None, info={"rating": None, "source": "logprobs"}))
+                    continue
                 expected = sum(int(k) * v for k, v in p.items())
                 out.append(
                     RewardOutput(
