@@ -17,13 +17,19 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
   - ``sequential`` (listwise, Plackett-Luce style selection): the most likely best reply takes rank 1,
     then the judge is asked again without it, and so on: G - 1 batched calls, no ties;
   - ``pairwise``: every pair shown in both orders (G (G - 1) prompts, one batched call); a reply's score
-    is its expected number of wins, sum over rivals of P(it helped more), averaged over the two orders.
+    is its expected share of wins, the mean over those presentations of P(it helped more).
+
+  A group whose label log-probs are unusable (NaN, or no label among a server's top log-probs) is
+  invalid and counted, with a warning naming the engine and its endpoint.
 * Text mode: one generation per group asks for ``Ranking: B > A = C``; every label exactly once, ``>``
   and ``=`` only. Unparseable groups are asked again together, then marked invalid.
 * ``reverse_pass`` ranks a second time with the presentation reversed and averages the two rank
   vectors (position-bias control); an invalid pass makes the group invalid.
 * Critiques: one batched generation, one prompt per (group, candidate), contrasting the candidate with
   the group's best one.
+* Untrusted text (context, profile, replies, reactions, thoughts) reaches the prompts only in fenced
+  blocks (:mod:`rapo_echo.judges.fencing`; one marker per call, drawn from ``rng``, so a group's prompts
+  keep their shared prefix), and a text answer is parsed from the judge's own words only.
 """
 
 from __future__ import annotations
