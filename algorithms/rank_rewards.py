@@ -11,13 +11,15 @@ from collections.abc import Sequence
 
 
 def average_ranks(
-    scores: Sequence[float], *, tie_eps: float = 0.0, higher_is_better: bool = True
+    scores: Sequence[float], *, tie_eps: float = 0.0, higher_is_better: bool = True, chain: bool = True
 ) -> list[float]:
     """1-based ranks of ``scores`` (1 = best), ties sharing their average rank.
 
-    Scores are sorted best first; neighbours in that order whose gap is below ``tie_eps`` (or exactly
-    0) join one tie block (so a chain of small gaps forms one block). A block covering positions
-    ``p..q`` gives each member ``(p + q) / 2``.
+    Scores are sorted best first. With ``chain`` (the default), neighbours in that order whose gap is
+    below ``tie_eps`` (or exactly 0) join one tie block, so a chain of small gaps forms one block that
+    may span far more than ``tie_eps``. Without it, a block starts at its best score (the leader) and
+    takes every following score closer than ``tie_eps`` to the leader (or equal to it), so no block
+    spans ``tie_eps`` or more. A block covering positions ``p..q`` gives each member ``(p + q) / 2``.
     """
     if tie_eps < 0:
         raise ValueError(f"tie_eps must be >= 0, got {tie_eps}")
@@ -29,7 +31,8 @@ def average_ranks(
     start = 0
     for pos in range(1, len(order) + 1):
         if pos < len(order):
-            gap = abs(values[order[pos]] - values[order[pos - 1]])
+            anchor = order[pos - 1] if chain else order[start]
+            gap = abs(values[order[pos]] - values[anchor])
             if gap == 0 or gap < tie_eps:
                 continue
         shared = (start + 1 + pos) / 2  # positions start+1 .. pos, 1-based

@@ -175,6 +175,7 @@ class RAPO(GRPO):
             temperature=sim.temperature,
             max_retries=sim.max_retries,
             with_thought=sim.with_thought,
+            rng=self.rng,
         )
         policy = ctx.policy
         self.rewriter = HFEngine(
@@ -192,6 +193,7 @@ class RAPO(GRPO):
             reverse_pass=jc.reverse_pass,
             shuffle=jc.shuffle,
             tie_eps=jc.tie_eps,
+            ties=jc.ties,
             max_new_tokens=jc.max_new_tokens,
             critique_tokens=jc.critique_tokens,
             show_profile=jc.show_profile,

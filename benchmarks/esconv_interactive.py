@@ -14,17 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
 from rapo_echo.benchmarks.esconv_data import EsconvConversation, read_esconv
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.labels import judge_labels
 from rapo_echo.simulators.esconv_seeker import (
     CRITIC_LABELS,
     SEEKER,
     SUPPORTER,
+    case_fence,
     clean_reply,
     critic_prompt,
     parse_critic,
@@ -40,6 +43,11 @@ DATA_HINT = (
 )
 
 
+def _own_verdict(text: str, fence: Fence) -> str | None:
+    """The critic's verdict in its own words (dialogue blocks it copied removed)."""
+    return parse_critic(fence.own_words(text))
+
+
 def require_data(data: str | None, benchmark: str) -> str:
     """The ``--data`` path, or a clear error saying which file to pass."""
     if not data:
@@ -52,6 +60,7 @@ class _Episode:
     case: Case
     conv: EsconvConversation
     turns: list[tuple[str, str]]
+    fence: Fence
     rewards: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
 
@@ -74,7 +83,10 @@ class EsconvInteractive:
         if roles.simulator is None or roles.judge is None:
             raise ConfigError("the esconv benchmark needs a simulator and a judge engine")
         max_turns = settings.max_turns or DEFAULT_MAX_TURNS
-        episodes = [_Episode(c, c.data, [(SEEKER, c.data.profile.situation)]) for c in cases]
+        episodes = [
+            _Episode(c, c.data, [(SEEKER, c.data.profile.situation)], case_fence(c.id, settings.seed))
+            for c in cases
+        ]
         for turn in range(1, max_turns + 1):
             active = [e for e in episodes if not e.done]
             if not active:
@@ -88,16 +100,16 @@ class EsconvInteractive:
                 e.turns.append((SUPPORTER, reply.strip()))
             answers = generate_texts(
                 roles.simulator,
-                [seeker_prompt(e.conv.profile, e.turns) for e in active],
+                [seeker_prompt(e.conv.profile, e.turns, e.fence) for e in active],
                 settings.simulator_params(),
             )
             for e, answer in zip(active, answers):
                 e.turns.append((SEEKER, clean_reply(answer)))
             verdicts = judge_labels(
                 roles.judge,
-                [critic_prompt(e.conv.profile, e.turns) for e in active],
+                [critic_prompt(e.conv.profile, e.turns, e.fence) for e in active],
                 CRITIC_LABELS,
-                parse_critic,
+                [partial(_own_verdict, fence=e.fence) for e in active],
                 settings.judge_params(),
                 retries=settings.judge_retries,
                 logprobs=settings.judge_logprobs,

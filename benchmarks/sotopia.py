@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
@@ -21,8 +22,9 @@ from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS, evaluator_prompt, over
 from rapo_echo.benchmarks.sotopia_profiles import SotopiaPair, load_sotopia
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.labels import parse_with_retries
-from rapo_echo.simulators.sotopia_agent import Turn, agent_prompt, parse_action
+from rapo_echo.judges.base import generate_parsed
+from rapo_echo.judges.fencing import Fence
+from rapo_echo.simulators.sotopia_agent import Turn, agent_fence, agent_prompt, parse_action
 
 DEFAULT_MAX_TURNS = 20
 MAX_STALE_TURNS = 2
@@ -45,11 +47,17 @@ def termination(history: Sequence[Turn], max_turns: int, max_stale: int = MAX_ST
     return None
 
 
+def _own_scores(text: str, fence: Fence) -> dict[str, float] | None:
+    """The evaluator's scores in its own words (blocks it copied from the prompt removed)."""
+    return parse_reply(fence.own_words(text))
+
+
 @dataclass
 class _Episode:
     case: Case
     pair: SotopiaPair
     policy_agent: int
+    fence: Fence
     history: list[Turn] = field(default_factory=list)
     end: str | None = None
 
@@ -83,7 +91,9 @@ class Sotopia:
                 "the sotopia benchmark needs a simulator (partner) and a judge (evaluator) engine"
             )
         max_turns = settings.max_turns or DEFAULT_MAX_TURNS
-        episodes = [_Episode(c, c.data, c.meta["policy_agent"]) for c in cases]
+        episodes = [
+            _Episode(c, c.data, c.meta["policy_agent"], agent_fence(c.id, settings.seed)) for c in cases
+        ]
         for turn in range(max_turns):
             actor = turn % 2
             active = [e for e in episodes if e.end is None]
@@ -97,9 +107,11 @@ class Sotopia:
             ):
                 if not group:
                     continue
-                prompts = [agent_prompt(e.pair.env, e.pair.agents, actor, e.history, turn) for e in group]
+                prompts = [
+                    agent_prompt(e.pair.env, e.pair.agents, actor, e.history, turn, e.fence) for e in group
+                ]
                 for e, text in zip(group, generate_texts(engine, prompts, params)):
-                    action, strict = parse_action(text, [a.name for a in e.pair.agents])
+                    action, strict = parse_action(e.fence.own_words(text), [a.name for a in e.pair.agents])
                     e.history.append(Turn(turn, actor, action, raw=text, strict=strict))
             finished = []
             for e in active:
@@ -112,9 +124,12 @@ class Sotopia:
         if not episodes:
             return
         assert roles.judge is not None
-        prompts = [evaluator_prompt(e.pair.env, e.pair.agents, e.history, e.policy_agent) for e in episodes]
-        verdicts = parse_with_retries(
-            roles.judge, prompts, parse_reply, settings.judge_params(), settings.judge_retries
+        prompts = [
+            evaluator_prompt(e.pair.env, e.pair.agents, e.history, e.policy_agent, e.fence) for e in episodes
+        ]
+        parsers = [partial(_own_scores, fence=e.fence) for e in episodes]
+        verdicts = generate_parsed(
+            roles.judge, prompts, parsers, settings.judge_params(), max_retries=settings.judge_retries
         )
         for e, v in zip(episodes, verdicts):
             metrics: dict[str, Any] = {}

@@ -19,12 +19,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.simulators.sotopia_agent import (
     AgentProfile,
     EnvironmentProfile,
     Turn,
     background,
-    history_text,
+    episode_blocks,
+    inline,
 )
 from rapo_echo.types import Conversation, msg
 
@@ -86,20 +88,25 @@ def overall(scores: dict[str, float]) -> float:
 
 
 def evaluator_prompt(
-    env: EnvironmentProfile, agents: Sequence[AgentProfile], history: Sequence[Turn], evaluated: int
+    env: EnvironmentProfile,
+    agents: Sequence[AgentProfile],
+    history: Sequence[Turn],
+    evaluated: int,
+    fence: Fence | None = None,
 ) -> Conversation:
-    """The evaluator's prompt for agent ``evaluated`` (0 or 1) of a finished episode."""
-    names = [a.name for a in agents]
+    """The evaluator's prompt for agent ``evaluated`` (0 or 1) of a finished episode: the scenario,
+    backgrounds, goals and episode in fenced blocks, the instructions outside. Parse its reply with
+    ``parse_reply(fence.own_words(reply))``."""
+    fence = fence or Fence.derived([env.scenario, env.codename], salt="sotopia")
+    names = [inline(a.name, fence) for a in agents]
     bgs = [background(a, own=True, relationship=env.relationship) for a in agents]
     ranges = "\n".join(
         f"{d}: an integer from {lo} to {hi} -- {DESCRIPTIONS[d]}" for d, (lo, hi) in DIMENSIONS.items()
     )
     text = (
-        f"Scenario: {env.scenario}\n"
-        f"Relationship: {env.relationship.replace('_', ' ')}\n"
-        f"{names[0]}'s background: {bgs[0]}\n{names[1]}'s background: {bgs[1]}\n"
-        f"{names[0]}'s goal: {env.agent_goals[0]}\n{names[1]}'s goal: {env.agent_goals[1]}\n\n"
-        f"The interaction:\n{history_text(history, names) or '(nothing happened)'}\n\n"
+        f"{fence.rules()}\n\n"
+        + episode_blocks(env, names, bgs, env.agent_goals, history, fence, "(nothing happened)")
+        + f"\nRelationship: {inline(env.relationship.replace('_', ' '), fence)}\n\n"
         f"Evaluate {names[evaluated]} on these seven dimensions:\n{ranges}\n\n"
         "Reply with exactly seven lines of the form 'dimension: score', using the dimension names above."
     )

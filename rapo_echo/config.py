@@ -211,6 +211,8 @@ class RapoJudgeConfig(Strict):
     reverse_pass: bool = False
     shuffle: bool = True
     tie_eps: float = Field(0.02, ge=0.0, le=1.0)
+    # log-prob mode: how P(best) becomes ranks (judges/group.py TIE_RULES; the README's tie study)
+    ties: Literal["chained", "leader", "none", "sequential", "pairwise"] = "chained"
     show_profile: bool = True
     max_new_tokens: int = Field(384, ge=16)
     critique_tokens: int = Field(64, ge=8)

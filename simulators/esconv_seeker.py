@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.types import Conversation, msg
 
 SEEKER = "seeker"
@@ -27,8 +28,8 @@ SEEKER_SYSTEM = (
     "therapist in a counselling conversation. Stay in character: you are the patient, not an assistant."
 )
 SEEKER_BRIEF = (
-    "You are the patient who is looking for help from the therapist, because you have the emotional issue "
-    "about {emotion} regarding {problem}. Your situation: {situation}\n"
+    "You are the patient who is looking for help from the therapist, because of the emotional issue "
+    "described here:\n{case}\n{rules}\n"
     "Please reply with only one short and succinct sentence. Now tell me your issue."
 )
 CRITIC_SYSTEM = (
@@ -38,8 +39,8 @@ CRITIC_SYSTEM = (
 CRITIC_QUESTION = (
     "You can only reply with one of the following words: worse (No, the Patient feels worse), "
     "same (No, the Patient feels the same), better (No, but the Patient feels better), "
-    "solved (Yes, the Patient's issue has been solved).\n\n"
-    "The following is a conversation about {emotion} regarding {problem}: {dialogue}\n"
+    "solved (Yes, the Patient's issue has been solved).\n{rules}\n\n"
+    "The Patient's issue:\n{case}\n\nThe conversation:\n{dialogue}\n\n"
     "Question: Has the Patient's issue been solved? Answer with one word."
 )
 
@@ -55,14 +56,29 @@ class SeekerProfile:
     situation: str
 
 
-def seeker_prompt(profile: SeekerProfile, turns: Sequence[tuple[str, str]]) -> Conversation:
-    """The simulator's prompt: the role brief, then the dialogue seen from the seeker's side (its own
-    turns as ``assistant``); ``turns`` are ``(speaker, text)`` pairs and must end with the supporter."""
+def case_block(profile: SeekerProfile, fence: Fence) -> str:
+    """The ESConv case (dataset text) as one fenced block."""
+    situation = profile.situation.strip()
+    return fence.block(
+        "CASE", f"Emotion: {profile.emotion_type}\nProblem: {profile.problem_type}\nSituation: {situation}"
+    )
+
+
+def case_fence(case_id: str, seed: int | None = None) -> Fence:
+    """The fence of one episode: a reproducible marker from the case id and the run's seed."""
+    return Fence.derived([case_id], salt=f"esconv:{seed}")
+
+
+def seeker_prompt(
+    profile: SeekerProfile, turns: Sequence[tuple[str, str]], fence: Fence | None = None
+) -> Conversation:
+    """The simulator's prompt: the role brief (the case fenced), then the dialogue seen from the seeker's
+    side (its own turns as ``assistant``, the role-play itself); ``turns`` are ``(speaker, text)`` pairs
+    and must end with the supporter."""
     if not turns or turns[-1][0] != SUPPORTER:
         raise ValueError("the seeker replies to the supporter: the last turn must be the supporter's")
-    brief = SEEKER_BRIEF.format(
-        emotion=profile.emotion_type, problem=profile.problem_type, situation=profile.situation.strip()
-    )
+    fence = fence or Fence.derived([profile.situation], salt="esconv")
+    brief = SEEKER_BRIEF.format(case=case_block(profile, fence), rules=fence.rules())
     out: Conversation = [msg("system", SEEKER_SYSTEM), msg("user", brief)]
     out.extend(msg("assistant" if who == SEEKER else "user", text) for who, text in turns)
     return out
@@ -77,11 +93,16 @@ def supporter_prompt(system_prompt: str | None, turns: Sequence[tuple[str, str]]
     return out
 
 
-def critic_prompt(profile: SeekerProfile, turns: Sequence[tuple[str, str]]) -> Conversation:
-    """The critic's prompt: the whole dialogue as ``Therapist: ... Patient: ...`` and PPDPP's question."""
-    dialogue = " ".join(f"{'Patient' if who == SEEKER else 'Therapist'}: {text}" for who, text in turns)
+def critic_prompt(
+    profile: SeekerProfile, turns: Sequence[tuple[str, str]], fence: Fence | None = None
+) -> Conversation:
+    """The critic's prompt: PPDPP's question, the case and the whole dialogue (``Therapist: ...`` /
+    ``Patient: ...`` lines) in fenced blocks. Parse its answer with
+    ``parse_critic(fence.own_words(text))``."""
+    fence = fence or Fence.derived([profile.situation], salt="esconv")
+    lines = "\n".join(f"{'Patient' if who == SEEKER else 'Therapist'}: {text}" for who, text in turns)
     question = CRITIC_QUESTION.format(
-        emotion=profile.emotion_type, problem=profile.problem_type, dialogue=dialogue
+        rules=fence.rules(), case=case_block(profile, fence), dialogue=fence.block("DIALOGUE", lines)
     )
     return [msg("system", CRITIC_SYSTEM), msg("user", question)]
 

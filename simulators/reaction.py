@@ -15,6 +15,7 @@ their feelings changed and a short inner thought. Every stage is one batched eng
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,9 +26,10 @@ from rapo_echo.judges.base import (
     Parsed,
     check_logprobs_mode,
     generate_parsed,
-    label_probabilities,
+    read_label_probabilities,
     wants_logprobs,
 )
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.esconv_seeker import clean_reply
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
@@ -137,7 +139,10 @@ class ReactionSimulator:
         temperature: float = 0.7,
         max_retries: int = 2,
         with_thought: bool = True,
+        rng: random.Random | None = None,
     ) -> None:
+        """``rng`` (e.g. the algorithm's seeded, checkpointed generator) draws each batch's fence marker;
+        without one the marker is a hash of the batch's texts."""
         if scale <= 0:
             raise ValueError(f"ReactionSimulator: scale must be > 0, got {scale}")
         check_logprobs_mode("ReactionSimulator", use_logprobs)
@@ -153,28 +158,46 @@ class ReactionSimulator:
         self.temperature = temperature
         self.max_retries = max_retries
         self.with_thought = with_thought
+        self.rng = rng
 
     # ------------------------------------------------------------------ prompts
-    def system_prompt(self, scenario: Scenario) -> str:
-        """The role brief: who the person is, and to answer briefly as that person, never as an assistant."""
+    def fence(self, pairs: Sequence[tuple[Scenario, str]]) -> Fence:
+        """One fence for a batch: from ``rng`` when the simulator has one, else a hash of the batch's
+        texts (reproducible either way; prompts of one context keep their shared prefix)."""
+        if self.rng is not None:
+            return Fence(rng=self.rng)
+        return Fence.derived(
+            (t for s, r in pairs for t in (r, *(m["content"] for m in s.messages))), "reaction"
+        )
+
+    def system_prompt(self, scenario: Scenario, fence: Fence | None = None) -> str:
+        """The role brief: who the person is (fenced), and to answer briefly as that person, never as an
+        assistant."""
+        fence = fence or self.fence([(scenario, "")])
         profile = render_profile(scenario.profile)
-        about = f"About you (the supporter does not know this):\n{profile}\n\n" if profile else ""
+        about = (
+            f"About you (the supporter does not know this):\n{fence.block('PROFILE', profile)}\n\n"
+            if profile
+            else ""
+        )
         return (
             "You are role-playing a person who is talking to a supporter about something that troubles "
-            f"you.\n{about}"
+            f"you.\n{fence.rules()}\n\n{about}"
             "Stay in character: answer in 1-3 short sentences as this person would, honestly showing how "
             "the supporter's words land with you. Never act as an assistant, never give advice, never "
             "break character."
         )
 
-    def message_prompt(self, scenario: Scenario, reply: str) -> Conversation:
-        """Roles flipped: the person is ``assistant``, the supporter (dialogue + candidate reply) ``user``."""
+    def message_prompt(self, scenario: Scenario, reply: str, fence: Fence | None = None) -> Conversation:
+        """Roles flipped: the person is ``assistant``, the supporter (dialogue + candidate reply) ``user``.
+        The turns stay chat messages of their own (the role-play itself); the profile is fenced."""
+        fence = fence or self.fence([(scenario, reply)])
         flip = {"user": "assistant", "assistant": "user"}
         turns = [msg(flip[m["role"]], m["content"]) for m in scenario.messages if m["role"] in flip]
         turns.append(msg("user", reply))
         if turns[0]["role"] == "assistant":  # templates that need user-first alternation
             turns.insert(0, msg("user", "(The chat with the supporter begins. You speak first.)"))
-        merged: Conversation = [msg("system", self.system_prompt(scenario))]
+        merged: Conversation = [msg("system", self.system_prompt(scenario, fence))]
         for m in turns:
             if merged[-1]["role"] == m["role"]:
                 merged[-1] = msg(m["role"], merged[-1]["content"] + "\n\n" + m["content"])
@@ -182,36 +205,45 @@ class ReactionSimulator:
                 merged.append(m)
         return merged
 
-    def _situation(self, scenario: Scenario, reply: str) -> str:
+    def _situation(self, scenario: Scenario, reply: str, fence: Fence) -> str:
         dialogue = render_dialogue(scenario.messages, user="You", assistant="Supporter")
-        return f"The conversation so far:\n{dialogue}\n\nThe supporter now says:\n{reply}\n\n"
+        shown = fence.block("DIALOGUE", dialogue) if dialogue else "(none: the supporter speaks first)"
+        return (
+            f"The conversation so far:\n{shown}\n\nThe supporter now says:\n{fence.block('REPLY', reply)}\n\n"
+        )
 
-    def emotion_prompt(self, scenario: Scenario, reply: str) -> Conversation:
+    def emotion_prompt(self, scenario: Scenario, reply: str, fence: Fence | None = None) -> Conversation:
         """Asks (in character) how the reply changed the person's feelings, on the 7-point label scale;
         ends with an assistant prefix right before the label."""
+        fence = fence or self.fence([(scenario, reply)])
         question = (
-            self._situation(scenario, reply)
+            self._situation(scenario, reply, fence)
             + "How does this reply change how you feel? Answer with one number: 1 = much worse, "
             "2 = worse, 3 = a little worse, 4 = no change, 5 = a little better, 6 = better, "
             "7 = much better."
         )
         return [
-            msg("system", self.system_prompt(scenario)),
+            msg("system", self.system_prompt(scenario, fence)),
             msg("user", question),
             msg("assistant", EMOTION_PREFIX),
         ]
 
-    def thought_prompt(self, scenario: Scenario, reply: str, message: str) -> Conversation:
+    def thought_prompt(
+        self, scenario: Scenario, reply: str, message: str, fence: Fence | None = None
+    ) -> Conversation:
         """Asks for the person's short private thought about the reply (not said aloud)."""
+        fence = fence or self.fence([(scenario, reply + message)])
         question = (
-            self._situation(scenario, reply)
-            + f"You answered:\n{message}\n\nIn one short sentence, what do you privately think or feel "
-            "about the supporter's reply, that you would not say aloud? Write only the thought."
+            self._situation(scenario, reply, fence)
+            + f"You answered:\n{fence.block('YOUR ANSWER', message)}\n\nIn one short sentence, what do you "
+            "privately think or feel about the supporter's reply, that you would not say aloud? Write only "
+            "the thought."
         )
-        return [msg("system", self.system_prompt(scenario)), msg("user", question)]
+        return [msg("system", self.system_prompt(scenario, fence)), msg("user", question)]
 
-    def text_prompt(self, scenario: Scenario, reply: str) -> Conversation:
+    def text_prompt(self, scenario: Scenario, reply: str, fence: Fence | None = None) -> Conversation:
         """Text mode: one prompt asking for the labelled fields."""
+        fence = fence or self.fence([(scenario, reply)])
         bound = f"{self.scale:g}"
         lines = []
         if self.with_thought:
@@ -221,11 +253,11 @@ class ReactionSimulator:
             f"Emotion change: <an integer from -{bound} (much worse) to {bound} (much better), 0 = same>",
         ]
         question = (
-            self._situation(scenario, reply)
+            self._situation(scenario, reply, fence)
             + "React as this person. Write exactly these lines and nothing else:\n"
             + "\n".join(lines)
         )
-        return [msg("system", self.system_prompt(scenario)), msg("user", question)]
+        return [msg("system", self.system_prompt(scenario, fence)), msg("user", question)]
 
     # ------------------------------------------------------------------ parsing
     @staticmethod
@@ -265,27 +297,39 @@ class ReactionSimulator:
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature, stop=stop)
 
     def _react_logprobs(self, pairs: Sequence[tuple[Scenario, str]]) -> list[Reaction]:
+        fence = self.fence(pairs)
         messages = generate_parsed(
             self.engine,
-            [self.message_prompt(s, r) for s, r in pairs],
-            self.clean_message,
+            [self.message_prompt(s, r, fence) for s, r in pairs],
+            lambda text: self.clean_message(fence.own_words(text)),
             self._params(self.max_new_tokens, stop=PARAGRAPH_STOP),
             max_retries=self.max_retries,
+            role="simulator",
         )
-        probs = label_probabilities(
-            self.engine, [self.emotion_prompt(s, r) for s, r in pairs], EMOTION_LABELS
+        probs = read_label_probabilities(
+            self.engine,
+            [self.emotion_prompt(s, r, fence) for s, r in pairs],
+            EMOTION_LABELS,
+            role="simulator",
         )
-        deltas = [emotion_delta(p, self.scale) for p in probs]
+        deltas = [None if p is None else emotion_delta(p, self.scale) for p in probs]
         thoughts: dict[int, Parsed[str]] = {}
-        ok = [i for i, m in enumerate(messages) if m.value is not None]
+        ok = [i for i, m in enumerate(messages) if m.value is not None and deltas[i] is not None]
         if self.with_thought and ok:
-            prompts = [self.thought_prompt(*pairs[i], messages[i].value or "") for i in ok]
+            prompts = [self.thought_prompt(*pairs[i], messages[i].value or "", fence) for i in ok]
             params = self._params(self.thought_tokens, stop=PARAGRAPH_STOP)
-            written = generate_parsed(self.engine, prompts, self.clean_thought, params, max_retries=0)
+            written = generate_parsed(
+                self.engine,
+                prompts,
+                lambda text: self.clean_thought(fence.own_words(text)),
+                params,
+                max_retries=0,
+                role="simulator",
+            )
             thoughts = dict(zip(ok, written))
         out = []
         for i, m in enumerate(messages):
-            valid = m.value is not None
+            valid = m.value is not None and deltas[i] is not None  # no usable emotion labels: invalid
             thought = thoughts.get(i)
             out.append(
                 Reaction(
@@ -301,12 +345,14 @@ class ReactionSimulator:
         return out
 
     def _react_text(self, pairs: Sequence[tuple[Scenario, str]]) -> list[Reaction]:
+        fence = self.fence(pairs)
         parsed = generate_parsed(
             self.engine,
-            [self.text_prompt(s, r) for s, r in pairs],
-            self.parse_text,
+            [self.text_prompt(s, r, fence) for s, r in pairs],
+            lambda text: self.parse_text(fence.own_words(text)),
             self._params(self.max_new_tokens + (self.thought_tokens if self.with_thought else 0)),
             max_retries=self.max_retries,
+            role="simulator",
         )
         out = []
         for p in parsed:

@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.types import Conversation, msg
 
 ACTION_TYPES = ("none", "speak", "non-verbal communication", "action", "leave")
@@ -133,27 +134,62 @@ def history_text(history: Sequence[Turn], names: Sequence[str]) -> str:
     return "\n".join(f"Turn #{t.number}: {t.action.describe(names[t.agent])}" for t in history)
 
 
+def inline(text: str, fence: Fence) -> str:
+    """Dataset text shown outside a block (a name): one line, the marker escaped."""
+    return fence.escape(" ".join(str(text).split()))
+
+
+def episode_blocks(
+    env: EnvironmentProfile,
+    names: Sequence[str],
+    backgrounds: Sequence[str],
+    goals: Sequence[str],
+    history: Sequence[Turn],
+    fence: Fence,
+    empty: str,
+) -> str:
+    """The scenario, both backgrounds and goals, and the episode so far, each in a fenced block."""
+    parts = [
+        f"Scenario:\n{fence.block('SCENARIO', env.scenario)}",
+        f"Participants: {names[0]} and {names[1]}",
+    ]
+    for k in range(2):
+        parts.append(f"{names[k]}'s background:\n{fence.block(f'BACKGROUND {k + 1}', backgrounds[k])}")
+    for k in range(2):
+        parts.append(f"{names[k]}'s goal:\n{fence.block(f'GOAL {k + 1}', goals[k])}")
+    past = history_text(history, names)
+    parts.append(f"Conversation so far:\n{fence.block('CONVERSATION', past) if past else empty}")
+    return "\n".join(parts)
+
+
+def agent_fence(case_id: str, seed: int | None = None) -> Fence:
+    """The fence of one episode: a reproducible marker from the case id and the run's seed."""
+    return Fence.derived([case_id], salt=f"sotopia:{seed}")
+
+
 def agent_prompt(
-    env: EnvironmentProfile, agents: Sequence[AgentProfile], me: int, history: Sequence[Turn], turn: int
+    env: EnvironmentProfile,
+    agents: Sequence[AgentProfile],
+    me: int,
+    history: Sequence[Turn],
+    turn: int,
+    fence: Fence | None = None,
 ) -> Conversation:
-    """The prompt of agent ``me`` (0 or 1) at turn ``turn``: one user message, as sotopia renders it."""
+    """The prompt of agent ``me`` (0 or 1) at turn ``turn``: one user message, as sotopia renders it,
+    with the scenario, profiles, goals and episode in fenced blocks (``fence``, default one derived from
+    the scenario)."""
+    fence = fence or Fence.derived([env.scenario, env.codename], salt="sotopia")
     other = 1 - me
-    names = [a.name for a in agents]
+    names = [inline(a.name, fence) for a in agents]
     goals = [env.agent_goals[me] if i == me else "Unknown" for i in range(2)]
     bgs = [background(agents[i], own=i == me, relationship=env.relationship) for i in range(2)]
-    past = history_text(history, names) or "(nothing has happened yet)"
     text = (
         f"Imagine you are {names[me]}. Act and speak as {names[me]} would, pursuing {names[me]}'s "
         f"social goal in a way that fits their character. Only you can see {names[me]}'s secret and goal. "
-        "Keep the conversation natural and realistic, and do not repeat what has already been said.\n\n"
-        f"Scenario: {env.scenario}\n"
-        f"Participants: {names[0]} and {names[1]}\n"
-        f"{names[0]}'s background: {bgs[0]}\n"
-        f"{names[1]}'s background: {bgs[1]}\n"
-        f"{names[0]}'s goal: {goals[0]}\n"
-        f"{names[1]}'s goal: {goals[1]}\n\n"
-        f"Conversation so far:\n{past}\n\n"
-        f"You are at Turn #{turn}. You are {names[me]}, talking with {names[other]}. "
+        "Keep the conversation natural and realistic, and do not repeat what has already been said.\n"
+        f"{fence.rules()}\n\n"
+        + episode_blocks(env, names, bgs, goals, history, fence, "(nothing has happened yet)")
+        + f"\n\nYou are at Turn #{turn}. You are {names[me]}, talking with {names[other]}. "
         f"Your available action types are: {', '.join(ACTION_TYPES)}. You may leave once you have reached "
         "your goal, or if the conversation makes you uncomfortable or you lose patience.\n"
         'Reply with only a JSON object such as {"action_type": "speak", "argument": "what you say"}: '

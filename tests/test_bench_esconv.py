@@ -16,6 +16,7 @@ from rapo_echo.benchmarks.esconv_reference import EsconvReference
 from rapo_echo.benchmarks.text_metrics import reference_metrics
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.labels import judge_labels, parse_with_retries
 from rapo_echo.simulators.esconv_seeker import (
     CRITIC_LABELS,
@@ -127,8 +128,11 @@ def test_supporter_and_critic_prompts():
     p = supporter_prompt("Be kind.", TURNS + [(SEEKER, "Yes.")])
     assert [m["role"] for m in p] == ["system", "user", "assistant", "user"]
     assert supporter_prompt(None, TURNS[:1])[0] == {"role": "user", "content": "My partner left me."}
-    c = critic_prompt(PROFILE, TURNS)
-    assert "Patient: My partner left me. Therapist: That sounds painful." in c[1]["content"]
+    fence = Fence("ABCDEF12")
+    c = critic_prompt(PROFILE, TURNS, fence)
+    dialogue = fence.block("DIALOGUE", "Patient: My partner left me.\nTherapist: That sounds painful.")
+    assert dialogue in c[1]["content"] and fence.rules() in c[1]["content"]
+    assert "Situation: My partner left me." in c[1]["content"].split("<<<CASE ABCDEF12>>>")[1]
     assert all(label in c[1]["content"] for label in CRITIC_LABELS)
 
 

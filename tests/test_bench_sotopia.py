@@ -22,6 +22,7 @@ from rapo_echo.benchmarks.sotopia_eval import (
 from rapo_echo.benchmarks.sotopia_profiles import SOTOPIA_HARD_ENV_IDS, bundled_scenarios_path, load_sotopia
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.simulators.sotopia_agent import (
     AgentAction,
     AgentProfile,
@@ -185,9 +186,12 @@ def test_agent_prompt_shows_own_secret_and_goal_only():
         Turn(0, 0, AgentAction("speak", "Hi Bob!")),
         Turn(1, 1, AgentAction("non-verbal communication", "waves")),
     ]
-    text = agent_prompt(ENV, (ALICE, BOB), 1, history, 2)[0]["content"]
+    fence = Fence("ABCDEF12")
+    text = agent_prompt(ENV, (ALICE, BOB), 1, history, 2, fence)[0]["content"]
     assert "owes money" in text and "afraid of dogs" not in text
-    assert "Bob Tan's goal: Borrow 500 dollars." in text and "Alice Moreau's goal: Unknown" in text
+    assert f"Bob Tan's goal:\n{fence.block('GOAL 2', 'Borrow 500 dollars.')}" in text
+    assert f"Alice Moreau's goal:\n{fence.block('GOAL 1', 'Unknown')}" in text
+    assert fence.block("SCENARIO", ENV.scenario) in text and fence.rules() in text
     assert (
         'Turn #0: Alice Moreau said: "Hi Bob!"' in text
         and "Turn #1: Bob Tan [non-verbal communication] waves" in text

@@ -11,21 +11,23 @@ import re
 import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.judges.base import generate_parsed
+from rapo_echo.judges.base import RETRY_TEMPERATURE, generate_parsed
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.group import (
     BEST_PREFIX,
     CRITIQUE_PREFIX,
     CRITIQUE_STOP,
-    RETRY_TEMPERATURE,
     Candidate,
     GroupJudge,
     label_options,
+    pairwise_scores,
     parse_ranking,
+    ranks_from_p_best,
 )
 from rapo_echo.simulators.reaction import Reaction
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
-_SHOWN = re.compile(r"^Reply ([A-Z]): (.*)$", re.M)
+_SHOWN = re.compile(r"^<<<REPLY ([A-Z]) [0-9A-F]{8}>>>\n(.*?)\n<<<END REPLY \1 [0-9A-F]{8}>>>$", re.M | re.S)
 
 
 def scenario(sid: str = "s") -> Scenario:
@@ -149,6 +151,86 @@ def test_tie_eps_on_p_best():
     assert out[0].ranks == [1.5, 1.5, 3.0]
 
 
+# ---------------------------------------------------------------------------- tie rules (rapo.judge.ties)
+@pytest.mark.parametrize(
+    ("ties", "expected"),
+    [
+        # P sorted 0.30, 0.29, 0.275, 0.135, eps 0.02: gaps 0.01, 0.015, 0.14
+        ("chained", [2.0, 2.0, 2.0, 4.0]),  # both small gaps chain: positions 1-3 -> 2 (a 0.025 span)
+        ("leader", [1.5, 1.5, 3.0, 4.0]),  # 0.30 takes 0.29 (0.01) but not 0.275 (0.025 >= 0.02)
+        ("none", [1.0, 2.0, 3.0, 4.0]),
+    ],
+)
+def test_p_best_tie_rules(ties, expected):
+    quality = {"a": 0.30, "b": 0.29, "c": 0.275, "d": 0.135}
+    engine = ScriptedEngine(choice_fn=quality_choice_fn(quality))
+    judge = GroupJudge(engine, tie_eps=0.02, ties=ties)
+    out = judge.rank([scenario()], [group("a", "b", "c", "d")], with_critiques=False)
+    assert out[0].ranks == expected and out[0].scores == pytest.approx([0.30, 0.29, 0.275, 0.135])
+    assert ranks_from_p_best([0.30, 0.29, 0.275, 0.135], ties, 0.02) == expected
+
+
+def test_sequential_asks_again_without_the_chosen_reply():
+    # P(best) depends on who is shown: "b" beats everyone only while "a" is absent (a judge whose first
+    # choice is a but who prefers b over c): the rounds must drop the chosen reply and re-ask.
+    def choice(prompt, options):
+        there = set(shown(prompt).values())
+        weights = {"a": 5.0, "b": 1.0 if "a" in there else 3.0, "c": 2.0, "d": 0.5}
+        labels = shown(prompt)
+        return {o: math.log(weights[labels[o.strip()]]) if o.strip() in labels else 0.0 for o in options}
+
+    engine = ScriptedEngine(choice_fn=choice)
+    judge = GroupJudge(engine, ties="sequential", shuffle=False)
+    (out,) = judge.rank([scenario()], [group("a", "b", "c", "d")], with_critiques=False)
+    # round 1 (a b c d): a; round 2 (b c d, b now 3): b; round 3 (c d): c; d is last.
+    # Ranking by round-1 P(best) alone would put c (2) above b (1).
+    assert out.ranks == [1.0, 2.0, 3.0, 4.0]
+    assert [sorted(shown(c["prompts"][0]).values()) for c in engine.calls] == [
+        ["a", "b", "c", "d"],
+        ["b", "c", "d"],
+        ["c", "d"],
+    ]
+    assert out.scores == pytest.approx([5 / 8.5, 1 / 8.5, 2 / 8.5, 0.5 / 8.5])  # the first round's P(best)
+    assert judge.stats["rank_calls"] == 3
+
+
+def test_pairwise_averages_both_orders_of_every_pair():
+    # P(shown first helped more) per presentation (first, second):
+    first_wins = {
+        ("a", "b"): 0.8,
+        ("b", "a"): 0.4,
+        ("a", "c"): 0.5,
+        ("c", "a"): 0.5,
+        ("b", "c"): 0.3,
+        ("c", "b"): 0.9,
+    }
+
+    def choice(prompt, options):
+        labels = shown(prompt)
+        p = first_wins[(labels["A"], labels["B"])]
+        return {o: math.log({" A": p, " B": 1 - p}.get(o, 1e-9)) for o in options}
+
+    engine = ScriptedEngine(choice_fn=choice)
+    (out,) = GroupJudge(engine, ties="pairwise").rank(
+        [scenario()], [group("a", "b", "c")], with_critiques=False
+    )
+    # a: (a,b) 0.8, (b,a) 0.6, (a,c) 0.5, (c,a) 0.5 -> 0.6; b: 0.2, 0.4, 0.3, 0.1 -> 0.25;
+    # c: 0.5, 0.5, 0.7, 0.9 -> 0.65. Ranks: c 1, a 2, b 3.
+    assert out.scores == pytest.approx([0.6, 0.25, 0.65]) and out.ranks == [2.0, 3.0, 1.0]
+    assert len(engine.calls) == 1 and len(engine.calls[0]["prompts"]) == 6
+    assert engine.calls[0]["options"] == [" A", " B"]
+
+
+def test_pairwise_scores_by_hand():
+    # presentations (i, j, p_i, p_j): 0 vs 1 once (0.7 / 0.3), 1 vs 0 once (0.5 / 0.5) -> 0: 0.6, 1: 0.4
+    assert pairwise_scores(3, [(0, 1, 0.7, 0.3), (1, 0, 0.5, 0.5)]) == pytest.approx([0.6, 0.4, 0.0])
+
+
+def test_unknown_tie_rule_is_refused():
+    with pytest.raises(ValueError, match="ties must be one of"):
+        GroupJudge(ScriptedEngine(), ties="borda")
+
+
 def test_reverse_pass_cancels_position_bias():
     # A judge that always prefers whatever is shown first: P(A) = 0.6, P(B) = P(C) = 0.2.
     # pass 1 (order 0,1,2): ranks [1, 2.5, 2.5]; pass 2 (order 2,1,0): ranks [2.5, 2.5, 1]
@@ -249,10 +331,15 @@ def test_critiques_one_batched_call_with_contrast():
     texts = [p[1]["content"] for p in engine.calls[1]["prompts"]]
     assert "ranked 1 of 3" in texts[0] and "for contrast" not in texts[0]
     assert "ranked 3 of 3" in texts[1] and "(no reaction)" in texts[1]
-    assert "for contrast:\nkind\nPerson's reaction: Thank you." in texts[1]
+    m = re.search(r"<<<BEST REPLY ([0-9A-F]{8})>>>", texts[1])
+    assert m is not None
+    fence = Fence(m.group(1))  # one marker for the whole batch
+    assert all(t.count(fence.marker) >= 4 for t in texts)
+    assert f"for contrast:\n{fence.block('BEST REPLY', 'kind')}\nPerson's reaction:\n" in texts[1]
+    assert fence.block("REACTION BEST", "Thank you.") in texts[1]
     assert "Emotion change: +4.0 on a -10..+10 scale (negative = feels worse)" in texts[1]
-    assert "unspoken thought: finally" in texts[1]
-    assert "ranked 2 of 3" in texts[2] and "for contrast:\nkind" in texts[2]
+    assert f"unspoken thought:\n{fence.block('THOUGHT BEST', 'finally')}" in texts[1]
+    assert "ranked 2 of 3" in texts[2] and f"for contrast:\n{fence.block('BEST REPLY', 'kind')}" in texts[2]
     assert "ranked 1 of 1" in texts[3] and "for contrast" not in texts[3]
     assert all("Do not write a new reply" in t for t in texts)
     # the prefix joins the continuation, cut at the first blank line, whitespace normalised
@@ -370,7 +457,7 @@ class RecordingEngine(ScriptedEngine):
 
 
 def test_first_attempt_is_greedy_and_retries_sample():
-    # a greedy retry would repeat the failed answer, so retries (judges.base.generate_parsed's retry_params)
+    # a greedy retry would repeat the failed answer, so retries (judges.base.retry_sampling)
     # sample at RETRY_TEMPERATURE; critiques stop at the first blank line
     answers = iter(["no ranking here", "Ranking: A > B", "   ", "they felt heard.", "too blunt."])
     engine = RecordingEngine(fn=lambda p: next(answers))

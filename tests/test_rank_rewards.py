@@ -46,6 +46,17 @@ def test_average_ranks_tie_eps_chains_neighbours():
     assert average_ranks([0.50, 0.47, 0.49, 0.10], tie_eps=0.015) == [1.5, 3.0, 1.5, 4.0]
 
 
+def test_average_ranks_without_chaining_ties_only_near_the_leader():
+    # sorted 0.50, 0.49, 0.47, 0.45, 0.10 with tie_eps 0.025: chained, every gap (0.01, 0.02, 0.02) is
+    # small, so 0.50..0.45 form one block of positions 1-4 -> 2.5 each (a block spanning 0.05).
+    scores = [0.50, 0.47, 0.49, 0.45, 0.10]
+    assert average_ranks(scores, tie_eps=0.025) == [2.5, 2.5, 2.5, 2.5, 5.0]
+    # not chained: the leader 0.50 takes 0.49 (0.01 < 0.025) but not 0.47 (0.03) -> positions 1-2: 1.5;
+    # 0.47 leads the next block and takes 0.45 (0.02) -> positions 3-4: 3.5; 0.10 -> 5
+    assert average_ranks(scores, tie_eps=0.025, chain=False) == [1.5, 3.5, 1.5, 3.5, 5.0]
+    assert average_ranks([3, 3, 1], chain=False) == [1.5, 1.5, 3.0]  # exact ties still tie
+
+
 def test_average_ranks_edge_cases_and_errors():
     assert average_ranks([]) == []
     assert average_ranks([0.3]) == [1.0]

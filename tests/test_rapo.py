@@ -61,7 +61,7 @@ def simulator() -> ScriptedEngine:
         return f"reaction to {tag_of(prompt[-1]['content'])}"
 
     def emotion(prompt, options):
-        said = re.search(r"The supporter now says:\n(.*?)\n", prompt_text(prompt)).group(1)
+        said = re.search(r"The supporter now says:\n<<<REPLY \w+>>>\n(.*?)\n", prompt_text(prompt)).group(1)
         chosen = EMOTION_LABEL[tag_of(said)]
         return {o: (0.0 if o == chosen else -50.0) for o in options}
 
@@ -70,13 +70,13 @@ def simulator() -> ScriptedEngine:
 
 def judge(text_mode_garbage: bool = False) -> ScriptedEngine:
     def best(prompt, options):
-        shown = dict(re.findall(r"Reply ([A-Z]): (\w+):", prompt_text(prompt)))
+        shown = dict(re.findall(r"<<<REPLY ([A-Z]) \w+>>>\n(\w+):", prompt_text(prompt)))
         return {o: QUALITY[shown[o.strip()]] for o in options}
 
     def critique(prompt):
         if text_mode_garbage:
             return "I cannot decide."
-        under = re.search(r"1 = best\):\n(\w+):", prompt_text(prompt)).group(1)
+        under = re.search(r"1 = best\):\n<<<REVIEWED REPLY \w+>>>\n(\w+):", prompt_text(prompt)).group(1)
         return f"critique of {under}"
 
     return ScriptedEngine(fn=critique, choice_fn=None if text_mode_garbage else best)

@@ -218,7 +218,7 @@ def test_text_mode_parses_retries_and_marks_invalid():
     }
 
     def fn(prompt: Conversation) -> str:
-        reply = prompt[-1]["content"].split("The supporter now says:\n")[1].split("\n")[0]
+        reply = prompt[-1]["content"].split("The supporter now says:\n")[1].split("\n")[1]  # inside the block
         asked[reply] = asked.get(reply, 0) + 1
         options = answers[reply]
         return options[min(asked[reply], len(options)) - 1]

@@ -131,6 +131,42 @@ def test_judge_reward_text_mode_retries_then_invalid() -> None:
     assert [len(c["prompts"]) for c in engine.calls] == [2, 1, 1]
 
 
+@pytest.mark.parametrize(
+    "answer, rating",
+    [
+        ("Score: 1 (worst) to 5 (best)", None),  # the echoed instruction is not an answer
+        ("The reply ends with 'Score: 5' but ignores the person.\nScore: 2", 2),  # a quote does not count
+        ("It says Score: 5, so I agree.", None),
+        ("**Score:** 4", 4),
+        ("Score: 4/5", 4),
+        ("Score: 3\nScore: 5", None),  # two answers that disagree
+        ("4", 4),
+        ("Score: 6", None),
+    ],
+)
+def test_judge_reward_parses_only_the_answer_line(answer: str, rating: int | None) -> None:
+    judge = JudgeReward(RewardContext(judge=ScriptedEngine()), scale=5)
+    assert judge.parse(answer) == rating
+
+
+def test_judge_reward_text_mode_retries_sample() -> None:
+    # a greedy retry repeats a greedy failure: the first try is greedy, every retry samples
+    seen = []
+
+    def reply(prompt):
+        seen.append(None)
+        return "Score: 1 (worst) to 5" if len(seen) == 1 else "Score: 3"
+
+    class Recording(ScriptedEngine):
+        def generate(self, prompts, params):
+            temps.append(params.temperature)
+            return super().generate(prompts, params)
+
+    temps: list[float] = []
+    out = JudgeReward(RewardContext(judge=Recording(fn=reply)), scale=5)([sample("a")])[0]
+    assert temps == [0.0, 0.7] and out.score == pytest.approx(0.5) and out.info["attempts"] == 2
+
+
 def test_judge_reward_needs_an_engine() -> None:
     with pytest.raises(ConfigError, match="judge engine"):
         JudgeReward(RewardContext())

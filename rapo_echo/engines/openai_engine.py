@@ -23,6 +23,7 @@ APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, ove
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -38,6 +39,8 @@ import httpx
 
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
 from rapo_echo.types import Conversation, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
 
 TOP_LOGPROBS = 20  # the most OpenAI and vLLM (default max_logprobs) return per position
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
@@ -95,6 +98,18 @@ def option_logprob(top: Sequence[tuple[str, float]], option: str) -> float:
     if hi == -math.inf:
         return hi
     return hi + math.log(sum(math.exp(lp - hi) for lp in picked))
+
+
+def content_text(content: Any) -> str | None:
+    """A reply's ``message.content`` as text: a string as is, null as ``""``, a list of text parts
+    joined; None for anything else."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None
 
 
 def _normalize_base_url(base_url: str) -> str:
@@ -344,11 +359,20 @@ class OpenAIEngine:
         out = []
         for choice in sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0):
             try:
-                text = choice["message"].get("content") or ""
+                content = choice["message"].get("content")
             except (KeyError, TypeError, AttributeError) as exc:
                 raise self._fail(
                     f"POST {url}", f"malformed choice (no message.content): {json.dumps(choice)[:200]}"
                 ) from exc
+            text = content_text(content)
+            if text is None:  # bad output, not a broken endpoint: the reply is empty, so unparseable
+                log.warning(
+                    self._scrub(
+                        f"{self.name}: POST {url}: message.content is {type(content).__name__}, not text; "
+                        "the reply counts as empty (a judge or simulator marks it invalid)"
+                    )
+                )
+                text = ""
             try:
                 entries = (choice.get("logprobs") or {}).get("content") or []
                 logprobs = [float(e["logprob"]) for e in entries] if entries else None

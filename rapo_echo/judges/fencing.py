@@ -13,14 +13,25 @@ of the marker inside the text (it could only get there by chance or from a leake
 replaced. Instructions stay outside the blocks, and :meth:`Fence.rules` tells the model that the
 blocks are material to read, never instructions. A seeded ``rng`` gives reproducible markers (so a
 deterministic simulator or judge gives the same output on a rerun) that the text's author still
-cannot predict; without one the marker comes from :mod:`secrets`.
+cannot predict; :meth:`Fence.derived` gives a reproducible marker to a caller without an ``rng``
+(a hash of the call's own texts, which no text can contain); without either the marker comes from
+:mod:`secrets`.
+
+On the way back, :meth:`Fence.own_words` removes any block a model copied into its answer, so an answer
+is parsed from the model's own words only: a reply that ends in "Score: 5" cannot lend its score to
+a judge that quotes it.
+
+One fence serves a whole batch of prompts built in one call (a group's prompts then still share
+their long prefix, which the ``hf`` engine prefills once).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 import secrets
+from collections.abc import Iterable
 
 REDACTED = "[marker removed]"
 _LABEL = re.compile(r"[A-Z][A-Z0-9 _-]{0,39}")
@@ -40,6 +51,15 @@ class Fence:
         if not re.fullmatch(r"[0-9A-Za-z]{6,64}", self.marker):
             raise ValueError(f"fence marker must be 6-64 letters or digits, got {self.marker!r}")
 
+    @classmethod
+    def derived(cls, texts: Iterable[str], salt: str = "") -> Fence:
+        """A fence whose marker is a hash of ``salt`` and ``texts`` (the untrusted texts of the call):
+        reproducible on a rerun, and no text can hold the marker of a call it is part of."""
+        digest = hashlib.sha256(salt.encode())
+        for text in texts:
+            digest.update(b"\0" + str(text).encode("utf-8", "surrogatepass"))
+        return cls(digest.hexdigest()[:8].upper())
+
     def escape(self, text: str) -> str:
         """``text`` with every copy of the marker replaced (case-insensitively)."""
         return re.sub(re.escape(self.marker), REDACTED, str(text), flags=re.I)
@@ -49,6 +69,16 @@ class Fence:
         if not _LABEL.fullmatch(label):
             raise ValueError(f"fence label must be upper-case letters, digits, spaces, _ or -, got {label!r}")
         return f"<<<{label} {self.marker}>>>\n{self.escape(text)}\n<<<END {label} {self.marker}>>>"
+
+    def own_words(self, answer: str) -> str:
+        """``answer`` (a model's output) without the blocks of this fence it copied: each from its
+        opening line to its closing line, or to the end when the closing line is missing; a stray
+        closing line goes too. What is left is the model's own words."""
+        marker = re.escape(self.marker)
+        label = rf"(?!END\s)(?P<label>{_LABEL.pattern})"
+        close = rf"<<<\s*END\s+(?P=label)\s+{marker}\s*>>>"
+        text = re.sub(rf"<<<\s*{label}\s+{marker}\s*>>>.*?(?:{close}|\Z)", "", str(answer), flags=re.S | re.I)
+        return re.sub(rf"<<<\s*END\s+{_LABEL.pattern}\s+{marker}\s*>>>", "", text, flags=re.I)
 
     def rules(self) -> str:
         """The sentence that tells the model how to read the blocks (put it in the instructions)."""

@@ -8,17 +8,33 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
 * Log-prob mode: one ``choice_logprobs`` call for all groups (and both passes) reads P(best) over the
   group's labels right after the prefix ``... helped the person most is Reply``; the options are the
   labels with a leading space (``" A"``, ``" B"``, ...), single tokens in common BPE vocabularies.
-  Candidates rank by P(best); P differing by less than ``tie_eps`` tie.
+  How the ranks come out of those probabilities is ``ties`` (:data:`TIE_RULES`):
+
+  - ``chained``: rank by P(best); neighbours closer than ``tie_eps`` tie, chained, so one block can
+    span many times ``tie_eps`` (the rule before the study in the README, section RAPO);
+  - ``leader``: rank by P(best); a tie block holds the scores closer than ``tie_eps`` to its best one;
+  - ``none``: rank by P(best); only equal probabilities tie;
+  - ``sequential`` (listwise, Plackett-Luce style selection): the most likely best reply takes rank 1,
+    then the judge is asked again without it, and so on: G - 1 batched calls, no ties;
+  - ``pairwise``: every pair shown in both orders (G (G - 1) prompts, one batched call); a reply's score
+    is its expected share of wins, the mean over those presentations of P(it helped more).
+
+  A group whose label log-probs are unusable (NaN, or no label among a server's top log-probs) is
+  invalid and counted, with a warning naming the engine and its endpoint.
 * Text mode: one generation per group asks for ``Ranking: B > A = C``; every label exactly once, ``>``
   and ``=`` only. Unparseable groups are asked again together, then marked invalid.
 * ``reverse_pass`` ranks a second time with the presentation reversed and averages the two rank
   vectors (position-bias control); an invalid pass makes the group invalid.
 * Critiques: one batched generation, one prompt per (group, candidate), contrasting the candidate with
   the group's best one.
+* Untrusted text (context, profile, replies, reactions, thoughts) reaches the prompts only in fenced
+  blocks (:mod:`rapo_echo.judges.fencing`; one marker per call, drawn from ``rng``, so a group's prompts
+  keep their shared prefix), and a text answer is parsed from the judge's own words only.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import string
@@ -28,17 +44,26 @@ from dataclasses import dataclass
 from functools import partial
 
 from rapo_echo.algorithms.rank_rewards import average_ranks
-from rapo_echo.engines.base import ChatEngine, normalize_choices
-from rapo_echo.judges.base import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
+from rapo_echo.engines.base import ChatEngine
+from rapo_echo.judges.base import (
+    Parsed,
+    check_logprobs_mode,
+    describe_engine,
+    generate_parsed,
+    usable_probabilities,
+    wants_logprobs,
+)
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.reaction import Reaction, render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
+log = logging.getLogger(__name__)
 LABELS = string.ascii_uppercase
+TIE_RULES = ("chained", "leader", "none", "sequential", "pairwise")
 BEST_PREFIX = "The reply that helped the person most is Reply"
 CRITIQUE_PREFIX = "The person's reaction shows"  # starts the critique: keeps small judges on task
 CRITIQUE_STOP = ("\n\n",)  # a critique is one short paragraph
-RETRY_TEMPERATURE = 0.7  # retries sample: a greedy retry would repeat the failed answer
 SYSTEM = (
     "You judge emotional-support replies by their effect on the person. For each reply you see how the "
     "person reacted: what they said next, how their feelings changed and what they privately thought. "
@@ -110,6 +135,11 @@ def _parse_order(line: str, labels: Sequence[str]) -> list[float] | None:
     return [ranks[label] for label in labels]
 
 
+def _parse_own_ranking(text: str, fence: Fence, labels: Sequence[str]) -> list[float] | None:
+    """:func:`parse_ranking` of the judge's own words (blocks it copied from the prompt removed)."""
+    return parse_ranking(fence.own_words(text), labels)
+
+
 def label_options(size: int) -> list[str]:
     """The log-prob options for a group of ``size``: ``" A"``, ``" B"``, ... (space-prefixed labels)."""
     return [" " + label for label in LABELS[:size]]
@@ -122,6 +152,29 @@ def clean_critique(text: str) -> str | None:
     if not text:
         return None
     return CRITIQUE_PREFIX + ("" if text[0] in ".,:;" else " ") + text
+
+
+def ranks_from_p_best(p_best: Sequence[float], ties: str, tie_eps: float) -> list[float]:
+    """Average ranks from P(best) under the P(best) tie rules: ``chained`` (neighbours closer than
+    ``tie_eps`` tie, chained), ``leader`` (scores closer than ``tie_eps`` to their block's best tie),
+    ``none`` (only equal probabilities tie)."""
+    if ties not in ("chained", "leader", "none"):
+        raise ValueError(f"ranks_from_p_best: ties must be chained, leader or none, got {ties!r}")
+    return average_ranks(p_best, tie_eps=0.0 if ties == "none" else tie_eps, chain=ties == "chained")
+
+
+def pairwise_scores(size: int, shown: Sequence[tuple[int, int, float, float]]) -> list[float]:
+    """Each candidate's expected share of wins from pairwise presentations ``(i, j, p_i, p_j)``: reply ``i``
+    shown first, ``j`` second, and the judge's probability that each helped more. A candidate's score is
+    the mean of its probabilities over the presentations it appears in (0 if none)."""
+    wins = [0.0] * size
+    seen = [0] * size
+    for i, j, p_i, p_j in shown:
+        wins[i] += p_i
+        wins[j] += p_j
+        seen[i] += 1
+        seen[j] += 1
+    return [w / n if n else 0.0 for w, n in zip(wins, seen)]
 
 
 def _fmt(rank: float) -> str:
@@ -140,6 +193,7 @@ class GroupJudge:
         reverse_pass: bool = False,
         shuffle: bool = True,
         tie_eps: float = 0.02,
+        ties: str = "chained",
         max_new_tokens: int = 384,
         critique_tokens: int = 96,
         show_profile: bool = True,
@@ -152,33 +206,53 @@ class GroupJudge:
             )
         if max_new_tokens < 1 or critique_tokens < 1:
             raise ValueError("GroupJudge: max_new_tokens and critique_tokens must be >= 1")
+        if ties not in TIE_RULES:
+            raise ValueError(f"GroupJudge: ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
         self.engine = engine
         self.use_logprobs = use_logprobs
         self.max_retries = max_retries
         self.reverse_pass = reverse_pass
         self.shuffle = shuffle
         self.tie_eps = tie_eps
+        self.ties = ties
         self.max_new_tokens = max_new_tokens
         self.critique_tokens = critique_tokens
         self.show_profile = show_profile
         self.rng = rng if rng is not None else random.Random(0)
         self.stats: Counter[str] = Counter()
+        self._fence: Fence | None = None
 
     # ------------------------------------------------------------------ prompts
-    def _context(self, scenario: Scenario) -> str:
+    @property
+    def fence(self) -> Fence:
+        """The fence of the current batch: drawn from ``rng`` by every :meth:`rank` and :meth:`critique`
+        call (one marker per batch, so a group's prompts still share their prefix)."""
+        if self._fence is None:
+            self._fence = Fence(rng=self.rng)
+        return self._fence
+
+    def _context(self, scenario: Scenario, fence: Fence) -> str:
         profile = render_profile(scenario.profile) if self.show_profile else ""
         about = (
-            f"What we know about the person (hidden from the supporter):\n{profile}\n\n" if profile else ""
+            "What we know about the person (hidden from the supporter):\n"
+            + fence.block("PROFILE", profile)
+            + "\n\n"
+            if profile
+            else ""
         )
-        dialogue = render_dialogue(scenario.messages) or "(the supporter speaks first)"
-        return f"{about}Dialogue so far:\n{dialogue}\n\n"
+        dialogue = render_dialogue(scenario.messages)
+        shown = fence.block("DIALOGUE", dialogue) if dialogue else "(none: the supporter speaks first)"
+        return f"{fence.rules()}\n\n{about}Dialogue so far:\n{shown}\n\n"
 
     @staticmethod
-    def render_reaction(reaction: Reaction | None) -> str:
-        """The person's reaction as judge-facing lines; ``(no reaction)`` when missing or invalid."""
+    def render_reaction(reaction: Reaction | None, fence: Fence | None = None, label: str = "") -> str:
+        """The person's reaction as judge-facing lines, what they said and thought in fenced blocks
+        (``REACTION <label>``, ``THOUGHT <label>``); ``(no reaction)`` when missing or invalid."""
         if reaction is None or not reaction.valid:
             return "Person's reaction: (no reaction)"
-        lines = [f"Person's reaction: {reaction.message}"]
+        fence = fence or Fence.derived([reaction.message, reaction.thought])
+        tag = f" {label}" if label else ""
+        lines = [f"Person's reaction:\n{fence.block('REACTION' + tag, reaction.message)}"]
         if reaction.emotion_delta is not None:
             bound = f"{reaction.scale:g}"
             lines.append(
@@ -186,26 +260,33 @@ class GroupJudge:
                 "(negative = feels worse)"
             )
         if reaction.thought:
-            lines.append(f"Person's unspoken thought: {reaction.thought}")
+            lines.append(f"Person's unspoken thought:\n{fence.block('THOUGHT' + tag, reaction.thought)}")
         return "\n".join(lines)
 
-    def _candidates(self, group: Sequence[Candidate], order: Sequence[int]) -> str:
-        blocks = [
-            f"Reply {LABELS[pos]}: {group[i].reply}\n{self.render_reaction(group[i].reaction)}"
-            for pos, i in enumerate(order)
-        ]
-        return "\n\n".join(blocks)
+    def _candidate(self, candidate: Candidate, label: str, fence: Fence) -> str:
+        reply = fence.block(f"REPLY {label}", candidate.reply)
+        return f"Reply {label}:\n{reply}\n{self.render_reaction(candidate.reaction, fence, label)}"
 
     def rank_prompt(
-        self, scenario: Scenario, group: Sequence[Candidate], order: Sequence[int], *, text_mode: bool
+        self,
+        scenario: Scenario,
+        group: Sequence[Candidate],
+        order: Sequence[int],
+        *,
+        text_mode: bool,
+        fence: Fence | None = None,
     ) -> Conversation:
-        """The ranking prompt for one group shown in presentation ``order`` (caller indices). Log-prob
-        mode ends with the assistant prefix :data:`BEST_PREFIX`, right before the label."""
+        """The ranking prompt for one group shown in presentation ``order`` (caller indices): the context,
+        replies and reactions in fenced blocks (``fence``, default :attr:`fence`), the instructions
+        outside them. Log-prob mode ends with the assistant prefix :data:`BEST_PREFIX`, right before
+        the label."""
+        fence = fence or self.fence
         labels = LABELS[: len(order)]
+        candidates = "\n\n".join(self._candidate(group[i], LABELS[pos], fence) for pos, i in enumerate(order))
         body = (
-            self._context(scenario)
+            self._context(scenario, fence)
             + "The supporter tried these replies; after each is how the person reacted to it.\n\n"
-            + self._candidates(group, order)
+            + candidates
             + "\n\n"
         )
         if text_mode:
@@ -220,23 +301,34 @@ class GroupJudge:
         return [msg("system", SYSTEM), msg("user", body), msg("assistant", BEST_PREFIX)]
 
     def critique_prompt(
-        self, scenario: Scenario, group: Sequence[Candidate], ranks: Sequence[float], index: int
+        self,
+        scenario: Scenario,
+        group: Sequence[Candidate],
+        ranks: Sequence[float],
+        index: int,
+        fence: Fence | None = None,
     ) -> Conversation:
-        """The critique prompt for candidate ``index`` of a ranked group (contrasted with the best one);
-        ends with the assistant prefix :data:`CRITIQUE_PREFIX`."""
+        """The critique prompt for candidate ``index`` of a ranked group (contrasted with the best one),
+        untrusted text fenced as in :meth:`rank_prompt`; ends with the assistant prefix
+        :data:`CRITIQUE_PREFIX`."""
+        fence = fence or self.fence
         best = min(range(len(group)), key=lambda i: ranks[i])
         own = group[index]
         body = (
             "Review a supporter's reply by how the person reacted to it.\n\n"
-            + self._context(scenario)
-            + f"Reply under review (ranked {_fmt(ranks[index])} of {len(group)}, 1 = best):\n{own.reply}\n"
-            + self.render_reaction(own.reaction)
+            + self._context(scenario, fence)
+            + f"Reply under review (ranked {_fmt(ranks[index])} of {len(group)}, 1 = best):\n"
+            + fence.block("REVIEWED REPLY", own.reply)
+            + "\n"
+            + self.render_reaction(own.reaction, fence, "REVIEWED")
             + "\n\n"
         )
         if ranks[index] > ranks[best]:
             body += (
-                f"Best-ranked reply, for contrast:\n{group[best].reply}\n"
-                + self.render_reaction(group[best].reaction)
+                "Best-ranked reply, for contrast:\n"
+                + fence.block("BEST REPLY", group[best].reply)
+                + "\n"
+                + self.render_reaction(group[best].reaction, fence, "BEST")
                 + "\n\nIn at most three short sentences: what in the person's reaction shows the reply under "
                 "review failed, its main mistake, and one concrete hint to do better."
             )
@@ -262,6 +354,7 @@ class GroupJudge:
         for k, group in enumerate(groups):
             if not 1 <= len(group) <= len(LABELS):
                 raise ValueError(f"GroupJudge.rank: group {k} has {len(group)} candidates; allowed 1..26")
+        self._fence = Fence(rng=self.rng)
         passes = self._presentation_orders(groups)
         text_mode = not wants_logprobs(self.engine, self.use_logprobs)
         judged = (
@@ -298,29 +391,148 @@ class GroupJudge:
         groups: Sequence[Sequence[Candidate]],
         passes: Sequence[Sequence[Sequence[int]]],
     ) -> list[GroupJudgement]:
-        jobs = [(k, order) for k, orders in enumerate(passes) if len(groups[k]) > 1 for order in orders]
-        scores_by_group: dict[int, list[list[float]]] = {}
-        if jobs:
-            width = max(len(order) for _, order in jobs)
-            prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=False) for k, o in jobs]
-            logprobs = self.engine.choice_logprobs(prompts, label_options(width))
-            self.stats["rank_calls"] += 1
-            for (k, order), lp in zip(jobs, logprobs):
-                options = label_options(len(order))
-                p_best = normalize_choices({o: lp[o] for o in options})
-                scores = [0.0] * len(order)
-                for pos, i in enumerate(order):
-                    scores[i] = p_best[options[pos]]
-                scores_by_group.setdefault(k, []).append(scores)
+        many = [k for k in range(len(groups)) if len(groups[k]) > 1]
+        found: dict[int, tuple[list[float], list[float]] | None]
+        if self.ties == "pairwise":
+            found = self._pairwise(scenarios, groups, many)
+        else:
+            jobs = [(k, order) for k in many for order in passes[k]]
+            rank_sets, score_sets = (
+                self._sequential(scenarios, groups, jobs)
+                if self.ties == "sequential"
+                else self._p_best(scenarios, groups, jobs)
+            )
+            found = {}
+            for k in many:
+                if k not in rank_sets or len(rank_sets[k]) < len(passes[k]):  # a pass was unusable
+                    found[k] = None
+                    continue
+                ranks = self._combine(rank_sets[k])
+                found[k] = (ranks, [sum(col) / len(col) for col in zip(*score_sets[k])])
         out = []
         for k, group in enumerate(groups):
             if len(group) == 1:
                 out.append(GroupJudgement([1.0], [None], [1.0], True, [], attempts=0))
                 continue
-            score_sets = scores_by_group[k]
-            ranks = self._combine([average_ranks(s, tie_eps=self.tie_eps) for s in score_sets])
-            mean_scores = [sum(col) / len(col) for col in zip(*score_sets)]
-            out.append(GroupJudgement(ranks, [None] * len(group), mean_scores, True, []))
+            result = found[k]
+            if result is None:
+                out.append(GroupJudgement(None, [None] * len(group), None, False, []))
+                continue
+            ranks, scores = result
+            out.append(GroupJudgement(ranks, [None] * len(group), scores, True, []))
+        bad = sum(found[k] is None for k in many)
+        if bad:
+            log.warning(
+                "judge engine %s: %d of %d groups got no usable label probabilities (NaN, or no label among "
+                "the top log-probs); those groups are invalid",
+                describe_engine(self.engine),
+                bad,
+                len(groups),
+            )
+        return out
+
+    def _best_probs(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        jobs: Sequence[tuple[int, Sequence[int]]],
+    ) -> list[list[float] | None]:
+        """One batched ``choice_logprobs`` call: for each ``(group, presentation order)`` job, P(best) of
+        each shown candidate, in presentation order; None where the label log-probs are unusable
+        (:func:`~rapo_echo.judges.base.usable_probabilities`)."""
+        if not jobs:
+            return []
+        width = max(len(order) for _, order in jobs)
+        prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=False) for k, o in jobs]
+        logprobs = self.engine.choice_logprobs(prompts, label_options(width))
+        self.stats["rank_calls"] += 1
+        out: list[list[float] | None] = []
+        for (_, order), lp in zip(jobs, logprobs):
+            options = label_options(len(order))
+            p_best = usable_probabilities(lp, options)
+            out.append(None if p_best is None else [p_best[o] for o in options])
+        return out
+
+    def _p_best(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        jobs: Sequence[tuple[int, Sequence[int]]],
+    ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
+        """Ranks by P(best) (ties: ``chained``, ``leader`` or ``none``), per group one rank and one score
+        vector per usable pass, in the caller's order."""
+        rank_sets: dict[int, list[list[float]]] = {}
+        score_sets: dict[int, list[list[float]]] = {}
+        for (k, order), shown in zip(jobs, self._best_probs(scenarios, groups, jobs)):
+            if shown is None:
+                continue
+            scores = [0.0] * len(order)
+            for pos, i in enumerate(order):
+                scores[i] = shown[pos]
+            score_sets.setdefault(k, []).append(scores)
+            rank_sets.setdefault(k, []).append(ranks_from_p_best(scores, self.ties, self.tie_eps))
+        return rank_sets, score_sets
+
+    def _sequential(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Sequence[Sequence[Candidate]],
+        jobs: Sequence[tuple[int, Sequence[int]]],
+    ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
+        """Listwise selection: each round asks every job with two or more candidates left which one helped
+        most (one batched call), gives it the next rank and removes it; the last one left takes rank G.
+        The scores are the first round's P(best). A job with an unusable round is dropped."""
+        left = [list(order) for _, order in jobs]
+        ranks = [[0.0] * len(order) for _, order in jobs]
+        first: list[list[float]] = [[0.0] * len(order) for _, order in jobs]
+        failed: set[int] = set()
+        place = 1
+        while True:
+            active = [j for j, rest in enumerate(left) if len(rest) > 1 and j not in failed]
+            if not active:
+                break
+            shown = self._best_probs(scenarios, groups, [(jobs[j][0], left[j]) for j in active])
+            for j, probs in zip(active, shown):
+                if probs is None:
+                    failed.add(j)
+                    continue
+                if place == 1:
+                    for pos, i in enumerate(left[j]):
+                        first[j][i] = probs[pos]
+                pick = max(range(len(probs)), key=probs.__getitem__)  # first shown wins an exact tie
+                ranks[j][left[j].pop(pick)] = float(place)
+            place += 1
+        for j, rest in enumerate(left):
+            for i in rest:
+                ranks[j][i] = float(len(jobs[j][1]))
+        rank_sets: dict[int, list[list[float]]] = {}
+        score_sets: dict[int, list[list[float]]] = {}
+        for j, ((k, _), r, f) in enumerate(zip(jobs, ranks, first)):
+            if j not in failed:
+                rank_sets.setdefault(k, []).append(r)
+                score_sets.setdefault(k, []).append(f)
+        return rank_sets, score_sets
+
+    def _pairwise(
+        self, scenarios: Sequence[Scenario], groups: Sequence[Sequence[Candidate]], many: Sequence[int]
+    ) -> dict[int, tuple[list[float], list[float]] | None]:
+        """Every ordered pair of each group in one batched call; scores from :func:`pairwise_scores`, ranks
+        by score (exact ties only); None for a group with an unusable pair. Presentation shuffling and
+        ``reverse_pass`` are moot: both orders of every pair are asked."""
+        jobs = [
+            (k, [i, j]) for k in many for i in range(len(groups[k])) for j in range(len(groups[k])) if i != j
+        ]
+        shown: dict[int, list[tuple[int, int, float, float]]] = {k: [] for k in many}
+        failed: set[int] = set()
+        for (k, (i, j)), probs in zip(jobs, self._best_probs(scenarios, groups, jobs)):
+            if probs is None:
+                failed.add(k)
+            else:
+                shown[k].append((i, j, probs[0], probs[1]))
+        out: dict[int, tuple[list[float], list[float]] | None] = {}
+        for k in many:
+            scores = pairwise_scores(len(groups[k]), shown[k])
+            out[k] = None if k in failed else (average_ranks(scores), scores)
         return out
 
     def _rank_text(
@@ -333,16 +545,14 @@ class GroupJudge:
         results_by_group: dict[int, list[tuple[Sequence[int], Parsed[list[float]]]]] = {}
         if jobs:
             prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=True) for k, o in jobs]
-            parsers = [partial(parse_ranking, labels=LABELS[: len(o)]) for _, o in jobs]
+            fence = self.fence
+            parsers = [partial(_parse_own_ranking, fence=fence, labels=LABELS[: len(o)]) for _, o in jobs]
             parsed = generate_parsed(
                 self.engine,
                 prompts,
                 parsers,
                 SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0),
                 max_retries=self.max_retries,
-                retry_params=SamplingParams(
-                    max_new_tokens=self.max_new_tokens, temperature=RETRY_TEMPERATURE
-                ),
             )
             self._count_calls("rank", parsed)
             for (k, order), p in zip(jobs, parsed):
@@ -383,16 +593,14 @@ class GroupJudge:
         jobs = [(k, i) for k, i in which if judged[k].ranks is not None]
         if not jobs:
             return
+        self._fence = fence = Fence(rng=self.rng)
         prompts = [self.critique_prompt(scenarios[k], groups[k], judged[k].ranks or [], i) for k, i in jobs]
         parsed = generate_parsed(
             self.engine,
             prompts,
-            clean_critique,
+            lambda text: clean_critique(fence.own_words(text)),
             SamplingParams(max_new_tokens=self.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
             max_retries=self.max_retries,
-            retry_params=SamplingParams(
-                max_new_tokens=self.critique_tokens, temperature=RETRY_TEMPERATURE, stop=CRITIQUE_STOP
-            ),
         )
         self._count_calls("critique", parsed)
         self.stats["failed_critiques"] += sum(p.value is None for p in parsed)

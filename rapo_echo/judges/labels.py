@@ -3,24 +3,21 @@ probabilities when the engine exposes log-probs (else parsed from text), and tex
 retries. A reply that stays unparseable gives ``None`` (the case is then invalid), never a default score.
 
 Retries matter only if a second attempt can differ: the first attempt uses the given (usually greedy)
-parameters, every retry samples at temperature >= 0.7 with a different seed.
+parameters, every retry samples (:func:`rapo_echo.judges.base.retry_sampling`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
-from rapo_echo.engines.base import ChatEngine, generate_texts, normalize_choices
+from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.errors import CapabilityError
-from rapo_echo.judges.base import Parsed, wants_logprobs
+from rapo_echo.judges.base import Parsed, generate_parsed, wants_logprobs
 from rapo_echo.types import Conversation, SamplingParams
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
-RETRY_TEMPERATURE = 0.7
 
 
 @dataclass
@@ -43,29 +40,8 @@ def parse_with_retries(
     params: SamplingParams,
     retries: int,
 ) -> list[Parsed[T]]:
-    """One batched generation per attempt; only prompts whose reply did not parse are asked again."""
-    results: list[Parsed[T]] = [Parsed(None, "", 0) for _ in prompts]
-    pending = list(range(len(prompts)))
-    for attempt in range(retries + 1):
-        if not pending:
-            break
-        now = params
-        if attempt:
-            seed = None if params.seed is None else params.seed + attempt
-            now = replace(params, temperature=max(params.temperature, RETRY_TEMPERATURE), seed=seed)
-        replies = generate_texts(engine, [prompts[i] for i in pending], now)
-        for i, text in zip(pending, replies):
-            results[i] = Parsed(parse(text), text, attempt + 1)
-        pending = [i for i in pending if results[i].value is None]
-    if pending:
-        log.warning(
-            "judge %s: %d of %d replies unparseable after %d attempts; those cases are invalid",
-            engine.name,
-            len(pending),
-            len(prompts),
-            retries + 1,
-        )
-    return results
+    """:func:`~rapo_echo.judges.base.generate_parsed` with ``retries`` (the benchmarks' call form)."""
+    return generate_parsed(engine, prompts, parse, params, max_retries=retries)
 
 
 def expected_value(probs: Mapping[str, float], values: Mapping[str, float]) -> float:
@@ -77,7 +53,7 @@ def judge_labels(
     engine: ChatEngine,
     prompts: Sequence[Conversation],
     values: Mapping[str, float],
-    parse_label: Callable[[str], str | None],
+    parse_label: Callable[[str], str | None] | Sequence[Callable[[str], str | None]],
     params: SamplingParams,
     *,
     retries: int = 2,
@@ -85,7 +61,8 @@ def judge_labels(
 ) -> list[LabelVerdict]:
     """Each prompt's verdict among ``values``' labels. With log-probs: one ``choice_logprobs`` call, the
     label probabilities renormalised over the labels; a row where every label has probability 0 (e.g. none
-    is in a server's top log-probs) falls back to text. Text: generate, ``parse_label``, retry."""
+    is in a server's top log-probs) falls back to text. Text: generate, ``parse_label`` (one function, or
+    one per prompt), retry."""
     labels = list(values)
     out: list[LabelVerdict | None] = [None] * len(prompts)
     text_rows = list(range(len(prompts)))
@@ -100,7 +77,14 @@ def judge_labels(
             best = max(probs, key=probs.__getitem__)
             out[i] = LabelVerdict(expected_value(probs, values), best, probs, "", 1, "logprobs")
     if text_rows:
-        parsed = parse_with_retries(engine, [prompts[i] for i in text_rows], parse_label, params, retries)
+        parsers = [parse_label] * len(prompts) if callable(parse_label) else list(parse_label)
+        parsed = generate_parsed(
+            engine,
+            [prompts[i] for i in text_rows],
+            [parsers[i] for i in text_rows],
+            params,
+            max_retries=retries,
+        )
         for i, p in zip(text_rows, parsed):
             value = None if p.value is None else values[p.value]
             out[i] = LabelVerdict(value, p.value, None, p.raw, p.attempts, "text")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.base import check_logprobs_mode, generate_parsed, label_probabilities, wants_logprobs
+from rapo_echo.judges.base import (
+    check_logprobs_mode,
+    generate_parsed,
+    parse_answer_line,
+    read_label_probabilities,
+    wants_logprobs,
+)
+from rapo_echo.judges.fencing import Fence
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.types import Conversation, Sample, SamplingParams, msg
 
@@ -28,8 +34,9 @@ class JudgeReward:
     """Scores in [0, 1]: ``(s - 1) / (scale - 1)`` for a 1..``scale`` rating.
 
     With log-probs the rating is the expectation over the label tokens' probabilities (robust even
-    with small judges); otherwise the judge writes ``Score: N``, which is parsed, retried up to
-    ``max_retries`` times, then marked invalid.
+    with small judges); otherwise the judge writes an answer line ``Score: N``, which is parsed, retried
+    up to ``max_retries`` times (sampling, so a retry can differ from the greedy first try), then
+    marked invalid.
     """
 
     name = "judge"
@@ -61,19 +68,27 @@ class JudgeReward:
         self.show_profile = show_profile
         self.labels = [str(k) for k in range(1, scale + 1)]
 
-    def prompt(self, sample: Sample) -> Conversation:
-        """The judge's prompt for one reply."""
+    def fence(self, samples: Sequence[Sample]) -> Fence:
+        """One fence for a batch, its marker a hash of the batch's texts (reproducible; the prompts of
+        one context keep their shared prefix)."""
+        texts = [t for s in samples for t in (s.text, render_dialogue(s.scenario.messages))]
+        return Fence.derived(texts, salt="judge-reward")
+
+    def prompt(self, sample: Sample, fence: Fence | None = None) -> Conversation:
+        """The judge's prompt for one reply: the dialogue, the reply (and the profile) in fenced blocks,
+        the rubric and the answer format outside them."""
+        fence = fence or self.fence([sample])
         profile = ""
         if self.show_profile and sample.scenario.profile:
-            profile = (
-                "What we know about the person (hidden from the supporter):\n"
-                + "\n".join(f"- {k}: {v}" for k, v in sample.scenario.profile.items())
-                + "\n\n"
-            )
+            lines = "\n".join(f"- {k}: {v}" for k, v in sample.scenario.profile.items())
+            block = fence.block("PROFILE", lines)
+            profile = f"What we know about the person (hidden from the supporter):\n{block}\n\n"
+        dialogue = render_dialogue(sample.scenario.messages)
+        shown = fence.block("DIALOGUE", dialogue) if dialogue else "(none: the supporter speaks first)"
         body = (
-            f"{self.rubric}\n\n{profile}Dialogue so far:\n{render_dialogue(sample.scenario.messages)}\n\n"
-            f"Supporter's reply to rate:\n{sample.text}\n\n"
-            f"Answer with 'Score: N' where N is an integer from 1 (worst) to {self.scale} (best)."
+            f"{self.rubric}\n\n{fence.rules()}\n\n{profile}Dialogue so far:\n{shown}\n\n"
+            f"Supporter's reply to rate:\n{fence.block('REPLY', sample.text)}\n\n"
+            f"Answer with one line 'Score: N' where N is an integer from 1 (worst) to {self.scale} (best)."
         )
         return [
             msg("system", "You are a careful judge of emotional-support conversations."),
@@ -81,21 +96,22 @@ class JudgeReward:
         ]
 
     def parse(self, text: str) -> int | None:
-        """The integer rating in ``text`` (``Score: N`` first, else a lone number), if in range."""
-        m = re.search(r"score\s*[:=]?\s*(\d+)", text, re.I) or re.fullmatch(r"\s*(\d+)\s*\.?\s*", text)
-        if not m:
-            return None
-        value = int(m.group(1))
-        return value if 1 <= value <= self.scale else None
+        """The rating on the answer line ``Score: N`` (:func:`~rapo_echo.judges.base.parse_answer_line`:
+        an echoed "Score: 1 (worst) to 5" or a "Score: 5" quoted in reasoning does not count), if in range."""
+        return parse_answer_line(text, "score", 1, self.scale)
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
-        prompts = [self.prompt(s) for s in samples]
+        fence = self.fence(samples)
+        prompts = [self.prompt(s, fence) for s in samples]
         if wants_logprobs(self.engine, self.use_logprobs):
-            probs = label_probabilities(
-                self.engine, [p + [msg("assistant", "Score: ")] for p in prompts], self.labels
+            probs = read_label_probabilities(
+                self.engine, [p + [msg("assistant", "Score: ")] for p in prompts], self.labels, role="judge"
             )
             out = []
             for p in probs:
+                if p is None:  # NaN or no label among the top log-probs: invalid, counted, warned
+                    out.append(RewardOutput(None, info={"rating": None, "source": "logprobs"}))
+                    continue
                 expected = sum(int(k) * v for k, v in p.items())
                 out.append(
                     RewardOutput(
@@ -104,7 +120,13 @@ class JudgeReward:
                 )
             return out
         params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
-        parsed = generate_parsed(self.engine, prompts, self.parse, params, max_retries=self.max_retries)
+        parsed = generate_parsed(
+            self.engine,
+            prompts,
+            lambda text: self.parse(fence.own_words(text)),
+            params,
+            max_retries=self.max_retries,
+        )
         return [
             RewardOutput(
                 None if p.value is None else (p.value - 1) / (self.scale - 1),
