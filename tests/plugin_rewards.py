@@ -51,3 +51,13 @@ class NeedsKey:
 
     def __call__(self, samples):
         return [float(len(s.completion_ids) % 2) for s in samples]
+
+
+def length_or_none_on_rank_one(prompts, completions, **columns):
+    """TRL-style function: reply length in words, but None (invalid) for every sample of the process
+    with RANK 1, so that rank has nothing to train on (the DDP test of tests/test_training_math.py)."""
+    import os
+
+    if os.environ.get("RANK") == "1":
+        return [None] * len(completions)
+    return [float(len(c[0]["content"].split())) for c in completions]
