@@ -60,6 +60,26 @@ def test_full_disk_during_an_append_names_the_file_and_the_fix(tmp_path: Path, m
         append_jsonl(tmp_path / "metrics.jsonl", [{"step": 1}], fix="Free space, then --resume.")
 
 
+def test_full_disk_during_a_checkpoint_keeps_the_last_one(tmp_path: Path) -> None:
+    import torch
+
+    from rapo_echo.checkpoint import latest_checkpoint, save_checkpoint
+    from rapo_echo.jsonl import FileWriteError
+
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.1)
+    kw = {"optimizer": opt, "scheduler": None, "trainer_state": {"data": {}}}
+    save_checkpoint(tmp_path, 1, save_model=lambda folder: folder.mkdir(), **kw)
+
+    def full(folder: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(FileWriteError, match=r"step-2: the disk is full.*checkpoint is .*step-1.*--resume"):
+        save_checkpoint(tmp_path, 2, save_model=full, **kw)
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-1"
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
 # ---------------------------------------------------------------- 2: secrets
 @pytest.mark.parametrize(
     ("override", "key"),
