@@ -138,6 +138,9 @@ def test_declared_plugins_load(tmp_path: Path, monkeypatch) -> None:
             def warmth(prompts, completions, **columns):
                 return [1.0 for _ in completions]
 
+            def brief(completions, **kwargs):
+                return [0.0 for _ in completions]
+
             class Marked:
                 is_reward_plugin = True
                 def __init__(self, bonus=0.0):
@@ -159,6 +162,7 @@ def test_declared_plugins_load(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
     ctx = RewardContext()
     assert build_reward("my_plugins:warmth", {}, ctx).name == "warmth"
+    assert build_reward("my_plugins:brief", {}, ctx).name == "brief"
     assert build_reward("my_plugins:Marked", {"bonus": 2.0}, ctx).bonus == 2.0
     assert build_reward("my_plugins:Subclassed", {}, ctx).name == "subclassed"
     assert build_reward("rapo_echo.rewards.builtin:LengthReward", {}, ctx).name == "length"  # registered

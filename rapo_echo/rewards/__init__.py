@@ -10,8 +10,8 @@ A reward is either
 
 Names resolve, in order, to a built-in, a plugin registered in the ``rapo_echo.rewards`` entry-point
 group, or a ``module:attr`` / ``module.attr`` path. An object named by path must be a reward plugin,
-checked before anything is called (:func:`is_reward_plugin`): a function taking ``prompts`` and
-``completions``, or a class that declares itself one (it subclasses :class:`Reward` or sets
+checked before anything is called (:func:`is_reward_plugin`): a function with a ``completions``
+parameter, or a class that declares itself one (it subclasses :class:`Reward` or sets
 ``is_reward_plugin = True``). Importing the module still runs its top-level code: a config is code to
 trust.
 """
@@ -65,9 +65,9 @@ class Reward(Protocol):
 
 
 def is_reward_plugin(obj: Any) -> bool:
-    """Whether ``obj`` declares itself a reward plugin: a Python function with ``prompts`` and
-    ``completions`` parameters (TRL's reward-function protocol), or a class that subclasses
-    :class:`Reward` or sets ``is_reward_plugin = True``; either may also set the marker explicitly."""
+    """Whether ``obj`` declares itself a reward plugin: a Python function with a ``completions``
+    parameter (TRL's reward-function protocol, ``f(prompts, completions, **columns)``), or a class that
+    subclasses :class:`Reward` or sets ``is_reward_plugin = True``; a function may set the marker too."""
     if getattr(obj, "is_reward_plugin", False) is True:
         return True
     if inspect.isclass(obj):
@@ -75,7 +75,7 @@ def is_reward_plugin(obj: Any) -> bool:
     if inspect.isfunction(obj):
         params = inspect.signature(obj).parameters
         named = {p.name for p in params.values() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
-        return {"prompts", "completions"} <= named
+        return "completions" in named
     return False
 
 
