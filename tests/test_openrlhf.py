@@ -520,7 +520,10 @@ def test_launch_command_maps_the_run(tmp_path, smol_path, bundle):
 def test_launch_refuses_what_openrlhf_cannot_do(tmp_path, smol_path, bundle, overrides, cluster, match):
     from rapo_echo.openrlhf import ClusterSpec, launch_command
 
-    cfg = run_config(tmp_path, smol_path, **overrides)
+    group = overrides.get("rollout.group_size")  # load_config itself refuses 1: set it afterwards
+    cfg = run_config(tmp_path, smol_path, **{k: v for k, v in overrides.items() if k != "rollout.group_size"})
+    if group is not None:
+        cfg.rollout.group_size = group
     with pytest.raises(ConfigError, match=match):
         launch_command(cfg, bundle, cluster=ClusterSpec(**{"gpus_per_node": 4, **cluster}))
 
