@@ -137,6 +137,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if not cases:
         print(f"{args.benchmark}: no cases")
         return 1
+    from rapo_echo.rundir import check_writable
+
+    check_writable(args.output)  # and on an unwritable --output
     roles = build_roles(benchmark.roles, specs, dtype=args.dtype, device=args.device)
     summary = run_eval(
         benchmark, roles, settings, args.output, data=args.data, limit=args.limit, models=models

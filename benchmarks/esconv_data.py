@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.errors import DataError
+from rapo_echo.jsonl import loads, read_utf8
 from rapo_echo.simulators.esconv_seeker import SEEKER, SUPPORTER, SeekerProfile
 
 SPEAKERS = {
@@ -48,23 +49,16 @@ def read_esconv(path: str | Path) -> list[EsconvConversation]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: ESConv file not found")
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path, "ESConv file")
     items: list[tuple[str, Any]]
     if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc})") from exc
+        data = loads(text, str(path))
         items = [(f"{path}: item {i}", obj) for i, obj in enumerate(data)]
     else:
         items = []
         for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append((f"{path}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+            if line.strip():
+                items.append((f"{path}:{lineno}", loads(line, f"{path}:{lineno}")))
     convs = [conversation_from_json(obj, where, f"{path.stem}-{i}") for i, (where, obj) in enumerate(items)]
     if not convs:
         raise DataError(f"{path}: no conversations found")

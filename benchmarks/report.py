@@ -10,7 +10,6 @@ and every model-written text is HTML-escaped.
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
 from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS
 from rapo_echo.benchmarks.training_report import read_samples, samples_html, summary_table
 from rapo_echo.errors import DataError
+from rapo_echo.jsonl import read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -76,20 +76,7 @@ def discover(dirs: Sequence[str | Path]) -> tuple[list[EvalResult], list[Trainin
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Rows of a training run's ``metrics.jsonl`` (a truncated last line is skipped)."""
-    rows = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == len(lines):
-                break
-            raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return [row for _, row in read_jsonl(path, "metrics file") if isinstance(row, dict)]
 
 
 def _label(evals: list[EvalResult]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.errors import DataError
+from rapo_echo.jsonl import read_jsonl, write_failure
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -29,20 +30,9 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The records of a results file (empty when it does not exist); a truncated last line is ignored,
     and of two records with the same id the first is kept."""
     path = Path(path)
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").split("\n")
     records: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == len(lines):  # the last line, without its newline: a write cut short
-                break
-            raise DataError(f"{path}:{lineno}: not valid JSON ({exc}); fix or delete that line") from exc
+    for lineno, record in read_jsonl(path, "results file"):
         if not isinstance(record, dict) or not isinstance(record.get("id"), str):
             raise DataError(f"{path}:{lineno}: a result record must be a JSON object with a string 'id'")
         if record["id"] not in seen:
@@ -78,9 +68,13 @@ class ResultWriter:
             fh.write(b"\n")
 
     def append(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        try:
+            self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            fix = "Free space, then run the same eval command again: the finished cases are kept."
+            raise write_failure(self.path, exc, fix) from exc
 
     def close(self) -> None:
         self._fh.close()

@@ -30,6 +30,7 @@ from rapo_echo.benchmarks.results import (
 from rapo_echo.benchmarks.sotopia import Sotopia
 from rapo_echo.config import redacted
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.rundir import DirLock, check_writable
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,18 @@ def run_eval(
         )
     config = eval_config(benchmark.name, models or {}, data, settings)
     check_resume(output, config)
-    output.mkdir(parents=True, exist_ok=True)
+    with DirLock(check_writable(output)):  # one process per output folder
+        return _run_cases(benchmark, roles, settings, output, cases, config)
+
+
+def _run_cases(
+    benchmark: Benchmark,
+    roles: Roles,
+    settings: EvalSettings,
+    output: Path,
+    cases: list[Case],
+    config: dict[str, Any],
+) -> dict[str, Any]:
     write_json_atomic(output / CONFIG_FILE, config)
     done = {r["id"] for r in read_records(output / RESULTS_FILE)}
     pending = [c for c in cases if c.id not in done]
@@ -129,7 +141,7 @@ def run_eval(
                 len(cases) - len(pending) + start + len(batch),
                 len(cases),
             )
-    return write_summary(output, benchmark, expected=len(cases))
+    return write_summary(output, benchmark, ids=[c.id for c in cases])
 
 
 def _run_one_batch(
@@ -151,10 +163,15 @@ def _run_one_batch(
 
 
 def compute_summary(
-    output: str | Path, benchmark: Benchmark | None = None, *, expected: int | None = None
+    output: str | Path,
+    benchmark: Benchmark | None = None,
+    *,
+    expected: int | None = None,
+    ids: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The summary of an output folder, computed from its ``results.jsonl`` (benchmark from ``config.json``
-    when not given)."""
+    when not given): of the cases ``ids`` when given (the cases a run asked for, e.g. with ``--limit``),
+    else of every record."""
     output = Path(output)
     config: dict[str, Any] = {}
     if (output / CONFIG_FILE).exists():
@@ -169,6 +186,10 @@ def compute_summary(
             )
         benchmark = get_benchmark(config["benchmark"])
     records = read_records(output / RESULTS_FILE)
+    if ids is not None:
+        wanted = set(ids)
+        records = [r for r in records if r["id"] in wanted]
+        expected = len(wanted)
     n_valid = sum(bool(r.get("valid")) for r in records)
     return {
         "benchmark": benchmark.name,
@@ -179,14 +200,39 @@ def compute_summary(
         "n_invalid": len(records) - n_valid,
         "n_expected": expected,
         "complete": expected is None or len(records) >= expected,
-        "metrics": benchmark.summarize(records) if records else {},
+        "metrics": _summarize(benchmark, records, output / RESULTS_FILE),
         "headline": [list(h) for h in benchmark.headline],
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
-def write_summary(output: str | Path, benchmark: Benchmark, *, expected: int | None = None) -> dict[str, Any]:
+def _summarize(benchmark: Benchmark, records: list[dict[str, Any]], path: Path) -> dict[str, Any]:
+    """``benchmark.summarize``; a record it cannot read (edited by hand, or from another version) is a
+    :class:`DataError` naming the record, found by summarising each record alone."""
+    if not records:
+        return {}
+    try:
+        return benchmark.summarize(records)
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:
+        for r in records:
+            try:
+                benchmark.summarize([r])
+            except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as one:
+                raise DataError(
+                    f"{path}: the record of case {r['id']!r} has a malformed field ({type(one).__name__}: "
+                    f"{one}); delete its line and run the eval again to recompute that case"
+                ) from None
+        raise DataError(f"{path}: cannot summarise the results ({type(exc).__name__}: {exc})") from None
+
+
+def write_summary(
+    output: str | Path,
+    benchmark: Benchmark,
+    *,
+    expected: int | None = None,
+    ids: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Summarise ``output/results.jsonl`` into ``output/summary.json`` and return it."""
-    summary = compute_summary(output, benchmark, expected=expected)
+    summary = compute_summary(output, benchmark, expected=expected, ids=ids)
     write_json_atomic(Path(output) / SUMMARY_FILE, summary)
     return summary

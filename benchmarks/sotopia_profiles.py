@@ -17,7 +17,6 @@ An environment whose ``pk`` is in SOTOPIA-hard (:data:`SOTOPIA_HARD_ENV_IDS`) is
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.errors import DataError
+from rapo_echo.jsonl import loads, read_utf8
 from rapo_echo.simulators.sotopia_agent import RELATIONSHIPS, AgentProfile, EnvironmentProfile
 
 log = logging.getLogger(__name__)
@@ -83,10 +83,7 @@ def load_sotopia(path: str | Path | None = None) -> list[SotopiaPair]:
         raise DataError(f"{path}: SOTOPIA data file or folder not found")
     objects: list[tuple[str, Any]] = []
     for file in files:
-        try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{file}: not valid JSON ({exc})") from exc
+        data = loads(read_utf8(file, "SOTOPIA data file"), str(file))
         items = data if isinstance(data, list) else [data]
         objects.extend(
             (f"{file}: item {i}" if isinstance(data, list) else str(file), obj) for i, obj in enumerate(items)

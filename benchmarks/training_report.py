@@ -57,7 +57,7 @@ def read_samples(run_dir: Path, *, last_steps: int = 1) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:

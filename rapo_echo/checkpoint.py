@@ -14,6 +14,7 @@ import torch
 
 from rapo_echo.atomic import replace_dir
 from rapo_echo.errors import RapoEchoError
+from rapo_echo.jsonl import write_failure
 
 
 class CheckpointError(RapoEchoError):
@@ -139,6 +140,14 @@ def save_checkpoint(
             optimizer=optimizer,
             scheduler=scheduler,
         )
+    except OSError as exc:  # disk full, read-only: the previous checkpoint is untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        last = latest_checkpoint(run_dir)
+        fix = (
+            f"Nothing was lost: the last complete checkpoint is {last or 'none yet'}. Free space, then "
+            f"continue with: rapo-echo train --resume {run_dir}"
+        )
+        raise write_failure(checkpoint_dir(run_dir, step), exc, fix) from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

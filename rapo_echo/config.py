@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rapo_echo.atomic import write_text_atomic
-from rapo_echo.errors import ConfigError
+from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.jsonl import read_utf8
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a warm, emotionally supportive listener. Reply to the person in two or three sentences: "
@@ -171,6 +172,8 @@ class TrainConfig(Strict):
     save_every: int = Field(50, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     max_nonfinite: int = Field(3, ge=1)
+    # Steps in a row without one valid sample (every reward invalid) before the run stops with an error.
+    max_invalid_steps: int = Field(3, ge=1)
     # One prompt forward per group of replies sharing it (off: each sequence is run whole; gradient
     # checkpointing always runs sequences whole, since it disables the KV cache this needs).
     shared_prompt_forward: bool = True
@@ -391,22 +394,65 @@ def _line_map(text: str) -> dict[tuple[str, ...], int]:
 
 
 def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
-    """Read a YAML mapping; errors name the file and line."""
+    """Read a YAML mapping; errors (bad YAML, not UTF-8, a key given twice, an anchor that contains
+    itself) name the file and line."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    text = p.read_text()
     try:
+        text = read_utf8(p, "config file")
+    except DataError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        check_yaml_nodes(yaml.compose(text, Loader=yaml.SafeLoader), str(p))
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
         raise ConfigError(f"{where}: invalid YAML: {exc.problem}") from exc
+    except RecursionError:
+        raise ConfigError(f"{p}: the YAML is nested too deeply to read") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(data).__name__}")
     return data, _line_map(text)
+
+
+def check_yaml_nodes(root: yaml.Node | None, origin: str) -> None:
+    """Refuse a mapping that gives a key twice (YAML loaders keep the last silently) and an anchor whose
+    value contains its own alias (a recursive structure); errors name ``origin`` and the line."""
+    done: set[int] = set()
+
+    def walk(node: yaml.Node, open_nodes: tuple[int, ...]) -> None:
+        if id(node) in open_nodes:
+            raise ConfigError(
+                f"{origin}:{node.start_mark.line + 1}: a YAML anchor is used inside its own value (a "
+                "recursive alias); write the value out instead"
+            )
+        if id(node) in done:
+            return
+        inner = (*open_nodes, id(node))
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        raise ConfigError(
+                            f"{origin}:{line}: key {key.value!r} is given twice (first on line "
+                            f"{seen[key.value]}); keep one"
+                        )
+                    seen[key.value] = line
+                walk(key, inner)
+                walk(value, inner)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item, inner)
+        done.add(id(node))
+
+    if root is not None:
+        walk(root, ())
 
 
 def _describe(err: dict[str, Any]) -> str:
@@ -527,13 +573,103 @@ def load_config(
         parts, value = parse_override(text)
         set_path(tree, parts, value, f"--set {text}")
         sources[tuple(parts)] = f"--set {'.'.join(parts)}"
+    secrets = literal_secrets(tree)
+    if secrets:
+        lines = [f"{_where(sources, key)}{key}: {why}" for key, why in secrets]
+        raise ConfigError(
+            "invalid config:\n  " + "\n  ".join(lines) + "\n  Configs are saved with the run (config.yaml), "
+            "so secrets do not belong in them: put the value in an environment variable and give the "
+            "variable's name (e.g. api_key_env: MY_KEY, or a plugin argument such as token_env: MY_TOKEN)."
+        )
     try:
-        return RunConfig.model_validate(tree)
+        cfg = RunConfig.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, sources, tree)) from None
+    check_group_size(cfg, _where(sources, "rollout.group_size"))
+    return cfg
+
+
+def _where(sources: dict[tuple[str, ...], str], key: str) -> str:
+    """``'file:line: '`` (or ``'--set key: '``) for the longest known prefix of ``key``, else ``''``."""
+    loc = tuple(key.split("."))
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in sources:
+            return sources[loc[:n]] + ": "
+    return ""
+
+
+def check_group_size(cfg: RunConfig, where: str = "") -> None:
+    """Every algorithm here compares the replies of a group (group-relative advantages, ranks), so a
+    group of one has no signal: refuse it unless the algorithm declares a smaller ``min_group_size``."""
+    from rapo_echo import algorithms
+
+    need = int(getattr(algorithms.get(cfg.algo), "min_group_size", 2))
+    if cfg.rollout.group_size < need:
+        raise ConfigError(
+            f"invalid config:\n  {where}rollout.group_size: got {cfg.rollout.group_size}; {cfg.algo} learns "
+            f"from differences between the replies of a group, so a group of {cfg.rollout.group_size} "
+            f"trains nothing; use {need} or more"
+        )
 
 
 SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization)$", re.I)
+
+
+def _secret_env_values() -> dict[str, str]:
+    """Values of environment variables named like secrets (long enough to be told apart from words)."""
+    return {v: k for k, v in os.environ.items() if SECRET_KEY.search(k) and v and len(v) >= 8}
+
+
+def url_secret(text: str) -> str | None:
+    """Why ``text`` is a URL carrying credentials (a password in it, or a secret-named query
+    parameter), else None."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    if "://" not in text:
+        return None
+    try:
+        parts = urlsplit(text.strip())
+        has_password = parts.password is not None
+    except ValueError:
+        return None
+    if has_password:
+        return "a URL with a password in it (user:password@host)"
+    for name, value in parse_qsl(parts.query):
+        if SECRET_KEY.search(name) and value:
+            return f"a URL whose query parameter {name!r} holds a secret"
+    return None
+
+
+def literal_secrets(tree: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """``(dotted key, why)`` for every literal secret in a config tree: a non-empty string under a key
+    named like a secret (``*_env`` names of variables are fine), credentials inside a URL, or the value
+    of an environment variable named like a secret."""
+    env = _secret_env_values()
+    found: list[tuple[str, str]] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                key = f"{path}.{k}" if path else str(k)
+                if isinstance(k, str) and SECRET_KEY.search(k) and isinstance(v, str) and v:
+                    found.append((key, "holds a literal secret"))
+                else:
+                    walk(v, key)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}.{i}" if path else str(i))
+        elif isinstance(node, str):
+            why = url_secret(node)
+            if why:
+                found.append((path, f"holds {why}"))
+                return
+            for value, name in env.items():
+                if value in node:
+                    found.append((path, f"holds the value of the environment variable {name}"))
+                    return
+
+    walk(tree, prefix)
+    return found
 
 
 def redacted(data: Any) -> Any:

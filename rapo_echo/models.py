@@ -79,6 +79,16 @@ def resolve(spec: str) -> ResolvedModel:
         gguf = default_gguf()
         return ResolvedModel(str(converted_gguf(gguf)), source=str(gguf))
     path = Path(os.path.expanduser(spec))
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:  # e.g. a spec longer than a file name may be
+        shown = spec if len(spec) <= 80 else spec[:77] + "..."
+        raise ModelResolutionError(
+            f"model spec {shown!r} cannot be a path ({exc.strerror}); give 'default', a model folder, a "
+            ".gguf file or a hub id (owner/name)"
+        ) from None
     inside_run = run_model_folder(path) if path.is_dir() and not (path / "config.json").is_file() else None
     if inside_run is not None:
         return ResolvedModel(str(inside_run), source=spec)

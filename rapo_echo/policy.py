@@ -24,7 +24,7 @@ from rapo_echo.logprobs import (
     logit_transform,
 )
 from rapo_echo.models import load_model, resolve
-from rapo_echo.prompting import fit_turns, policy_conversation
+from rapo_echo.prompting import fit_prompt, policy_conversation
 from rapo_echo.types import Conversation, Scenario
 
 log = logging.getLogger(__name__)
@@ -274,6 +274,7 @@ class Policy:
         self.cfg = model_cfg
         self.shared_prompt_forward = shared_prompt_forward and not model_cfg.gradient_checkpointing
         self.rollout_cfg = rollout_cfg
+        self.truncations = 0  # prompts cut to fit rollout.max_prompt_tokens (see take_truncations)
         self.resolved = resolve(model_cfg.name)
         lm, tokenizer = load_model(
             self.resolved,
@@ -350,11 +351,17 @@ class Policy:
         return policy_conversation(scenario, self.rollout_cfg.system_prompt)
 
     def prompt_ids(self, scenario: Scenario | Conversation) -> list[int]:
-        """Token ids of the prompt, dropping the oldest turns (never the system prompt or the last
-        user message) until it fits ``rollout.max_prompt_tokens``."""
+        """Token ids of the prompt, cut to ``rollout.max_prompt_tokens`` by whole turns from the oldest
+        (never the system prompt; see :func:`~rapo_echo.prompting.fit_prompt`); cuts are counted."""
         conv = self.conversation(scenario) if isinstance(scenario, Scenario) else list(scenario)
-        limit = self.rollout_cfg.max_prompt_tokens
-        return fit_turns(conv, self.engine.encode, limit)[1][-limit:]
+        ids, cut = fit_prompt(conv, self.engine.encode, self.rollout_cfg.max_prompt_tokens)
+        self.truncations += cut
+        return ids
+
+    def take_truncations(self) -> int:
+        """How many prompts were cut since the last call (and reset the count)."""
+        n, self.truncations = self.truncations, 0
+        return n
 
     # ------------------------------------------------------------------ scoring
     def reference_logprobs(self, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rapo_echo.errors import ConfigError
 from rapo_echo.types import Conversation, Scenario, msg
 
 
@@ -27,3 +28,34 @@ def fit_turns(
         conv = conv[:head] + conv[head + 1 :]
         ids = encode(conv)
     return conv, ids
+
+
+def fit_prompt(
+    conv: Conversation, encode: Callable[[Conversation], list[int]], max_tokens: int
+) -> tuple[list[int], int]:
+    """Prompt ids of at most ``max_tokens``: the oldest turns are dropped first (:func:`fit_turns`);
+    when the system prompt and the last message alone are still too long, the last message loses the
+    beginning of its text (its chat header and the system prompt stay). Returns the ids and 1 when
+    anything was cut, else 0. A system prompt that leaves no room at all is a :class:`ConfigError`."""
+    kept, ids = fit_turns(conv, encode, max_tokens)
+    if len(ids) <= max_tokens:
+        return ids, int(len(kept) < len(conv))
+    head, last = kept[:-1], kept[-1]
+    text = last["content"]
+
+    def encoded(drop: int) -> list[int]:
+        return encode([*head, {**last, "content": text[drop:]}])
+
+    if len(encoded(len(text))) > max_tokens:
+        raise ConfigError(
+            f"rollout.max_prompt_tokens: {max_tokens} tokens cannot hold the system prompt and chat "
+            f"template alone ({len(encoded(len(text)))} tokens); raise it or shorten rollout.system_prompt"
+        )
+    lo, hi = 0, len(text)  # the fewest leading characters to drop so that the prompt fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(encoded(mid)) <= max_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    return encoded(lo), 1

@@ -16,6 +16,7 @@ fastapi and uvicorn come with the ``serve`` extra and are imported only when a s
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import importlib
 import json
@@ -95,7 +96,7 @@ class ChatCompletionRequest(BaseModel):
     top_k: int = Field(0, ge=-1)
     n: int = Field(1, ge=1, le=128)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # a 64-bit integer, as OpenAI and vLLM take
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
@@ -135,6 +136,10 @@ class ChatCompletionRequest(BaseModel):
     @property
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class RequestCancelled(Exception):
+    """The client of a non-streaming request went away; its generation was stopped."""
 
 
 class APIError(Exception):
@@ -222,9 +227,9 @@ class ChatService:
         return {"object": "list", "data": [card]}
 
     def _context_length(self) -> int | None:
-        config = getattr(getattr(self.engine, "model", None), "config", None)
-        value = getattr(config, "max_position_embeddings", None)
-        return int(value) if isinstance(value, int) else None
+        from rapo_echo.engines.hf import context_length
+
+        return context_length(getattr(self.engine, "model", None))
 
     def prepare(self, req: ChatCompletionRequest) -> tuple[Conversation | list[int], SamplingParams]:
         """The prompt (token ids for token engines, else a conversation) and sampling params; checks
@@ -283,9 +288,10 @@ class ChatService:
     def _chunk_base(self, rid: str, created: int) -> dict[str, Any]:
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
 
-    def complete(self, req: ChatCompletionRequest) -> dict[str, Any]:
-        """A whole (non-streaming) response body."""
-        with self.lock:
+    def complete(self, req: ChatCompletionRequest, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """A whole (non-streaming) response body. Setting ``cancel`` (the client went away) stops the
+        generation at its next model forward with :class:`RequestCancelled`, freeing the lock."""
+        with self.lock, self._cancellable(cancel):
             prompt, params = self.prepare(req)
             tops = None
             if self.token_engine:
@@ -316,6 +322,26 @@ class ChatService:
             "choices": choices,
             "usage": self._usage(prompt, gens),
         }
+
+    @contextlib.contextmanager
+    def _cancellable(self, cancel: threading.Event | None) -> Iterator[None]:
+        """Make ``cancel`` stop the engine's model forwards in this thread (token engines only)."""
+        if cancel is not None and cancel.is_set():
+            raise RequestCancelled()
+        model = getattr(self.engine, "model", None)
+        if cancel is None or not hasattr(model, "register_forward_pre_hook"):
+            yield
+            return
+
+        def check(*_: Any) -> None:
+            if cancel.is_set():
+                raise RequestCancelled()
+
+        handle = model.register_forward_pre_hook(check)  # type: ignore[union-attr]
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def _logprobs(
         self, gen: Generation, top: list[list[tuple[int, float]]] | None, req: ChatCompletionRequest
@@ -440,15 +466,17 @@ def create_app(
     fastapi = require_serve_extra("fastapi")
     from fastapi import Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.concurrency import run_in_threadpool
 
     service = ChatService(engine, model_name, default_max_tokens)
+    # With a key the API description is not served either (it would answer without the key).
+    hidden = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api_key else {}
     app = fastapi.FastAPI(
-        title="rapo-echo", description=f"OpenAI-compatible chat completions for {model_name}"
+        title="rapo-echo", description=f"OpenAI-compatible chat completions for {model_name}", **hidden
     )
     app.state.service = service
-    expected = f"Bearer {api_key}".encode() if api_key else None
+    expected = api_key.encode() if api_key else None
 
     def error_response(err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
@@ -456,7 +484,9 @@ def create_app(
     @app.middleware("http")
     async def check_key(request: Request, call_next: Callable) -> Any:
         if expected is not None and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "").encode()
+            scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+            # the scheme is case-insensitive (RFC 9110): "bearer KEY" is as good as "Bearer KEY"
+            given = token.strip().encode() if scheme.lower() == "bearer" else b""
             if not hmac.compare_digest(given, expected):
                 return error_response(
                     APIError(
@@ -499,7 +529,26 @@ def create_app(
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
-        return await run_in_threadpool(service.complete, req)
+        return await complete_unless_abandoned(request, req)
+
+    async def complete_unless_abandoned(request: Request, req: ChatCompletionRequest) -> Any:
+        """Run a non-streaming request; if its client disconnects first, cancel the generation (which
+        frees the model for the next request) instead of finishing a reply nobody reads."""
+        cancel = threading.Event()
+        task = asyncio.ensure_future(run_in_threadpool(service.complete, req, cancel))
+        # With the body read, the next ASGI message is the disconnect (polling is_disconnected() does
+        # not work behind the key middleware, which wraps receive()).
+        gone = asyncio.ensure_future(request.receive())
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done() and gone.result().get("type") == "http.disconnect":
+                cancel.set()
+                with contextlib.suppress(RequestCancelled):
+                    await task
+                return Response(status_code=499)  # nobody reads it
+            return await task
+        finally:
+            gone.cancel()
 
     return app
 

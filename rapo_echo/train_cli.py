@@ -62,15 +62,15 @@ def build_config(args: argparse.Namespace):
     return cfg
 
 
+# Exit codes of a run stopped early by a signal (after its checkpoint): 128 + the signal's number, as
+# shells report a process killed by it, so scripts can tell "stopped, resumable" from "finished" (0).
+STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    out = Path(cfg.output)  # type: ignore[arg-type]
-    if not args.resume and (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):
-        raise ConfigError(
-            f"--output {out} already holds a run; continue it with --resume {out} or pick another --output"
-        )
     from rapo_echo.trainer import run_training
 
-    run_dir = run_training(cfg, resume=bool(args.resume))
-    print(f"run directory: {run_dir}")
-    return 0
+    trainer = run_training(cfg, resume=bool(args.resume))
+    print(f"run directory: {trainer.run_dir}")
+    return STOPPED_EXIT_CODES.get(trainer.stopped_by, 1) if trainer.stopped_by else 0

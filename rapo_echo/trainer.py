@@ -49,9 +49,11 @@ from rapo_echo.distributed import (
 from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.jsonl import append_jsonl, keep_jsonl
 from rapo_echo.models import autocast_dtype
 from rapo_echo.policy import Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
+from rapo_echo.rundir import check_run_dir, lock_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,8 @@ class Trainer:
         cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
         self.accelerator = Accelerator(cpu=cpu)
         self.is_main = self.accelerator.is_main_process
+        if self.is_main:  # a bad --output fails now, not after the model has loaded
+            check_run_dir(self.run_dir, resume=resume)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         seed_everything(cfg.train.seed + self.accelerator.process_index)
@@ -180,6 +184,9 @@ class Trainer:
         self.scorer, self.optimizer = self.accelerator.prepare(self.policy.scorer, self.optimizer)
         self.step = 0
         self.nonfinite_in_a_row = 0
+        self.invalid_in_a_row = 0
+        self.stopped_by = ""  # the signal that stopped the run early, if any
+        self.warned_truncation = False
         self.metrics_file = self.run_dir / "metrics.jsonl"
         self.samples_file = self.run_dir / "samples.jsonl"
         self.tb: Any = None
@@ -233,24 +240,20 @@ class Trainer:
         self.algorithm.load_state_dict(state.get("algorithm", {}))
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
+        self.invalid_in_a_row = int(state.get("invalid_in_a_row", 0))
         load_rng(ckpt, self.accelerator.process_index)
         self._sync_generator()
         log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
-        if self.is_main:  # drop metric lines written after that checkpoint (they will be recomputed)
+        if self.is_main:  # drop lines written after that checkpoint (they will be recomputed), atomically
             for f in (self.metrics_file, self.samples_file):
-                if f.is_file():
-                    keep = [
-                        ln
-                        for ln in f.read_text().splitlines()
-                        if ln and json.loads(ln).get("step", 0) <= self.step
-                    ]
-                    f.write_text("".join(ln + "\n" for ln in keep))
+                keep_jsonl(f, lambda r: not isinstance(r, dict) or r.get("step", 0) <= self.step)
 
     def _trainer_state(self) -> dict[str, Any]:
         return {
             "algorithm": self.algorithm.state_dict(),
             "data": self.stream.state_dict(),
             "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            "invalid_in_a_row": self.invalid_in_a_row,
             "algo": self.cfg.algo,
         }
 
@@ -304,7 +307,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> Path:
-        """Run to ``train.max_steps`` (or until stopped); returns the run directory."""
+        """Run to ``train.max_steps`` (or until stopped, see ``stopped_by``); returns the run directory.
+        The run directory is locked meanwhile."""
+        lock = lock_run_dir(self.run_dir, resume=self.resume) if self.is_main else None
+        try:
+            return self._train()
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _train(self) -> Path:
         if self.resume:
             self._restore()
         self.open_logs()
@@ -315,6 +327,7 @@ class Trainer:
                 metrics = self.train_step()
                 self.step += 1
                 self._log(metrics)
+                self._check_valid(metrics)
                 if bar is not None:
                     bar.update(1)
                     keys = self.algorithm.progress_keys
@@ -323,6 +336,7 @@ class Trainer:
                 if self.step % self.cfg.train.save_every == 0 or done or self.stop.requested:
                     self._checkpoint()
                 if self.stop.requested and not done:
+                    self.stopped_by = self.stop.signal_name
                     log.warning(
                         "stopped by %s after step %d; resume with: rapo-echo train --resume %s",
                         self.stop.signal_name,
@@ -338,6 +352,20 @@ class Trainer:
             if self.tb is not None:
                 self.tb.close()
         return self.run_dir
+
+    def _check_valid(self, metrics: dict[str, float]) -> None:
+        """Stop after ``train.max_invalid_steps`` steps in a row without one valid sample (a judge that
+        never scores): such steps train nothing, and the run would end "successfully" unchanged."""
+        self.invalid_in_a_row = self.invalid_in_a_row + 1 if metrics.get("valid", 1.0) == 0 else 0
+        limit = self.cfg.train.max_invalid_steps
+        if self.invalid_in_a_row >= limit:
+            ckpt = latest_checkpoint(self.run_dir)
+            raise TrainingError(
+                f"{self.invalid_in_a_row} steps in a row (up to step {self.step}) without a single valid "
+                f"sample: every reward came back invalid, so nothing was trained (train.max_invalid_steps = "
+                f"{limit}). Check the reward plugins and the judge / simulator endpoints (their warnings "
+                f"above say why). Last checkpoint: {ckpt or 'none yet'}."
+            )
 
     def _save_final(self) -> None:
         """The final model in Hugging Face format: merged under LoRA (plain transformers loads it);
@@ -400,6 +428,15 @@ class Trainer:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["nonfinite_skipped"] = float(skipped)
         metrics["items"] = float(len(items))
+        metrics["valid"] = float(sum(1 for s in rollout.samples if s.valid))
+        metrics["prompt_truncated"] = float(self.policy.take_truncations())
+        if metrics["prompt_truncated"] and not self.warned_truncation:
+            self.warned_truncation = True
+            log.warning(
+                "prompts longer than rollout.max_prompt_tokens=%d are cut (oldest turns first, the system "
+                "prompt kept); metric prompt_truncated counts them",
+                self.cfg.rollout.max_prompt_tokens,
+            )
         self._write_samples(rollout)
         return self._mean_over_processes(metrics)
 
@@ -421,7 +458,7 @@ class Trainer:
                 out[k] = max(v)
             elif k.endswith("/min"):
                 out[k] = min(v)
-        for k in ("invalid", "items", "truncated"):  # counts add up over ranks
+        for k in ("invalid", "items", "truncated", "valid", "prompt_truncated"):  # counts add up over ranks
             if k in merged:
                 out[k] = sum(merged[k])
         out["world"] = float(world)
@@ -697,8 +734,7 @@ class Trainer:
         if not self.is_main:
             return
         record = {"step": self.step, **{k: _num(v) for k, v in metrics.items()}}
-        with open(self.metrics_file, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_jsonl(self.metrics_file, [record], fix=self._write_fix())
         if self.tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -711,27 +747,30 @@ class Trainer:
     def _write_samples(self, rollout: Rollout) -> None:
         if not self.is_main or (self.step + 1) % self.cfg.logging.samples_every:
             return
-        with open(self.samples_file, "a") as fh:
-            for s in rollout.samples:
-                fh.write(
-                    json.dumps(
-                        {
-                            "step": self.step + 1,
-                            "scenario": s.scenario.id,
-                            "group": s.group,
-                            "prompt": s.scenario.messages,
-                            "reply": s.text,
-                            "reward": s.reward,
-                            "rewards": s.rewards,
-                            "advantage": s.info.get("advantage"),
-                            "critique": s.critique,
-                            "finish_reason": s.finish_reason,
-                            "info": {k: v for k, v in s.info.items() if k != "advantage"},
-                        },
-                        default=str,
-                    )
-                    + "\n"
-                )
+        records = [
+            {
+                "step": self.step + 1,
+                "scenario": s.scenario.id,
+                "group": s.group,
+                "prompt": s.scenario.messages,
+                "reply": s.text,
+                "reward": s.reward,
+                "rewards": s.rewards,
+                "advantage": s.info.get("advantage"),
+                "critique": s.critique,
+                "finish_reason": s.finish_reason,
+                "info": {k: v for k, v in s.info.items() if k != "advantage"},
+            }
+            for s in rollout.samples
+        ]
+        append_jsonl(self.samples_file, records, fix=self._write_fix())
+
+    def _write_fix(self) -> str:
+        ckpt = latest_checkpoint(self.run_dir)
+        return (
+            f"Free space, then continue with: rapo-echo train --resume {self.run_dir} "
+            f"(last checkpoint: {ckpt or 'none yet'})"
+        )
 
 
 class _LogprobGap:
@@ -808,7 +847,10 @@ def load_model_weights(policy: Policy, folder: Path) -> None:
         )
 
 
-def run_training(cfg: RunConfig, *, resume: bool = False) -> Path:
-    """Build a :class:`Trainer` and run it."""
+def run_training(cfg: RunConfig, *, resume: bool = False) -> Trainer:
+    """Build a :class:`Trainer` and run it; returns it (``run_dir``; ``stopped_by`` a signal's name
+    when one stopped the run early)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return Trainer(cfg, resume=resume).train()
+    trainer = Trainer(cfg, resume=resume)
+    trainer.train()
+    return trainer

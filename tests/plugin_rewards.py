@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rapo_echo.rewards import RewardOutput
 
 
@@ -19,12 +21,36 @@ def words(prompts, completions, completion_ids, profile, **columns):
 class Critic:
     """Class plugin using the run context: scores 1 and writes a critique."""
 
+    is_reward_plugin = True
+
     def __init__(self, ctx, bonus: float = 0.0) -> None:
         self.ctx = ctx
         self.bonus = bonus
 
     def __call__(self, samples):
         return [RewardOutput(1.0 + self.bonus, critique=f"critique of {s.scenario.id}") for s in samples]
+
+
+def never_valid(prompts, completions, **columns):
+    """TRL-style function of a judge that never scores: every sample invalid."""
+    return [None for _ in completions]
+
+
+class NeedsKey:
+    """Class plugin that reads its API key from the environment variable named by ``key_env`` (a
+    config holds the name, never the key); records each key it was built with."""
+
+    is_reward_plugin = True
+    seen: ClassVar[list[str]] = []
+
+    def __init__(self, key_env: str) -> None:
+        import os
+
+        self.key = os.environ.get(key_env, "")
+        NeedsKey.seen.append(self.key)
+
+    def __call__(self, samples):
+        return [float(len(s.completion_ids) % 2) for s in samples]
 
 
 def length_or_none_on_rank_one(prompts, completions, **columns):

@@ -357,7 +357,11 @@ def test_export_redacts_secrets(tmp_path, smol_path, smol_tokenizer, monkeypatch
     from rapo_echo.openrlhf import export_reward_file
 
     monkeypatch.setenv("MY_API_KEY", "sk-very-secret-value")
-    cfg = run_config(tmp_path, smol_path, **{"judge.script": {"default": "Score: 3 sk-very-secret-value"}})
+    leaky = {"judge.script": {"default": "Score: 3 sk-very-secret-value"}}
+    with pytest.raises(ConfigError, match="the environment variable MY_API_KEY"):  # refused when loaded
+        run_config(tmp_path, smol_path, **leaky)
+    cfg = run_config(tmp_path, smol_path)
+    cfg.judge.script = leaky["judge.script"]  # a config built in code still never leaks it
     export_reward_file(cfg, tmp_path / "b", tokenizer=smol_tokenizer)
     assert "sk-very-secret-value" not in (tmp_path / "b" / "run_config.yaml").read_text()
 
@@ -516,7 +520,10 @@ def test_launch_command_maps_the_run(tmp_path, smol_path, bundle):
 def test_launch_refuses_what_openrlhf_cannot_do(tmp_path, smol_path, bundle, overrides, cluster, match):
     from rapo_echo.openrlhf import ClusterSpec, launch_command
 
-    cfg = run_config(tmp_path, smol_path, **overrides)
+    group = overrides.get("rollout.group_size")  # load_config itself refuses 1: set it afterwards
+    cfg = run_config(tmp_path, smol_path, **{k: v for k, v in overrides.items() if k != "rollout.group_size"})
+    if group is not None:
+        cfg.rollout.group_size = group
     with pytest.raises(ConfigError, match=match):
         launch_command(cfg, bundle, cluster=ClusterSpec(**{"gpus_per_node": 4, **cluster}))
 

@@ -202,7 +202,7 @@ def test_sigterm_finishes_step_checkpoints_and_resumes(tmp_path: Path, tiny_fold
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 143, err  # stopped by SIGTERM (128 + 15), checkpointed, resumable
     assert "resume with: rapo-echo train --resume" in err
     done = len(metrics(run))
     assert 1 <= done < 500 and (run / "checkpoints" / f"step-{done}").is_dir()

@@ -82,6 +82,13 @@ def open_source(path: str | os.PathLike[str] | None) -> Source:
 
 def read_records(src: Source, limit: int | None = None) -> list[Record]:
     """Every top-level record of ``src`` (at most ``limit``), each with its location."""
+    try:
+        return _read_records(src, limit)
+    except RecursionError:
+        raise DataError(f"{src.name}: JSON nested too deeply to read; is the file corrupted?") from None
+
+
+def _read_records(src: Source, limit: int | None) -> list[Record]:
     start = _WS.match(src.text).end()
     if start == len(src.text):
         raise DataError(f"{src.name}: the file is empty; expected JSON or JSONL records")

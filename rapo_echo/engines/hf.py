@@ -9,6 +9,7 @@ of vocabulary logits per sequence is kept.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ import torch
 
 from rapo_echo.engines.base import split_continuation, truncate_at_stop
 from rapo_echo.types import Conversation, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 def sample_next(
@@ -99,6 +102,12 @@ class _Row:
     finish_reason: str | None = None
 
 
+def context_length(model: Any) -> int | None:
+    """The model's context length (``config.max_position_embeddings``), None when unknown."""
+    value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) else None
+
+
 class HFEngine:
     """A transformers causal LM (optionally a PEFT model) as a :class:`ChatEngine`."""
 
@@ -122,6 +131,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = self._eos_ids()
+        self._warned_context = False
 
     @classmethod
     def from_spec(cls, spec: str, *, dtype: str = "float32", device: str = "auto", **kw: Any) -> HFEngine:
@@ -157,6 +167,24 @@ class HFEngine:
             text += prefix
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def _prompt(self, prompt: Conversation, new_tokens: int = 0) -> list[int]:
+        """:meth:`encode`, warning (once per engine) when the prompt plus ``new_tokens`` exceed the
+        model's context: a simulator or judge prompt built from long dialogues can."""
+        ids = self.encode(prompt)
+        limit = context_length(self.model)
+        if limit is not None and len(ids) + new_tokens > limit and not self._warned_context:
+            self._warned_context = True
+            log.warning(
+                "%s: a prompt of %d tokens (+%d to generate) exceeds the model's context of %d tokens; "
+                "its output will be poor or fail. Shorten the dialogues or use a model with a longer "
+                "context (further cases are not reported)",
+                self.name,
+                len(ids),
+                new_tokens,
+                limit,
+            )
+        return ids
+
     def decode(self, ids: Sequence[int]) -> str:
         """Reply text of completion ids, special tokens (EOS) removed."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -164,7 +192,7 @@ class HFEngine:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Conversation], params: SamplingParams) -> list[list[Generation]]:
         """``params.n`` replies per prompt, batched, with ids and log-probs."""
-        return self.generate_ids([self.encode(p) for p in prompts], params)
+        return self.generate_ids([self._prompt(p, params.max_new_tokens) for p in prompts], params)
 
     def generate_ids(
         self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
@@ -270,7 +298,7 @@ class HFEngine:
 
     def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]:
         """Yield the text of one reply piece by piece (``params.n`` is ignored)."""
-        for piece in self.stream_generation(self.encode(prompt), params):
+        for piece in self.stream_generation(self._prompt(prompt, params.max_new_tokens), params):
             if isinstance(piece, str):
                 yield piece
 
@@ -307,7 +335,7 @@ class HFEngine:
 
     def score(self, prompts: Sequence[Conversation], continuations: Sequence[str]) -> list[Generation]:
         """Teacher-forced log-probs of each continuation text as the reply to its prompt."""
-        p_ids = [self.encode(p) for p in prompts]
+        p_ids = [self._prompt(p) for p in prompts]
         c_ids = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in continuations]
         lps = self.score_ids(p_ids, c_ids)
         return [
@@ -321,7 +349,7 @@ class HFEngine:
         """Log-prob of each option as the start of the reply. Single-token options need one forward
         pass per batch; longer ones are scored token by token."""
         encoded = [self.tokenizer(o, add_special_tokens=False)["input_ids"] for o in options]
-        p_ids = [self.encode(p) for p in prompts]
+        p_ids = [self._prompt(p, 1) for p in prompts]
         if all(len(e) == 1 for e in encoded):
             first = [e[0] for e in encoded]
             out: list[dict[str, float]] = []

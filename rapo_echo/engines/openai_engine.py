@@ -12,7 +12,10 @@ APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, ove
   1-token probe request (a server that rejects the ``logprobs`` fields with HTTP 400/422 counts as
   False; other failures raise). Note: on Python < 3.12, ``isinstance(engine, ChatEngine)`` reads
   every protocol attribute, so it can trigger that probe.
-* Reliability: every request has the timeout ``timeout_s``; connection errors, timeouts, HTTP 429 and
+* Reliability: every request must be answered completely within ``timeout_s`` (a whole-request
+  deadline, :class:`~rapo_echo.engines.deadline.Deadline`: a server that trickles bytes cannot keep it
+  alive; each request opens its own connection for that; streams instead fail after ``timeout_s``
+  without data); connection errors, timeouts, HTTP 429 and
   5xx are retried ``max_retries`` times with exponential backoff and jitter (``Retry-After`` is honoured
   up to ``max_backoff_s``); other 4xx fail at once with the server's message. Final errors are
   :class:`EngineError` naming the endpoint URL. The API key (read from the environment variable
@@ -37,6 +40,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from rapo_echo.engines.deadline import Deadline
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
@@ -113,12 +117,19 @@ def content_text(content: Any) -> str | None:
 
 
 def _normalize_base_url(base_url: str) -> str:
+    from rapo_echo.config import url_secret
+
     url = base_url.strip().rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(
             f"base_url: got {base_url!r}; expected an http(s) URL of an OpenAI-compatible API, "
             "e.g. http://127.0.0.1:8000/v1"
+        )
+    if url_secret(url) or parts.username:  # never shown, logged (httpx logs URLs) or saved
+        raise ConfigError(
+            f"base_url: {parts.scheme}://{parts.hostname}...: credentials inside the URL are refused; put "
+            "the key in an environment variable and name it with api_key_env (sent as a Bearer token)"
         )
     return url if parts.path else url + "/v1"
 
@@ -164,9 +175,11 @@ class OpenAIEngine:
         self._model_lock = threading.Lock()
         self._supports_logprobs: bool | None = None
         self._rng = random.Random()
+        self._own_client = http_client is None
         self._http = http_client or httpx.Client(
             timeout=httpx.Timeout(self.timeout_s),
-            limits=httpx.Limits(max_connections=max(self.max_concurrency, 10)),
+            # no keep-alive: each request's connection is its own, so its deadline can shut it down
+            limits=httpx.Limits(max_connections=max(self.max_concurrency, 10), max_keepalive_connections=0),
         )
 
     def __repr__(self) -> str:
@@ -244,7 +257,20 @@ class OpenAIEngine:
         url = self.base_url + path
 
         def attempt() -> dict[str, Any]:
-            resp = self._http.request(method, url, json=payload, headers=self._headers())
+            with Deadline(self.timeout_s) as deadline:
+                try:
+                    resp = self._http.request(
+                        method,
+                        url,
+                        json=payload,
+                        headers=self._headers(),
+                        timeout=deadline.timeout() if self._own_client else httpx.USE_CLIENT_DEFAULT,
+                        extensions=deadline.extensions(),
+                    )
+                except httpx.TransportError as exc:
+                    if deadline.expired:  # the deadline shut the connection down
+                        raise httpx.ReadTimeout("whole-request deadline") from exc
+                    raise
             self._check(method, url, resp)
             try:
                 body = resp.json()

@@ -9,7 +9,11 @@ A reward is either
 * or a plain TRL-style function ``f(prompts, completions, **columns) -> list[float | None]``.
 
 Names resolve, in order, to a built-in, a plugin registered in the ``rapo_echo.rewards`` entry-point
-group, or a ``module:attr`` / ``module.attr`` path.
+group, or a ``module:attr`` / ``module.attr`` path. An object named by path must be a reward plugin,
+checked before anything is called (:func:`is_reward_plugin`): a function with a ``completions``
+parameter, or a class that declares itself one (it subclasses :class:`Reward` or sets
+``is_reward_plugin = True``). Importing the module still runs its top-level code: a config is code to
+trust.
 """
 
 from __future__ import annotations
@@ -60,6 +64,21 @@ class Reward(Protocol):
     def __call__(self, samples: Sequence[Sample]) -> Sequence[RewardOutput | float | None]: ...
 
 
+def is_reward_plugin(obj: Any) -> bool:
+    """Whether ``obj`` declares itself a reward plugin: a Python function with a ``completions``
+    parameter (TRL's reward-function protocol, ``f(prompts, completions, **columns)``), or a class that
+    subclasses :class:`Reward` or sets ``is_reward_plugin = True``; a function may set the marker too."""
+    if getattr(obj, "is_reward_plugin", False) is True:
+        return True
+    if inspect.isclass(obj):
+        return Reward in obj.__mro__[1:]
+    if inspect.isfunction(obj):
+        params = inspect.signature(obj).parameters
+        named = {p.name for p in params.values() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+        return "completions" in named
+    return False
+
+
 class TRLFunctionReward:
     """Adapter for a TRL-style reward function ``f(prompts, completions, **columns)``.
 
@@ -90,12 +109,28 @@ class TRLFunctionReward:
 
 
 def _load_object(name: str, where: str) -> Any:
+    """The object a reward name resolves to. Built-ins and entry points are registered on purpose, so
+    they are trusted; an object named by path must pass :func:`is_reward_plugin`."""
     if name in BUILTINS:
         module, attr = BUILTINS[name].split(":")
         return getattr(importlib.import_module(module), attr)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             return ep.load()
+    obj = _import_path(name, where)
+    registered = set(BUILTINS.values()) | {ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', '')}" in registered:
+        return obj
+    if not is_reward_plugin(obj):
+        raise ConfigError(
+            f"{where}: {name!r} is not a reward plugin, so it is not called. A reward is a function "
+            "f(prompts, completions, **columns) or a class that subclasses rapo_echo.rewards.Reward or sets "
+            "the class attribute is_reward_plugin = True (see the README, 'Reward plugins')"
+        )
+    return obj
+
+
+def _import_path(name: str, where: str) -> Any:
     if ":" in name:
         module, attr = name.split(":", 1)
     elif "." in name:

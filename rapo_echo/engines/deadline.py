@@ -1,0 +1,75 @@
+"""A whole-request deadline for synchronous ``httpx`` requests.
+
+httpx's timeouts bound each socket operation, so a server that trickles a byte now and then keeps a
+request alive indefinitely. :class:`Deadline` bounds the whole request: every socket wait gets at most
+the time left, and when the deadline passes a timer shuts the connection's socket down, which ends the
+read in progress at once. The socket is learnt from httpcore's ``trace`` extension when the connection
+is opened, so the client must open a connection per request (no keep-alive); a pooled connection would
+be opened before the deadline existed.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+
+_OPENED = ("connection.connect_tcp.complete", "connection.start_tls.complete")
+
+
+class Deadline:
+    """Use as ``with Deadline(s) as d: client.request(..., timeout=d.timeout(), extensions=d.extensions())``;
+    ``expired`` tells whether a failure came from the deadline."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def left(self) -> float:
+        return max(0.001, self.end - time.monotonic())
+
+    def timeout(self) -> httpx.Timeout:
+        """Connect, write, read and pool timeouts of at most the time left."""
+        return httpx.Timeout(self.left())
+
+    def extensions(self) -> dict[str, Any]:
+        return {"trace": self._trace}
+
+    def _trace(self, name: str, info: dict[str, Any]) -> None:
+        if name not in _OPENED:
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sockets.append(sock)
+                if self.expired:
+                    _shutdown(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
