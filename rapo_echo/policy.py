@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rapo_echo.autosize import CPU_ROLLOUT_BATCH
 from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.engines.hf import HFEngine, left_pad
 from rapo_echo.logprobs import chunked_gather_logprobs, chunked_token_logprobs, chunked_topk_logprobs
@@ -240,7 +241,14 @@ class Policy:
         self.need_reference = need_reference
         self.scorer = TokenScorer(lm)
         self.ref_scorer = TokenScorer(self.ref_lm) if self.ref_lm is not None else None
-        self.engine = HFEngine(lm, tokenizer, name="policy", max_batch_size=rollout_cfg.max_batch_size)
+        rows = rollout_cfg.max_batch_size
+        self.engine = HFEngine(
+            lm,
+            tokenizer,
+            name="policy",
+            max_batch_size=rows if isinstance(rows, int) else CPU_ROLLOUT_BATCH,  # the trainer resolves auto
+            decode_loop=rollout_cfg.decode,
+        )
         # A separate rollout engine (a vLLM copy the trainer keeps in sync), or None.
         self.rollout_engine: Any = None
 
