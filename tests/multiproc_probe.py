@@ -91,9 +91,20 @@ def replaying(folder: Path, world: int) -> tuple[Callable, Callable]:
     return rollout_at, replayed
 
 
+def skip_deepspeed_shm_kernel() -> None:
+    """Under a DeepSpeed launch on CPU, leave out DeepSpeed's optional shared-memory all-reduce kernel:
+    its first use is a C++ build of a minute or more into ~/.cache/torch_extensions, and gloo carries
+    the same collectives."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 if __name__ == "__main__":
     from rapo_echo.cli import main
 
+    skip_deepspeed_shm_kernel()
     out = Path(os.environ["PROBE_DIR"])
     out.mkdir(parents=True, exist_ok=True)
     install_recorder(out)
