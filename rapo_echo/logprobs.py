@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from rapo_echo.fused_logprobs import fits_fused, fused_token_logprobs
+
 
 def _chunk(
     hidden: torch.Tensor,
@@ -56,6 +58,12 @@ def chunked_token_logprobs(
     t = targets.reshape(-1)
     lps, ents = [], []
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    if grad and not softcap and not entropy_grad and fits_fused(t.shape[0], weight.shape[0]):
+        # small enough to keep the softmax: one LM-head matmul and a two-matmul backward
+        lp, ent = fused_token_logprobs(
+            h, weight, t, bias=bias, scale=1.0 / temperature, with_entropy=with_entropy
+        )
+        return lp.reshape(shape), ent.reshape(shape)
     for start in range(0, t.shape[0], chunk_size):
         args = (
             h[start : start + chunk_size],
