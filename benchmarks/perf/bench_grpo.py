@@ -61,6 +61,8 @@ def set_workload_dir(folder: str | Path) -> None:
     if not (folder / "workload.py").is_file():
         sys.exit(f"--workload {folder}: no workload.py there")
     os.environ[WORKLOAD_ENV] = str(folder)
+    if SHARED_BENCH is not None:  # gpu/large/workload.py imports the shared one from there
+        os.environ.setdefault("SHARED_BENCH_DIR", str(SHARED_BENCH))
 
 
 _WORKLOADS: dict[Path, Any] = {}
@@ -252,8 +254,8 @@ def peer_command(args: argparse.Namespace) -> list[str]:
             )
         cmd = [str(python), str(gpu_peer), "--workload", str(Path(workload().__file__).parent)]
         cmd += ["--device", "cuda", "--dtype", "bf16" if args.dtype == "bfloat16" else "fp32"]
-        if isinstance(args.micro_batch, int) or str(args.micro_batch).isdigit():
-            cmd += ["--micro-batch", str(args.micro_batch)]
+        if args.peer_micro_batch:
+            cmd += ["--micro-batch", str(args.peer_micro_batch)]
     elif args.lora:
         cmd = [str(python), "-O", str(Path(__file__).with_name("trl_lora_peer.py"))]
     else:
@@ -286,6 +288,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda: bf16 and peak GPU memory)")
     ap.add_argument("--dtype", help="policy dtype (default float32 on a CPU, bfloat16 on CUDA)")
     ap.add_argument("--workload", help="folder holding workload.py (e.g. ../shared/bench/gpu/large)")
+    ap.add_argument(
+        "--peer-micro-batch", type=int, help="CUDA --compare: TRL's per-device batch (default: all at once)"
+    )
     ap.add_argument("--set", action="append", default=[], help="extra config override KEY=VALUE")
     ap.add_argument(
         "--compare", action="store_true", help="run the TRL peer and ours alternately; print ratios"
