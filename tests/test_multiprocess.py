@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,9 +23,9 @@ import torch
 from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.config import load_config
 from rapo_echo.trainer import Trainer
+from tests.launch import ROOT, accelerate, run_processes, torchrun
 from tests.multiproc_probe import record_file, replaying, weights_file
 
-ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).with_name("multiproc_probe.py")
 GROUP = 3
 PER_RANK = 2
@@ -56,30 +53,20 @@ def launch(prefix: list[str], model: Path, run: Path, probe_dir: Path, *extra: s
     cmd = [*prefix, str(PROBE), "train", "--model", str(model), "--output", str(run)]
     for s in [f"rollout.batch_size={PER_RANK}", *COMMON, *extra]:
         cmd += ["--set", s]
-    env = {**os.environ, "PROBE_DIR": str(probe_dir), "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    res = run_processes(cmd, env={"PROBE_DIR": str(probe_dir)}, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
 
 
 def resume(prefix: list[str], run: Path, probe_dir: Path) -> None:
-    cmd = [*prefix, str(PROBE), "train", "--resume", str(run)]
-    env = {**os.environ, "PROBE_DIR": str(probe_dir), "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    res = run_processes(
+        [*prefix, str(PROBE), "train", "--resume", str(run)], env={"PROBE_DIR": str(probe_dir)}
+    )
     assert res.returncode == 0, res.stderr[-4000:]
 
 
-def port() -> str:
-    return str(29500 + os.getpid() % 400)
-
-
-def torchrun() -> list[str]:
-    exe = Path(sys.executable).parent / "torchrun"
-    return [str(exe), "--nproc_per_node", "2", "--master_port", port()]
-
-
-def accelerate_deepspeed(tmp: Path) -> list[str]:
-    """``accelerate launch`` with the shipped ZeRO-2 launch config and its DeepSpeed JSON, the JSON's
-    bf16 turned off so the run can be compared with an fp32 single-process run on a CPU."""
+def deepspeed_fp32_config(tmp: Path) -> Path:
+    """The shipped ZeRO-2 launch config and its DeepSpeed JSON, the JSON's bf16 turned off so the run can
+    be compared with an fp32 single-process run on a CPU."""
     import yaml
 
     ds = json.loads((ROOT / "configs/deepspeed/zero2.json").read_text())
@@ -88,11 +75,7 @@ def accelerate_deepspeed(tmp: Path) -> list[str]:
     launch_cfg = yaml.safe_load((ROOT / "configs/accelerate/deepspeed_zero2.yaml").read_text())
     launch_cfg["deepspeed_config"]["deepspeed_config_file"] = str(tmp / "zero2_fp32.json")
     (tmp / "zero2.yaml").write_text(yaml.safe_dump(launch_cfg))
-    exe = Path(sys.executable).parent / "accelerate"
-    return [str(exe), "launch", "--config_file", str(tmp / "zero2.yaml"), "--num_processes", "2"] + [
-        "--main_process_port",
-        port(),
-    ]
+    return tmp / "zero2.yaml"
 
 
 def metrics(run: Path) -> list[dict]:
@@ -159,7 +142,7 @@ def check_equals_single_process(tmp: Path, model: Path, run: Path, records: Path
 @pytest.mark.slow
 def test_ddp_two_processes_equal_one_process(tmp_path: Path, tiny_folder: Path, monkeypatch) -> None:
     run, records = tmp_path / "run", tmp_path / "records"
-    launch(torchrun(), tiny_folder, run, records)
+    launch(torchrun(2), tiny_folder, run, records)
     check_groups_stay_on_their_rank(records)
     check_equals_single_process(tmp_path, tiny_folder, run, records, monkeypatch)
     assert (run / "final" / "config.json").is_file()
@@ -172,7 +155,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path: Path, tiny_folder: Path, 
 def test_deepspeed_zero2_two_processes_equal_one_process_and_resume(
     tmp_path: Path, tiny_folder: Path, monkeypatch
 ) -> None:
-    prefix = accelerate_deepspeed(tmp_path)
+    prefix = accelerate(deepspeed_fp32_config(tmp_path), 2)
     run, records = tmp_path / "run", tmp_path / "records"
     launch(prefix, tiny_folder, run, records)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2"]

@@ -182,7 +182,8 @@ class HFEngine:
             return
         prompt = [self.pad_id] * max(1, prompt_tokens)
         params = SamplingParams(max_new_tokens=max(2, min(max_new_tokens, 3)), n=rows, temperature=1.0)
-        self._decode_static([prompt], params, None, length=max(1, prompt_tokens) + max_new_tokens)
+        own = torch.Generator(device=self.device).manual_seed(0)  # leaves the global RNG untouched
+        self._decode_static([prompt], params, own, length=max(1, prompt_tokens) + max_new_tokens)
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Conversation) -> list[int]:
