@@ -11,10 +11,18 @@ import copy
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.errors import ConfigError, DataError
@@ -24,6 +32,17 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a warm, emotionally supportive listener. Reply to the person in two or three sentences: "
     "acknowledge their feelings, show you understood, and gently invite them to say more."
 )
+
+
+def _auto_size(value: Any) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError("must be a whole number >= 1 or 'auto'")
+
+
+# A batch size, or ``auto``: sized from free device memory and the model on a GPU, the CPU default on a
+# CPU (rapo_echo.autosize; the resolved value is written to the run directory).
+AutoSize = Annotated[int | Literal["auto"], PlainValidator(_auto_size)]
 
 
 class Strict(BaseModel):
@@ -103,7 +122,11 @@ class RolloutConfig(Strict):
     top_k: int = Field(0, ge=0)
     max_prompt_tokens: int = Field(1024, ge=16)
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
-    max_batch_size: int = Field(64, ge=1)
+    max_batch_size: AutoSize = "auto"  # sequences decoded at once (auto: 64 on a CPU)
+    # The hf sampler's decode loop: auto (compiled on CUDA, dynamic elsewhere), dynamic (growing KV
+    # cache, finished rows dropped), static (pre-allocated static KV cache), compiled (static + torch.compile,
+    # CUDA graphs on a GPU).
+    decode: Literal["auto", "dynamic", "static", "compiled"] = "auto"
     # The policy's sampler: ``hf`` (the training model itself) or ``vllm`` (an in-process vLLM copy on
     # the GPU, weights synced after every step; old log-probs are then recomputed by the trainer).
     engine: Literal["hf", "vllm"] = "hf"
@@ -166,7 +189,7 @@ class TrainConfig(Strict):
     warmup_steps: int = Field(0, ge=0)
     inner_epochs: int = Field(1, ge=1, le=64)
     mini_batches: int = Field(1, ge=1)
-    micro_batch_size: int = Field(8, ge=1)
+    micro_batch_size: AutoSize = "auto"  # sequences per forward/backward (auto: 8 on a CPU)
     max_grad_norm: float | None = Field(1.0, gt=0.0)
     seed: int = 0
     save_every: int = Field(50, ge=1)

@@ -16,6 +16,24 @@ from typing import Any
 from rapo_echo.errors import ConfigError
 
 
+def accelerator_kwargs(device: str) -> dict[str, Any]:
+    """Keyword arguments for ``Accelerator`` from ``model.device`` and the launch environment. A CPU run
+    is ``cpu=True`` (DDP over gloo when launched with several processes); a DeepSpeed launch on a
+    machine without CUDA runs DeepSpeed's CPU accelerator, which accelerate only starts with
+    ``cpu=False`` and an explicit gloo process group (it would otherwise ignore the DeepSpeed launch)."""
+    import os
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if deepspeed and not cuda:
+        from accelerate.utils import InitProcessGroupKwargs
+
+        return {"cpu": False, "kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
+    return {"cpu": device == "cpu" or (device == "auto" and not cuda)}
+
+
 def is_deepspeed(accelerator: Any) -> bool:
     from accelerate.utils import DistributedType
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from rapo_echo.errors import ModelResolutionError
+from rapo_echo.fused_logprobs import fits_fused, fused_token_logprobs
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,12 @@ def chunked_token_logprobs(
     temperature = _per_position(temperature, shape)
     lps, ents = [], []
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    softcap = transform is not None and transform.softcap
+    if grad and not softcap and not entropy_grad and fits_fused(t.shape[0], weight.shape[0]):
+        # small enough to keep the softmax: one LM-head matmul and a two-matmul backward
+        scale = (transform.scale if transform is not None else 1.0) / temperature
+        lp, ent = fused_token_logprobs(h, weight, t, bias=bias, scale=scale, with_entropy=with_entropy)
+        return lp.reshape(shape), ent.reshape(shape)
     for start in range(0, t.shape[0], chunk_size):
         args = (
             h[start : start + chunk_size],

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rapo_echo.autosize import CPU_ROLLOUT_BATCH
 from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.engines.hf import HFEngine, left_pad
 from rapo_echo.logprobs import (
@@ -299,7 +300,14 @@ class Policy:
         self.scorer = TokenScorer(lm)
         self.scorer.check(tokenizer("How are you feeling today?", add_special_tokens=False)["input_ids"])
         self.ref_scorer = TokenScorer(self.ref_lm) if self.ref_lm is not None else None
-        self.engine = HFEngine(lm, tokenizer, name="policy", max_batch_size=rollout_cfg.max_batch_size)
+        rows = rollout_cfg.max_batch_size
+        self.engine = HFEngine(
+            lm,
+            tokenizer,
+            name="policy",
+            max_batch_size=rows if isinstance(rows, int) else CPU_ROLLOUT_BATCH,  # the trainer resolves auto
+            decode_loop=rollout_cfg.decode,
+        )
         # A separate rollout engine (a vLLM copy the trainer keeps in sync), or None.
         self.rollout_engine: Any = None
 

@@ -25,6 +25,8 @@ import torch
 
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
+from rapo_echo.atomic import write_text_atomic
+from rapo_echo.autosize import as_record, resolve_batch_sizes
 from rapo_echo.checkpoint import (
     commit,
     latest_checkpoint,
@@ -40,6 +42,7 @@ from rapo_echo.checkpoint import (
 from rapo_echo.config import RunConfig, dump_config
 from rapo_echo.data import ScenarioStream, load_scenarios
 from rapo_echo.distributed import (
+    accelerator_kwargs,
     configure_deepspeed,
     gathered_for_generation,
     is_deepspeed,
@@ -131,8 +134,7 @@ class Trainer:
         self.stop = _StopFlag()
         from accelerate import Accelerator
 
-        cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
-        self.accelerator = Accelerator(cpu=cpu)
+        self.accelerator = Accelerator(**accelerator_kwargs(cfg.model.device))
         self.is_main = self.accelerator.is_main_process
         if self.is_main:  # a bad --output fails now, not after the model has loaded
             check_run_dir(self.run_dir, resume=resume)
@@ -152,6 +154,7 @@ class Trainer:
             device=str(self.accelerator.device),
             shared_prompt_forward=cfg.train.shared_prompt_forward,
         )
+        self._resolve_batch_sizes()
         if cfg.rollout.engine == "vllm":
             from rapo_echo.engines.vllm_engine import VLLMEngine
 
@@ -182,6 +185,10 @@ class Trainer:
         self.deepspeed = is_deepspeed(self.accelerator)
         # The scheduler is not handed to accelerate: its wrapper would step it once per process.
         self.scorer, self.optimizer = self.accelerator.prepare(self.policy.scorer, self.optimizer)
+        if zero_stage(self.accelerator) == 3 and cfg.rollout.decode == "auto":
+            self.policy.engine.decode_loop = "static"  # gathered ZeRO-3 weights move: no CUDA graphs
+        with gathered_for_generation(self.accelerator, self.policy.lm):
+            self._warm_up_decode()
         self.step = 0
         self.nonfinite_in_a_row = 0
         self.invalid_in_a_row = 0
@@ -192,6 +199,47 @@ class Trainer:
         self.tb: Any = None
 
     # ------------------------------------------------------------------ setup helpers
+    def _resolve_batch_sizes(self) -> None:
+        """Replace ``auto`` batch sizes by values for this device and model (the smallest over the
+        processes, so every rank micro-batches alike); kept for ``resolved.json``."""
+        cfg = self.cfg
+        asked = {
+            "train.micro_batch_size": cfg.train.micro_batch_size,
+            "rollout.max_batch_size": cfg.rollout.max_batch_size,
+        }
+        sizes = resolve_batch_sizes(cfg, self.policy.lm, self.policy.device)
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            every = gather_object([(sizes.micro_batch_size, sizes.rollout_max_batch_size)])
+            sizes.micro_batch_size = min(m for m, _ in every)
+            sizes.rollout_max_batch_size = min(r for _, r in every)
+        cfg.train.micro_batch_size = sizes.micro_batch_size
+        cfg.rollout.max_batch_size = sizes.rollout_max_batch_size
+        self.policy.engine.max_batch_size = sizes.rollout_max_batch_size
+        self.resolved = as_record(sizes, asked)
+        if "auto" in asked.values():
+            log.info(
+                "auto batch sizes on %s: train.micro_batch_size=%d, rollout.max_batch_size=%d",
+                sizes.device,
+                sizes.micro_batch_size,
+                sizes.rollout_max_batch_size,
+            )
+
+    def _warm_up_decode(self) -> None:
+        """Allocate (and compile) the static decode buffers before the first step, sized for a
+        rollout of the first scenarios, so the first generation is not slower than the rest."""
+        engine = self.policy.engine
+        if engine.decode_mode == "dynamic" or self.policy.rollout_engine is not None:
+            return
+        r = self.cfg.rollout
+        first = self.scenarios[: r.batch_size]
+        width = max(len(self.policy.prompt_ids(s)) for s in first)
+        rows = min(len(first), max(1, engine.max_batch_size // r.group_size)) * r.group_size
+        t0 = time.perf_counter()
+        engine.warmup(width, rows, r.max_new_tokens)
+        log.info("decode warm-up (%s, %d rows): %.1f s", engine.decode_mode, rows, time.perf_counter() - t0)
+
     def _role(self, role: str) -> Any:
         cfg = getattr(self.cfg, role)
         if cfg.engine == "policy":
@@ -204,6 +252,7 @@ class Trainer:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(self.cfg, self.run_dir / "config.yaml")
+        write_text_atomic(self.run_dir / "resolved.json", json.dumps(self.resolved, indent=2) + "\n")
         if self.cfg.logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -20,13 +20,14 @@ ACCELERATE = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
 DEEPSPEED = sorted((ROOT / "configs" / "deepspeed").glob("*.json"))
 
 
-def launch_env(config_file: Path) -> tuple[object, dict[str, str]]:
-    """What ``accelerate launch --config_file FILE train.py`` would hand the training processes: the
-    validated arguments and the ``ACCELERATE_*`` environment (for DeepSpeed configs)."""
+def launch_env(config_file: Path, processes: int | None = 4) -> tuple[object, dict[str, str]]:
+    """What ``accelerate launch --config_file FILE --num_processes N train.py`` would hand the training
+    processes: the validated arguments and the ``ACCELERATE_*`` environment (for DeepSpeed configs)."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
-    args = launch_command_parser().parse_args(["--config_file", str(config_file), "train.py"])
+    count = [] if processes is None else ["--num_processes", str(processes)]
+    args = launch_command_parser().parse_args(["--config_file", str(config_file), *count, "train.py"])
     args, defaults, mp_from_config = _validate_launch_command(args)
     env: dict[str, str] = {}
     if args.use_deepspeed:
@@ -49,7 +50,7 @@ def deepspeed_plugin(env: dict[str, str]):
 
 
 def test_the_expected_files_exist():
-    assert [p.name for p in ACCELERATE] == ["ddp_4gpu.yaml", "deepspeed_zero2.yaml", "deepspeed_zero3.yaml"]
+    assert [p.name for p in ACCELERATE] == ["ddp.yaml", "deepspeed_zero2.yaml", "deepspeed_zero3.yaml"]
     assert [p.name for p in DEEPSPEED] == ["zero2.json", "zero3.json"]
 
 
@@ -61,7 +62,8 @@ def test_accelerate_configs_load_through_accelerate(path):
     raw = yaml.safe_load(path.read_text())
     cfg = load_config_from_file(str(path))  # raises on any key accelerate does not know
     assert isinstance(cfg, ClusterConfig)
-    assert cfg.num_processes == 4 and cfg.num_machines == 1 and not cfg.use_cpu
+    assert "num_processes" not in raw and cfg.num_processes == -1  # given at launch, never a hidden count
+    assert cfg.num_machines == 1 and not cfg.use_cpu
     if path.name.startswith("ddp"):
         assert cfg.distributed_type == DistributedType.MULTI_GPU and raw["mixed_precision"] == "no"
     else:
@@ -70,6 +72,17 @@ def test_accelerate_configs_load_through_accelerate(path):
         assert ds_file.is_file() and ds_file.parent.name == "deepspeed"
         assert "mixed_precision" not in raw  # accelerate refuses it next to a DeepSpeed config file
         assert cfg.deepspeed_config["zero3_init_flag"] is False
+
+
+@pytest.mark.parametrize("path", ACCELERATE, ids=lambda p: p.name)
+def test_the_process_count_comes_from_the_command_line(path, monkeypatch):
+    """1, 4 and 8 GPUs from the same file with --num_processes; without it accelerate says what is
+    missing instead of starting a count the machine may not have."""
+    monkeypatch.chdir(ROOT)
+    for n in (1, 4, 8):
+        assert launch_env(path.relative_to(ROOT), n)[0].num_processes == n
+    with pytest.raises(ValueError, match="manually pass in `--num_processes`"):
+        launch_env(path.relative_to(ROOT), None)
 
 
 @pytest.mark.parametrize("path", ACCELERATE, ids=lambda p: p.name)

@@ -91,3 +91,53 @@ def test_tail_and_generalized_jsd_by_hand() -> None:
     assert generalized_jsd(t, s, 0.5).item() == pytest.approx(0.033822, abs=1e-5)
     assert generalized_jsd(t, t, 0.5).item() == pytest.approx(0.0, abs=1e-7)
     assert math.isfinite(generalized_jsd(t, s, 0.3).item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_lm_head_backward_equals_autograd(dtype) -> None:
+    """The kept-softmax backward (rapo_echo.fused_logprobs) gives autograd's gradients of
+    log softmax((h W^T + b) / T)[target] for h, W and b, and the same values and entropies."""
+    from rapo_echo.fused_logprobs import fused_token_logprobs
+
+    torch.manual_seed(0)
+    h = torch.randn(9, 5, dtype=dtype, requires_grad=True)
+    w = torch.randn(11, 5, dtype=dtype, requires_grad=True)
+    b = torch.randn(11, dtype=dtype, requires_grad=True)
+    t = torch.tensor([0, 10, 2, 3, 1, 4, 0, 7, 7])
+    g = torch.randn(9)  # an arbitrary upstream gradient, zero on one "padding" row
+    g[4] = 0.0
+    lp, ent = fused_token_logprobs(h, w, t, bias=b, scale=1 / 0.7, with_entropy=True)
+    (lp * g).sum().backward()
+    fused = [x.grad.clone() for x in (h, w, b)]
+    for x in (h, w, b):
+        x.grad = None
+    ref = torch.log_softmax(torch.nn.functional.linear(h, w, b).float() / 0.7, dim=-1)
+    (ref.gather(1, t[:, None]).squeeze(1) * g).sum().backward()
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert torch.allclose(lp, ref.gather(1, t[:, None]).squeeze(1), atol=tol)
+    assert torch.allclose(ent, -(ref.exp() * ref).sum(-1), atol=tol) and not ent.requires_grad
+    for got, x in zip(fused, (h, w, b)):
+        assert got.dtype == dtype
+        assert torch.allclose(got.float(), x.grad.float(), atol=tol, rtol=tol)
+
+
+def test_chunked_path_takes_the_fused_backward_only_when_it_fits(monkeypatch) -> None:
+    import rapo_echo.fused_logprobs as fused
+    import rapo_echo.logprobs as logprobs
+
+    calls = []
+    real = logprobs.fused_token_logprobs
+    monkeypatch.setattr(logprobs, "fused_token_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    h = torch.randn(6, 4, requires_grad=True)
+    w = torch.randn(8, 4, requires_grad=True)
+    t = torch.tensor([1, 2, 3, 4, 5, 6])
+    grads = []
+    for budget in (fused.FUSED_MAX_BYTES, 6 * 8 * 4 - 1):  # fits; one byte short: chunked path
+        monkeypatch.setattr(fused, "FUSED_MAX_BYTES", budget)
+        lp, _ = chunked_token_logprobs(h, w, t, temperature=2.0, chunk_size=4)
+        lp.sum().backward()
+        grads.append(w.grad.clone())
+        w.grad = None
+    assert calls == [1]  # the first budget only
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)

@@ -240,44 +240,6 @@ def test_refuses_to_overwrite_a_run(tmp_path: Path, tiny_folder: Path) -> None:
     assert res.returncode == 2 and "--resume" in res.stderr
 
 
-@pytest.mark.slow
-def test_two_process_ddp_on_cpu(tmp_path: Path, tiny_folder: Path) -> None:
-    """The multi-GPU code path (DDP through accelerate) with 2 CPU processes over gloo, started by
-    torchrun; the trainer checks at every checkpoint that the replicas hold the same weights."""
-    run = tmp_path / "run"
-    torchrun = Path(sys.executable).parent / "torchrun"
-    port = 29500 + os.getpid() % 400
-    res = subprocess.run(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(port),
-            "-m",
-            "rapo_echo.cli",
-            "train",
-            "--model",
-            str(tiny_folder),
-            "--output",
-            str(run),
-            "--max-steps",
-            "2",
-            "--set",
-            "train.save_every=1",
-            *SET_ARGS,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    m = metrics(run)
-    assert [x["world"] for x in m] == [2.0, 2.0]
-    assert m[0]["items"] == 12.0  # 2 ranks x 2 scenarios x 3 replies
-    assert (run / "final" / "config.json").is_file()
-
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_grpo_learns_to_ask_questions_on_the_embedded_model(tmp_path: Path) -> None:

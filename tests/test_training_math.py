@@ -102,15 +102,11 @@ def test_ddp_ranks_with_nothing_to_train_and_a_nonfinite_loss_do_not_hang(
     there are more mini-batches than items (one is empty on both ranks); in step 2 rank 0's loss is
     non-finite. Every rank must still join every collective: the run finishes, step 2 is skipped on
     both ranks, and the replicas stay identical (checked at every checkpoint)."""
-    import os
-    import subprocess
-    import sys
+    from tests.launch import run_processes, torchrun
 
     run = tmp_path / "run"
-    torchrun = Path(sys.executable).parent / "torchrun"
     probe = Path(__file__).with_name("ddp_fault_probe.py")
-    port = 29900 + os.getpid() % 400
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", str(port), str(probe), "train"]
+    cmd = [*torchrun(2), str(probe), "train"]
     cmd += ["--model", str(tiny_folder), "--output", str(run), "--max-steps", "3"]
     for s in (
         "rollout.batch_size=1",
@@ -122,21 +118,8 @@ def test_ddp_ranks_with_nothing_to_train_and_a_nonfinite_loss_do_not_hang(
         *QUIET,
     ):
         cmd += ["--set", s]
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PROBE_NAN_STEP": "2"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        _, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired as exc:
-        import psutil  # accelerate's dependency
-
-        for child in psutil.Process(proc.pid).children(recursive=True):  # torchrun's workers
-            child.kill()
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("the 2-process run hung (a rank skipped a collective)") from exc
-    assert proc.returncode == 0, err[-3000:]
+    res = run_processes(cmd, env={"PROBE_NAN_STEP": "2"}, timeout=240)  # a hang: a rank skipped a collective
+    assert res.returncode == 0, res.stderr[-3000:]
     m = metrics(run)
     assert [x["world"] for x in m] == [2.0, 2.0, 2.0]
     assert [x["invalid"] for x in m] == [2.0, 2.0, 2.0]  # rank 1's two replies each step

@@ -395,3 +395,51 @@ def test_trainer_samples_with_vllm_and_syncs_weights_every_step(vllm_module, tin
     assert all(x["time/old_logprobs"] > 0 and "time/weight_sync" in x for x in m)
     rows = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert rows[0]["reply"].startswith("t")  # the fake engine's text, so rollouts came from it
+
+
+def test_vllm_sampler_gap_is_logged(vllm_module, tiny_folder, tmp_path, monkeypatch) -> None:
+    """The sampler-vs-trainer log-prob gap (``train/sampler_logprob_gap``) on the vLLM path: the mean
+    and max of |vLLM's sampled log-prob - the training forward's| over the step's tokens, here the fake
+    engine's log-probs against the tiny model's own (a stale or mis-synced vLLM copy shows as a gap)."""
+    import json
+
+    from rapo_echo.algorithms.grpo import GRPO
+    from rapo_echo.config import load_config
+    from rapo_echo.trainer import Trainer
+
+    seen = []
+    rollout = GRPO.rollout
+    monkeypatch.setattr(
+        GRPO, "rollout", lambda self, sc, step: seen.append(rollout(self, sc, step)) or seen[-1]
+    )
+    run = tmp_path / "run"
+    cfg = load_config(
+        overrides=[
+            f"model.name={tiny_folder}",
+            f"output={run}",
+            "rollout.engine=vllm",
+            "rollout.batch_size=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=4",
+            "rewards=[{name: length, args: {target: 2}}]",
+            "train.max_steps=1",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+        ]
+    )
+    trainer = Trainer(cfg)
+    trainer.train()
+    items = seen[0].items
+    # the gap is measured in the step's training forward, on the starting weights: score the same
+    # tokens with a fresh copy of them
+    from rapo_echo.engines.hf import HFEngine
+    from rapo_echo.models import load_model
+
+    start, _ = load_model(str(tiny_folder), dtype="float32", device="cpu")
+    own = HFEngine(start, trainer.policy.tokenizer).score_ids(
+        [it.prompt_ids for it in items], [it.completion_ids for it in items]
+    )
+    diffs = [abs(a - b) for it, row in zip(items, own) for a, b in zip(it.sampler_logprobs, row)]
+    m = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["train/sampler_logprob_gap/mean"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
+    assert m["train/sampler_logprob_gap/max"] == pytest.approx(max(diffs), abs=1e-4)

@@ -19,6 +19,7 @@ Each run happens in a fresh process, one after another (never two at once on 2 c
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -29,9 +30,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_BENCH = Path(os.environ.get("RAPO_SHARED_BENCH", ROOT.parent / "shared" / "bench"))
+# Where the shared workload folder is looked for, in order: $RAPO_SHARED_BENCH, ../shared/bench beside
+# the checkout, .gpukit/ inside it (what ../shared/bench/gpu/README.md carries to a GPU machine).
+SHARED_BENCH_CANDIDATES = [
+    Path(p)
+    for p in (os.environ.get("RAPO_SHARED_BENCH"), ROOT.parent / "shared" / "bench", ROOT / ".gpukit")
+    if p
+]
+SHARED_BENCH = next((p for p in SHARED_BENCH_CANDIDATES if (p / "workload.py").is_file()), None)
+WORKLOAD_ENV = "RAPO_BENCH_WORKLOAD"  # a folder holding workload.py (--workload); the reward reads it too
 STAGES = (
     "generate",
     "rewards",
@@ -46,14 +56,38 @@ STAGES = (
 )
 
 
-def workload():
-    """The shared workload module (prompts, reward, sizes)."""
-    if not (SHARED_BENCH / "workload.py").is_file():
-        sys.exit(f"the shared workload is not at {SHARED_BENCH}/workload.py (set RAPO_SHARED_BENCH)")
-    sys.path.insert(0, str(SHARED_BENCH))
-    import workload as w
+def set_workload_dir(folder: str | Path) -> None:
+    """Use ``folder/workload.py`` (e.g. ../shared/bench/gpu/large) in this process and its children."""
+    folder = Path(folder).resolve()
+    if not (folder / "workload.py").is_file():
+        sys.exit(f"--workload {folder}: no workload.py there")
+    os.environ[WORKLOAD_ENV] = str(folder)
+    if SHARED_BENCH is not None:  # gpu/large/workload.py imports the shared one from there
+        os.environ.setdefault("SHARED_BENCH_DIR", str(SHARED_BENCH))
 
-    return w
+
+_WORKLOADS: dict[Path, Any] = {}
+
+
+def workload() -> Any:
+    """The workload module (prompts, reward, sizes): ``--workload``'s folder, else the shared one."""
+    chosen = os.environ.get(WORKLOAD_ENV)
+    folder = Path(chosen) if chosen else SHARED_BENCH
+    if folder is None:
+        tried = ", ".join(str(p) for p in SHARED_BENCH_CANDIDATES)
+        sys.exit(
+            f"the shared benchmark workload (workload.py) is in none of: {tried}. Point at it with "
+            "--workload DIR or RAPO_SHARED_BENCH=DIR (the folder of ../shared/bench/README.md), or copy "
+            "it into .gpukit/ on a machine without ../shared (../shared/bench/gpu/README.md)"
+        )
+    if folder not in _WORKLOADS:
+        spec = importlib.util.spec_from_file_location(
+            f"rapo_bench_workload_{len(_WORKLOADS)}", folder / "workload.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _WORKLOADS[folder] = module
+    return _WORKLOADS[folder]
 
 
 def workload_reward(prompts, completions, **columns):
@@ -96,6 +130,8 @@ def run_ours(args: argparse.Namespace) -> dict:
         f"train.seed={w.SEED}",
         "train.max_grad_norm=1.0",
         "train.micro_batch_size=" + str(args.micro_batch),
+        f"model.device={args.device}",
+        f"model.dtype={args.dtype}",
         f"loss.beta={w.BETA}",
         "loss.advantage=grpo",
         "loss.agg=token-mean",
@@ -117,11 +153,21 @@ def run_ours(args: argparse.Namespace) -> dict:
     load_s = time.perf_counter() - t_load
     steps, per_stage, tokens = [], {s: [] for s in STAGES}, 0
     gen_tokens, gen_time, rewards = 0, 0.0, []
+    cuda = args.device.startswith("cuda")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    sync()
     t_all = time.perf_counter()
     for _ in range(w.NUM_STEPS):
         t0 = time.perf_counter()
         m = trainer.train_step()
         trainer.step += 1
+        sync()
         steps.append(time.perf_counter() - t0)
         for s in STAGES:
             per_stage[s].append(m.get(f"time/{s}", 0.0))
@@ -131,10 +177,26 @@ def run_ours(args: argparse.Namespace) -> dict:
         gen_time += m["time/generate"]
         rewards.append(m["reward/mean"])
     total = time.perf_counter() - t_all
+    gpu: dict[str, Any] = {}
+    if cuda:
+        from rapo_echo.benchmarks.perf.bench_decode import decode_bytes, measured_bandwidth
+
+        gpu["peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        gpu["peak_gpu_reserved_mb"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+        gpu["gpu"] = torch.cuda.get_device_name(args.device)
+        lm = trainer.policy.lm
+        width = max(len(trainer.policy.prompt_ids(s)) for s in trainer.scenarios)
+        rows = w.NUM_PROMPTS * w.GROUP_SIZE
+        need = decode_bytes(lm, rows, width, w.MAX_COMPLETION_TOKENS, next(lm.parameters()).element_size())
+        limit = need / measured_bandwidth(args.device)
+        gpu["generate_bandwidth_limit_s"] = round(limit, 4)
+        gpu["generate_vs_bandwidth_limit"] = round(statistics.median(per_stage["generate"]) / limit, 2)
     return {
         "bench": f"rapo_echo_{args.algo}"
         + ("_lora" if args.lora else "")
         + ("_gradient_checkpointing" if args.gradient_checkpointing else ""),
+        "device": args.device,
+        "dtype": args.dtype,
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
@@ -148,12 +210,17 @@ def run_ours(args: argparse.Namespace) -> dict:
         "generate_tokens_per_s": round(gen_tokens / gen_time, 2) if gen_time else None,
         "mean_reward": round(statistics.fmean(rewards), 4),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        **gpu,
         "breakdown_s_median": {s: round(statistics.median(v), 3) for s, v in per_stage.items() if any(v)},
         "config": {
             "algo": args.algo,
             "lora": args.lora,
             "gradient_checkpointing": args.gradient_checkpointing,
-            "micro_batch_size": args.micro_batch,
+            "micro_batch_size": trainer.cfg.train.micro_batch_size,
+            "rollout_max_batch_size": trainer.cfg.rollout.max_batch_size,
+            "asked": trainer.resolved["asked"],
+            "decode_loop": trainer.policy.engine.decode_mode,
+            "workload": str(Path(w.__file__).parent),
             "set": args.set,
         },
     }
@@ -167,14 +234,34 @@ def run_subprocess(cmd: list[str]) -> dict:
 
 
 def peer_command(args: argparse.Namespace) -> list[str]:
-    """The TRL peer in its own venv; the LoRA variant goes through trl_lora_peer.py (``python -O``)."""
+    """The TRL peer in its own venv; the LoRA variant goes through trl_lora_peer.py (``python -O``); on
+    CUDA the GPU peer of the kit (``gpu/trl_grpo_peer_gpu.py`` beside the shared workload, bf16)."""
     python = Path(args.peer_python)
     if not python.is_file():
         sys.exit(
             f"the peer's venv python {python} is missing; create it as ../shared/bench/README.md says:\n"
             "  python3 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 trl==1.16.0 gguf peft"
         )
-    if args.lora:
+    if args.device.startswith("cuda"):
+        gpu_peer = next(
+            (
+                p
+                for c in SHARED_BENCH_CANDIDATES
+                for p in (c / "gpu" / "trl_grpo_peer_gpu.py", c / "trl_grpo_peer_gpu.py")
+                if p.is_file()
+            ),
+            None,
+        )
+        if gpu_peer is None or args.lora:
+            sys.exit(
+                "--compare on CUDA needs ../shared/bench/gpu/trl_grpo_peer_gpu.py (or a copy in "
+                ".gpukit/); there is no LoRA variant on CUDA"
+            )
+        cmd = [str(python), str(gpu_peer), "--workload", str(Path(workload().__file__).parent)]
+        cmd += ["--device", "cuda", "--dtype", "bf16" if args.dtype == "bfloat16" else "fp32"]
+        if args.peer_micro_batch:
+            cmd += ["--micro-batch", str(args.peer_micro_batch)]
+    elif args.lora:
         cmd = [str(python), "-O", str(Path(__file__).with_name("trl_lora_peer.py"))]
     else:
         cmd = [str(python), str(SHARED_BENCH / "trl_grpo_peer.py")]
@@ -207,17 +294,40 @@ def main() -> None:
         help="model.gradient_checkpointing: recompute activations in backward (compare peak_rss_mb)",
     )
     ap.add_argument("--model", help="model folder (default: the embedded model's cached folder)")
-    ap.add_argument("--micro-batch", type=int, default=8, help="sequences per micro-batch")
+    ap.add_argument("--micro-batch", default="auto", help="sequences per micro-batch (auto: 8 on a CPU)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda: bf16 and peak GPU memory)")
+    ap.add_argument("--dtype", help="policy dtype (default float32 on a CPU, bfloat16 on CUDA)")
+    ap.add_argument("--workload", help="folder holding workload.py (e.g. ../shared/bench/gpu/large)")
+    ap.add_argument(
+        "--peer-micro-batch", type=int, help="CUDA --compare: TRL's per-device batch (default: all at once)"
+    )
     ap.add_argument("--set", action="append", default=[], help="extra config override KEY=VALUE")
     ap.add_argument(
         "--compare", action="store_true", help="run the TRL peer and ours alternately; print ratios"
     )
     ap.add_argument("--rounds", type=int, default=1, help="alternations with --compare")
-    ap.add_argument("--peer-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
+    ap.add_argument(
+        "--peer-python",
+        help="python of the TRL peer (default .venv-trl/bin/python; on CUDA this python if that is absent)",
+    )
     ap.add_argument("--raw", action="store_true", help="with --compare, also run the raw-limit script")
     ap.add_argument("--out", help="also append the JSON lines to this file")
     ap.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    if args.dtype is None:
+        args.dtype = "bfloat16" if cuda else "float32"
+    if args.peer_python is None:
+        venv = ROOT / ".venv-trl" / "bin" / "python"
+        args.peer_python = str(venv if venv.is_file() or not cuda else Path(sys.executable))
+    if args.raw and cuda:
+        sys.exit(
+            "--raw runs ../shared/bench/raw_generate_limit.py, a CPU fp32 script; on CUDA the JSON line "
+            "carries the generation's bandwidth limit instead"
+        )
+    if args.workload:
+        set_workload_dir(args.workload)
+    workload()  # fails early, saying where it looked, when the workload cannot be found
     if args.in_process:
         print(json.dumps(run_ours(args)))
         return
@@ -233,6 +343,10 @@ def main() -> None:
         args.algo,
         "--micro-batch",
         str(args.micro_batch),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
     ]
     ours_cmd += ["--lora"] if args.lora else []
     ours_cmd += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
@@ -261,6 +375,9 @@ def main() -> None:
                 ours["completion_tokens_per_s"] / peer["completion_tokens_per_s"], 3
             ),
         }
+        if ours.get("peak_gpu_mem_mb") and peer.get("peak_gpu_mem_mb"):
+            ratio["peak_gpu_mem"] = round(ours["peak_gpu_mem_mb"] / peer["peak_gpu_mem_mb"], 3)
+            ratio["generate_vs_bandwidth_limit"] = ours["generate_vs_bandwidth_limit"]
         if args.raw:
             raw_cmd = [args.peer_python, str(SHARED_BENCH / "raw_generate_limit.py")]
             raw = emit(run_subprocess(raw_cmd + (["--model", args.model] if args.model else [])))

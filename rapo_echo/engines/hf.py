@@ -2,8 +2,11 @@
 
 Each distinct prompt is prefilled once and its KV cache shared by its ``n`` samples; the decode
 loop is ours (no ``generate``) so that the sampled tokens' log-probs come out of the same logits
-that were sampled from, finished rows are dropped from the batch, and nothing wider than one row
-of vocabulary logits per sequence is kept.
+that were sampled from, and nothing wider than one row of vocabulary logits per sequence is kept.
+Two decode loops (``decode_loop``): ``dynamic`` grows a dynamic KV cache and drops finished rows from the
+batch (the CPU default); ``static`` / ``compiled`` decode on pre-allocated fixed-shape buffers,
+``compiled`` through ``torch.compile`` -- CUDA graphs on a GPU, the GPU default
+(:mod:`rapo_echo.engines.static_decode`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 from rapo_echo.engines.base import split_continuation, truncate_at_stop
+from rapo_echo.engines.static_decode import StaticDecoder, resolve_decode, supports_static_cache
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -121,14 +125,23 @@ class HFEngine:
         name: str = "hf",
         max_batch_size: int = 64,
         autocast: torch.dtype | None = None,
+        decode_loop: str = "auto",
+        compile_backend: str = "inductor",
     ) -> None:
         """``autocast`` runs every forward in that lower precision (e.g. bfloat16 for a simulator or
-        judge that shares fp32 policy weights: about 2-3x faster on CPUs with bf16 support)."""
+        judge that shares fp32 policy weights: about 2-3x faster on CPUs with bf16 support).
+        ``decode_loop``: ``auto`` (``compiled`` on CUDA, ``dynamic`` elsewhere), ``dynamic``, ``static``
+        (static KV cache, eager) or ``compiled`` (static cache + ``torch.compile`` with
+        ``compile_backend``; CUDA graphs on a GPU)."""
         self.model = model
         self.autocast = autocast
         self.tokenizer = tokenizer
         self.name = name
         self.max_batch_size = max_batch_size
+        resolve_decode(decode_loop, "cpu")  # validates the name
+        self.decode_loop = decode_loop
+        self.compile_backend = compile_backend
+        self._static: StaticDecoder | None = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = self._eos_ids()
         self._warned_context = False
@@ -157,6 +170,30 @@ class HFEngine:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def decode_mode(self) -> str:
+        """The decode loop in use: ``decode_loop`` resolved for the device; ``dynamic`` for models whose
+        cache is not a plain static one (sliding-window or hybrid attention)."""
+        mode = resolve_decode(self.decode_loop, self.device)
+        if mode != "dynamic" and self._static is None:
+            if not supports_static_cache(self.model):
+                return "dynamic"
+            self._static = StaticDecoder(
+                self.model, compiled=mode == "compiled", backend=self.compile_backend
+            )
+        return mode
+
+    def warmup(self, prompt_tokens: int, rows: int, max_new_tokens: int) -> None:
+        """Allocate (and, when compiled, compile) the decode buffers for ``rows`` sequences of
+        ``prompt_tokens`` + ``max_new_tokens`` before the first timed generation; nothing for the
+        dynamic loop."""
+        if self.decode_mode == "dynamic" or rows < 1:
+            return
+        prompt = [self.pad_id] * max(1, prompt_tokens)
+        params = SamplingParams(max_new_tokens=max(2, min(max_new_tokens, 3)), n=rows, temperature=1.0)
+        own = torch.Generator(device=self.device).manual_seed(0)  # leaves the global RNG untouched
+        self._decode_static([prompt], params, own, length=max(1, prompt_tokens) + max_new_tokens)
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Conversation) -> list[int]:
@@ -232,9 +269,57 @@ class HFEngine:
     def _decode_batch(
         self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None
     ) -> list[_Row]:
+        if self.decode_mode != "dynamic":
+            return self._decode_static(prompts, params, generator)
         rows: list[_Row] = []
         for _ in self._decode_steps(prompts, params, generator, rows):
             pass
+        return rows
+
+    def _prefill_rows(
+        self, prompts: list[list[int]], n: int
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_prefill`, then each prompt's cache, mask, positions and logits repeated ``n`` times
+        (row ``i * n + j`` is sample ``j`` of prompt ``i``)."""
+        cache, mask, positions, logits = self._prefill(prompts)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, 0)
+            mask = mask.repeat_interleave(n, 0)
+            positions = positions.repeat_interleave(n, 0)
+        return cache, mask, positions, logits
+
+    def _decode_static(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        length: int | None = None,
+    ) -> list[_Row]:
+        """The decode loop on static buffers (:class:`StaticDecoder`); ``length`` only sizes them."""
+        assert self._static is not None
+        rows = [_Row(i, prompts[i], [], []) for i in range(len(prompts)) for _ in range(params.n)]
+        window = max((len(s) for s in params.stop), default=0)
+        stop_hit = None
+        if window:
+            stop_hit = lambda r, tokens: self._hit_stop(tokens, params.stop, window)  # noqa: E731
+        with self._mode(), torch.inference_mode():
+            cache, mask, positions, logits = self._prefill_rows(prompts, params.n)
+            tokens, logprobs, stopped = self._static.decode(
+                cache,
+                mask,
+                positions,
+                logits,
+                max_new_tokens=params.max_new_tokens,
+                sample=lambda lg: sample_next(lg, params, generator),
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                stop_hit=stop_hit,
+                length=length,
+            )
+        for row, ids, lps, stop in zip(rows, tokens, logprobs, stopped):
+            row.tokens, row.logprobs = ids, lps
+            row.finish_reason = "stop" if stop else None
         return rows
 
     def _decode_steps(
@@ -252,12 +337,7 @@ class HFEngine:
         rows.extend(_Row(i, prompts[i], [], []) for i in range(len(prompts)) for _ in range(n))
         stop_window = max((len(s) for s in params.stop), default=0)
         with self._mode(), torch.inference_mode():
-            cache, mask, positions, logits = self._prefill(prompts)
-            if n > 1:
-                cache.batch_repeat_interleave(n)
-                logits = logits.repeat_interleave(n, 0)
-                mask = mask.repeat_interleave(n, 0)
-                positions = positions.repeat_interleave(n, 0)
+            cache, mask, positions, logits = self._prefill_rows(prompts, n)
             position = positions[:, -1:]
             active = list(range(len(rows)))  # row index of each batch line
             for _step in range(params.max_new_tokens):
@@ -268,7 +348,7 @@ class HFEngine:
                     row = rows[r]
                     row.tokens.append(tok_list[line])
                     row.logprobs.append(lp_list[line])
-                    stopped = stop_window and self._hit_stop(row, params.stop, stop_window)
+                    stopped = stop_window and self._hit_stop(row.tokens, params.stop, stop_window)
                     if tok_list[line] in self.eos_ids or stopped:
                         row.finish_reason = "stop"
                     else:
@@ -292,8 +372,8 @@ class HFEngine:
                 )
                 logits = out.logits[:, -1]
 
-    def _hit_stop(self, row: _Row, stop: Sequence[str], window: int) -> bool:
-        tail = self.tokenizer.decode(row.tokens[-(window + 4) :], skip_special_tokens=True)
+    def _hit_stop(self, tokens: Sequence[int], stop: Sequence[str], window: int) -> bool:
+        tail = self.tokenizer.decode(list(tokens[-(window + 4) :]), skip_special_tokens=True)
         return any(s and s in tail for s in stop)
 
     def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]:

@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from rapo_echo.autosize import CPU_MICRO_BATCH
 from rapo_echo.config import RunConfig
 from rapo_echo.errors import ConfigError
 from rapo_echo.openrlhf.dataset import LABEL_KEY, PROMPT_KEY, count_rows
@@ -146,10 +147,13 @@ def launch_command(
             f"({samples})"
         )
     train_batch = samples // tr.mini_batches
-    if train_batch % (tr.micro_batch_size * cluster.world):
+    # OpenRLHF takes a number per GPU; rapo-echo's ``auto`` (sized by its own trainer) maps to the
+    # former fixed default.
+    micro = tr.micro_batch_size if isinstance(tr.micro_batch_size, int) else CPU_MICRO_BATCH
+    if train_batch % (micro * cluster.world):
         raise ConfigError(
             f"train.micro_batch_size: samples per update ({train_batch}) must be a multiple of "
-            f"micro_batch_size x GPUs ({tr.micro_batch_size} x {cluster.world})"
+            f"micro_batch_size x GPUs ({micro} x {cluster.world})"
         )
     rows = count_rows(bundle / PROMPTS_FILE)
     episodes = max(1, math.ceil(tr.max_steps * ro.batch_size / rows))
@@ -179,8 +183,8 @@ def launch_command(
         "--rollout.n_samples_per_prompt", str(ro.group_size),
         "--rollout.batch_size", str(ro.batch_size),
         "--train.batch_size", str(train_batch),
-        "--rollout.micro_batch_size", str(tr.micro_batch_size),
-        "--train.micro_batch_size", str(tr.micro_batch_size),
+        "--rollout.micro_batch_size", str(micro),
+        "--train.micro_batch_size", str(micro),
         "--train.max_epochs", str(tr.inner_epochs),
         "--train.num_episodes", str(episodes),
         "--rollout.max_new_tokens", str(ro.max_new_tokens),

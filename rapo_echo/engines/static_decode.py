@@ -1,0 +1,213 @@
+"""The ``hf`` engine's decode loop on a static KV cache, optionally compiled (CUDA graphs on a GPU).
+
+The prompts are prefilled as usual (shared prefixes once, see :meth:`HFEngine._prefill`) into a
+dynamic cache, which is then copied into pre-allocated buffers of fixed shape: a transformers
+``StaticCache`` of ``[rows, heads, length, dim]`` per layer, an attention mask ``[rows, length]``, the
+next token ids and positions ``[rows, 1]``. Every decode step then runs the model on the same tensors
+at the same addresses, which is what ``torch.compile(mode="reduce-overhead")`` needs to capture the
+step once as a CUDA graph and replay it (one launch per step instead of hundreds of kernels, and no
+allocation at all during generation). Rows and length are rounded up to buckets (powers of two from 8
+rows; multiples of 128 tokens) so a run compiles a handful of shapes, and the buffers of the last
+shapes used are kept for the next call. Finished rows stay in the batch (shapes are fixed); whether all
+rows are done is read back every few steps only. Sampling and the sampled tokens' log-probs stay
+outside the compiled step, in the same :func:`~rapo_echo.engines.hf.sample_next` as the dynamic loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DECODE_MODES = ("auto", "dynamic", "static", "compiled")
+ROW_BUCKET_MIN = 8
+LENGTH_BUCKET = 128
+CHECK_EVERY = 8  # steps between reads of "are all rows finished" (each read waits for the device)
+POOL_SIZE = 2  # buffer sets (shapes) kept per engine
+
+
+def resolve_decode(mode: str, device: torch.device | str) -> str:
+    """``auto``: ``compiled`` on CUDA, ``dynamic`` elsewhere (on CPU the static cache and the compiled
+    step measured no faster than the dynamic loop, which drops finished rows; see the README)."""
+    if mode not in DECODE_MODES:
+        raise ValueError(f"decode mode {mode!r}; allowed: {', '.join(DECODE_MODES)}")
+    if mode != "auto":
+        return mode
+    return "compiled" if torch.device(device).type == "cuda" else "dynamic"
+
+
+def bucket_rows(rows: int) -> int:
+    """Rows rounded up to a power of two (at least :data:`ROW_BUCKET_MIN`)."""
+    out = ROW_BUCKET_MIN
+    while out < rows:
+        out *= 2
+    return out
+
+
+def bucket_length(length: int) -> int:
+    """Cache length rounded up to a multiple of :data:`LENGTH_BUCKET`."""
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+def supports_static_cache(model: Any) -> bool:
+    """Whether every layer of the model's static cache is a plain full-attention layer (sliding-window
+    and hybrid caches keep the dynamic loop)."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    try:
+        cache = StaticCache(config=model.config, max_cache_len=1)
+    except Exception:  # any model transformers cannot give a static cache for
+        return False
+    return all(type(layer) is StaticLayer for layer in cache.layers)
+
+
+def _forward_step(
+    model: Any, cache: Any, ids: torch.Tensor, mask: torch.Tensor, position: torch.Tensor
+) -> torch.Tensor:
+    """One decode step on the static buffers: logits of the next token, [rows, vocab]."""
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
+    )
+    return out.logits[:, -1]
+
+
+@dataclass
+class _Buffers:
+    """The fixed-shape tensors of one (rows, length, dtype) bucket, reused from call to call."""
+
+    cache: Any  # transformers.StaticCache
+    mask: torch.Tensor  # [rows, length] long
+    ids: torch.Tensor  # [rows, 1] long
+    position: torch.Tensor  # [rows, 1] long
+
+    def load(self, prefix: Any, mask: torch.Tensor, positions: torch.Tensor, pad_id: int) -> None:
+        """Copy a prefilled dynamic cache (``rows`` <= bucket rows, width ``mask.shape[1]``) in."""
+        rows, width = mask.shape
+        for static, dynamic in zip(self.cache.layers, prefix.layers):
+            static.keys.zero_()  # stale values of an earlier call must not meet a zero attention weight
+            static.values.zero_()
+            static.keys[:rows, :, :width].copy_(dynamic.keys)
+            static.values[:rows, :, :width].copy_(dynamic.values)
+            static.cumulative_length.fill_(width)
+        self.mask.zero_()
+        self.mask[:rows, :width].copy_(mask)
+        self.mask[rows:, 0] = 1  # padding rows attend to one (zero) key, never to nothing
+        self.ids.fill_(pad_id)
+        self.position.zero_()
+        self.position[:rows].copy_(positions[:, -1:])
+
+
+class StaticDecoder:
+    """Decodes on static buffers for one model; ``compiled`` runs the step through ``torch.compile``
+    (``backend`` ``inductor`` by default; on CUDA in mode ``reduce-overhead``, i.e. CUDA graphs)."""
+
+    def __init__(self, model: Any, *, compiled: bool, backend: str = "inductor") -> None:
+        self.model = model
+        self.compiled = compiled
+        self.backend = backend
+        self._pool: OrderedDict[tuple, _Buffers] = OrderedDict()
+        self._step: Callable[..., torch.Tensor] = _forward_step
+        if compiled:
+            mode = "reduce-overhead" if backend == "inductor" and self._device.type == "cuda" else None
+            limit = getattr(torch._dynamo.config, "recompile_limit", None)
+            if limit is not None and limit < 64:  # a few shape buckets per engine, several engines
+                torch._dynamo.config.recompile_limit = 64
+            self._step = torch.compile(_forward_step, backend=backend, mode=mode, dynamic=False)
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def buffers(self, rows: int, length: int, like: torch.Tensor) -> _Buffers:
+        """The buffers for ``rows`` x ``length`` (bucketed) in the dtype and device of ``like`` (a
+        key tensor ``[rows, heads, width, dim]``); allocated once per bucket and kept."""
+        from transformers import StaticCache
+
+        rows, length = bucket_rows(rows), bucket_length(length)
+        key = (rows, length, like.dtype, like.device, like.shape[1], like.shape[3])
+        if key in self._pool:
+            self._pool.move_to_end(key)
+            return self._pool[key]
+        while len(self._pool) >= POOL_SIZE:
+            self._pool.popitem(last=False)
+        cache = StaticCache(config=self.model.config, max_cache_len=length)
+        cache.early_initialization(rows, like.shape[1], like.shape[3], like.dtype, like.device)
+        long = {"dtype": torch.long, "device": like.device}
+        buf = _Buffers(
+            cache,
+            torch.zeros((rows, length), **long),
+            torch.zeros((rows, 1), **long),
+            torch.zeros((rows, 1), **long),
+        )
+        for t in (buf.mask, buf.ids, buf.position):
+            torch._dynamo.mark_static_address(t)
+        self._pool[key] = buf
+        return buf
+
+    def decode(
+        self,
+        prefix: Any,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        logits: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        sample: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        eos_ids: set[int],
+        pad_id: int,
+        stop_hit: Callable[[int, list[int]], bool] | None = None,
+        length: int | None = None,
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """Sample up to ``max_new_tokens`` per row after a prefill (``prefix`` cache, its ``mask`` and
+        ``positions``, the ``logits`` of its last position). Returns per row the token ids, their
+        log-probs and whether it stopped (EOS, or ``stop_hit(row, tokens)``) rather than ran out.
+        ``length`` sizes the buffers when it exceeds the prompt width + ``max_new_tokens`` (warm-up)."""
+        rows, width = mask.shape
+        dev = logits.device
+        buf = self.buffers(rows, max(length or 0, width + max_new_tokens), prefix.layers[0].keys)
+        buf.load(prefix, mask, positions, pad_id)
+        tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=dev)
+        logps = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=dev)
+        length = torch.full((rows,), max_new_tokens, dtype=torch.long, device=dev)
+        done = torch.zeros(rows, dtype=torch.bool, device=dev)
+        eos = torch.tensor(sorted(eos_ids) or [-1], dtype=torch.long, device=dev)
+        host: list[list[int]] = [[] for _ in range(rows)]
+        graphs = self.compiled and dev.type == "cuda"
+        for t in range(max_new_tokens):
+            tok, lp = sample(logits)
+            tokens[:, t] = tok
+            logps[:, t] = lp
+            hit = torch.isin(tok, eos)
+            if stop_hit is not None:
+                flags, finished = hit.tolist(), done.tolist()
+                for r, token in enumerate(tok.tolist()):
+                    host[r].append(token)
+                    if not flags[r] and not finished[r] and stop_hit(r, host[r]):
+                        flags[r] = True
+                hit = torch.tensor(flags, dtype=torch.bool, device=dev)
+            length = torch.where(hit & ~done, t + 1, length)
+            done = done | hit
+            if t == max_new_tokens - 1:
+                break
+            if (stop_hit is not None or t % CHECK_EVERY == CHECK_EVERY - 1) and bool(done.all()):
+                break
+            buf.ids[:rows, 0] = tok
+            buf.mask[:, width + t] = 1
+            buf.position.add_(1)
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            logits = self._step(self.model, buf.cache, buf.ids, buf.mask, buf.position)[:rows]
+        lengths, stopped = length.tolist(), done.tolist()
+        tok_rows, lp_rows = tokens.tolist(), logps.tolist()
+        return (
+            [tok_rows[r][: lengths[r]] for r in range(rows)],
+            [lp_rows[r][: lengths[r]] for r in range(rows)],
+            stopped,
+        )
