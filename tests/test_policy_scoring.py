@@ -141,3 +141,38 @@ def test_chunked_path_takes_the_fused_backward_only_when_it_fits(monkeypatch) ->
         w.grad = None
     assert calls == [1]  # the first budget only
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_fused_path_applies_the_logit_scale_and_per_row_temperatures(monkeypatch) -> None:
+    """The kept-softmax path and the chunked path agree on values and gradients when the model scales its
+    logits (Cohere / Granite) and every row has its own temperature (RAPO's PG rows at the rollout
+    temperature, SD rows at 1); a soft-capped model always takes the chunked path."""
+    import rapo_echo.fused_logprobs as fused
+    from rapo_echo.logprobs import LogitTransform
+
+    torch.manual_seed(0)
+    h = torch.randn(2, 3, 4, requires_grad=True)
+    w = torch.randn(8, 4, requires_grad=True)
+    t = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    temps = torch.tensor([0.7, 1.0])
+    transform = LogitTransform(scale=0.5)
+    out = []
+    for budget in (fused.FUSED_MAX_BYTES, 0):  # fused; chunked
+        monkeypatch.setattr(fused, "FUSED_MAX_BYTES", budget)
+        lp, _ = chunked_token_logprobs(h, w, t, temperature=temps, transform=transform, chunk_size=4)
+        (lp * torch.arange(6.0).reshape(2, 3)).sum().backward()
+        out.append((lp.detach(), h.grad.clone(), w.grad.clone()))
+        h.grad = w.grad = None
+    # by hand for one position: log softmax(0.5 * h W^T / 0.7)[target]
+    ref = torch.log_softmax(0.5 * (h[0, 1] @ w.T) / 0.7, dim=-1)[2]
+    assert out[0][0][0, 1].item() == pytest.approx(ref.item(), abs=1e-5)
+    for a, b in zip(out[0], out[1]):
+        assert torch.allclose(a, b, atol=1e-5)
+    calls = []
+    monkeypatch.setattr(fused, "FUSED_MAX_BYTES", 2**30)
+    monkeypatch.setattr(
+        "rapo_echo.logprobs.fused_token_logprobs",
+        lambda *a, **k: calls.append(1) or fused.fused_token_logprobs(*a, **k),
+    )
+    chunked_token_logprobs(h, w, t, transform=LogitTransform(softcap=30.0))[0].sum().backward()
+    assert calls == []
