@@ -29,6 +29,7 @@ from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.base import check_logprobs_mode, generate_parsed
 from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, field_line, label_probability
+from rapo_echo.prompting import PERSONA_KEY
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.reaction import render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
@@ -159,7 +160,7 @@ class EmpathyJudge:
     def _about(self, scenario: Scenario, fence: Fence) -> list[str]:
         dialogue = render_dialogue(scenario.messages) or "(the supporter speaks first)"
         parts = ["The conversation so far:\n" + fence.block("DIALOGUE", dialogue)]
-        persona = scenario.meta.get("persona")
+        persona = scenario.meta.get(PERSONA_KEY)
         if isinstance(persona, str) and persona.strip():
             parts.append(
                 "What the person seems like (inferred from the conversation):\n"
