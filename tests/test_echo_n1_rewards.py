@@ -230,6 +230,9 @@ def test_registered_by_name_through_the_reward_registry() -> None:
     cfg = load_config(overrides=["rewards=[{name: echo_n1, args: {mode: weighted}}]"])
     rs = RewardSet.from_specs(cfg.rewards, ctx)
     assert rs.names == ["echo_n1"]
+    shipped = load_config("configs/echo_n1.yaml")  # every switch spelled out, with the defaults
+    [reward] = RewardSet.from_specs(shipped.rewards, ctx).rewards
+    assert isinstance(reward[0], EchoN1Reward) and reward[0].empathy.order == "both"
     text = Path("pyproject.toml").read_text()
     for name in ("humanlike", "empathy", "echo_n1"):
         assert f'{name} = "rapo_echo.rewards.echo_n1:' in text
