@@ -164,6 +164,11 @@ def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
     return report
 
 
+def sft_loss(logp: Any, mask: Any) -> Any:
+    """Token-mean negative log-likelihood of the target tokens: -sum(logp * mask) / sum(mask)."""
+    return -(logp * mask).sum() / mask.sum()
+
+
 def _encode(
     policy: Any, items: Sequence[JudgePair], max_tokens: int
 ) -> tuple[list[tuple[list[int], list[int]]], int]:
@@ -203,8 +208,7 @@ def _sft(policy: Any, encoded: list[tuple[list[int], list[int]]], cfg: JudgeTrai
         chosen, order = order[: cfg.batch_size], order[cfg.batch_size :]
         batch = policy.batch([encoded[i][0] for i in chosen], [encoded[i][1] for i in chosen])
         logp = policy.scorer(batch.to(policy.device), 1.0)[0]
-        mask = batch.target_mask.to(logp.device)
-        loss = -(logp * mask).sum() / mask.sum()
+        loss = sft_loss(logp, batch.target_mask.to(logp.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

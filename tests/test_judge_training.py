@@ -136,6 +136,52 @@ def test_reasoning_required_when_training_with_it(tmp_path: Path) -> None:
         pairs(e, reasoning=True, context_aware=True, rng=random.Random(0))
 
 
+def test_sft_loss_by_hand() -> None:
+    import torch
+
+    from rapo_echo.judge_training import sft_loss
+
+    logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -9.0, -9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert float(sft_loss(logp, mask)) == pytest.approx((1.0 + 2.0 + 0.5) / 3)  # padding left out
+
+
+def test_accuracy_reads_verdicts_like_the_rewards() -> None:
+    import math
+
+    from rapo_echo.engines.scripted import ScriptedEngine
+    from rapo_echo.judge_data import JudgePair
+    from rapo_echo.judge_training import accuracy
+
+    def item(task: str, reply: str, gold: str, labels: tuple[str, ...]) -> JudgePair:
+        return JudgePair(task, [msg("user", reply)], "", gold, labels)
+
+    items = [
+        item("humanlike", "lol", "human", ("human", "AI")),
+        item("humanlike", "As an AI", "human", ("human", "AI")),
+        item("humanlike", "ok", "AI", ("human", "AI")),
+        item("empathy", "pick B", "B", ("A", "B", "tie")),
+        item("empathy_needs", "no gold", None, ()),  # type: ignore[arg-type]
+    ]
+
+    def fn(prompt, options):
+        text = prompt[-2]["content"]
+        if " human" in options:
+            p = 0.9 if text in ("lol", "ok") else 0.2  # P(human)
+            return {" human": math.log(p), " AI": math.log(1 - p)}
+        return {" A": -2.0, " B": -0.1, " tie": -3.0}
+
+    got = accuracy(ScriptedEngine(choice_fn=fn), items, reasoning=False, max_new_tokens=8)
+    # humanlike: lol -> human (right), As an AI -> AI (wrong), ok -> human (wrong): 1 / 3
+    assert got == {
+        "empathy": {"accuracy": 1.0, "n": 1, "invalid": 0},
+        "humanlike": {"accuracy": pytest.approx(1 / 3), "n": 3, "invalid": 0},
+    }
+    text = ScriptedEngine(replies=["Verdict: human", "no idea", "Verdict: AI"] + ["???"] * 9)
+    got = accuracy(text, items[:3], reasoning=False, max_new_tokens=8)
+    assert got["humanlike"] == {"accuracy": pytest.approx(2 / 3), "n": 3, "invalid": 1}
+
+
 @pytest.mark.integration
 def test_train_judge_end_to_end(tmp_path: Path, smol_path: str, capsys: pytest.CaptureFixture) -> None:
     from rapo_echo.cli import main
