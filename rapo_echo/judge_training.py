@@ -47,6 +47,7 @@ class JudgeTrainingConfig:
     epochs: int = 3
     max_steps: int | None = None
     batch_size: int = 8
+    micro_batch_size: int = 2
     negatives: tuple[str, ...] = NEGATIVES
     reasoning: bool = True
     context_aware: bool = True
@@ -164,9 +165,11 @@ def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
     return report
 
 
-def sft_loss(logp: Any, mask: Any) -> Any:
-    """Token-mean negative log-likelihood of the target tokens: -sum(logp * mask) / sum(mask)."""
-    return -(logp * mask).sum() / mask.sum()
+def sft_loss(logp: Any, mask: Any, total_tokens: float | None = None) -> Any:
+    """Negative log-likelihood of the target tokens over ``total_tokens`` (default: this batch's):
+    -sum(logp * mask) / total. With the whole batch's token count, micro-batch losses add up to the
+    batch's token mean exactly."""
+    return -(logp * mask).sum() / (mask.sum() if total_tokens is None else total_tokens)
 
 
 def _encode(
@@ -189,7 +192,8 @@ def _encode(
 
 
 def _sft(policy: Any, encoded: list[tuple[list[int], list[int]]], cfg: JudgeTrainingConfig) -> list[float]:
-    """Token-mean negative log-likelihood of the targets, AdamW, gradient norm clipped to 1."""
+    """Token-mean negative log-likelihood of the targets, AdamW, gradient norm clipped to 1; each batch
+    runs in micro-batches of ``micro_batch_size`` sequences (gradients accumulated, exact token mean)."""
     import torch
 
     params = policy.trainable_parameters()
@@ -206,14 +210,19 @@ def _sft(policy: Any, encoded: list[tuple[list[int], list[int]]], cfg: JudgeTrai
             rng.shuffle(fresh)
             order += fresh
         chosen, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        batch = policy.batch([encoded[i][0] for i in chosen], [encoded[i][1] for i in chosen])
-        logp = policy.scorer(batch.to(policy.device), 1.0)[0]
-        loss = sft_loss(logp, batch.target_mask.to(logp.device))
+        tokens = float(sum(len(encoded[i][1]) for i in chosen))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        step_loss = 0.0
+        for start in range(0, len(chosen), cfg.micro_batch_size):
+            part = chosen[start : start + cfg.micro_batch_size]
+            batch = policy.batch([encoded[i][0] for i in part], [encoded[i][1] for i in part])
+            logp = policy.scorer(batch.to(policy.device), 1.0)[0]
+            loss = sft_loss(logp, batch.target_mask.to(logp.device), tokens)
+            loss.backward()
+            step_loss += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(step_loss)
         log.info("train-judge: step %d/%d loss %.4f", len(losses), total, losses[-1])
     policy.lm.eval()
     return losses
@@ -249,7 +258,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
+    p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per forward (memory)")
     p.add_argument(
         "--negatives", default=",".join(NEGATIVES), help="humanlike negatives: shuffle,swap or none"
     )
@@ -272,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [k for k in kinds if k not in NEGATIVES]
     if bad:
         raise ConfigError(f"--negatives: got {bad[0]!r}; expected shuffle, swap, both (shuffle,swap) or none")
-    for name in ("epochs", "batch_size", "lora_r", "max_tokens"):
+    for name in ("epochs", "batch_size", "micro_batch_size", "lora_r", "max_tokens"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
     if args.max_steps is not None and args.max_steps < 1:
@@ -292,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         max_steps=args.max_steps,
         batch_size=args.batch_size,
+        micro_batch_size=args.micro_batch_size,
         negatives=kinds,
         reasoning=not args.no_reasoning,
         context_aware=not args.context_free,

@@ -144,6 +144,9 @@ def test_sft_loss_by_hand() -> None:
     logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -9.0, -9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     assert float(sft_loss(logp, mask)) == pytest.approx((1.0 + 2.0 + 0.5) / 3)  # padding left out
+    # two micro-batches over the batch's 3 tokens add up to the same mean: (1 + 2) / 3 + 0.5 / 3
+    parts = float(sft_loss(logp[:1], mask[:1], 3.0)) + float(sft_loss(logp[1:], mask[1:], 3.0))
+    assert parts == pytest.approx(3.5 / 3)
 
 
 def test_accuracy_reads_verdicts_like_the_rewards() -> None:
