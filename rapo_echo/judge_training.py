@@ -320,5 +320,5 @@ def run(args: argparse.Namespace) -> int:
             f"(n={a.get('n', b.get('n'))}, invalid {b.get('invalid')} -> {a.get('invalid')})"
         )
     loss = report["loss"]
-    print(f"{report['steps']} steps, loss {loss['first']:.4f} -> {loss['last']:.4f}; judge: {cfg.output}")
+    print(f"steps: {report['steps']}, loss {loss['first']:.4f} -> {loss['last']:.4f}; judge: {cfg.output}")
     return 0
