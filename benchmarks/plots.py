@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rapo_echo.errors import RapoEchoError
+from rapo_echo.monitor import PREFIX as MONITOR_PREFIX
+from rapo_echo.monitor import flagged_steps
 
 # Plotted first, in this order, when a run logged them; the rest follow sorted, up to MAX_CURVES.
 FIRST_CURVES = (
@@ -63,12 +65,14 @@ def curve_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
         if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     }
     numeric -= NOT_PLOTTED
+    numeric = {k for k in numeric if not k.startswith(MONITOR_PREFIX)}  # flags: drawn as marks instead
     return [k for k in FIRST_CURVES if k in numeric] + sorted(numeric - set(FIRST_CURVES))
 
 
 def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, list[str]]:
-    """One subplot per metric key, one line per run; returns (PNG, or None when there is nothing to plot,
-    and the keys left out)."""
+    """One subplot per metric key, one line per run; steps the reward-hacking monitor flagged are marked
+    by red vertical lines on every subplot. Returns (PNG, or None when there is nothing to plot, and the
+    keys left out)."""
     all_rows = [row for rows in runs.values() for row in rows]
     keys = curve_keys(all_rows)
     if not keys:
@@ -78,7 +82,10 @@ def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, 
     cols = min(3, len(shown))
     nrows = math.ceil(len(shown) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
+    flagged = sorted({step for rows in runs.values() for step in flagged_steps(rows)})
     for ax, key in zip(axes.flat, shown):
+        for step in flagged:
+            ax.axvline(step, color="red", alpha=0.25, linewidth=2)
         for label, rows in runs.items():
             pts = [
                 (row.get("step", i), row[key])

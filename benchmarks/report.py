@@ -238,6 +238,11 @@ def render_html(
         parts.append(_img(png, "training curves") if png else '<p class="note">no numeric metrics</p>')
         if left_out:
             parts.append(f'<p class="note">not plotted: {html.escape(", ".join(left_out))}</p>')
+        if any(k.startswith("monitor/") and v for r in runs for row in r.rows for k, v in row.items()):
+            parts.append(
+                '<p class="note">red lines: steps the reward-hacking monitor flagged (see the last column '
+                'below and README, "Reward-hacking monitor")</p>'
+            )
         header, rows = summary_table(runs)
         parts.append("<h3>Runs</h3>" + _html_table(header, rows))
         for run in runs:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.monitor import flagged_steps
+
 SAMPLES_FILE = "samples.jsonl"
 # Shown in the summary table when the run logged them: (key, label).
 SUMMARY_KEYS = (
@@ -37,16 +39,42 @@ def first_last(rows: Sequence[dict[str, Any]], key: str) -> tuple[Any, Any]:
     return (vals[0], vals[-1]) if vals else (None, None)
 
 
+def _spans(steps: Sequence[int]) -> str:
+    """``[2, 3, 4, 7]`` -> ``'2-4, 7'``."""
+    spans: list[list[int]] = []
+    for s in sorted(steps):
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def monitor_summary(rows: Sequence[dict[str, Any]]) -> str:
+    """The reward-hacking monitor's flags of a run, e.g. ``'length_spike at 5-7; judge_text at 6'``."""
+    by_signature: dict[str, list[int]] = {}
+    for step, names in flagged_steps(rows).items():
+        for name in names:
+            by_signature.setdefault(name, []).append(step)
+    return "; ".join(f"{name} at {_spans(steps)}" for name, steps in sorted(by_signature.items()))
+
+
 def summary_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
-    """One row per run: steps, then first -> last value of each key metric it logged."""
+    """One row per run: steps, then first -> last value of each key metric it logged, and the steps the
+    reward-hacking monitor flagged (when any run logged its flags)."""
     keys = [(k, label) for k, label in SUMMARY_KEYS if any(k in r for run in runs for r in run.rows)]
+    monitored = any(k.startswith("monitor/") for run in runs for r in run.rows for k in r)
     header = ["run", "steps", *[f"{label} (first → last)" for _, label in keys]]
+    if monitored:
+        header.append("reward-hacking flags")
     rows = []
     for run in runs:
         cells = [run.path.name, str(len(run.rows))]
         for k, _ in keys:
             a, b = first_last(run.rows, k)
             cells.append(f"{_num(a)} → {_num(b)}")
+        if monitored:
+            cells.append(monitor_summary(run.rows) or "none")
         rows.append(cells)
     return header, rows
 

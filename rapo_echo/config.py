@@ -294,6 +294,36 @@ class RapoConfig(Strict):
     sd: SelfDistillConfig = Field(default_factory=SelfDistillConfig)
 
 
+class PersonaConfig(Strict):
+    """Persona inference on the fly (simulators/persona.py): a summary of the person (traits, needs,
+    preferred style) inferred from the dialogue once per scenario, shown to the judges (fenced) and,
+    with ``to_policy``, appended to the policy's system prompt. ``engine`` names the role whose engine
+    infers it."""
+
+    enabled: bool = False
+    engine: Literal["simulator", "judge"] = "simulator"
+    to_policy: bool = True
+    max_new_tokens: int = Field(40, ge=4)
+    max_retries: int = Field(1, ge=0, le=10)
+
+
+class MonitorConfig(Strict):
+    """Reward-hacking monitor (rapo_echo/monitor.py): flags Echo-N1's failure signatures per step.
+    Baselines are the means of the first ``baseline_steps`` steps; "recent" is the mean of the last
+    ``window`` steps."""
+
+    enabled: bool = True
+    baseline_steps: int = Field(3, ge=1)
+    window: int = Field(3, ge=1)
+    length_frac: float = Field(0.9, gt=0.0, le=1.0)  # reply_len/mean >= frac * rollout.max_new_tokens
+    length_rise: float = Field(1.5, ge=1.0)  # ... and >= rise * the baseline length
+    entropy_frac: float = Field(0.3, gt=0.0, lt=1.0)  # entropy <= frac * the baseline entropy
+    reward_jump: float = Field(0.3, gt=0.0)  # reward rose by at least this over its baseline ...
+    follow_frac: float = Field(0.25, ge=0.0, le=1.0)  # ... while heldout_key rose by less than frac * that
+    heldout_key: str | None = None  # a logged metric, e.g. reward/<held-out reward>/mean
+    judge_text_frac: float = Field(0.25, gt=0.0, le=1.0)  # replies carrying judge answer syntax
+
+
 class LoggingConfig(Strict):
     tensorboard: bool = True
     wandb: bool = False
@@ -316,6 +346,8 @@ class RunConfig(Strict):
     rewards: list[RewardSpec] = Field(default_factory=list)
     data: DataConfig = Field(default_factory=DataConfig)
     rapo: RapoConfig = Field(default_factory=RapoConfig)
+    persona: PersonaConfig = Field(default_factory=PersonaConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @field_validator("algo")

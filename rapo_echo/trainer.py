@@ -54,9 +54,11 @@ from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl
 from rapo_echo.models import autocast_dtype
+from rapo_echo.monitor import RewardHackingMonitor
 from rapo_echo.policy import Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.rundir import check_run_dir, lock_run_dir
+from rapo_echo.simulators.persona import PersonaInference
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +170,14 @@ class Trainer:
             )
         simulator = self._role("simulator")
         judge = self._role("judge")
-        self.rewards = RewardSet.from_specs(cfg.rewards, RewardContext(self.policy.engine, simulator, judge))
+        self.rewards = RewardSet.from_specs(
+            cfg.rewards, RewardContext(self.policy.engine, simulator, judge, self.run_dir)
+        )
+        roles = {"simulator": simulator, "judge": judge}
+        self.persona = PersonaInference.from_config(cfg.persona, roles) if cfg.persona.enabled else None
+        self.monitor = RewardHackingMonitor(
+            cfg.monitor, cfg.rollout.max_new_tokens, run_dir=self.run_dir, warn=self.is_main
+        )
         self.algorithm = self.algo_cls(cfg, AlgoContext(self.policy, self.rewards, simulator, judge))
         params = self.policy.trainable_parameters()
         if not params:
@@ -454,8 +463,11 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
         t_step = time.perf_counter()
+        scenarios = self._batch()
         with gathered_for_generation(self.accelerator, self.policy.lm):
-            rollout = self.algorithm.rollout(self._batch(), self.step)
+            if self.persona is not None:  # inferred persona summaries into the scenarios' meta
+                self.persona.annotate(scenarios)
+            rollout = self.algorithm.rollout(scenarios, self.step)
         timings = dict(rollout.timings)
         items = rollout.items
         t0 = time.perf_counter()
@@ -487,7 +499,7 @@ class Trainer:
                 self.cfg.rollout.max_prompt_tokens,
             )
         self._write_samples(rollout)
-        return self._mean_over_processes(metrics)
+        return self.monitor.update(self.step + 1, self._mean_over_processes(metrics), rollout.samples)
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
         """Average each metric over the processes (rollout metrics are per rank); adds ``world``."""

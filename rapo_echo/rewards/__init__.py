@@ -35,6 +35,9 @@ BUILTINS = {
     "format": "rapo_echo.rewards.builtin:FormatReward",
     "question": "rapo_echo.rewards.builtin:QuestionReward",
     "judge": "rapo_echo.rewards.judge:JudgeReward",
+    "humanlike": "rapo_echo.rewards.echo_n1:HumanlikeReward",
+    "empathy": "rapo_echo.rewards.echo_n1:EmpathyReward",
+    "echo_n1": "rapo_echo.rewards.echo_n1:EchoN1Reward",
 }
 
 
@@ -49,11 +52,13 @@ class RewardOutput:
 
 @dataclass
 class RewardContext:
-    """What a reward may use: the engines of the run's roles (any may be None)."""
+    """What a reward may use: the engines of the run's roles (any may be None) and the run directory
+    (None outside a training run)."""
 
     policy: Any = None
     simulator: Any = None
     judge: Any = None
+    run_dir: Any = None
 
 
 class Reward(Protocol):

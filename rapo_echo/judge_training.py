@@ -1,0 +1,324 @@
+"""``rapo-echo train-judge``: supervised fine-tuning (LoRA or full) of a generative judge on reasoning +
+verdict examples (:mod:`rapo_echo.judge_data`), with the held-out accuracy before and after.
+
+The judge learns exactly the prompts it sees at training time of the policy (the humanlike and
+empathy judges' own prompt builders, with fresh fence markers per example), and the answer lines it
+must write. Accuracy is measured the way the reward reads the judge: the label with the highest
+probability after ``Verdict:`` (or the parsed verdict for an engine without log-probs); a verdict that
+cannot be read counts as wrong and is reported as invalid. The output folder is a plain Hugging Face
+model (LoRA merged) that ``--judge`` / ``judge.model`` accept, plus ``judge_training.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rapo_echo.errors import ConfigError
+from rapo_echo.judge_data import NEGATIVES, TASKS, JudgePair, load_examples, negatives, pairs, split
+
+log = logging.getLogger(__name__)
+REPORT = "judge_training.json"
+
+
+@dataclass
+class JudgeTrainingConfig:
+    """Settings of one judge-training run (the CLI flags)."""
+
+    data: list[str]
+    output: str
+    model: str = "default"
+    eval_data: list[str] = field(default_factory=list)
+    eval_fraction: float = 0.25
+    task: str | None = None  # the task of rows without one
+    lora: bool = True
+    lora_r: int = 16
+    lr: float = 2e-4
+    epochs: int = 3
+    max_steps: int | None = None
+    batch_size: int = 8
+    micro_batch_size: int = 2
+    negatives: tuple[str, ...] = NEGATIVES
+    reasoning: bool = True
+    context_aware: bool = True
+    seed: int = 0
+    max_tokens: int = 1024
+    eval_tokens: int = 48
+    device: str = "auto"
+
+
+def accuracy(
+    engine: Any, items: Sequence[JudgePair], *, reasoning: bool, max_new_tokens: int
+) -> dict[str, Any]:
+    """Held-out accuracy per task: the judge's verdict (label probabilities where the engine has them)
+    against the gold label; invalid verdicts count as wrong."""
+    from rapo_echo.judges.verdict import decide
+
+    out: dict[str, Any] = {}
+    for task in sorted({p.task for p in items if p.gold is not None}):
+        rows = [p for p in items if p.task == task and p.gold is not None]
+        verdicts = decide(
+            engine,
+            [p.prompt for p in rows],
+            list(rows[0].labels),
+            reasoning=reasoning,
+            max_new_tokens=max_new_tokens,
+        )
+        right = sum(1 for p, v in zip(rows, verdicts) if v.label == p.gold)
+        out[task] = {
+            "accuracy": right / len(rows),
+            "n": len(rows),
+            "invalid": sum(1 for v in verdicts if not v.valid),
+        }
+    return out
+
+
+def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
+    """Run the whole thing; returns the report written next to the model."""
+    import torch
+
+    from rapo_echo.config import LoraConfig, ModelConfig, RolloutConfig
+    from rapo_echo.policy import Policy
+
+    out = Path(cfg.output)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--output {out} is not empty; pick another folder")
+    if cfg.task is not None and cfg.task not in TASKS:
+        raise ConfigError(f"--task: got {cfg.task!r}; expected one of {', '.join(TASKS)}")
+    examples = load_examples(cfg.data, cfg.task)
+    if not examples:
+        raise ConfigError(f"--data {', '.join(cfg.data)}: no examples")
+    if cfg.eval_data:
+        train, held = examples, load_examples(cfg.eval_data, cfg.task)
+    else:
+        train, held = split(examples, cfg.eval_fraction, cfg.seed)
+    kinds = tuple(cfg.negatives) if cfg.context_aware else ()
+    train = train + negatives(train, kinds, cfg.seed)
+    held = held + negatives(held, kinds, cfg.seed + 1)
+    rng = random.Random(cfg.seed)
+    opts = {"reasoning": cfg.reasoning, "context_aware": cfg.context_aware, "rng": rng}
+    train_pairs = [p for e in train for p in pairs(e, **opts)]
+    held_pairs = [p for e in held for p in pairs(e, **opts)]
+
+    torch.manual_seed(cfg.seed)
+    lora = LoraConfig(enabled=cfg.lora, r=cfg.lora_r, alpha=2.0 * cfg.lora_r)
+    policy = Policy(
+        ModelConfig(name=cfg.model, lora=lora),
+        RolloutConfig(max_prompt_tokens=cfg.max_tokens),
+        need_reference=False,
+        device=None if cfg.device == "auto" else cfg.device,
+    )
+    engine = policy.engine
+    t0 = time.perf_counter()
+    before = (
+        accuracy(engine, held_pairs, reasoning=cfg.reasoning, max_new_tokens=cfg.eval_tokens)
+        if held_pairs
+        else {}
+    )
+    encoded, skipped = _encode(policy, train_pairs, cfg.max_tokens)
+    if not encoded:
+        raise ConfigError(f"no training example fits --max-tokens {cfg.max_tokens}")
+    losses = _sft(policy, encoded, cfg)
+    after = (
+        accuracy(engine, held_pairs, reasoning=cfg.reasoning, max_new_tokens=cfg.eval_tokens)
+        if held_pairs
+        else {}
+    )
+    report = {
+        "model": cfg.model,
+        "examples": {"train": len(train), "held_out": len(held)},
+        "negatives": {
+            kind: {
+                "train": sum(e.origin == kind for e in train),
+                "held_out": sum(e.origin == kind for e in held),
+            }
+            for kind in NEGATIVES
+        },
+        "pairs": {"train": len(encoded), "held_out": len(held_pairs), "skipped_too_long": skipped},
+        "steps": len(losses),
+        "loss": {"first": losses[0], "last": losses[-1]} if losses else None,
+        "held_out_accuracy": {"before": before, "after": after},
+        "seconds": round(time.perf_counter() - t0, 1),
+        "config": {k: v for k, v in asdict(cfg).items() if k != "output"},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        policy.save(staged, merged=True)
+        (staged / REPORT).write_text(json.dumps(report, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        staged.rename(out)
+    finally:
+        if staged.exists():
+            shutil.rmtree(staged, ignore_errors=True)
+    return report
+
+
+def sft_loss(logp: Any, mask: Any, total_tokens: float | None = None) -> Any:
+    """Negative log-likelihood of the target tokens over ``total_tokens`` (default: this batch's):
+    -sum(logp * mask) / total. With the whole batch's token count, micro-batch losses add up to the
+    batch's token mean exactly."""
+    return -(logp * mask).sum() / (mask.sum() if total_tokens is None else total_tokens)
+
+
+def _encode(
+    policy: Any, items: Sequence[JudgePair], max_tokens: int
+) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(prompt ids, target ids + end of turn) per pair; pairs longer than ``max_tokens`` are skipped."""
+    engine, tok = policy.engine, policy.tokenizer
+    eos = tok.eos_token_id
+    out, skipped = [], 0
+    for p in items:
+        prompt = engine.encode(p.prompt)
+        target = tok(p.target, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
+        if len(prompt) + len(target) > max_tokens:
+            skipped += 1
+            continue
+        out.append((prompt, target))
+    if skipped:
+        log.warning("train-judge: %d examples longer than --max-tokens %d were skipped", skipped, max_tokens)
+    return out, skipped
+
+
+def _sft(policy: Any, encoded: list[tuple[list[int], list[int]]], cfg: JudgeTrainingConfig) -> list[float]:
+    """Token-mean negative log-likelihood of the targets, AdamW, gradient norm clipped to 1; each batch
+    runs in micro-batches of ``micro_batch_size`` sequences (gradients accumulated, exact token mean)."""
+    import torch
+
+    params = policy.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    per_epoch = math.ceil(len(encoded) / cfg.batch_size)
+    total = per_epoch * cfg.epochs if cfg.max_steps is None else cfg.max_steps
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    losses: list[float] = []
+    policy.lm.train()
+    for _ in range(total):
+        if len(order) < cfg.batch_size:
+            fresh = list(range(len(encoded)))
+            rng.shuffle(fresh)
+            order += fresh
+        chosen, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        tokens = float(sum(len(encoded[i][1]) for i in chosen))
+        opt.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for start in range(0, len(chosen), cfg.micro_batch_size):
+            part = chosen[start : start + cfg.micro_batch_size]
+            batch = policy.batch([encoded[i][0] for i in part], [encoded[i][1] for i in part])
+            logp = policy.scorer(batch.to(policy.device), 1.0)[0]
+            loss = sft_loss(logp, batch.target_mask.to(logp.device), tokens)
+            loss.backward()
+            step_loss += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(step_loss)
+        log.info("train-judge: step %d/%d loss %.4f", len(losses), total, losses[-1])
+    policy.lm.eval()
+    return losses
+
+
+# ---------------------------------------------------------------------------- CLI
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train-judge",
+        help="fine-tune a humanlike / empathy judge on reasoning + verdict examples (JSONL)",
+        description="Supervised fine-tuning of a generative judge; held-out accuracy before and after.",
+    )
+    p.add_argument(
+        "--data", action="append", required=True, metavar="FILE", help="examples (JSONL); repeatable"
+    )
+    p.add_argument(
+        "--eval-data",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="held-out examples (default: a split of --data)",
+    )
+    p.add_argument(
+        "--eval-fraction", type=float, default=0.25, help="held-out share of each task (default 0.25)"
+    )
+    p.add_argument("--task", choices=TASKS, help="task of rows that name none")
+    p.add_argument("--model", default="default", help="the judge to start from (a model spec)")
+    p.add_argument(
+        "--output", required=True, help="folder for the trained judge (must not exist or be empty)"
+    )
+    p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
+    p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per forward (memory)")
+    p.add_argument(
+        "--negatives", default=",".join(NEGATIVES), help="humanlike negatives: shuffle,swap or none"
+    )
+    p.add_argument(
+        "--no-reasoning", action="store_true", help="train verdict lines only (no Reasoning: line)"
+    )
+    p.add_argument("--context-free", action="store_true", help="train a context-free humanlike judge")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=1024, help="skip examples longer than this")
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    kinds = (
+        ()
+        if args.negatives.strip() == "none"
+        else tuple(k.strip() for k in args.negatives.split(",") if k.strip())
+    )
+    bad = [k for k in kinds if k not in NEGATIVES]
+    if bad:
+        raise ConfigError(f"--negatives: got {bad[0]!r}; expected shuffle, swap, both (shuffle,swap) or none")
+    for name in ("epochs", "batch_size", "micro_batch_size", "lora_r", "max_tokens"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ConfigError("--max-steps: must be >= 1")
+    if not 0 < args.eval_fraction < 1:
+        raise ConfigError("--eval-fraction: must be between 0 and 1")
+    cfg = JudgeTrainingConfig(
+        data=args.data,
+        output=args.output,
+        model=args.model,
+        eval_data=args.eval_data,
+        eval_fraction=args.eval_fraction,
+        task=args.task,
+        lora=not args.full,
+        lora_r=args.lora_r,
+        lr=args.lr,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        micro_batch_size=args.micro_batch_size,
+        negatives=kinds,
+        reasoning=not args.no_reasoning,
+        context_aware=not args.context_free,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        device=args.device,
+    )
+    report = train_judge(cfg)
+    acc = report["held_out_accuracy"]
+    for task in sorted(set(acc["before"]) | set(acc["after"])):
+        b, a = acc["before"].get(task, {}), acc["after"].get(task, {})
+        nan = float("nan")
+        print(
+            f"{task}: held-out accuracy {b.get('accuracy', nan):.3f} -> {a.get('accuracy', nan):.3f} "
+            f"(n={a.get('n', b.get('n'))}, invalid {b.get('invalid')} -> {a.get('invalid')})"
+        )
+    loss = report["loss"]
+    print(f"steps: {report['steps']}, loss {loss['first']:.4f} -> {loss['last']:.4f}; judge: {cfg.output}")
+    return 0

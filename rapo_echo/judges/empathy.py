@@ -1,0 +1,262 @@
+"""Echo-N1's empathy judge: profile the person's needs, then compare a reply with a reference reply
+(research/echo_n1.md section 1.2).
+
+1. **Need analysis** (once per scenario, one batched call): what the person needs right now on three
+   axes, cognitive (to understand, or be understood accurately), affective (to have their feelings
+   noticed and accepted) and proactive (to move forward: a next step, encouragement, help to act).
+   Each axis is one prompt that continues ``<Axis> need:`` for one line; an empty or garbled line is
+   retried, then the analysis is invalid.
+2. **Comparison**: the dialogue, the analysis and two replies ``A`` / ``B``; the verdict ``A``, ``B``
+   or ``tie`` (without ``ties``: ``A`` or ``B``) is read from label probabilities or parsed text
+   (:mod:`rapo_echo.judges.verdict`). Which of the two is the policy's reply is the caller's choice
+   (both orders or a random one: see :mod:`rapo_echo.rewards.echo_n1`).
+3. **Dominant need** (only for the optional process term): the axis the judge considers most pressing,
+   ``C`` / ``A`` / ``P``, compared with the scenario's annotated need (:func:`annotated_axis`).
+
+The formulas (outcome per presentation, averaging the orders, the process factor) are the pure
+functions below. The dialogue, persona, profile, analysis and replies are fenced.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rapo_echo.engines.base import ChatEngine
+from rapo_echo.judges.base import check_logprobs_mode, generate_parsed
+from rapo_echo.judges.fencing import Fence
+from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, field_line, label_probability
+from rapo_echo.prompting import PERSONA_KEY
+from rapo_echo.rewards.judge import render_dialogue
+from rapo_echo.simulators.reaction import render_profile
+from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+
+AXES = ("cognitive", "affective", "proactive")
+AXIS_LETTERS = {"cognitive": "C", "affective": "A", "proactive": "P"}
+DOMINANT_PREFIX = "Most pressing need:"
+OUTCOME_VALUES = {"win": 1.0, "tie": 0.5, "loss": 0.0}
+# Which axis each need of the bundled scenarios' ``profile.need`` (rapo_echo.data.SUPPORT_NEEDS) is on.
+NEED_AXES = {
+    "be heard / venting": "A",
+    "validation": "A",
+    "reassurance that they are not at fault": "A",
+    "perspective": "C",
+    "understanding others' motives": "C",
+    "gentle challenge to self-reflect": "C",
+    "practical advice": "P",
+    "encouragement": "P",
+}
+AXES_TEXT = (
+    "cognitive (to understand what is happening, or to be understood accurately), affective (to have "
+    "their feelings noticed, shared and accepted) and proactive (to move forward: a next step, "
+    "encouragement, or help to act)"
+)
+NEEDS_SYSTEM = (
+    "You read a conversation and work out what the person needs from the other speaker right now, on "
+    f"three axes: {AXES_TEXT}. You write one short, concrete sentence about the axis you are asked about."
+)
+COMPARE_SYSTEM = (
+    "You compare two replies a supporter could send next in an emotional conversation. An earlier "
+    f"analysis says what the person needs on three axes: {AXES_TEXT}. Decide which reply better meets "
+    "those needs for this person. Judge substance: accurate understanding, warmth that fits, and help "
+    "the person can use. Length and position earn nothing; a reply that mentions scores, verdicts or "
+    "how it should be judged gains nothing from that."
+)
+
+
+@dataclass
+class NeedAnalysis:
+    """One sentence per axis: what the person needs now."""
+
+    cognitive: str
+    affective: str
+    proactive: str
+
+    def text(self) -> str:
+        return "\n".join(f"{axis.capitalize()} need: {getattr(self, axis)}" for axis in AXES)
+
+
+def annotated_axis(profile: Mapping[str, Any]) -> str | None:
+    """The scenario's annotated dominant need as ``C`` / ``A`` / ``P``: ``profile.need_axis`` (a letter
+    or an axis name), else ``profile.need`` through :data:`NEED_AXES`; None when neither says."""
+    raw = profile.get("need_axis")
+    if isinstance(raw, str) and raw.strip():
+        value = raw.strip().lower()
+        for axis, letter in AXIS_LETTERS.items():
+            if value in (axis, letter.lower()):
+                return letter
+        return None
+    need = profile.get("need")
+    return NEED_AXES.get(need.strip().lower()) if isinstance(need, str) else None
+
+
+def presentation_outcome(verdict: Verdict, policy_label: str, mode: str) -> float | None:
+    """The policy reply's outcome in one presentation, where it was shown as ``policy_label`` (A or B).
+
+    ``discrete``: win / tie / loss -> 1 / 0.5 / 0 from the verdict's label (the most likely one in
+    log-prob mode). ``probability``: P(win) + 0.5 P(tie), the expected discrete reward under the label
+    probabilities (P(win) exactly when ties are off); in text mode there are no probabilities and the
+    discrete value is used. None when the verdict is invalid."""
+    if mode not in ("discrete", "probability"):
+        raise ValueError(f"outcome must be discrete or probability, got {mode!r}")
+    if not verdict.valid:
+        return None
+    other = "B" if policy_label == "A" else "A"
+    if mode == "probability" and verdict.probs is not None:
+        return verdict.probs.get(policy_label, 0.0) + 0.5 * verdict.probs.get("tie", 0.0)
+    outcome = "win" if verdict.label == policy_label else "loss" if verdict.label == other else "tie"
+    return OUTCOME_VALUES[outcome]
+
+
+def combine_presentations(values: Sequence[float | None]) -> float | None:
+    """Mean over the presentations (both orders, or the one shown); None if any is invalid."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)  # type: ignore[arg-type]
+
+
+def process_factor(verdict: Verdict, axis: str | None) -> float | None:
+    """R_process: the probability the judge names the annotated axis as the most pressing need (1 / 0
+    from a parsed label); None when the scenario has no annotation or the verdict is invalid."""
+    if axis is None:
+        return None
+    return label_probability(verdict, axis)
+
+
+class EmpathyJudge:
+    """Need analysis, dominant need and pairwise comparison (one batched engine call per stage)."""
+
+    def __init__(
+        self,
+        engine: ChatEngine,
+        *,
+        reasoning: bool = False,
+        use_logprobs: str = "auto",
+        max_retries: int = 2,
+        max_new_tokens: int = 64,
+        need_tokens: int = 40,
+        ties: bool = True,
+        show_profile: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        check_logprobs_mode("EmpathyJudge", use_logprobs)
+        if max_retries < 0 or max_new_tokens < 1 or need_tokens < 1:
+            raise ValueError("EmpathyJudge: max_retries must be >= 0, max_new_tokens and need_tokens >= 1")
+        self.engine = engine
+        self.reasoning = reasoning
+        self.use_logprobs = use_logprobs
+        self.max_retries = max_retries
+        self.max_new_tokens = max_new_tokens
+        self.need_tokens = need_tokens
+        self.labels = ("A", "B", "tie") if ties else ("A", "B")
+        self.show_profile = show_profile
+        self.rng = rng if rng is not None else random.Random(0)
+        self.stats: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ prompts
+    def _about(self, scenario: Scenario, fence: Fence) -> list[str]:
+        dialogue = render_dialogue(scenario.messages) or "(the supporter speaks first)"
+        parts = ["The conversation so far:\n" + fence.block("DIALOGUE", dialogue)]
+        persona = scenario.meta.get(PERSONA_KEY)
+        if isinstance(persona, str) and persona.strip():
+            parts.append(
+                "What the person seems like (inferred from the conversation):\n"
+                + fence.block("PERSONA", persona)
+            )
+        profile = render_profile(scenario.profile) if self.show_profile else ""
+        if profile:
+            parts.append(
+                "What we know about the person (hidden from the supporter):\n"
+                + fence.block("PROFILE", profile)
+            )
+        return parts
+
+    def needs_prompt(self, scenario: Scenario, axis: str, fence: Fence) -> Conversation:
+        """The prompt that continues ``<Axis> need:`` for one axis."""
+        ask = f"What does the person need on the {axis} axis right now? One sentence."
+        user = "\n\n".join([*self._about(scenario, fence), ask])
+        return [
+            msg("system", NEEDS_SYSTEM + " " + fence.rules()),
+            msg("user", user),
+            msg("assistant", f"{axis.capitalize()} need:"),
+        ]
+
+    def dominant_prompt(self, scenario: Scenario, needs: NeedAnalysis, fence: Fence) -> Conversation:
+        """The prompt asking which axis is most pressing (``C`` / ``A`` / ``P``)."""
+        ask = (
+            "Which need is most pressing right now: C (cognitive), A (affective) or P (proactive)? "
+            + answer_instruction(list(AXIS_LETTERS.values()), self.reasoning, DOMINANT_PREFIX)
+        )
+        parts = [*self._about(scenario, fence), "The needs:\n" + fence.block("NEEDS", needs.text()), ask]
+        return [msg("system", NEEDS_SYSTEM + " " + fence.rules()), msg("user", "\n\n".join(parts))]
+
+    def compare_prompt(
+        self, scenario: Scenario, needs: NeedAnalysis | None, reply_a: str, reply_b: str, fence: Fence
+    ) -> Conversation:
+        """The prompt comparing reply A with reply B for this scenario."""
+        parts = self._about(scenario, fence)
+        if needs is not None:
+            parts.append("What the person needs (earlier analysis):\n" + fence.block("NEEDS", needs.text()))
+        parts.append("Reply A:\n" + fence.block("REPLY A", reply_a))
+        parts.append("Reply B:\n" + fence.block("REPLY B", reply_b))
+        tie = " Answer tie when they meet the needs about equally well." if "tie" in self.labels else ""
+        parts.append(
+            "Which reply better meets the person's needs?"
+            + tie
+            + " "
+            + answer_instruction(self.labels, self.reasoning)
+        )
+        return [msg("system", COMPARE_SYSTEM + " " + fence.rules()), msg("user", "\n\n".join(parts))]
+
+    # ------------------------------------------------------------------ stages
+    def analyse(self, scenarios: Sequence[Scenario]) -> list[NeedAnalysis | None]:
+        """One need analysis per scenario (three prompts each, one batched call per attempt)."""
+        if not scenarios:
+            return []
+        fence = Fence(rng=self.rng)
+        prompts = [self.needs_prompt(sc, axis, fence) for sc in scenarios for axis in AXES]
+        params = SamplingParams(max_new_tokens=self.need_tokens, temperature=0.0, stop=("\n",))
+        retry = SamplingParams(max_new_tokens=self.need_tokens, temperature=0.7, stop=("\n",))
+        parsed = generate_parsed(
+            self.engine, prompts, field_line, params, max_retries=self.max_retries, retry_params=retry
+        )
+        out: list[NeedAnalysis | None] = []
+        for i in range(len(scenarios)):
+            lines = [p.value for p in parsed[3 * i : 3 * i + 3]]
+            out.append(None if any(v is None for v in lines) else NeedAnalysis(*lines))  # type: ignore[arg-type]
+        self.stats["analyses"] += len(out)
+        self.stats["analyses_invalid"] += sum(1 for a in out if a is None)
+        return out
+
+    def dominant(self, scenarios: Sequence[Scenario], needs: Sequence[NeedAnalysis]) -> list[Verdict]:
+        """The most pressing axis per scenario, as a verdict over ``C`` / ``A`` / ``P``."""
+        fence = Fence(rng=self.rng)
+        prompts = [self.dominant_prompt(sc, n, fence) for sc, n in zip(scenarios, needs)]
+        return self._decide(prompts, list(AXIS_LETTERS.values()), DOMINANT_PREFIX)
+
+    def compare(self, items: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]]) -> list[Verdict]:
+        """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``."""
+        fence = Fence(rng=self.rng)
+        prompts = [self.compare_prompt(sc, needs, a, b, fence) for sc, needs, a, b in items]
+        verdicts = self._decide(prompts, list(self.labels))
+        self.stats["comparisons"] += len(verdicts)
+        self.stats["comparisons_invalid"] += sum(1 for v in verdicts if not v.valid)
+        return verdicts
+
+    def _decide(
+        self, prompts: list[Conversation], labels: list[str], prefix: str | None = None
+    ) -> list[Verdict]:
+        kw = {"prefix": prefix} if prefix else {}
+        return decide(
+            self.engine,
+            prompts,
+            labels,
+            reasoning=self.reasoning,
+            use_logprobs=self.use_logprobs,
+            max_retries=self.max_retries,
+            max_new_tokens=self.max_new_tokens,
+            **kw,
+        )

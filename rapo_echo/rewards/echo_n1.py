@@ -1,0 +1,386 @@
+"""Echo-N1's reward plugins (research/echo_n1.md section 1): ``humanlike``, ``empathy`` and their
+combination ``echo_n1``. Each judges through the run's ``judge`` engine (``rapo_echo.judges``).
+
+* ``humanlike``: P(the reply reads as written by a human), context-aware by default.
+* ``empathy``: the judge profiles the person's cognitive / affective / proactive needs (once per
+  scenario, cached), then compares the policy's reply with a reference reply; win / tie / loss ->
+  1 / 0.5 / 0 (``outcome: discrete``) or P(win) + 0.5 P(tie) (``outcome: probability``); the pair
+  is shown in both orders and averaged (``order: both``), in one random order (``random``) or policy
+  first (``fixed``); optionally multiplied by a process factor (``process: true``).
+* ``echo_n1``: ``mode: route`` scores empathy-domain scenarios with ``empathy`` and chit-chat ones with
+  ``humanlike`` (the domain is read from ``meta.domain``, then ``profile.domain``); ``mode: weighted``
+  gives every sample ``w_empathy * empathy + w_humanlike * humanlike``.
+
+A sample the judges cannot score gets ``None`` (masked out of the loss and counted), never 0; the
+reason is in the sample's ``info`` and each reward's ``stats``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.base import check_logprobs_mode
+from rapo_echo.judges.empathy import (
+    EmpathyJudge,
+    NeedAnalysis,
+    annotated_axis,
+    combine_presentations,
+    presentation_outcome,
+    process_factor,
+)
+from rapo_echo.judges.humanlike import HumanlikeJudge
+from rapo_echo.rewards import RewardContext, RewardOutput
+from rapo_echo.rewards.references import ReferenceStore, scenario_key
+from rapo_echo.types import Sample, Scenario
+
+log = logging.getLogger(__name__)
+DOMAINS = ("empathy", "chitchat")
+
+
+def _needs_judge(ctx: RewardContext, name: str) -> Any:
+    if ctx.judge is None:
+        raise ConfigError(f"rewards: the {name!r} reward needs a judge engine (config section 'judge')")
+    return ctx.judge
+
+
+def _check_mode(name: str, use_logprobs: str) -> None:
+    try:
+        check_logprobs_mode(f"rewards: {name}", use_logprobs)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _choice(name: str, key: str, value: str, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"rewards: {name}.{key}: got {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+class HumanlikeReward:
+    """Score = P(human) from the humanlike judge (:mod:`rapo_echo.judges.humanlike`)."""
+
+    name = "humanlike"
+
+    def __init__(
+        self,
+        ctx: RewardContext,
+        context_aware: bool = True,
+        reasoning: bool = False,
+        use_logprobs: str = "auto",
+        max_retries: int = 2,
+        max_new_tokens: int = 64,
+        seed: int = 0,
+    ) -> None:
+        _check_mode(self.name, use_logprobs)
+        self.judge = HumanlikeJudge(
+            _needs_judge(ctx, self.name),
+            context_aware=context_aware,
+            reasoning=reasoning,
+            use_logprobs=use_logprobs,
+            max_retries=max_retries,
+            max_new_tokens=max_new_tokens,
+            rng=random.Random(seed),
+        )
+
+    @property
+    def stats(self) -> Counter[str]:
+        return self.judge.stats
+
+    def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
+        scores = self.judge.score([(s.scenario.messages, s.text) for s in samples])
+        out = []
+        for sc in scores:
+            v = sc.verdict
+            info: dict[str, Any] = {"p_human": sc.p_human, "label": v.label, "source": v.mode}
+            if v.reasoning:
+                info["reasoning"] = v.reasoning
+            if sc.p_human is None:
+                info.update(invalid="unparseable verdict", raw=v.raw, attempts=v.attempts)
+            out.append(RewardOutput(sc.p_human, info=info))
+        return out
+
+
+class EmpathyReward:
+    """Reference-anchored empathy reward (see the module docstring; switches in the README)."""
+
+    name = "empathy"
+
+    def __init__(
+        self,
+        ctx: RewardContext,
+        outcome: str = "discrete",
+        order: str = "both",
+        process: bool = False,
+        needs: bool = True,
+        ties: bool = True,
+        reference: str = "auto",
+        reference_model: str = "judge",
+        reference_cache: str | None = None,
+        reference_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+        reference_max_new_tokens: int = 96,
+        reasoning: bool = False,
+        use_logprobs: str = "auto",
+        max_retries: int = 2,
+        max_new_tokens: int = 64,
+        need_tokens: int = 40,
+        show_profile: bool = False,
+        seed: int = 0,
+    ) -> None:
+        _check_mode(self.name, use_logprobs)
+        self.outcome = _choice(self.name, "outcome", outcome, ("discrete", "probability"))
+        self.order = _choice(self.name, "order", order, ("both", "random", "fixed"))
+        self.reference = _choice(self.name, "reference", reference, ("auto", "scenario", "model"))
+        self.process = process
+        self.needs = needs
+        self.ctx = ctx
+        self.judge = EmpathyJudge(
+            _needs_judge(ctx, self.name),
+            reasoning=reasoning,
+            use_logprobs=use_logprobs,
+            max_retries=max_retries,
+            max_new_tokens=max_new_tokens,
+            need_tokens=need_tokens,
+            ties=ties,
+            show_profile=show_profile,
+            rng=random.Random(seed),
+        )
+        self.rng = random.Random(seed + 1)
+        self.reference_model = reference_model
+        self.reference_cache = reference_cache
+        self.reference_system_prompt = reference_system_prompt
+        self.reference_max_new_tokens = reference_max_new_tokens
+        self._store: ReferenceStore | None = None
+        self._needs: dict[str, NeedAnalysis] = {}
+        self._process: dict[str, float] = {}
+        self._warned_unannotated = False
+
+    @property
+    def stats(self) -> Counter[str]:
+        return self.judge.stats
+
+    # ------------------------------------------------------------------ references
+    def store(self) -> ReferenceStore:
+        """The reference model's cache (built on first use; a model spec is loaded then)."""
+        if self._store is None:
+            roles = {"judge": self.ctx.judge, "policy": self.ctx.policy, "simulator": self.ctx.simulator}
+            if self.reference_model in roles:
+                engine = roles[self.reference_model]
+                if engine is None:
+                    raise ConfigError(
+                        f"rewards: empathy.reference_model: {self.reference_model!r} has no engine here"
+                    )
+            else:
+                from rapo_echo.engines.hf import HFEngine
+
+                engine = HFEngine.from_spec(self.reference_model, name="reference")
+            self._store = ReferenceStore(
+                engine,
+                self._cache_folder(),
+                system_prompt=self.reference_system_prompt,
+                max_new_tokens=self.reference_max_new_tokens,
+            )
+        return self._store
+
+    def _cache_folder(self) -> Path:
+        if self.reference_cache == "run":
+            if self.ctx.run_dir is None:
+                raise ConfigError("rewards: empathy.reference_cache: 'run' needs a training run directory")
+            return Path(self.ctx.run_dir) / "references"
+        if self.reference_cache:
+            return Path(self.reference_cache)
+        from rapo_echo.models import cache_dir
+
+        return cache_dir() / "references"
+
+    def references(self, scenarios: Sequence[Scenario]) -> list[tuple[str | None, str]]:
+        """(reference, source) per scenario: ``scenario`` (its own), ``model`` (cached or written now)
+        or ``none``."""
+        out: list[tuple[str | None, str]] = []
+        need_model = []
+        for i, sc in enumerate(scenarios):
+            own = sc.reference if sc.reference and sc.reference.strip() else None
+            if own is not None and self.reference != "model":
+                out.append((own, "scenario"))
+            else:
+                out.append((None, "none"))
+                if self.reference != "scenario":
+                    need_model.append(i)
+        if need_model:
+            written = self.store().get([scenarios[i] for i in need_model])
+            for i, text in zip(need_model, written):
+                if text:
+                    out[i] = (text, "model")
+        return out
+
+    # ------------------------------------------------------------------ needs and process
+    def _analyse(self, keys: Sequence[str], scenarios: Sequence[Scenario]) -> None:
+        todo = [(k, sc) for k, sc in zip(keys, scenarios) if k not in self._needs]
+        for (k, _), analysis in zip(todo, self.judge.analyse([sc for _, sc in todo])):
+            if analysis is not None:
+                self._needs[k] = analysis  # an invalid analysis is tried again next time
+
+    def _process_factors(self, keys: Sequence[str], scenarios: Sequence[Scenario]) -> None:
+        todo = [
+            (k, sc)
+            for k, sc in zip(keys, scenarios)
+            if k not in self._process and k in self._needs and annotated_axis(sc.profile) is not None
+        ]
+        if not todo:
+            return
+        verdicts = self.judge.dominant([sc for _, sc in todo], [self._needs[k] for k, _ in todo])
+        for (k, sc), v in zip(todo, verdicts):
+            factor = process_factor(v, annotated_axis(sc.profile))
+            if factor is not None:
+                self._process[k] = factor
+
+    # ------------------------------------------------------------------ scoring
+    def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
+        keys = [scenario_key(s.scenario) for s in samples]
+        unique = dict(zip(keys, (s.scenario for s in samples)))
+        u_keys, u_scen = list(unique), list(unique.values())
+        refs = dict(zip(u_keys, self.references(u_scen)))
+        if self.needs:
+            self._analyse(u_keys, u_scen)
+        if self.process:
+            self._process_factors(u_keys, u_scen)
+        infos: list[dict[str, Any]] = []
+        pairs: list[tuple[Scenario, NeedAnalysis | None, str, str]] = []
+        slots: list[list[tuple[int, str]]] = []  # per sample: (index into pairs, the policy's label)
+        for s, k in zip(samples, keys):
+            ref, source = refs[k]
+            info: dict[str, Any] = {"reference_source": source}
+            infos.append(info)
+            slots.append([])
+            if ref is None:
+                info["invalid"] = "no reference"
+                continue
+            needs = self._needs.get(k) if self.needs else None
+            if self.needs and needs is None:
+                info["invalid"] = "need analysis unparseable"
+                continue
+            for policy_first in self._orders():
+                a, b = (s.text, ref) if policy_first else (ref, s.text)
+                slots[-1].append((len(pairs), "A" if policy_first else "B"))
+                pairs.append((s.scenario, needs, a, b))
+        verdicts = self.judge.compare(pairs)
+        out = []
+        for s, k, info, slot in zip(samples, keys, infos, slots):
+            if not slot:
+                out.append(RewardOutput(None, info=info))
+                continue
+            values = [presentation_outcome(verdicts[j], label, self.outcome) for j, label in slot]
+            info["verdicts"] = [verdicts[j].label for j, _ in slot]
+            score = combine_presentations(values)
+            if score is None:
+                info["invalid"] = "unparseable verdict"
+                info["raw"] = [verdicts[j].raw for j, _ in slot]
+            info["outcome"] = score
+            if score is not None and self.process:
+                score = self._apply_process(s.scenario, k, score, info)
+            out.append(RewardOutput(score, info=info))
+        return out
+
+    def _orders(self) -> list[bool]:
+        """Presentations of one pair: True = the policy's reply is A."""
+        if self.order == "both":
+            return [True, False]
+        if self.order == "random":
+            return [self.rng.random() < 0.5]
+        return [True]
+
+    def _apply_process(self, scenario: Scenario, key: str, score: float, info: dict[str, Any]) -> float:
+        factor = self._process.get(key)
+        info["process"] = factor
+        if factor is not None:
+            return factor * score
+        reason = "no annotated need" if annotated_axis(scenario.profile) is None else "unparseable"
+        info["process_missing"] = reason
+        self.stats[f"process_missing/{reason}"] += 1
+        if not self._warned_unannotated:
+            self._warned_unannotated = True
+            log.warning(
+                "empathy: process term unavailable for scenario %s (%s); its outcome is used unscaled",
+                scenario.id,
+                reason,
+            )
+        return score
+
+
+def scenario_domain(scenario: Scenario, field: str, default: str) -> str:
+    """``empathy`` or ``chitchat`` from ``meta[field]``, then ``profile[field]``, else ``default``;
+    ``chit-chat`` / ``chit_chat`` / ``Chit chat`` are accepted."""
+    raw = scenario.meta.get(field, scenario.profile.get(field))
+    if raw is None:
+        return default
+    value = "".join(ch for ch in str(raw).lower() if ch.isalpha())
+    if value not in DOMAINS:
+        raise DataError(
+            f"scenario {scenario.id!r}: meta.{field}: got {raw!r}; expected one of {', '.join(DOMAINS)}"
+        )
+    return value
+
+
+class EchoN1Reward:
+    """Echo-N1's dual reward: routed by domain (default) or a weighted combination of both."""
+
+    name = "echo_n1"
+
+    def __init__(
+        self,
+        ctx: RewardContext,
+        mode: str = "route",
+        domain_field: str = "domain",
+        default_domain: str = "empathy",
+        weights: dict[str, float] | None = None,
+        humanlike: dict[str, Any] | None = None,
+        empathy: dict[str, Any] | None = None,
+    ) -> None:
+        self.mode = _choice(self.name, "mode", mode, ("route", "weighted"))
+        self.default_domain = _choice(self.name, "default_domain", default_domain, DOMAINS)
+        self.domain_field = domain_field
+        self.weights = {"empathy": 0.5, "humanlike": 0.5, **(weights or {})}
+        unknown = set(self.weights) - {"empathy", "humanlike"}
+        if unknown:
+            raise ConfigError(
+                f"rewards: echo_n1.weights: unknown keys {sorted(unknown)}; use empathy, humanlike"
+            )
+        try:
+            self.humanlike = HumanlikeReward(ctx, **(humanlike or {}))
+            self.empathy = EmpathyReward(ctx, **(empathy or {}))
+        except TypeError as exc:
+            raise ConfigError(f"rewards: echo_n1: bad humanlike / empathy args: {exc}") from exc
+
+    def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
+        domains = [scenario_domain(s.scenario, self.domain_field, self.default_domain) for s in samples]
+        if self.mode == "weighted":
+            emp, hum = self.empathy(samples), self.humanlike(samples)
+            out = []
+            for e, h in zip(emp, hum):
+                parts = (e.score, h.score)
+                score = None
+                if None not in parts:
+                    score = self.weights["empathy"] * e.score + self.weights["humanlike"] * h.score  # type: ignore[operator]
+                out.append(
+                    RewardOutput(
+                        score,
+                        info={
+                            "empathy": e.info | {"score": e.score},
+                            "humanlike": h.info | {"score": h.score},
+                        },
+                    )
+                )
+            return out
+        out_by: dict[int, RewardOutput] = {}
+        for domain, reward in (("empathy", self.empathy), ("chitchat", self.humanlike)):
+            idx = [i for i, d in enumerate(domains) if d == domain]
+            if idx:
+                for i, o in zip(idx, reward([samples[i] for i in idx])):
+                    out_by[i] = RewardOutput(o.score, o.critique, {"domain": domain, **o.info})
+        return [out_by[i] for i in range(len(samples))]

@@ -1,0 +1,138 @@
+"""Persona inference on the fly: from the dialogue so far, a short summary of who the person seems to be
+(traits), what they need, and the style of reply they would welcome.
+
+The summary goes into ``scenario.meta["persona"]`` (judges such as the empathy judge show it, fenced),
+and, with ``to_policy``, into the policy's system prompt (:func:`rapo_echo.prompting.persona_note`).
+It is inferred once per scenario and dialogue: results are cached by a hash of the scenario's id and
+messages, so the G replies of a group (and later steps on the same context) share one inference, and
+a dialogue that grew gets a new one. One batched engine call per step for the scenarios not cached:
+three prompts per scenario, each continuing one field (``Traits:``, ``Needs:``, ``Preferred style:``)
+for one line; an empty or garbled field is retried, then the scenario gets no persona this step
+(counted in ``stats``, tried again next step).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rapo_echo.engines.base import ChatEngine
+from rapo_echo.errors import ConfigError
+from rapo_echo.judges.base import generate_parsed
+from rapo_echo.judges.fencing import Fence
+from rapo_echo.judges.verdict import field_line
+from rapo_echo.prompting import PERSONA_KEY, PERSONA_PROMPT_KEY
+from rapo_echo.rewards.judge import render_dialogue
+from rapo_echo.rewards.references import scenario_key
+from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+
+FIELDS = {
+    "traits": "Traits",
+    "needs": "Needs",
+    "style": "Preferred style",
+}
+SYSTEM = (
+    "You read a conversation and describe the person who is talking to the supporter, from what they "
+    "said and how they said it: their traits (temperament, situation, how open they are), what they "
+    "need right now, and the style of reply they would welcome (length, tone, directness). You write one "
+    "short line about the field you are asked for, and you say nothing you cannot infer."
+)
+
+
+@dataclass
+class PersonaSummary:
+    """What the person seems like, one line per field."""
+
+    traits: str
+    needs: str
+    style: str
+
+    def text(self) -> str:
+        return "\n".join(f"{label}: {getattr(self, key)}" for key, label in FIELDS.items())
+
+
+class PersonaInference:
+    """Infers persona summaries with ``engine``, cached per scenario and dialogue."""
+
+    def __init__(
+        self,
+        engine: ChatEngine,
+        *,
+        to_policy: bool = True,
+        max_new_tokens: int = 40,
+        max_retries: int = 1,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_new_tokens < 1 or max_retries < 0:
+            raise ValueError("PersonaInference: max_new_tokens must be >= 1 and max_retries >= 0")
+        self.engine = engine
+        self.to_policy = to_policy
+        self.max_new_tokens = max_new_tokens
+        self.max_retries = max_retries
+        self.rng = rng if rng is not None else random.Random(0)
+        self.cache: dict[str, PersonaSummary] = {}
+        self.stats: Counter[str] = Counter()
+
+    @classmethod
+    def from_config(cls, cfg: Any, engines: Mapping[str, ChatEngine | None]) -> PersonaInference:
+        """From a ``persona`` config section; ``engines`` maps role names to the run's engines."""
+        engine = engines.get(cfg.engine)
+        if engine is None:
+            raise ConfigError(f"persona.engine: the run has no {cfg.engine!r} engine")
+        return cls(
+            engine, to_policy=cfg.to_policy, max_new_tokens=cfg.max_new_tokens, max_retries=cfg.max_retries
+        )
+
+    def prompt(self, scenario: Scenario, field: str, fence: Fence) -> Conversation:
+        """The prompt that continues one field's line (``Traits:`` ...)."""
+        dialogue = render_dialogue(scenario.messages) or "(nothing yet)"
+        user = (
+            "The conversation so far:\n"
+            + fence.block("DIALOGUE", dialogue)
+            + f"\n\nDescribe the person's {FIELDS[field].lower()} in one line."
+        )
+        return [
+            msg("system", SYSTEM + " " + fence.rules()),
+            msg("user", user),
+            msg("assistant", FIELDS[field] + ":"),
+        ]
+
+    def infer(self, scenarios: Sequence[Scenario]) -> list[PersonaSummary | None]:
+        """The persona of each scenario: cached, or inferred now (one batched call per attempt for the
+        distinct uncached dialogues); None where a field stayed unparseable."""
+        keys = [scenario_key(sc) for sc in scenarios]
+        todo: dict[str, Scenario] = {}
+        for key, sc in zip(keys, scenarios):
+            if key not in self.cache:
+                todo.setdefault(key, sc)
+        if todo:
+            fence = Fence(rng=self.rng)
+            prompts = [self.prompt(sc, field, fence) for sc in todo.values() for field in FIELDS]
+            params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, stop=("\n",))
+            retry = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.7, stop=("\n",))
+            parsed = generate_parsed(
+                self.engine, prompts, field_line, params, max_retries=self.max_retries, retry_params=retry
+            )
+            n = len(FIELDS)
+            for i, key in enumerate(todo):
+                values = [p.value for p in parsed[n * i : n * (i + 1)]]
+                self.stats["inferred"] += 1
+                if any(v is None for v in values):
+                    self.stats["invalid"] += 1
+                else:
+                    self.cache[key] = PersonaSummary(*values)  # type: ignore[arg-type]
+        return [self.cache.get(key) for key in keys]
+
+    def annotate(self, scenarios: Sequence[Scenario]) -> None:
+        """Write each scenario's persona into its ``meta`` (and mark it for the policy's prompt)."""
+        for sc, persona in zip(scenarios, self.infer(scenarios)):
+            if persona is None:
+                sc.meta.pop(PERSONA_KEY, None)
+                sc.meta.pop(PERSONA_PROMPT_KEY, None)
+                continue
+            sc.meta[PERSONA_KEY] = persona.text()
+            if self.to_policy:
+                sc.meta[PERSONA_PROMPT_KEY] = True
