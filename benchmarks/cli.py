@@ -24,12 +24,12 @@ def register(subparsers: Any) -> None:
 
     ev = subparsers.add_parser(
         "eval",
-        help="run a benchmark (esconv, esconv-ref, sotopia) on a policy",
+        help="run a benchmark (esconv, esconv-ref, sotopia, epm) on a policy",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ev.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
-    ev.add_argument("--policy", required=True, help="model spec or http(s):// endpoint of the policy")
+    ev.add_argument("--policy", help="model spec or http(s):// endpoint of the policy (required)")
     ev.add_argument(
         "--data",
         help="data file in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or "
@@ -69,6 +69,18 @@ def register(subparsers: Any) -> None:
     ev.add_argument(
         "--subset", choices=("all", "hard"), default="all", help="sotopia: all scenarios or the hard ones"
     )
+    ev.add_argument(
+        "--epm",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="epm: override an EPM constant (rapo_echo.epm.EpmConfig), e.g. --epm alpha=0.05",
+    )
+    ev.add_argument(
+        "--recompute",
+        metavar="DIR",
+        help="epm: recompute success and EPM-Q from published per-case result files in DIR (no models)",
+    )
     ev.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
     ev.add_argument("--device", default="auto")
     ev.set_defaults(func=run_eval_command)
@@ -101,6 +113,7 @@ def settings_from_args(args: argparse.Namespace) -> EvalSettings:
             system_prompt=args.system_prompt or None,
             batch_size=args.batch_size,
             subset=args.subset,
+            epm=epm_overrides(args.epm),
         )
     except ValueError as exc:
         from rapo_echo.errors import ConfigError
@@ -126,9 +139,30 @@ def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any
     return Roles(policy=policy, **others)
 
 
+def epm_overrides(items: list[str]) -> dict[str, Any]:
+    """``--epm KEY=VALUE`` flags as a mapping (values parsed as YAML scalars)."""
+    from rapo_echo.config import parse_override
+
+    return {".".join(key): value for key, value in (parse_override(t) for t in items)}
+
+
 def run_eval_command(args: argparse.Namespace) -> int:
     from rapo_echo.benchmarks.runner import get_benchmark, run_eval
+    from rapo_echo.errors import ConfigError
 
+    if args.recompute:
+        if args.benchmark != "epm":
+            raise ConfigError("--recompute works with --benchmark epm only")
+        from rapo_echo.benchmarks.epm_recompute import recompute
+
+        summary = recompute(args.recompute, args.output, epm_overrides(args.epm))
+        print(json.dumps(summary, indent=2))
+        print(f"results: {args.output}/results.jsonl  summary: {args.output}/summary.json")
+        return 0
+    if not args.policy:
+        raise ConfigError("eval: --policy is required (except with --recompute)")
+    if args.epm and args.benchmark != "epm":
+        raise ConfigError("--epm settings apply to --benchmark epm only")
     benchmark = get_benchmark(args.benchmark)
     settings = settings_from_args(args)
     specs = {"policy": args.policy, "simulator": args.simulator, "judge": args.judge}

@@ -201,6 +201,11 @@ class EpmConfig(Strict):
     )
     stage_every: int = Field(3, ge=1, description="schedule director: a new story stage every N turns")
     judge_history_turns: int = Field(6, ge=0, description="earlier turns the MDEP judge sees as context")
+    recompute_from: Literal["stored", "levels"] = Field(
+        "stored",
+        description="--recompute: per-step values as the result files store them, or recomputed from the "
+        "MDEP levels",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> EpmConfig:
