@@ -527,3 +527,17 @@ def test_eval_cli_recompute_and_epm_flags(tmp_path, capsys):
     assert code == 2 and "epm.rho_max" in capsys.readouterr().err  # refused before any model loads
     code = main(["eval", "--benchmark", "epm", "--output", str(out)])
     assert code == 2 and "--policy is required" in capsys.readouterr().err
+
+
+def test_report_draws_trajectories_and_the_epmq_table(tmp_path):
+    from rapo_echo.benchmarks.report import build_report
+
+    run(tmp_path, engines(), settings(min_turns=3), limit=2, name="live")
+    synthetic_results(tmp_path / "run")
+    recompute(tmp_path / "run", tmp_path / "recomputed", {"min_turns": 2})
+    html_path, md_path = build_report([tmp_path / "live", tmp_path / "recomputed"], tmp_path / "report")
+    page = html_path.read_text()
+    assert "<h2>EPM</h2>" in page and page.count('alt="EPM trajectories of') == 2
+    md = md_path.read_text()
+    assert "| policy | success | EPM-Q | Outcome | Efficiency | Stability | RDI |" in md
+    assert "| made-up-model | 50.0 % |" in md and "| scripted | 100.0 % |" in md
