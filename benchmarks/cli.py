@@ -33,20 +33,27 @@ def register(subparsers: Any) -> None:
     ev.add_argument(
         "--data",
         help="data file in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or "
-        "folder; default for sotopia: the bundled English scenarios)",
+        "folder; EPM persona cards or EMPA's case folder; default for sotopia and epm: the bundled "
+        "English scenarios)",
     )
     ev.add_argument(
-        "--simulator", default="default", help="seeker / partner model spec, or 'policy' (default: default)"
+        "--simulator",
+        default="default",
+        help="seeker / partner / EPM user and director model spec, or 'policy' (default: default)",
     )
     ev.add_argument(
-        "--judge", default="default", help="critic / evaluator model spec, or 'policy' (default: default)"
+        "--judge",
+        default="default",
+        help="critic / evaluator / EPM rater model spec, or 'policy' (default: default)",
     )
     ev.add_argument("--limit", type=int, help="only the first N cases")
     ev.add_argument(
         "--output", required=True, help="output folder (results.jsonl, summary.json); resumes if it exists"
     )
     ev.add_argument("--batch-size", type=int, default=8, help="cases run in lockstep per batch (default 8)")
-    ev.add_argument("--max-turns", type=int, help="episode length limit (default: esconv 8, sotopia 20)")
+    ev.add_argument(
+        "--max-turns", type=int, help="episode length limit (default: esconv 8, sotopia 20, epm 45)"
+    )
     ev.add_argument(
         "--max-new-tokens", type=int, default=128, help="reply length limit for policy and simulator"
     )
