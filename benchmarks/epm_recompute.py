@@ -73,11 +73,21 @@ def read_result(path: Path) -> dict[str, Any]:
     if not isinstance(traj, list) or not traj:
         raise DataError(f"{path}: epj.trajectory: missing or empty; is this an EMPA result file?")
     for i, point in enumerate(traj):
+        if not isinstance(point, dict):
+            raise DataError(f"{path}: epj.trajectory[{i}]: expected an object")
         for key in ("turn", "P_t", "v_t"):
             if key not in point:
                 raise DataError(f"{path}: epj.trajectory[{i}].{key}: missing")
-        if len(point["P_t"]) != 3 or len(point["v_t"]) != 3:
-            raise DataError(f"{path}: epj.trajectory[{i}]: P_t and v_t must have three components (C, A, P)")
+        for key in ("P_t", "v_t"):
+            vec = point[key]
+            if (
+                not isinstance(vec, list)
+                or len(vec) != 3
+                or not all(isinstance(x, (int, float)) for x in vec)
+            ):
+                raise DataError(
+                    f"{path}: epj.trajectory[{i}].{key}: expected three numbers (C, A, P), got {vec!r}"
+                )
     if not isinstance(data.get("total_turns"), int):
         raise DataError(f"{path}: total_turns: missing or not an integer")
     return data

@@ -493,6 +493,11 @@ def test_published_verdict_reading_and_bad_files(tmp_path):
     (tmp_path / "bad" / "script_x_result.json").write_text('{"total_turns": 3, "epj": {"trajectory": []}}')
     with pytest.raises(DataError, match="epj.trajectory: missing or empty"):
         recompute(tmp_path / "bad", tmp_path / "o")
+    (tmp_path / "bad" / "script_x_result.json").write_text(
+        '{"total_turns": 3, "epj": {"trajectory": [{"turn": 0, "P_t": [1, 2], "v_t": [0, 0, 0]}]}}'
+    )
+    with pytest.raises(DataError, match=r"trajectory\[0\]\.P_t: expected three numbers"):
+        recompute(tmp_path / "bad", tmp_path / "o")
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"no \*_result\.json files"):
         recompute(tmp_path / "empty", tmp_path / "o")
