@@ -1,9 +1,10 @@
 """The EPM director: decides, after every turn, what the simulated person does next.
 
-Actions (our reduction of the published director's function calls): ``reveal`` the next story stage,
-bring back a ``memory``, ``wait`` (no new material) or ``end`` the conversation. ``end`` counts only
-from ``min_turns`` on (the published rule); ``reveal`` with no stage left and ``memory`` with none
-left become ``wait``. The ``llm`` director reads the action from the label probabilities of its model
+Actions (our reduction of the published director's function calls): ``story`` (reveal the next story
+stage), bring back a ``memory``, ``wait`` (no new material) or ``end`` the conversation; one word each,
+single tokens in common vocabularies, so label probabilities need one forward pass. ``end`` counts only
+from ``min_turns`` on (the published rule); ``story`` with no stage left and ``memory`` with none left
+become ``wait``. The ``llm`` director reads the action from the label probabilities of its model
 (or parses it from text, with retries; an unparseable answer is counted and taken as ``wait``); the
 ``schedule`` director reveals a stage every ``stage_every`` turns and never ends.
 """
@@ -18,7 +19,7 @@ from rapo_echo.judges.fencing import Fence
 from rapo_echo.simulators.epm_user import PersonaCard, Turn, render_dialogue
 from rapo_echo.types import Conversation, msg
 
-ACTIONS = ("reveal", "memory", "wait", "end")
+ACTIONS = ("story", "memory", "wait", "end")
 DIRECTOR_SYSTEM = (
     "You direct a role-play in which a simulated person talks with a companion. After each exchange you "
     "decide what the person does next so that their story unfolds like a real conversation: reveal the "
@@ -68,7 +69,8 @@ def director_prompt(
         f"The person is {card.name}. Their story, in stages:\n{fence.block('PLAN', plan)}\n"
         f"Memories not yet used: {left}.\n\n"
         f"The conversation so far:\n{fence.block('DIALOGUE', render_dialogue(turns, card.name))}\n\n"
-        f"{status}\n\nWhat should the person do next? Answer with one word: reveal, memory, wait or end."
+        f"{status}\n\nWhat should the person do next? Answer with one word: story (reveal the next stage), "
+        "memory, wait or end."
     )
     return [msg("system", DIRECTOR_SYSTEM + " " + fence.rules()), msg("user", body)]
 
@@ -76,16 +78,16 @@ def director_prompt(
 def apply_action(
     action: str, card: PersonaCard, state: DirectorState, turn: int, min_turns: int
 ) -> tuple[str, tuple[str, str] | None]:
-    """The action that takes effect (``end`` before ``min_turns`` and exhausted reveals/memories become
+    """The action that takes effect (``end`` before ``min_turns`` and exhausted stages/memories become
     ``wait``) and the note for the person's next message."""
     if action == "end" and turn < min_turns:
         action = "wait"
-    if action == "reveal" and state.stages_released >= len(card.stages):
+    if action == "story" and state.stages_released >= len(card.stages):
         action = "wait"
     if action == "memory" and state.memories_released >= len(card.memories):
         action = "wait"
     note: tuple[str, str] | None = None
-    if action == "reveal":
+    if action == "story":
         stage = card.stages[state.stages_released]
         state.stages_released += 1
         note = (REVEAL_NOTE, f"{stage.title}: {stage.content}" if stage.title else stage.content)
@@ -96,5 +98,5 @@ def apply_action(
 
 
 def scheduled_action(turn: int, every: int) -> str:
-    """The schedule director's action after ``turn``: reveal every ``every`` turns, else wait."""
-    return "reveal" if turn % every == 0 else "wait"
+    """The schedule director's action after ``turn``: a story stage every ``every`` turns, else wait."""
+    return "story" if turn % every == 0 else "wait"

@@ -62,7 +62,7 @@ def test_parse_mdep_reads_progress_and_regress_per_axis():
 
 
 def test_director_action_and_user_reply_cleaning():
-    assert parse_action("I think they should REVEAL the next part, not wait.") == "reveal"
+    assert parse_action("I think: STORY, the next part, not wait.") == "story"
     assert parse_action("wait") == "wait" and parse_action("nothing") is None
     assert (
         clean_user_reply("Maya: I just feel tired.\nCompanion: I hear you.", "Maya") == "I just feel tired."
@@ -97,10 +97,10 @@ def test_user_prompt_fences_card_dialogue_and_story():
 def test_director_actions_release_stages_in_order_and_end_only_from_min_turns():
     state = DirectorState()
     assert apply_action("end", CARD, state, 3, 12) == ("wait", None)
-    action, note = apply_action("reveal", CARD, state, 3, 12)
-    assert action == "reveal" and note[1] == "First: She lost the keys." and state.stages_released == 1
-    assert apply_action("reveal", CARD, state, 4, 12)[1][1] == "Second: She cried in the car."
-    assert apply_action("reveal", CARD, state, 5, 12)[0] == "wait"  # no stage left
+    action, note = apply_action("story", CARD, state, 3, 12)
+    assert action == "story" and note[1] == "First: She lost the keys." and state.stages_released == 1
+    assert apply_action("story", CARD, state, 4, 12)[1][1] == "Second: She cried in the car."
+    assert apply_action("story", CARD, state, 5, 12)[0] == "wait"  # no stage left
     assert apply_action("memory", CARD, state, 6, 12)[1][1] == "A memory of the sea."
     assert apply_action("memory", CARD, state, 7, 12)[0] == "wait"
     assert apply_action("end", CARD, state, 12, 12) == ("end", None)
@@ -123,7 +123,7 @@ def test_judge_logprob_mode_one_call_for_every_indicator_of_every_case():
     def choice(prompt, options):
         text = prompt_text(prompt)
         level = 2 if "regress" in text.split("Rate ")[-1] else 1  # severity 2 -> level -2
-        return {o: (0.0 if o == f" {level}" else -3.0) for o in options}
+        return {o: (0.0 if o == str(level) else -3.0) for o in options}
 
     engine = ScriptedEngine(default="unused", choice_fn=choice)
     judge = EpmJudge(engine, PARAMS)
@@ -137,10 +137,10 @@ def test_judge_logprob_mode_one_call_for_every_indicator_of_every_case():
         1 / (1 + 2 * math.exp(-3))
     )
     calls = [c for c in engine.calls if c["method"] == "choice_logprobs"]
-    assert len(calls) == 1 and len(calls[0]["prompts"]) == 12 and calls[0]["options"] == [" 0", " 1", " 2"]
-    # a case's prompts share its fence marker (one prefix to prefill) and end in the assistant prefix
+    assert len(calls) == 1 and len(calls[0]["prompts"]) == 12 and calls[0]["options"] == ["0", "1", "2"]
+    # a case's prompts share its fence marker (one prefix to prefill) and ask for one digit
     first, second = calls[0]["prompts"][0], calls[0]["prompts"][1]
-    assert first[-1] == {"role": "assistant", "content": "Level:"}
+    assert first[-1]["role"] == "user" and first[-1]["content"].endswith("one digit and nothing else.")
     assert first[1]["content"].split("Rate ")[0] == second[1]["content"].split("Rate ")[0]
     assert "<<<LATEST" in first[1]["content"] and "Companion: y" in first[1]["content"]
 
@@ -163,7 +163,7 @@ def engines(mdep=GOOD, director="wait", user="I still feel lost.", iedr=IEDR_TEX
 
     def sim(prompt):
         text = prompt_text(prompt)
-        if "Answer with one word: reveal" in text:
+        if "Answer with one word: story" in text:
             return director(text) if callable(director) else director
         return user
 
@@ -233,7 +233,7 @@ def test_director_releases_stages_and_can_end_the_conversation(tmp_path):
 
     def director(text):
         turn = text.count("Companion:")
-        return "end" if turn >= 4 else "reveal"
+        return "end" if turn >= 4 else "story"
 
     roles = engines(mdep=NEUTRAL, director=director)
     original = roles.simulator.fn
@@ -246,7 +246,7 @@ def test_director_releases_stages_and_can_end_the_conversation(tmp_path):
     _, records = run(tmp_path, roles, settings(min_turns=4), limit=1)
     r = records[0]
     assert r["info"]["end"] == "director_end" and r["metrics"]["turns"] == 4
-    assert [t.get("director") for t in r["info"]["turn_log"]] == ["reveal", "reveal", "reveal", "end"]
+    assert [t.get("director") for t in r["info"]["turn_log"]] == ["story", "story", "story", "end"]
     user_prompts = [t for t in seen if "next message only" in t]
     assert "The template" in user_prompts[1] and "Reading the review" in user_prompts[2]  # stage order
 
@@ -257,7 +257,7 @@ def test_schedule_director_and_case_iedr(tmp_path):
     _, records = run(tmp_path, roles, s, limit=1)
     r = records[0]
     assert r["info"]["iedr"]["source"] == "case" and r["info"]["p0"] == [-14.0, -9.0, -9.0]  # the card's own
-    assert [t.get("director") for t in r["info"]["turn_log"]] == ["wait", "reveal", None]
+    assert [t.get("director") for t in r["info"]["turn_log"]] == ["wait", "story", None]
     assert not any("one word" in prompt_text(p) for c in roles.simulator.calls for p in c["prompts"])
 
 

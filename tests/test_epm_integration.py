@@ -45,7 +45,7 @@ def test_epm_on_the_embedded_model(smol_engine, tmp_path):
     assert r["valid"] and r["info"]["iedr"]["source"] == "judge" and r["info"]["iedr"]["mode"] == "logprobs"
     assert all(t["mdep"]["mode"] == "logprobs" for t in r["info"]["turn_log"])
     assert len(r["info"]["trajectory"]) == 3 and r["info"]["end"] == "timeout"  # no verdict before turn 12
-    assert r["info"]["turn_log"][0]["director"] in ("reveal", "memory", "wait")  # "end" waits for turn 12
+    assert r["info"]["turn_log"][0]["director"] in ("story", "memory", "wait")  # "end" waits for turn 12
     assert [t["role"] for t in r["transcript"]] == ["Ana", "companion", "Ana", "companion"]
     assert all(0.0 <= r["metrics"][k] < 1000.0 for k in INDEX_KEYS) and r["metrics"]["success"] == 0.0
     assert summary["metrics"]["success_rate"] == 0.0 and summary["metrics"]["epmq"] is not None

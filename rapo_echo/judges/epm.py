@@ -5,10 +5,11 @@ The forms and their mappings are in :mod:`rapo_echo.epm`; this module writes the
 wording of the published method, calibrated to be strict) and reads the levels back:
 
 * Log-prob mode (the engine exposes log-probs; ``use_logprobs`` auto/always): one prompt per
-  indicator, ending in the assistant prefix ``Level:``; the level is the most probable of the options
-  `` 0``, `` 1``, ... (regress is asked as a severity 0/1/2 and stored as 0/-1/-2). All indicators of
-  all cases go in one ``choice_logprobs`` call. A case whose options all have probability 0 falls back
-  to text.
+  indicator asking for one digit; the level is the most probable of the options ``0``, ``1``, ... as
+  the reply's first token (digits are single tokens in common vocabularies, and a reply starts without
+  a space, so each prompt needs one forward pass). Regress is asked as a severity 0/1/2 and stored as
+  0/-1/-2. All indicators of all cases go in one ``choice_logprobs`` call. A case whose options all
+  have probability 0 falls back to text.
 * Text mode: one prompt per case asking for every indicator on its own line (``C.1: 2`` /
   ``C progress: 1`` / ``C regress: -1``); a reply missing one, or giving an out-of-range level, is
   asked again (sampled), then the form is invalid: ``levels`` None, counted by the caller, never
@@ -34,7 +35,6 @@ from rapo_echo.types import Conversation, SamplingParams, msg
 
 Turn = tuple[str, str]  # (speaker, text); speaker "user" or "companion"
 
-LEVEL_PREFIX = "Level:"
 SYSTEM = (
     "You are a strict clinical rater of empathic conversations. A person talks with a companion. You "
     "rate, on fixed scales, how much the person needs to feel understood (C, cognitive), resonated with "
@@ -164,12 +164,8 @@ class EpmJudge:
         if question is None:
             body += "Answer with exactly nine lines, one per indicator, like 'C.1: 2'."
             return [msg("system", SYSTEM + " " + fence.rules()), msg("user", body)]
-        body += f"Rate {question} only. Answer with the level only."
-        return [
-            msg("system", SYSTEM + " " + fence.rules()),
-            msg("user", body),
-            msg("assistant", LEVEL_PREFIX),
-        ]
+        body += f"Rate {question} only. Answer with that one digit and nothing else."
+        return [msg("system", SYSTEM + " " + fence.rules()), msg("user", body)]
 
     def mdep_prompt(
         self,
@@ -191,12 +187,8 @@ class EpmJudge:
         if question is None:
             body += "Answer with exactly six lines like 'C progress: 1' and 'C regress: -1', for C, A and P."
             return [msg("system", SYSTEM + " " + fence.rules()), msg("user", body)]
-        body += f"Rate {question} only. Answer with the level only."
-        return [
-            msg("system", SYSTEM + " " + fence.rules()),
-            msg("user", body),
-            msg("assistant", LEVEL_PREFIX),
-        ]
+        body += f"Rate {question} only. Answer with that one digit and nothing else."
+        return [msg("system", SYSTEM + " " + fence.rules()), msg("user", body)]
 
     # ------------------------------------------------------------------ forms
     def fill_iedr(self, cards: Sequence[str]) -> list[EpmForm]:
@@ -242,7 +234,7 @@ class EpmJudge:
         if n and wants_logprobs(self.engine, self.use_logprobs):
             text_cases = []
             width = max(len(levels) for _, _, levels in questions)
-            options = [f" {i}" for i in range(width)]
+            options = [str(i) for i in range(width)]
             prompts = [prompt(c, q, fences[c]) for c in range(n) for _, q, _ in questions]
             rows = self.engine.choice_logprobs(prompts, options)
             for c in range(n):
