@@ -24,29 +24,36 @@ def register(subparsers: Any) -> None:
 
     ev = subparsers.add_parser(
         "eval",
-        help="run a benchmark (esconv, esconv-ref, sotopia) on a policy",
+        help="run a benchmark (esconv, esconv-ref, sotopia, epm) on a policy",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ev.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
-    ev.add_argument("--policy", required=True, help="model spec or http(s):// endpoint of the policy")
+    ev.add_argument("--policy", help="model spec or http(s):// endpoint of the policy (required)")
     ev.add_argument(
         "--data",
         help="data file in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or "
-        "folder; default for sotopia: the bundled English scenarios)",
+        "folder; EPM persona cards or EMPA's case folder; default for sotopia and epm: the bundled "
+        "English scenarios)",
     )
     ev.add_argument(
-        "--simulator", default="default", help="seeker / partner model spec, or 'policy' (default: default)"
+        "--simulator",
+        default="default",
+        help="seeker / partner / EPM user and director model spec, or 'policy' (default: default)",
     )
     ev.add_argument(
-        "--judge", default="default", help="critic / evaluator model spec, or 'policy' (default: default)"
+        "--judge",
+        default="default",
+        help="critic / evaluator / EPM rater model spec, or 'policy' (default: default)",
     )
     ev.add_argument("--limit", type=int, help="only the first N cases")
     ev.add_argument(
         "--output", required=True, help="output folder (results.jsonl, summary.json); resumes if it exists"
     )
     ev.add_argument("--batch-size", type=int, default=8, help="cases run in lockstep per batch (default 8)")
-    ev.add_argument("--max-turns", type=int, help="episode length limit (default: esconv 8, sotopia 20)")
+    ev.add_argument(
+        "--max-turns", type=int, help="episode length limit (default: esconv 8, sotopia 20, epm 45)"
+    )
     ev.add_argument(
         "--max-new-tokens", type=int, default=128, help="reply length limit for policy and simulator"
     )
@@ -68,6 +75,18 @@ def register(subparsers: Any) -> None:
     )
     ev.add_argument(
         "--subset", choices=("all", "hard"), default="all", help="sotopia: all scenarios or the hard ones"
+    )
+    ev.add_argument(
+        "--epm",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="epm: override an EPM constant (rapo_echo.epm.EpmConfig), e.g. --epm alpha=0.05",
+    )
+    ev.add_argument(
+        "--recompute",
+        metavar="DIR",
+        help="epm: recompute success and EPM-Q from published per-case result files in DIR (no models)",
     )
     ev.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
     ev.add_argument("--device", default="auto")
@@ -101,6 +120,7 @@ def settings_from_args(args: argparse.Namespace) -> EvalSettings:
             system_prompt=args.system_prompt or None,
             batch_size=args.batch_size,
             subset=args.subset,
+            epm=epm_overrides(args.epm),
         )
     except ValueError as exc:
         from rapo_echo.errors import ConfigError
@@ -126,9 +146,30 @@ def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any
     return Roles(policy=policy, **others)
 
 
+def epm_overrides(items: list[str]) -> dict[str, Any]:
+    """``--epm KEY=VALUE`` flags as a mapping (values parsed as YAML scalars)."""
+    from rapo_echo.config import parse_override
+
+    return {".".join(key): value for key, value in (parse_override(t) for t in items)}
+
+
 def run_eval_command(args: argparse.Namespace) -> int:
     from rapo_echo.benchmarks.runner import get_benchmark, run_eval
+    from rapo_echo.errors import ConfigError
 
+    if args.recompute:
+        if args.benchmark != "epm":
+            raise ConfigError("--recompute works with --benchmark epm only")
+        from rapo_echo.benchmarks.epm_recompute import recompute
+
+        summary = recompute(args.recompute, args.output, epm_overrides(args.epm))
+        print(json.dumps(summary, indent=2))
+        print(f"results: {args.output}/results.jsonl  summary: {args.output}/summary.json")
+        return 0
+    if not args.policy:
+        raise ConfigError("eval: --policy is required (except with --recompute)")
+    if args.epm and args.benchmark != "epm":
+        raise ConfigError("--epm settings apply to --benchmark epm only")
     benchmark = get_benchmark(args.benchmark)
     settings = settings_from_args(args)
     specs = {"policy": args.policy, "simulator": args.simulator, "judge": args.judge}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.benchmarks.epm_report import epm_section, epmq_table
 from rapo_echo.benchmarks.plots import grouped_bars, training_curves
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
 from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
@@ -232,6 +233,7 @@ def render_html(
             "and Distinct in percent; SOTOPIA dimensions on their own ranges, overall = mean of seven.</p>"
         )
         parts.extend(_figures(evals))
+        parts.extend(epm_section(evals, _html_table, _img))
     if runs:
         png, left_out = training_curves({r.path.name: r.rows for r in runs})
         parts.append("<h2>Training curves</h2>")
@@ -286,6 +288,9 @@ def build_report(
     if evals:
         header, rows = comparison_table(evals)
         md += markdown_table(header, rows)
+        epm = [e for e in evals if e.benchmark == "epm"]
+        if epm:
+            md += "\nEPM-Q\n\n" + markdown_table(*epmq_table(epm))
     if runs:
         header, rows = summary_table(runs)
         md += ("\n" if evals else "") + markdown_table(header, rows)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles
+from rapo_echo.benchmarks.epm import Epm
 from rapo_echo.benchmarks.esconv_interactive import EsconvInteractive
 from rapo_echo.benchmarks.esconv_reference import EsconvReference
 from rapo_echo.benchmarks.results import (
@@ -34,13 +35,18 @@ from rapo_echo.rundir import DirLock, check_writable
 
 log = logging.getLogger(__name__)
 
-BENCHMARKS: dict[str, type] = {"esconv": EsconvInteractive, "esconv-ref": EsconvReference, "sotopia": Sotopia}
+BENCHMARKS: dict[str, type] = {
+    "esconv": EsconvInteractive,
+    "esconv-ref": EsconvReference,
+    "sotopia": Sotopia,
+    "epm": Epm,
+}
 # settings that do not change what a case's result means, so they may differ when resuming
 RESUME_FREE = ("batch_size",)
 
 
 def get_benchmark(name: str) -> Benchmark:
-    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``)."""
+    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``, ``epm``)."""
     if name not in BENCHMARKS:
         raise ConfigError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
     return BENCHMARKS[name]()

@@ -159,8 +159,8 @@ def test_limit_and_bad_limit(tmp_path):
             data=data,
             limit=0,
         )
-    with pytest.raises(ConfigError, match="unknown benchmark 'epm'"):
-        get_benchmark("epm")
+    with pytest.raises(ConfigError, match="unknown benchmark 'nope'"):
+        get_benchmark("nope")
 
 
 def test_a_benchmark_that_forgets_a_case_is_an_error(tmp_path):

@@ -1,0 +1,100 @@
+"""The EPM benchmark's simulated user: a person from a persona card who tells a staged story.
+
+A card holds who the person is (outer persona and inner core), their empathy threshold (a high one
+means generic comfort leaves them cold), what they want to talk about, what kind of understanding
+they hope for, their need priorities for cognitive / affective / proactive empathy, background and
+current situation, a story in stages (released one at a time by the director,
+:mod:`rapo_echo.simulators.epm_director`) and memories. The simulator LLM plays the person: it sees its
+card, the dialogue so far and the director's note for this turn, all inside fenced blocks, and writes
+the person's next message.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rapo_echo.judges.fencing import Fence
+from rapo_echo.types import Conversation, msg
+
+USER = "user"
+COMPANION = "companion"
+Turn = tuple[str, str]  # (USER or COMPANION, text)
+
+USER_SYSTEM = (
+    "You play a real person in a chat with a companion, a friend-like listener. You are not an "
+    "assistant and you never help the companion. Speak as the person on your card, in the first person, "
+    "in one to three plain spoken sentences. Let your story come out gradually, never all at once. Your "
+    "empathy threshold decides how easily you open up: with a high threshold, generic comfort or advice "
+    "leaves you cold and you say so. React honestly to what the companion just said, and never repeat a "
+    "sentence you already said."
+)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One part of the person's story, released by the director."""
+
+    title: str
+    content: str
+
+
+@dataclass(frozen=True)
+class PersonaCard:
+    """A simulated person: ``card`` is the text the simulator and the judge read; ``stages`` and
+    ``memories`` are released over the dialogue; ``iedr`` are the case's own initial-deficit levels
+    (None: the judge fills them); ``meta`` carries labels for breakdowns (dominant axis, difficulty,
+    threshold, category, source)."""
+
+    id: str
+    name: str
+    card: str
+    stages: tuple[Stage, ...] = ()
+    memories: tuple[str, ...] = ()
+    opening: str | None = None
+    iedr: dict[str, int] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def render_dialogue(turns: Sequence[Turn], name: str) -> str:
+    """``Name: text`` / ``Companion: text`` lines."""
+    return "\n".join(f"{name if who == USER else 'Companion'}: {text}" for who, text in turns)
+
+
+def user_prompt(
+    card: PersonaCard,
+    turns: Sequence[Turn],
+    note: tuple[str, str] | None = None,
+    *,
+    rng: random.Random | None = None,
+) -> Conversation:
+    """The simulator's prompt for the person's next message. ``note`` is the director's
+    ``(instruction, material)`` for this turn: the instruction is ours, the material (a story stage or
+    memory from the case file) goes inside a fence."""
+    fence = Fence(rng=rng)
+    body = f"Your card:\n{fence.block('CARD', card.card)}\n\n"
+    if turns:
+        body += f"The conversation so far:\n{fence.block('DIALOGUE', render_dialogue(turns, card.name))}\n\n"
+    else:
+        opening = f" about {card.opening}" if card.opening else ""
+        body += f"Nothing has been said yet: you start the conversation{opening}.\n\n"
+    if note is not None:
+        instruction, material = note
+        body += f"{instruction}\n{fence.block('STORY', material)}\n\n"
+    body += f"Write {card.name}'s next message only."
+    return [msg("system", USER_SYSTEM + " " + fence.rules()), msg("user", body)]
+
+
+def clean_user_reply(text: str, name: str) -> str:
+    """The person's message: a leading ``Name:`` tag dropped, cut where the model starts writing the
+    companion's (or a new ``Name:``) line, surrounding quotes and whitespace stripped."""
+    text = text.strip()
+    own = re.compile(rf"^\s*(?:{re.escape(name)}|user|me)\s*:\s*", re.I)
+    text = own.sub("", text, count=1)
+    cut = re.search(rf"(?:^|\n|\s)(?:Companion|Assistant|{re.escape(name)})\s*:", text, re.I)
+    if cut:
+        text = text[: cut.start()]
+    return text.strip().strip('"').strip()
