@@ -22,8 +22,8 @@ from rapo_echo.errors import ConfigError
 from rapo_echo.openrlhf.agent import AGENT_SETTINGS, write_agent_settings
 from rapo_echo.openrlhf.dataset import write_profiles, write_prompts
 from rapo_echo.openrlhf.reward_runtime import default_invalid_reward
-from rapo_echo.openrlhf.sage_user import SageSettings
 from rapo_echo.openrlhf.template import ChatMarkers
+from rapo_echo.simulators.sage import SageSettings
 
 CONFIG_FILE = "run_config.yaml"
 TOKENIZER_DIR = "tokenizer"
