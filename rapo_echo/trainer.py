@@ -49,7 +49,7 @@ from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.models import autocast_dtype
-from rapo_echo.policy import Policy, pad_left_aligned
+from rapo_echo.policy import VALUE_HEAD_FILE, Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 
 log = logging.getLogger(__name__)
@@ -355,7 +355,8 @@ class Trainer:
         full = self.accelerator.get_state_dict(self.scorer)
         if self.is_main:
             lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
-            self.policy.save(folder, merged=False, state_dict=lm_state)
+            head = {k[len("value_head.") :]: v for k, v in full.items() if k.startswith("value_head.")}
+            self.policy.save(folder, merged=False, state_dict=lm_state, value_state=head or None)
 
     def _progress(self) -> Any:
         if not (self.is_main and self.cfg.logging.progress):
@@ -434,7 +435,8 @@ class Trainer:
 
     def _scoring_batches(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
         for mb in length_grouped(items, self.cfg.train.micro_batch_size):
-            yield mb, self.policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb])
+            masks = [it.loss_mask for it in mb]
+            yield mb, self.policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb], masks)
 
     def _fill_reference(self, items: list[TrainItem]) -> None:
         """Reference log-probs of the policy-gradient items (the KL term is taken on those only)."""
@@ -473,7 +475,7 @@ class Trainer:
         return MicroBatch(
             items=mb,
             batch=batch,
-            mask=batch.target_mask.to(dev),
+            mask=batch.loss_mask.to(dev),
             old_logp=old.to(dev),
             ref_logp=ref,
             advantages=torch.tensor([it.advantage for it in mb], dtype=torch.float32, device=dev),
@@ -662,8 +664,10 @@ def load_model_weights(policy: Policy, folder: Path) -> None:
         if not path.is_file():
             raise RapoEchoError(f"checkpoint {folder} holds no adapter_model.safetensors")
         set_peft_model_state_dict(policy.lm, load_file(str(path)))
+        _load_value_head(policy, folder)
         return
-    files = sorted(folder.glob("*.safetensors"))
+    _load_value_head(policy, folder)
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != VALUE_HEAD_FILE)
     if not files:
         raise RapoEchoError(f"checkpoint {folder} holds no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
@@ -677,6 +681,21 @@ def load_model_weights(policy: Policy, folder: Path) -> None:
             f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
+
+
+def _load_value_head(policy: Policy, folder: Path) -> None:
+    """Restore a PPO value head saved beside the checkpoint's weights."""
+    head = policy.scorer.value_head
+    if head is None:
+        return
+    from safetensors.torch import load_file
+
+    path = folder / VALUE_HEAD_FILE
+    if not path.is_file():
+        raise RapoEchoError(
+            f"checkpoint {folder} holds no {VALUE_HEAD_FILE}, but this run trains a value head"
+        )
+    head.load_state_dict(load_file(str(path)))
 
 
 def run_training(cfg: RunConfig, *, resume: bool = False) -> Path:

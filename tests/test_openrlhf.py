@@ -21,10 +21,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import load_config
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError, DataError, RapoEchoError
-from rapo_echo.openrlhf.template import ChatMarkers
 from rapo_echo.simulators.sage import SageProfile
 from rapo_echo.types import msg
 
@@ -145,7 +145,7 @@ def test_unsupported_template_is_a_clear_error():
         def apply_chat_template(self, conv, tokenize=False, add_generation_prompt=False):
             return " ".join(m["content"] for m in conv)
 
-    with pytest.raises(ConfigError, match="not supported by the OpenRLHF text bridge"):
+    with pytest.raises(ConfigError, match="not supported for multi-turn token building"):
         ChatMarkers.from_tokenizer(Plain())
 
 

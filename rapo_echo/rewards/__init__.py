@@ -30,6 +30,7 @@ BUILTINS = {
     "length": "rapo_echo.rewards.builtin:LengthReward",
     "format": "rapo_echo.rewards.builtin:FormatReward",
     "question": "rapo_echo.rewards.builtin:QuestionReward",
+    "think_format": "rapo_echo.rewards.builtin:ThinkFormatReward",
     "judge": "rapo_echo.rewards.judge:JudgeReward",
 }
 
