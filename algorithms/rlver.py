@@ -342,7 +342,9 @@ class RLVER(Algorithm):
                 continue
             if self.cfg.rlver.thinking:
                 items += [
-                    TrainItem(t.prompt_ids, t.ids, a, t.logprobs, kind=PG, group=e.group, sample=i)
+                    TrainItem(
+                        t.prompt_ids, t.ids, a, kind=PG, group=e.group, sample=i, sampler_logprobs=t.logprobs
+                    )
                     for t in e.turns
                     if t.ids
                 ]
@@ -352,10 +354,10 @@ class RLVER(Algorithm):
                         e.prompt_ids,
                         e.response,
                         a,
-                        e.logprobs,
                         kind=PG,
                         group=e.group,
                         sample=i,
+                        sampler_logprobs=e.logprobs,
                         loss_mask=e.mask,
                     )
                 )

@@ -151,10 +151,10 @@ def test_sequence_is_exactly_what_each_turn_was_sampled_from(policy, smol_tokeni
     for turn, prompt in zip(e.turns, prompts):
         assert turn.prompt_ids == prompt and full[: len(prompt)] == prompt  # sampled from a prefix
         assert full[len(prompt) : len(prompt) + len(turn.ids)] == turn.ids  # the sampled ids follow
-    # the loss mask is 1 exactly on the sampled ids; old log-probs are the sampling log-probs there
+    # the loss mask is 1 exactly on the sampled ids; the sampler log-probs are kept there
     masked = [t for t, m in zip(item.completion_ids, item.loss_mask) if m]
     assert masked == [t for turn in e.turns for t in turn.ids]
-    assert [lp for lp, m in zip(item.old_logprobs, item.loss_mask) if m] == [-0.5] * len(masked)
+    assert [lp for lp, m in zip(item.sampler_logprobs, item.loss_mask) if m] == [-0.5] * len(masked)
     assert item.loss_tokens == len(masked)
     # with SmolLM2's template the whole sequence also equals the template's rendering of the dialogue
     system = [{"role": "system", "content": algo.system_prompt()}]
