@@ -139,6 +139,7 @@ class RLVER(Algorithm):
             max_new_tokens=sc.max_new_tokens,
             max_retries=sc.max_retries,
             emotion_readout=sc.emotion_readout,
+            plain_reply=sc.plain_reply,
         )
         self.ppo = rc.estimator == "ppo"
         if self.ppo:

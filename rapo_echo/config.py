@@ -261,6 +261,7 @@ class RlverSimulatorConfig(Strict):
     max_new_tokens: int = Field(512, ge=16)
     max_retries: int = Field(2, ge=0, le=10)
     emotion_readout: Literal["text", "logprobs", "auto"] = "text"
+    plain_reply: bool = False  # the user's message alone instead of SAGE's labelled fields
 
 
 class PpoConfig(Strict):

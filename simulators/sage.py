@@ -74,7 +74,8 @@ class SageSettings:
     them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
     ``emotion_readout`` reads the change from the parsed ``Change`` field (``text``), from the label
     probabilities of the options in :data:`CHANGE_OPTIONS` after the analysis (``logprobs``; robust with
-    small simulators), or from probabilities when the engine exposes them (``auto``)."""
+    small simulators), or from probabilities when the engine exposes them (``auto``); ``plain_reply``
+    asks for the user's message alone instead of SAGE's four labelled fields (small simulators)."""
 
     initial_emotion: float = 40.0
     max_delta: float | None = 10.0
@@ -85,6 +86,7 @@ class SageSettings:
     closing_message: bool = True
     allow_hints: bool = True
     emotion_readout: str = "text"
+    plain_reply: bool = False
     temperature: float = 0.7
     max_new_tokens: int = 512
     max_retries: int = 2
@@ -234,6 +236,18 @@ def parse_response(text: str) -> str | None:
     if not value:
         return None
     return value.strip().strip('"').strip("“”").strip() or None
+
+
+_SPEAKER_TAG = re.compile(r"^\s*\**\s*(?:response|you|me|user|final message)\s*\**\s*[:：]\s*\**\s*", re.I)
+
+
+def parse_plain_reply(text: str) -> str | None:
+    """A plain reply (``plain_reply``): the text's first paragraph without a leading speaker label or
+    quotes; None when nothing is left or the text drifts into the supporter's lines."""
+    text = _SPEAKER_TAG.sub("", text.strip(), count=1).split("\n\n")[0].strip()
+    if re.match(r"^\s*supporter\s*[:：]", text, re.I):
+        return None
+    return text.strip('"').strip("“”").strip() or None
 
 
 def analysis_before_change(text: str) -> str | None:
@@ -390,9 +404,11 @@ def reply_prompt(
     fence: Fence,
     *,
     allow_hints: bool = True,
+    plain: bool = False,
 ) -> Conversation:
     """Call B: the character's next message from its emotion tier (and, after the first turn, from how
-    the supporter's last reply made it feel)."""
+    the supporter's last reply made it feel). ``plain`` asks for the message alone instead of the
+    four labelled fields (for small simulators)."""
     if not any(m["role"] == "assistant" for m in history):
         situation = (
             "The conversation begins now: you speak first, with a short message that starts to confide."
@@ -424,11 +440,15 @@ def reply_prompt(
         "draft and rewrite it to sound like a real person: short sentences, casual everyday words, the "
         "emotion carried by the tone instead of named, nothing repeated from earlier, at most two "
         "questions, a new detail from your background where it helps, in the language of your persona.\n"
-        "Answer in exactly this format:\n"
-        "Thinking: your decisions\n"
-        "Origin: the draft\n"
-        "Change: how you rewrote it\n"
-        "Response: the final message you say"
+        + (
+            "Answer with the final message you say and nothing else."
+            if plain
+            else "Answer in exactly this format:\n"
+            "Thinking: your decisions\n"
+            "Origin: the draft\n"
+            "Change: how you rewrote it\n"
+            "Response: the final message you say"
+        )
     )
     return [
         msg(
@@ -510,6 +530,10 @@ class SageSimulator:
             self.engine, prompts, parse, first, max_retries=self.settings.max_retries, retry_params=again
         )
 
+    @property
+    def _reply_parser(self) -> Any:
+        return parse_plain_reply if self.settings.plain_reply else parse_response
+
     # ------------------------------------------------------------------ the two calls
     def start(
         self,
@@ -542,10 +566,11 @@ class SageSimulator:
                     None,
                     self.fence(d, "reply"),
                     allow_hints=self.settings.allow_hints,
+                    plain=self.settings.plain_reply,
                 )
                 for d in write
             ]
-            for d, r in zip(write, self._ask(prompts, parse_response)):
+            for d, r in zip(write, self._ask(prompts, self._reply_parser)):
                 if r.value is None:
                     d.parse_failures += 1
                     d.end("invalid")
@@ -628,9 +653,10 @@ class SageSimulator:
                     feeling or None,
                     self.fence(d, "reply"),
                     allow_hints=self.settings.allow_hints,
+                    plain=self.settings.plain_reply,
                 )
             )
-        for d, r in zip(dialogues, self._ask(prompts, parse_response)):
+        for d, r in zip(dialogues, self._ask(prompts, self._reply_parser)):
             entry = d.log[-1]
             if r.value is None:
                 d.parse_failures += 1

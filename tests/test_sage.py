@@ -22,6 +22,7 @@ from rapo_echo.simulators.sage import (
     load_profiles,
     parse_change,
     parse_fields,
+    parse_plain_reply,
     parse_response,
     preset,
     says_goodbye,
@@ -104,6 +105,9 @@ def test_field_parsing_never_invents_a_number():
         "Change": "2",
     }
     assert analysis_before_change("Content: a\nAnalyse: b\nChange: 7") == "Content: a\nAnalyse: b"
+    assert parse_plain_reply('**Response:** "ugh, fine."\n\nSupporter: more') == "ugh, fine."
+    assert parse_plain_reply("You: not really") == "not really"
+    assert parse_plain_reply("Supporter: I hear you") is None and parse_plain_reply("  ") is None
     assert analysis_before_change("   ") is None
 
 
@@ -334,6 +338,18 @@ def test_fence_keys_share_markers_within_a_group():
     assert sim.fence(a, "analysis").marker == sim.fence(b, "analysis").marker
     assert sim.fence(a, "analysis").marker != sim.fence(c, "analysis").marker
     assert sim.fence(a, "analysis").marker != sim.fence(a, "reply").marker
+
+
+def test_plain_reply_mode_asks_for_the_message_alone():
+    engine = ScriptedEngine(
+        fn=lambda p: analysis("+5") if "emotion right now" in prompt_text(p) else "Mm. Not sure, honestly."
+    )
+    sim = SageSimulator(engine, SageSettings(plain_reply=True))
+    [d] = sim.start([profile("X")], ["x"])
+    sim.step([d], ["hi"])
+    assert d.history[-1]["content"] == "Mm. Not sure, honestly."
+    reply_prompt = prompt_text(engine.calls[-1]["prompts"][0])
+    assert "and nothing else" in reply_prompt and "Origin: the draft" not in reply_prompt
 
 
 def test_logprob_readout_is_the_expected_change():
