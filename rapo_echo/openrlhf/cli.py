@@ -44,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sage-preset",
         choices=("sage", "rlver"),
         default="sage",
-        help="simulated user: SAGE evaluation settings (start 40, change clamped to +-10, 10 turns) or "
-        "RLVER's training simulator (start 30, no clamp, 8 turns)",
+        help="simulated user: SAGE evaluation settings (start 40, change clamped to +-10, ends below 10, "
+        "10 turns) or RLVER's training simulator (start 30, no clamp, ends at <= 0, 8 turns)",
     )
     ex.add_argument("--invalid-reward", type=float, help="reward of an unscorable sample (default -sum|w|)")
     ex.set_defaults(func=run_export)
