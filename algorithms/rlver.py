@@ -208,6 +208,7 @@ class RLVER(Algorithm):
         else:
             adv = self.advantages([s.reward for s in samples], [s.group for s in samples])
             items = self._grpo_items(episodes, samples, adv)
+            adv = [a for a, s in zip(adv, samples) if s.valid]
         metrics = {
             **reward_stats(samples, [EMOTION, *self.ctx.rewards.names]),
             **advantage_stats(adv),

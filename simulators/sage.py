@@ -629,9 +629,11 @@ class SageSimulator:
         deltas: list[float | None] = [None] * len(results)
         ready = [i for i, r in enumerate(results) if r.value is not None]
         if ready:
-            continued = [[*prompts[i], msg("assistant", f"{results[i].value}\nChange: ")] for i in ready]
-            for i, lp in zip(ready, self.engine.choice_logprobs(continued, list(CHANGE_OPTIONS))):
-                probs = normalize_choices(lp)
+            # "Change:" then " +5": the options carry the space, as the text "Change: +5" tokenises
+            continued = [[*prompts[i], msg("assistant", f"{results[i].value}\nChange:")] for i in ready]
+            options = [f" {o}" for o in CHANGE_OPTIONS]
+            for i, lp in zip(ready, self.engine.choice_logprobs(continued, options)):
+                probs = {o.strip(): p for o, p in normalize_choices(lp).items()}
                 deltas[i] = sum(CHANGE_OPTIONS[o] * p for o, p in probs.items())
                 dialogues[i].log[-1]["change_probs"] = probs
         return deltas

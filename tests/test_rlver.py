@@ -387,3 +387,26 @@ def test_cli_trains_rlver_on_the_embedded_model(tmp_path, smol_path, estimator):
     assert row["updates"] == 1 and (run / "final" / "config.json").is_file()
     if estimator == "ppo":
         assert (run / "final" / "value_head.safetensors").is_file() and "loss/value" in row
+
+
+def test_split_thinking_and_the_format_reward():
+    from rapo_echo.prompting import split_thinking
+    from rapo_echo.types import Sample
+
+    good = split_thinking("<think>plan: be gentle</think>\nThat sounds hard.")
+    assert (good.thought, good.reply, good.well_formed) == ("plan: be gentle", "That sounds hard.", True)
+    cases = {
+        "That sounds hard.": (None, "That sounds hard.", False),  # no tags: the whole text is said
+        "<think>cut off mid-thou": (None, "cut off mid-thou", False),  # unclosed: RLVER shows it all
+        "<think></think> hi": (None, "hi", False),  # empty thought
+        "<think>x</think>": ("x", "", False),  # no reply
+        "hi <think>x</think> there": ("hi x", "there", False),  # does not open with the tag
+        "<think>a</think><think>b</think> c": ("a</think>b", "c", False),  # two pairs
+    }
+    for text, (thought, reply, well) in cases.items():
+        t = split_thinking(text)
+        assert (t.thought, t.reply, t.well_formed) == (thought, reply, well), text
+    reward = build_reward("think_format", {}, None)
+    sc = Scenario("s", [])
+    outs = reward([Sample(sc, 0, [1], [2], None, text) for text in ["<think>a</think> b", "b"]])
+    assert [o.score for o in outs] == [1.0, 0.0] and outs[1].critique

@@ -358,9 +358,10 @@ def test_logprob_readout_is_the_expected_change():
     def choice(prompt, options):
         import math
 
-        assert prompt[-1]["role"] == "assistant" and prompt[-1]["content"].endswith("\nChange: ")
+        assert prompt[-1]["role"] == "assistant" and prompt[-1]["content"].endswith("\nChange:")
         assert "Change: 99" not in prompt[-1]["content"]  # the stated number is cut off
-        return {o: math.log(probs[o]) if probs[o] else -math.inf for o in options}
+        assert options == [" -10", " -5", " 0", " +5", " +10"]
+        return {o: math.log(probs[o.strip()]) if probs[o.strip()] else -math.inf for o in options}
 
     engine = ScriptedEngine(
         fn=lambda p: analysis("99") if "emotion right now" in prompt_text(p) else reply("ok"),
