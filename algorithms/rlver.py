@@ -100,12 +100,18 @@ class Episode:
 
 def visible_start(ids: list[int], decode: Any) -> int:
     """Index of the first token after ``</think>`` when the sampled tokens split cleanly there (the
-    decoded prefix ends exactly with the tag); otherwise 0 (later turns then keep the whole output)."""
-    for k in range(1, len(ids) + 1):
-        head = decode(ids[:k])
-        if THINK_CLOSE in head:
-            return k if head.rstrip().endswith(THINK_CLOSE) else 0
-    return 0
+    decoded prefix ends exactly with the tag); otherwise 0 (later turns then keep the whole output).
+    The shortest prefix holding the tag is found by bisection (a longer prefix holds it too)."""
+    if THINK_CLOSE not in decode(ids):
+        return 0
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if THINK_CLOSE in decode(ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo if decode(ids[:lo]).rstrip().endswith(THINK_CLOSE) else 0
 
 
 class RLVER(Algorithm):
