@@ -119,10 +119,11 @@ def test_a_rerun_with_a_deterministic_simulator_gives_the_same_score(tmp_path):
     data = profiles_file(tmp_path, [row(f"p{i}", "0") for i in range(5)])
     bench = get_benchmark("sage")
 
-    def run(out, seed, batch_size):
+    def run(out, seed, batch_size, limit=None):
         settings = EvalSettings(seed=seed, batch_size=batch_size)
         policy = ScriptedEngine(fn=lambda p: f"I hear: {p[-1]['content'][:20]}")
-        return run_eval(bench, Roles(policy, hashing_simulator()), settings, tmp_path / out, data=data)
+        roles = Roles(policy, hashing_simulator())
+        return run_eval(bench, roles, settings, tmp_path / out, data=data, limit=limit)
 
     first, again, batched = run("a", 0, 8), run("b", 0, 8), run("c", 0, 2)
     assert first["metrics"] == again["metrics"] == batched["metrics"]  # batching does not change a dialogue
@@ -130,7 +131,9 @@ def test_a_rerun_with_a_deterministic_simulator_gives_the_same_score(tmp_path):
     def emotions(out):
         return {r["id"]: r["info"]["emotions"] for r in read_records(tmp_path / out / "results.jsonl")}
 
-    assert emotions("a") == emotions("b") == emotions("c")
+    run("resumed", 0, 8, limit=2)  # an interrupted run, resumed: only the 3 missing dialogues run
+    assert run("resumed", 0, 8)["metrics"] == first["metrics"]
+    assert emotions("a") == emotions("b") == emotions("c") == emotions("resumed")
     assert len({len(e) for e in emotions("a").values()}) > 1  # the dialogues did differ from each other
     other = run("d", 1, 8)
     assert emotions("d") != emotions("a")
