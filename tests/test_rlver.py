@@ -312,6 +312,26 @@ def test_ppo_values_and_gae(policy):
     on = [a for a, m in zip(d_item.token_advantages, d_item.loss_mask) if m]
     # rewards (40 - 30) / 100 and (50 - 40) / 100 at the two turns' ends: 0.2 left on turn 1, 0.1 on turn 2
     assert on[:n1] == pytest.approx([0.2] * n1) and on[n1:] == pytest.approx([0.1] * (len(on) - n1))
+    # thinking mode: one row per turn, GAE across a dialogue's rows ([dialogue, turn, token] flattened)
+    policy.rollout_engine = TokenScript(policy.tokenizer, lambda p: "<think>hm</think> I see")
+    think = make_algo(
+        policy,
+        simulator({"A": "+10"}),
+        "rlver.estimator=ppo",
+        "rlver.ppo.whiten=false",
+        "rlver.ppo.lam=0.5",
+        "rlver.dense_reward=true",
+        "rlver.thinking=true",
+        "rlver.simulator.max_turns=2",
+        "rollout.group_size=1",
+    )
+    first, second = think.rollout([scenario("A")], step=0).items
+    n1, n2 = len(first.completion_ids), len(second.completion_ids)
+    # values 0, lambda .5: turn 2 (reward .1 at its end) gets .1 * .5^(n2-1-t); turn 1's tokens add
+    # its own .1 at its end and the carried advantage of turn 2's first token
+    tail2 = [0.1 * 0.5 ** (n2 - 1 - t) for t in range(n2)]
+    tail1 = [(0.1 + 0.5 * tail2[0]) * 0.5 ** (n1 - 1 - t) for t in range(n1)]
+    assert second.token_advantages == pytest.approx(tail2) and first.token_advantages == pytest.approx(tail1)
     with pytest.raises(Exception, match="dense_reward needs estimator: ppo"):
         load_config(algo="rlver", overrides=["rlver.dense_reward=true"])
     policy.scorer.value_head = None
