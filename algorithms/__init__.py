@@ -13,6 +13,7 @@ from typing import Any
 _ALGORITHMS = {
     "grpo": "rapo_echo.algorithms.grpo:GRPO",
     "rapo": "rapo_echo.algorithms.rapo:RAPO",
+    "rlver": "rapo_echo.algorithms.rlver:RLVER",
 }
 
 

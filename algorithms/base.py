@@ -24,7 +24,12 @@ SD = "sd"  # a self-distillation target (RAPO): a corrected reply learnt under t
 
 @dataclass
 class TrainItem:
-    """One sequence the loss trains on."""
+    """One sequence the loss trains on.
+
+    Multi-turn items (RLVER) hold a whole dialogue after its first prompt in ``completion_ids``: the
+    policy's sampled turns and, between them, the user's turns; ``loss_mask`` is 1 on the policy's
+    tokens and 0 on the user's (None: every completion token counts). PPO items also carry per-token
+    ``token_advantages``, ``old_values`` and ``returns`` (one per completion token)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -39,10 +44,19 @@ class TrainItem:
     # trainer compares them with its own forward (``train/sampler_logprob_gap``) and uses them as
     # old log-probs only where they match the training forward's numerics.
     sampler_logprobs: list[float] | None = None
+    loss_mask: list[int] | None = None
+    token_advantages: list[float] | None = None
+    old_values: list[float] | None = None
+    returns: list[float] | None = None
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def loss_tokens(self) -> int:
+        """How many completion tokens carry the loss."""
+        return len(self.completion_ids) if self.loss_mask is None else int(sum(self.loss_mask))
 
 
 @dataclass
@@ -87,7 +101,7 @@ class AlgoContext:
 def totals_of(items: Sequence[TrainItem], kind: str) -> dict[str, float]:
     """Token and sequence counts of the items of one kind (the normalisers of aggregation)."""
     chosen = [it for it in items if it.kind == kind]
-    return {"tokens": float(sum(len(it.completion_ids) for it in chosen)), "seqs": float(len(chosen))}
+    return {"tokens": float(sum(it.loss_tokens for it in chosen)), "seqs": float(len(chosen))}
 
 
 class Algorithm:

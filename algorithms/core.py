@@ -78,10 +78,14 @@ def _check_tokens(fn: str, mask: Tensor, **tensors: Tensor) -> None:
             )
 
 
-def _check_advantages(fn: str, advantages: Tensor, batch: int) -> None:
+def _check_advantages(fn: str, advantages: Tensor, batch: int, like: Tensor | None = None) -> None:
+    """``advantages`` is [B] (one per sequence), or [B, T] like ``like`` (one per token) when given."""
+    if isinstance(advantages, Tensor) and like is not None and advantages.shape == like.shape:
+        return
     if not isinstance(advantages, Tensor) or advantages.shape != (batch,):
         shape = tuple(advantages.shape) if isinstance(advantages, Tensor) else type(advantages).__name__
-        raise ValueError(f"{fn}: advantages must have shape [B] = ({batch},), got {shape}")
+        also = f" or [B, T] = {tuple(like.shape)}" if like is not None else ""
+        raise ValueError(f"{fn}: advantages must have shape [B] = ({batch},){also}, got {shape}")
 
 
 def _check_eps(fn: str, eps_low: float, eps_high: float) -> None:
@@ -209,20 +213,22 @@ def clip_policy_loss(
     """PPO / GRPO clipped surrogate per token; clip-higher (DAPO) when ``eps_high > eps_low``.
 
     ``ratio = exp(logp - old_logp)``, ``loss = -min(ratio*A, clamp(ratio, 1-eps_low, 1+eps_high)*A)``.
+    ``advantages`` is one value per sequence ``[B]`` (GRPO) or per token ``[B, T]`` (PPO with GAE).
     Returns (loss ``[B, T]``, 0 where ``mask`` is 0; stats ``clip_frac`` = fraction of masked
     tokens where the clipped branch is taken, ``ratio_mean`` = mean ratio over masked tokens).
     ``old_logp`` and ``advantages`` are treated as constants.
     """
     fn = "clip_policy_loss"
     _check_tokens(fn, mask, logp=logp, old_logp=old_logp)
-    _check_advantages(fn, advantages, logp.shape[0])
+    _check_advantages(fn, advantages, logp.shape[0], like=logp)
     _check_eps(fn, eps_low, eps_high)
     dtype = _compute_dtype(logp)
     on = mask != 0
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     log_ratio = torch.where(on, logp.to(dtype) - old_logp.detach().to(dtype), zero)
     ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
-    adv = advantages.detach().to(dtype).unsqueeze(-1)
+    adv = advantages.detach().to(dtype)
+    adv = torch.where(on, adv, zero) if adv.dim() == 2 else adv.unsqueeze(-1)
     loss, active = _pessimistic(ratio, adv, eps_low, eps_high)
     stats = {
         "clip_frac": (active & on).sum().to(dtype) / on.sum().clamp(min=1).to(dtype),
@@ -314,6 +320,87 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+# ---------------------------------------------------------------------------- GAE and value loss
+
+
+def gae_advantages(
+    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over the masked (action) tokens of each row.
+
+    Positions where ``mask`` is 0 (padding, or the user's tokens inside a dialogue) are skipped: the
+    next action token's value and advantage carry across them. For the action tokens ``t`` of a row,
+    in order, with ``V`` after the row's last action token taken as 0:
+
+        ``delta_t = r_t + gamma * V_{t+1} - V_t``,  ``A_t = delta_t + gamma * lam * A_{t+1}``,
+        ``returns_t = A_t + V_t``.
+
+    ``rewards`` must be 0 outside the mask (a reward on a skipped token is an error). Returns
+    (advantages, returns), both ``[B, T]`` and 0 where ``mask`` is 0. Computed in float64.
+    """
+    fn = "gae_advantages"
+    _check_tokens(fn, mask, rewards=rewards, values=values)
+    if not 0.0 <= gamma <= 1.0 or not 0.0 <= lam <= 1.0:
+        raise ValueError(f"{fn}: gamma and lam must be in [0, 1], got {gamma} and {lam}")
+    on = mask != 0
+    r = rewards.detach().to(torch.float64)
+    if (torch.where(on, torch.zeros_like(r), r) != 0).any():
+        raise ValueError(f"{fn}: rewards must sit on masked (action) tokens; a skipped token holds one")
+    v = torch.where(on, values.detach().to(torch.float64), torch.zeros_like(r))
+    adv = torch.zeros_like(r)
+    next_value = torch.zeros(r.shape[0], dtype=torch.float64, device=r.device)
+    next_adv = torch.zeros_like(next_value)
+    for t in range(r.shape[1] - 1, -1, -1):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        here = delta + gamma * lam * next_adv
+        adv[:, t] = torch.where(on[:, t], here, torch.zeros_like(here))
+        next_value = torch.where(on[:, t], v[:, t], next_value)
+        next_adv = torch.where(on[:, t], here, next_adv)
+    return adv, torch.where(on, adv + v, torch.zeros_like(adv))
+
+
+def masked_whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
+    """``(x - mean) / (std + eps)`` with mean and (population) std over the masked positions; 0 elsewhere."""
+    if x.shape != mask.shape:
+        raise ValueError(
+            f"masked_whiten: x has shape {tuple(x.shape)} but mask has shape {tuple(mask.shape)}"
+        )
+    xm, m = _masked(x, mask)
+    n = m.sum().clamp(min=1)
+    mean = xm.sum() / n
+    var = (torch.where(m != 0, (x.to(m.dtype) - mean) ** 2, torch.zeros_like(m))).sum() / n
+    out = (x.to(m.dtype) - mean) / (var.sqrt() + eps)
+    return torch.where(m != 0, out, torch.zeros_like(out))
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float | None = 0.2
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's value loss per token: ``0.5 * max((V - R)^2, (V_old + clamp(V - V_old, -clip, clip) - R)^2)``
+    (``0.5 * (V - R)^2`` when ``clip`` is None). ``old_values`` and ``returns`` are constants. Returns
+    (loss ``[B, T]``, 0 where ``mask`` is 0; stats ``clip_frac`` = fraction of masked tokens where the
+    clipped term is the larger one)."""
+    fn = "value_loss"
+    _check_tokens(fn, mask, values=values, old_values=old_values, returns=returns)
+    if clip is not None and clip <= 0:
+        raise ValueError(f"{fn}: clip must be > 0 or None, got {clip}")
+    dtype = _compute_dtype(values)
+    on = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=values.device)
+    v = torch.where(on, values.to(dtype), zero)
+    old = torch.where(on, old_values.detach().to(dtype), zero)
+    ret = torch.where(on, returns.detach().to(dtype), zero)
+    plain = (v - ret) ** 2
+    if clip is None:
+        loss, active = plain, torch.zeros_like(on)
+    else:
+        clipped = (old + (v - old).clamp(-clip, clip) - ret) ** 2
+        active = clipped > plain
+        loss = torch.where(active, clipped, plain)
+    stats = {"clip_frac": (active & on).sum().to(dtype) / on.sum().clamp(min=1).to(dtype)}
+    return torch.where(on, 0.5 * loss, zero), stats
 
 
 # ---------------------------------------------------------------------------- aggregation

@@ -35,6 +35,7 @@ class EvalSettings:
     temperature: float = 0.0
     simulator_temperature: float = 0.0
     judge_max_new_tokens: int = 256
+    simulator_max_new_tokens: int | None = None  # None: the benchmark's own (SAGE 512, else max_new_tokens)
     judge_retries: int = 2
     judge_logprobs: str = "auto"  # auto | always | never (see rapo_echo.judges.base.wants_logprobs)
     seed: int | None = 0
@@ -46,6 +47,8 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.simulator_max_new_tokens is not None and self.simulator_max_new_tokens < 1:
+            raise ValueError(f"simulator_max_new_tokens must be >= 1, got {self.simulator_max_new_tokens}")
         if self.batch_size < 1 or self.judge_retries < 0:
             raise ValueError("batch_size must be >= 1 and judge_retries >= 0")
         if self.judge_logprobs not in ("auto", "always", "never"):
@@ -60,7 +63,9 @@ class EvalSettings:
 
     def simulator_params(self) -> SamplingParams:
         return SamplingParams(
-            max_new_tokens=self.max_new_tokens, temperature=self.simulator_temperature, seed=self.seed
+            max_new_tokens=self.simulator_max_new_tokens or self.max_new_tokens,
+            temperature=self.simulator_temperature,
+            seed=self.seed,
         )
 
     def judge_params(self) -> SamplingParams:

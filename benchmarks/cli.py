@@ -24,17 +24,22 @@ def register(subparsers: Any) -> None:
 
     ev = subparsers.add_parser(
         "eval",
-        help="run a benchmark (esconv, esconv-ref, sotopia, epm) on a policy",
+        help="run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ev.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
     ev.add_argument("--policy", help="model spec or http(s):// endpoint of the policy (required)")
     ev.add_argument(
+        "--transcripts",
+        help="sage: score dialogues already run, in SAGE's released result format (a *_result.jsonl file "
+        "or a folder of them; one output folder per file); no model is loaded",
+    )
+    ev.add_argument(
         "--data",
         help="data file in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or "
-        "folder; EPM persona cards or EMPA's case folder; default for sotopia and epm: the bundled "
-        "English scenarios)",
+        "folder; EPM persona cards or EMPA's case folder; SAGE / RLVER profile JSONL; default for "
+        "sotopia, epm and sage: the bundled English ones)",
     )
     ev.add_argument(
         "--simulator",
@@ -52,16 +57,26 @@ def register(subparsers: Any) -> None:
     )
     ev.add_argument("--batch-size", type=int, default=8, help="cases run in lockstep per batch (default 8)")
     ev.add_argument(
-        "--max-turns", type=int, help="episode length limit (default: esconv 8, sotopia 20, epm 45)"
+        "--max-turns",
+        type=int,
+        help="episode length limit (default: esconv 8, sotopia 20, epm 45, sage 10 replies)",
     )
     ev.add_argument(
         "--max-new-tokens", type=int, default=128, help="reply length limit for policy and simulator"
     )
     ev.add_argument("--temperature", type=float, default=0.0, help="policy sampling temperature (0 = greedy)")
     ev.add_argument("--simulator-temperature", type=float, default=0.0)
+    ev.add_argument(
+        "--simulator-max-new-tokens",
+        type=int,
+        help="simulator reply length limit (default: sage 512, others --max-new-tokens)",
+    )
     ev.add_argument("--judge-max-new-tokens", type=int, default=256)
     ev.add_argument(
-        "--judge-retries", type=int, default=2, help="retries of an unparseable judge reply (default 2)"
+        "--judge-retries",
+        type=int,
+        default=2,
+        help="retries of an unparseable judge or SAGE simulator reply (default 2)",
     )
     ev.add_argument(
         "--judge-logprobs",
@@ -114,6 +129,7 @@ def settings_from_args(args: argparse.Namespace) -> EvalSettings:
             temperature=args.temperature,
             simulator_temperature=args.simulator_temperature,
             judge_max_new_tokens=args.judge_max_new_tokens,
+            simulator_max_new_tokens=args.simulator_max_new_tokens,
             judge_retries=args.judge_retries,
             judge_logprobs=args.judge_logprobs,
             seed=args.seed,
@@ -166,8 +182,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         print(f"results: {args.output}/results.jsonl  summary: {args.output}/summary.json")
         return 0
+    if args.transcripts:
+        return run_transcripts_command(args)
     if not args.policy:
-        raise ConfigError("eval: --policy is required (except with --recompute)")
+        raise ConfigError("eval: --policy is required (except with --recompute, or --transcripts with sage)")
     if args.epm and args.benchmark != "epm":
         raise ConfigError("--epm settings apply to --benchmark epm only")
     benchmark = get_benchmark(args.benchmark)
@@ -187,6 +205,30 @@ def run_eval_command(args: argparse.Namespace) -> int:
     )
     print(json.dumps(summary, indent=2))
     print(f"results: {args.output}/results.jsonl  summary: {args.output}/summary.json")
+    return 0
+
+
+def run_transcripts_command(args: argparse.Namespace) -> int:
+    """``eval --benchmark sage --transcripts DIR``: score released SAGE result files, print a table."""
+    from rapo_echo.benchmarks.sage import score_transcripts
+    from rapo_echo.errors import ConfigError
+
+    if args.benchmark != "sage":
+        raise ConfigError(
+            f"eval: --transcripts scores SAGE result files; use --benchmark sage, not {args.benchmark}"
+        )
+    summaries = score_transcripts(args.transcripts, args.output)
+    print("| model | dialogues | valid | SAGE score | success | failure | avg turns |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for s in summaries:
+        m = s["metrics"]
+        score = "–" if m["score"] is None else f"{m['score']:.2f}"
+        turns = "–" if m["avg_turns"] is None else f"{m['avg_turns']:.2f}"
+        print(
+            f"| {s['models']['policy']} | {s['n_cases']} | {s['n_valid']} | {score} | {m['successes']} | "
+            f"{m['failures']} | {turns} |"
+        )
+    print(f"written under {args.output}")
     return 0
 
 

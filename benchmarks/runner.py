@@ -28,6 +28,7 @@ from rapo_echo.benchmarks.results import (
     read_records,
     write_json_atomic,
 )
+from rapo_echo.benchmarks.sage import Sage
 from rapo_echo.benchmarks.sotopia import Sotopia
 from rapo_echo.config import redacted
 from rapo_echo.errors import ConfigError, DataError
@@ -40,25 +41,37 @@ BENCHMARKS: dict[str, type] = {
     "esconv-ref": EsconvReference,
     "sotopia": Sotopia,
     "epm": Epm,
+    "sage": Sage,
 }
 # settings that do not change what a case's result means, so they may differ when resuming
 RESUME_FREE = ("batch_size",)
 
 
 def get_benchmark(name: str) -> Benchmark:
-    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``, ``epm``)."""
+    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``, ``epm``, ``sage``)."""
     if name not in BENCHMARKS:
         raise ConfigError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
     return BENCHMARKS[name]()
 
 
 def eval_config(
-    benchmark: str, models: dict[str, str], data: str | None, settings: EvalSettings
+    benchmark: str,
+    models: dict[str, str],
+    data: str | None,
+    settings: EvalSettings,
+    protocol: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What ``config.json`` records: benchmark, model per role, data file, settings (secrets redacted)."""
-    return redacted(
-        {"benchmark": benchmark, "models": models, "data": data, "settings": dataclasses.asdict(settings)}
-    )
+    """What ``config.json`` records: benchmark, model per role, data file, settings, and the benchmark's
+    ``protocol`` (e.g. the simulator prompts' version), secrets redacted."""
+    config = {
+        "benchmark": benchmark,
+        "models": models,
+        "data": data,
+        "settings": dataclasses.asdict(settings),
+    }
+    if protocol:
+        config["protocol"] = protocol
+    return redacted(config)
 
 
 def check_resume(output: Path, config: dict[str, Any]) -> None:
@@ -113,7 +126,7 @@ def run_eval(
         raise DataError(
             f"{data}: case ids are not unique (first repeat: {next(i for i in ids if ids.count(i) > 1)!r})"
         )
-    config = eval_config(benchmark.name, models or {}, data, settings)
+    config = eval_config(benchmark.name, models or {}, data, settings, getattr(benchmark, "protocol", None))
     check_resume(output, config)
     with DirLock(check_writable(output)):  # one process per output folder
         return _run_cases(benchmark, roles, settings, output, cases, config)

@@ -223,7 +223,7 @@ class SelectionConfig(Strict):
 
 class DataConfig(Strict):
     path: str | None = None
-    format: Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv"] = "auto"
+    format: Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage"] = "auto"
     shuffle: bool = True
     limit: int | None = Field(None, ge=1)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
@@ -324,6 +324,59 @@ class MonitorConfig(Strict):
     judge_text_frac: float = Field(0.25, gt=0.0, le=1.0)  # replies carrying judge answer syntax
 
 
+class RlverSimulatorConfig(Strict):
+    """The SAGE-style simulated user of ``--algo rlver`` (see ``rapo_echo/simulators/sage.py``)."""
+
+    preset: Literal["rlver", "sage"] = "rlver"  # rlver: start 30, no clamp, stop <= 0; sage: 40, +-10, < 10
+    max_turns: int | None = Field(None, ge=1)  # policy replies the user reacts to (None: rlver 8, sage 10)
+    initial_emotion: float | None = Field(None, lt=100.0)
+    temperature: float = Field(0.7, ge=0.0, le=5.0)
+    max_new_tokens: int = Field(512, ge=16)
+    max_retries: int = Field(2, ge=0, le=10)
+    emotion_readout: Literal["text", "logprobs", "auto"] = "text"
+    plain_reply: bool = False  # the user's message alone instead of SAGE's labelled fields
+
+
+class PpoConfig(Strict):
+    """PPO with a value head and GAE (``rlver.estimator: ppo``)."""
+
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    value_clip: float | None = Field(0.2, gt=0.0)
+    vf_coef: float = Field(0.5, ge=0.0)
+    whiten: bool = True
+
+
+RLVER_SYSTEM_PROMPT = (
+    "You are chatting with a friend and you are good at lifting their mood with emotionally intelligent "
+    "replies. Your aim is to make them feel better or to grow closer. Keep it warm, natural and everyday: "
+    "short, casual, loose grammar, with interjections and colloquial words."
+)
+RLVER_THINKING_INSTRUCTION = (
+    "Before each reply, think about how and what to answer and choose a strategy (its logic and its "
+    "tone). Put your thinking inside <think></think>, then write the reply."
+)
+
+
+class RlverConfig(Strict):
+    """RLVER's own switches (research/rlver.md section 2)."""
+
+    simulator: RlverSimulatorConfig = Field(default_factory=RlverSimulatorConfig)
+    estimator: Literal["grpo", "ppo"] = "grpo"  # grpo: loss.advantage over each profile's group
+    ppo: PpoConfig = Field(default_factory=PpoConfig)
+    # our extension: per-turn emotion changes / 100 as rewards at each turn's end (PPO only)
+    dense_reward: bool = False
+    max_dialogue_tokens: int = Field(10000, ge=16)  # tokens after the first prompt (RLVER: 10,000)
+    thinking: bool = False
+    thinking_instruction: str = RLVER_THINKING_INSTRUCTION
+
+    @model_validator(mode="after")
+    def _dense_needs_ppo(self) -> RlverConfig:
+        if self.dense_reward and self.estimator != "ppo":
+            raise ValueError("dense_reward needs estimator: ppo (GRPO compares whole dialogues)")
+        return self
+
+
 class LoggingConfig(Strict):
     tensorboard: bool = True
     wandb: bool = False
@@ -348,6 +401,7 @@ class RunConfig(Strict):
     rapo: RapoConfig = Field(default_factory=RapoConfig)
     persona: PersonaConfig = Field(default_factory=PersonaConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    rlver: RlverConfig = Field(default_factory=RlverConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @field_validator("algo")

@@ -47,6 +47,11 @@ class TokenBatch:
     inputs: dict[str, torch.Tensor]
     target_mask: torch.Tensor
     lengths: list[int]
+    loss_mask: torch.Tensor | None = None  # [rows, n_targets]: target_mask times the items' loss masks
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:
+            self.loss_mask = self.target_mask
 
     @property
     def n_targets(self) -> int:
@@ -67,8 +72,11 @@ def collate(
     pad_id: int,
     *,
     shared: bool = True,
+    loss_masks: Sequence[Sequence[int] | None] | None = None,
 ) -> TokenBatch:
-    """Build a :class:`TokenBatch` (``shared`` prefix layout by default, else ``full``)."""
+    """Build a :class:`TokenBatch` (``shared`` prefix layout by default, else ``full``). ``loss_masks``
+    (one per completion, None for all ones) mark the tokens that carry the loss in a multi-turn item;
+    every completion token is still scored (the user's tokens are context the policy's follow)."""
     if any(len(c) == 0 for c in completions):
         raise ValueError("every completion needs at least one token")
     if any(len(p) == 0 for p in prompts):
@@ -80,13 +88,23 @@ def collate(
     for i, c in enumerate(completions):
         tmask[i, : len(c)] = 1.0
         targets[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+    lmask = None
+    if loss_masks is not None and any(m is not None for m in loss_masks):
+        lmask = tmask.clone()
+        for i, (c, m) in enumerate(zip(completions, loss_masks)):
+            if m is not None:
+                if len(m) != len(c):
+                    raise ValueError(
+                        f"row {i}: loss mask has {len(m)} entries for {len(c)} completion tokens"
+                    )
+                lmask[i, : len(c)] = torch.tensor([float(x != 0) for x in m])
     if shared:
         index: dict[tuple[int, ...], int] = {}
         rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
         unique = list(index)
         pids, pmask = left_pad(unique, pad_id)
         inputs = {"prompt_ids": pids, "prompt_mask": pmask, "rows": torch.tensor(rows), "targets": targets}
-        return TokenBatch(inputs, tmask, lengths)
+        return TokenBatch(inputs, tmask, lengths, lmask)
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
     ids, mask = left_pad(seqs, pad_id)
     width = ids.shape[1]
@@ -101,7 +119,7 @@ def collate(
         "where": where,
         "targets": targets,
     }
-    return TokenBatch(inputs, tmask, lengths)
+    return TokenBatch(inputs, tmask, lengths, lmask)
 
 
 def pad_left_aligned(values: Sequence[Sequence[float]], n_targets: int) -> torch.Tensor:
@@ -113,17 +131,37 @@ def pad_left_aligned(values: Sequence[Sequence[float]], n_targets: int) -> torch
     return out
 
 
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+class ValueHead(nn.Module):
+    """PPO's critic: a linear map of the policy's last hidden state to a value (it shares the trunk,
+    so the value loss also trains it). Starts at zero, so every first value is 0."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Values [B, n] from hidden states [B, n, H] (computed in the head's own dtype)."""
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
+
+
 class TokenScorer(nn.Module):
     """Wraps a causal LM; ``forward`` returns per-token log-probs (and entropies) of the completion
     tokens of a :class:`TokenBatch`. This is the module DDP / DeepSpeed wrap, so gradient sync sees
     every forward. The LM head runs in chunks on completion positions only, with the model's own logit
     processing (:mod:`rapo_echo.logprobs`); :meth:`check` refuses a model whose logits it cannot
-    reproduce."""
+    reproduce. A :class:`ValueHead` (``value_head``, PPO) lives here too, so it is wrapped, synced and
+    optimised with the model."""
 
     def __init__(self, lm: nn.Module, chunk_size: int = 512) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
+        self.value_head: nn.Module | None = None
         self.transform = logit_transform(lm.config)
 
     def check(self, probe_ids: Sequence[int]) -> float:
@@ -142,10 +180,14 @@ class TokenScorer(nn.Module):
         with_entropy: bool = False,
         entropy_grad: bool = False,
         gather_ids: torch.Tensor | None = None,
+        with_values: bool = False,
     ) -> tuple[torch.Tensor, ...]:
         """(log-probs [B, n], entropies [B, n]) of the completion tokens, left-aligned; with
-        ``gather_ids`` [B, n, k] also the log-probs at those ids (for logit distillation).
+        ``gather_ids`` [B, n, k] also the log-probs at those ids (for logit distillation); with
+        ``with_values`` instead the value head's values [B, n] of the states before each token.
         ``temperature``: one for every row, or a tensor with one per row ([B])."""
+        if with_values and (self.value_head is None or gather_ids is not None):
+            raise ValueError("with_values needs a value head and no gather_ids")
         hidden = self.target_hidden(inputs)
         weight, bias = self._head()
         logp, entropy = chunked_token_logprobs(
@@ -159,6 +201,9 @@ class TokenScorer(nn.Module):
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
         )
+        if with_values:
+            assert self.value_head is not None
+            return logp, entropy, self.value_head(hidden)
         if gather_ids is None:
             return logp, entropy
         gathered = chunked_gather_logprobs(
@@ -350,7 +395,16 @@ class Policy:
         return self.cfg.lora.enabled
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.lm.parameters() if p.requires_grad]
+        """The parameters the optimizer updates (the model's, or its adapter's, and a value head's)."""
+        return [p for p in self.scorer.parameters() if p.requires_grad]
+
+    def add_value_head(self) -> ValueHead:
+        """Attach a :class:`ValueHead` (float32, on the model's device) to the scorer; it is saved
+        with every checkpoint (``value_head.safetensors``) and restored on resume."""
+        if self.scorer.value_head is None:
+            head = ValueHead(int(self.lm.config.hidden_size)).to(self.device)
+            self.scorer.value_head = head
+        return self.scorer.value_head  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ prompts
     def conversation(self, scenario: Scenario) -> Conversation:
@@ -384,10 +438,17 @@ class Policy:
             assert self.ref_scorer is not None
             return self.ref_scorer(inputs, temperature)[0]
 
-    def batch(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> TokenBatch:
+    def batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        loss_masks: Sequence[Sequence[int] | None] | None = None,
+    ) -> TokenBatch:
         """A scoring batch in the fastest layout this model allows (shared prompts unless gradient
         checkpointing is on, which disables the KV cache the shared layout needs)."""
-        return collate(prompts, completions, self.pad_id, shared=self.shared_prompt_forward)
+        return collate(
+            prompts, completions, self.pad_id, shared=self.shared_prompt_forward, loss_masks=loss_masks
+        )
 
     @property
     def device(self) -> torch.device:
@@ -400,11 +461,17 @@ class Policy:
 
     # ------------------------------------------------------------------ saving
     def save(
-        self, path: str | Path, *, merged: bool = False, state_dict: dict[str, Any] | None = None
+        self,
+        path: str | Path,
+        *,
+        merged: bool = False,
+        state_dict: dict[str, Any] | None = None,
+        value_state: dict[str, Any] | None = None,
     ) -> None:
         """Save the model in Hugging Face format (adapter only under LoRA unless ``merged``) plus the
         tokenizer; plain transformers (or peft, for an adapter) loads the folder. ``state_dict`` gives
-        the weights when they live elsewhere (gathered from DeepSpeed ZeRO-3 partitions)."""
+        the weights when they live elsewhere (gathered from DeepSpeed ZeRO-3 partitions). A value head
+        is written beside them as ``value_head.safetensors`` (``value_state``: its gathered weights)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         model: Any = self.lm
@@ -415,3 +482,10 @@ class Policy:
         kwargs = {"state_dict": state_dict} if state_dict is not None and not merged else {}
         model.save_pretrained(path, safe_serialization=True, **kwargs)
         self.tokenizer.save_pretrained(path)
+        if self.scorer.value_head is not None or value_state is not None:
+            from safetensors.torch import save_file
+
+            state = value_state if value_state is not None else self.scorer.value_head.state_dict()
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / VALUE_HEAD_FILE)
+            )

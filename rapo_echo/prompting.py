@@ -1,8 +1,10 @@
-"""The policy's prompt rules, shared by the trainer's policy and the OpenRLHF dataset export."""
+"""The policy's prompt rules, shared by the trainer's policy and the OpenRLHF dataset export, and the
+split of a thinking-mode reply into its thought and what is said."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rapo_echo.errors import ConfigError
 from rapo_echo.types import Conversation, Scenario, msg
@@ -80,3 +82,33 @@ def fit_prompt(
         else:
             lo = mid + 1
     return encoded(lo), 1
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """A reply split into its ``<think>...</think>`` part and what is said."""
+
+    thought: str | None
+    reply: str
+    well_formed: bool
+
+
+def split_thinking(text: str) -> Thinking:
+    """Split ``<think>thought</think> reply``. Well formed: the text opens with one ``<think>``, has one
+    ``</think>`` after it, and both the thought and the reply are non-empty. The reply is what follows
+    the last ``</think>``; without one (a missing or cut-off thought) it is the text with any ``<think>``
+    tag removed, as RLVER shows the simulator the whole output then."""
+    opens, closes = text.count(THINK_OPEN), text.count(THINK_CLOSE)
+    if closes:
+        head, _, reply = text.rpartition(THINK_CLOSE)
+        thought = head.replace(THINK_OPEN, "").strip()
+    else:
+        thought, reply = None, text.replace(THINK_OPEN, "")
+    reply = reply.strip()
+    well = (
+        text.lstrip().startswith(THINK_OPEN) and opens == 1 and closes == 1 and bool(thought) and bool(reply)
+    )
+    return Thinking(thought or None, reply, well)

@@ -55,7 +55,7 @@ from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl
 from rapo_echo.models import autocast_dtype
 from rapo_echo.monitor import RewardHackingMonitor
-from rapo_echo.policy import Policy, pad_left_aligned
+from rapo_echo.policy import VALUE_HEAD_FILE, Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.rundir import check_run_dir, lock_run_dir
 from rapo_echo.simulators.persona import PersonaInference
@@ -442,7 +442,8 @@ class Trainer:
         full = self.accelerator.get_state_dict(self.scorer)
         if self.is_main:
             lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
-            self.policy.save(folder, merged=False, state_dict=lm_state)
+            head = {k[len("value_head.") :]: v for k, v in full.items() if k.startswith("value_head.")}
+            self.policy.save(folder, merged=False, state_dict=lm_state, value_state=head or None)
 
     def _progress(self) -> Any:
         if not (self.is_main and self.cfg.logging.progress):
@@ -540,7 +541,8 @@ class Trainer:
 
     def _scoring_batches(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
         for mb in length_grouped(items, self.cfg.train.micro_batch_size):
-            yield mb, self.policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb])
+            masks = [it.loss_mask for it in mb]
+            yield mb, self.policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb], masks)
 
     def _no_grad_passes(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
         """Micro-batches for a no-grad scoring pass. Under ZeRO-3 each forward gathers the partitioned
@@ -594,7 +596,7 @@ class Trainer:
         with torch.no_grad():  # the unwrapped scorer: a DDP forward would broadcast buffers (a collective)
             for mb, batch in self._no_grad_passes(need):
                 logp = self.policy.scorer(batch.to(self.accelerator.device), temp)[0]
-                gap.add(mb, logp, batch.target_mask)
+                gap.add(mb, logp, batch.loss_mask)
                 for it, values in zip(mb, batch.rows(logp)):
                     it.old_logprobs = values
         return bool(need) and len(need) == len(pg)
@@ -611,7 +613,7 @@ class Trainer:
         return MicroBatch(
             items=mb,
             batch=batch,
-            mask=batch.target_mask.to(dev),
+            mask=batch.loss_mask.to(dev),
             old_logp=old.to(dev),
             ref_logp=ref,
             advantages=torch.tensor([it.advantage for it in mb], dtype=torch.float32, device=dev),
@@ -775,9 +777,11 @@ class Trainer:
         return self.policy.batch([[self.policy.pad_id]], [[self.policy.pad_id]])
 
     def _idle_backward(self) -> None:
-        """A zero-loss forward and backward through the wrapped scorer (all gradients 0)."""
-        logp = self.scorer(self._idle_batch().to(self.accelerator.device), self.cfg.rollout.temperature)[0]
-        self.accelerator.backward(logp.sum() * 0.0)
+        """A zero-loss forward and backward through the wrapped scorer (all gradients 0; a value head,
+        if any, takes part too, so every parameter joins the gradient all-reduce)."""
+        kw = {"with_values": True} if self.policy.scorer.value_head is not None else {}
+        out = self.scorer(self._idle_batch().to(self.accelerator.device), self.cfg.rollout.temperature, **kw)
+        self.accelerator.backward(sum(o.sum() for o in out if o is not None) * 0.0)
 
     def _clip(self) -> float | None:
         """Clip gradients to ``train.max_grad_norm``; returns the norm before clipping (DeepSpeed clips
@@ -891,8 +895,10 @@ def load_model_weights(policy: Policy, folder: Path) -> None:
         if not path.is_file():
             raise RapoEchoError(f"checkpoint {folder} holds no adapter_model.safetensors")
         set_peft_model_state_dict(policy.lm, load_file(str(path)))
+        _load_value_head(policy, folder)
         return
-    files = sorted(folder.glob("*.safetensors"))
+    _load_value_head(policy, folder)
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != VALUE_HEAD_FILE)
     if not files:
         raise RapoEchoError(f"checkpoint {folder} holds no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
@@ -906,6 +912,21 @@ def load_model_weights(policy: Policy, folder: Path) -> None:
             f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
+
+
+def _load_value_head(policy: Policy, folder: Path) -> None:
+    """Restore a PPO value head saved beside the checkpoint's weights."""
+    head = policy.scorer.value_head
+    if head is None:
+        return
+    from safetensors.torch import load_file
+
+    path = folder / VALUE_HEAD_FILE
+    if not path.is_file():
+        raise RapoEchoError(
+            f"checkpoint {folder} holds no {VALUE_HEAD_FILE}, but this run trains a value head"
+        )
+    head.load_state_dict(load_file(str(path)))
 
 
 def run_training(cfg: RunConfig, *, resume: bool = False) -> Trainer:

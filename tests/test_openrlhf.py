@@ -1,5 +1,5 @@
-"""OpenRLHF backend: chat-template markers, the SAGE-style simulated user (emotion rules by hand), the
-RLVER agent episode, the exported reward / agent files, and the launch command.
+"""OpenRLHF backend: chat-template markers, the RLVER agent episode (the simulated user itself is
+tested in test_sage.py), the exported reward / agent files, and the launch command.
 
 OpenRLHF itself needs CUDA to install fully. Where ``openrlhf.utils.agent`` is importable (``pip install
 --no-deps openrlhf==0.11.2`` plus ``aiohttp`` and ``pylatexenc``), the exported files are also run
@@ -21,23 +21,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import load_config
-from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
+from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError, DataError, RapoEchoError
-from rapo_echo.openrlhf.sage_user import (
-    SageProfile,
-    SageSettings,
-    SageUser,
-    clamp_delta,
-    end_reason,
-    parse_change,
-    parse_fields,
-    parse_response,
-    says_goodbye,
-    tier,
-    update_emotion,
-)
-from rapo_echo.openrlhf.template import ChatMarkers
+from rapo_echo.simulators.sage import SageProfile
 from rapo_echo.types import msg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,14 +38,14 @@ needs_openrlhf = pytest.mark.skipif(
 # A scripted simulator: the analysis answer depends on the current emotion, the reply on the tier.
 SIM_SCRIPT = {
     "rules": [
-        [r"Your current emotion: 40 on", "Content: kind words\nAnalyse: a bit better\nChange: +10"],
-        [r"Your current emotion: 50 on", "Content: ok\n**Change:** +10"],
-        [r"Your current emotion: 60 on", "Change：+10"],
+        [r"emotion right now: 40\n", "Content: kind words\nAnalyse: a bit better\nChange: +10"],
+        [r"emotion right now: 50\n", "Content: ok\n**Change:** +10"],
+        [r"emotion right now: 60\n", "Change：+10"],
         [
-            r"emotion tier is A",
+            r"now it is A:",
             "Thinking: relieved\nOrigin: thanks\nChange: shorter\nResponse: Thanks, that helped. Bye!",
         ],
-        [r"emotion tier is [BC]", "Thinking: guarded\nResponse: It still hurts, honestly."],
+        [r"now it is [BC]:", "Thinking: guarded\nResponse: It still hurts, honestly."],
     ]
 }
 JUDGE_SCRIPT = {
@@ -157,139 +145,8 @@ def test_unsupported_template_is_a_clear_error():
         def apply_chat_template(self, conv, tokenize=False, add_generation_prompt=False):
             return " ".join(m["content"] for m in conv)
 
-    with pytest.raises(ConfigError, match="not supported by the OpenRLHF text bridge"):
+    with pytest.raises(ConfigError, match="not supported for multi-turn token building"):
         ChatMarkers.from_tokenizer(Plain())
-
-
-# ---------------------------------------------------------------------------- emotion rules
-
-
-def test_clamp_and_update_by_hand():
-    assert clamp_delta(15, 10) == 10 and clamp_delta(-12, 10) == -10 and clamp_delta(7, 10) == 7
-    assert clamp_delta(25, None) == 25
-    assert update_emotion(40, 15) == 50  # 40 + min(15, 10)
-    assert update_emotion(40, -7) == 33  # 40 - 7
-    assert update_emotion(95, 10) == 100  # 105 capped at 100
-    assert update_emotion(5, -10) == 0  # -5 floored at 0
-    assert update_emotion(30, 25, None) == 55  # RLVER training: no clamp
-    assert update_emotion(90, 30, None) == 100
-
-
-def test_tiers_and_end_reasons_by_hand():
-    assert [tier(e) for e in (100, 99, 70, 69.9, 40, 39, 10, 9.9, 0)] == list("SAABBCCFF")
-    s = SageSettings()
-    assert end_reason(100, 1, s) == "emotion_high"
-    assert end_reason(0, 1, s) == "emotion_low"
-    assert end_reason(50, 10, s) == "max_turns"
-    assert end_reason(50, 9, s) is None
-    sage_eval = SageSettings(end_low=9.999)  # SAGE's evaluation stops below 10
-    assert end_reason(9.5, 2, sage_eval) == "emotion_low" and end_reason(10, 2, sage_eval) is None
-
-
-def test_goodbye_detection():
-    words = SageSettings().goodbye_words
-    assert says_goodbye("Okay, bye then.", words) and says_goodbye("Goodbye!", words)
-    assert says_goodbye("好的，再见", words) and says_goodbye("bye-bye", words)
-    assert not says_goodbye("maybe tomorrow", words) and not says_goodbye("byebye", ("bye",))
-
-
-def test_field_parsing():
-    assert parse_change("Content: hi\n**Change:** -5") == -5
-    assert parse_change("Change：+10") == 10
-    assert parse_change("change: 3 points") == 3
-    assert parse_change("Change: −4") == -4  # unicode minus
-    assert parse_change("Change: none") is None and parse_change("Content: x") is None
-    reply = 'Thinking: t\nOrigin: o\nChange: c\nResponse: "I guess.\nMaybe."'
-    assert parse_response(reply) == "I guess.\nMaybe."
-    assert parse_response("Thinking: t\nResponse:") is None
-    assert parse_fields("- **Analyse**: fine\nChange: 2", ("Analyse", "Change")) == {
-        "Analyse": "fine",
-        "Change": "2",
-    }
-
-
-def test_settings_and_profiles():
-    r = SageSettings.rlver_training()
-    assert (r.initial_emotion, r.max_delta, r.max_turns) == (30.0, None, 8)
-    with pytest.raises(ValueError, match="initial_emotion"):
-        SageSettings(initial_emotion=120)
-    with pytest.raises(ValueError, match="strictly between"):
-        SageSettings(initial_emotion=0)
-    with pytest.raises(DataError, match="sage: unknown keys"):
-        SageSettings.from_mapping({"start": 3})
-    assert SageSettings.from_mapping({"goodbye_words": ["ciao"]}).goodbye_words == ("ciao",)
-    p = SageProfile.from_mapping(RLVER_ROW)
-    assert p.first_talk == RLVER_ROW["first_talk"] and p.hidden_intention == RLVER_ROW["task"]
-    ours = {
-        "messages": [msg("user", "I failed.")],
-        "profile": {"persona": "student", "situation": "exam", "need": "advice"},
-    }
-    q = SageProfile.from_mapping(ours)
-    assert (q.persona, q.background, q.hidden_intention, q.first_talk) == (
-        "student",
-        "exam",
-        "advice",
-        "I failed.",
-    )
-    with pytest.raises(DataError, match="label 3: needs a persona"):
-        SageProfile.from_mapping({"task": "x"}, "label 3")
-    with pytest.raises(DataError, match="not a JSON profile"):
-        SageProfile.from_label("not json")
-
-
-# ---------------------------------------------------------------------------- the simulated user
-
-
-def test_sage_user_dialogue_with_a_scripted_simulator():
-    engine = ScriptedEngine.from_config(SIM_SCRIPT)
-    user = SageUser(engine, SageProfile.from_mapping(RLVER_ROW))
-    assert user.opening() == RLVER_ROW["first_talk"]  # preset first talk: no simulator call
-    assert engine.calls == []
-    history = [msg("user", user.opening()), msg("assistant", "That must hurt.")]
-    r1 = user.react(history)
-    assert (r1.emotion, r1.delta, r1.done, r1.message) == (50, 10, False, "It still hurts, honestly.")
-    assert r1.analysis["Analyse"] == "a bit better"
-    history += [msg("user", r1.message), msg("assistant", "Tell me about her.")]
-    r2 = user.react(history)
-    assert (r2.emotion, r2.done) == (60, False)
-    history += [msg("user", r2.message), msg("assistant", "She sounds wonderful.")]
-    r3 = user.react(history)  # 70: tier A, the user says goodbye
-    assert (r3.emotion, r3.done, r3.reason) == (70, True, "goodbye")
-    assert user.reward == pytest.approx(0.7) and user.turns == 3 and user.parse_failures == 0
-    # two simulator calls per supporter turn, one batched generate each
-    assert [c["method"] for c in engine.calls] == ["generate"] * 6
-    with pytest.raises(RuntimeError, match="already ended"):
-        user.react(history)
-
-
-def test_unparseable_analysis_is_retried_then_counted_not_scored():
-    engine = ScriptedEngine(
-        rules=[(r"Change: the change", "I feel things."), (r"Response: the final", "Response: hm")]
-    )
-    user = SageUser(engine, SageProfile.from_mapping(RLVER_ROW), SageSettings(max_retries=2))
-    r = user.react([msg("user", "hi"), msg("assistant", "hello")])
-    assert r.delta is None and r.emotion == 40  # unchanged, not a made-up change
-    assert user.parse_failures == 1
-    analysis_calls = [c for c in engine.calls if "Change: the change" in prompt_text(c["prompts"][0])]
-    assert len(analysis_calls) == 3  # first try + 2 retries
-
-
-def test_simulator_writes_the_opening_and_max_turns_ends():
-    engine = ScriptedEngine(
-        rules=[
-            (r"conversation starts now", "Response: Hey. Rough week."),
-            (r"Change: the", "Change: 0"),
-            (r"Response: the final", "Response: ok"),
-        ]
-    )
-    profile = SageProfile.from_mapping({k: v for k, v in RLVER_ROW.items() if k != "first_talk"})
-    user = SageUser(engine, profile, SageSettings(max_turns=2))
-    assert user.opening() == "Hey. Rough week."
-    h = [msg("user", "Hey. Rough week."), msg("assistant", "What happened?")]
-    assert not user.react(h).done
-    h += [msg("user", "ok"), msg("assistant", "I see.")]
-    last = user.react(h)
-    assert last.done and last.reason == "max_turns" and last.message is None  # no reply call when ended
 
 
 # ---------------------------------------------------------------------------- the RLVER episode

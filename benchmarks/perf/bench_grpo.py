@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make bench`: our GRPO (and RAPO) on the fixed shared workload, one JSON line per run.
+"""`make bench`: our GRPO (and RAPO, RLVER) on the fixed shared workload, one JSON line per run.
 
 The workload is ../shared/bench/workload.py (SmolLM2-135M-Instruct in fp32, 8 prompts x 4
 completions, 48 new tokens, beta 0.04 so a reference is scored, full fine-tuning, 4 optimizer
@@ -11,6 +11,9 @@ per-stage breakdown. Model loading is not timed.
     python benchmarks/perf/bench_grpo.py --lora          # LoRA variant (reference = adapter off)
     python benchmarks/perf/bench_grpo.py --algo rapo     # RAPO step (simulator + judge share weights)
     python benchmarks/perf/bench_grpo.py --gradient-checkpointing   # the memory effect (peak_rss_mb)
+    python benchmarks/perf/bench_grpo.py --algo rlver    # RLVER step: 8 profiles x 4 dialogues of
+                                                         # 3 policy turns of <= 48 tokens, the
+                                                         # simulator sharing the policy's weights
     python benchmarks/perf/bench_grpo.py --compare       # peer (TRL, own venv) and ours alternately + ratios
 
 Each run happens in a fresh process, one after another (never two at once on 2 cores).
@@ -48,6 +51,7 @@ STAGES = (
     "simulate",
     "judge",
     "distill",
+    "values",
     "ref_logprobs",
     "old_logprobs",
     "policy_forward",
@@ -146,6 +150,9 @@ def run_ours(args: argparse.Namespace) -> dict:
     ]
     if args.algo == "rapo":
         overrides += ["rewards=[]", "simulator.engine=policy", "judge.engine=policy"]
+    if args.algo == "rlver":
+        overrides = [o for o in overrides if not o.startswith(("data.path=", "rollout.system_prompt="))]
+        overrides += RLVER_OVERRIDES
     cfg = load_config(algo=args.algo, overrides=overrides + args.set)
     t_load = time.perf_counter()
     trainer = Trainer(cfg)
@@ -162,8 +169,9 @@ def run_ours(args: argparse.Namespace) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     sync()
+    extra: dict[str, list[float]] = {}
     t_all = time.perf_counter()
-    for _ in range(w.NUM_STEPS):
+    for _ in range(args.steps or w.NUM_STEPS):
         t0 = time.perf_counter()
         m = trainer.train_step()
         trainer.step += 1
@@ -176,6 +184,8 @@ def run_ours(args: argparse.Namespace) -> dict:
         gen_tokens += n
         gen_time += m["time/generate"]
         rewards.append(m["reward/mean"])
+        for k in RLVER_METRICS if args.algo == "rlver" else ():
+            extra.setdefault(k, []).append(m.get(k, float("nan")))
     total = time.perf_counter() - t_all
     gpu: dict[str, Any] = {}
     if cuda:
@@ -212,6 +222,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         **gpu,
         "breakdown_s_median": {s: round(statistics.median(v), 3) for s, v in per_stage.items() if any(v)},
+        **({"dialogues": {k: [round(x, 3) for x in v] for k, v in extra.items()}} if extra else {}),
         "config": {
             "algo": args.algo,
             "lora": args.lora,
@@ -221,9 +232,27 @@ def run_ours(args: argparse.Namespace) -> dict:
             "asked": trainer.resolved["asked"],
             "decode_loop": trainer.policy.engine.decode_mode,
             "workload": str(Path(w.__file__).parent),
-            "set": args.set,
+            "steps": args.steps or w.NUM_STEPS,
+            "set": (RLVER_OVERRIDES if args.algo == "rlver" else []) + args.set,
         },
     }
+
+
+# RLVER on the workload's sizes: 8 of our bundled profiles (their preset first talks), a group of 4
+# dialogues each, up to 3 policy turns of at most 48 tokens, the simulated user on the policy's own
+# weights. The 135M simulator reads the emotion change from label probabilities and answers in plain
+# text (SAGE's labelled fields are beyond it), so its dialogues run their full length.
+RLVER_OVERRIDES = [
+    "data.path=bundled:sage_profiles_en.jsonl",
+    "rewards=[]",
+    "simulator.engine=policy",
+    "rlver.simulator.max_turns=3",
+    "rlver.simulator.max_new_tokens=96",
+    "rlver.simulator.max_retries=1",
+    "rlver.simulator.emotion_readout=logprobs",
+    "rlver.simulator.plain_reply=true",
+]
+RLVER_METRICS = ("rlver/turns", "emotion/final", "invalid", "rlver/tokens", "sim/parse_failures")
 
 
 def run_subprocess(cmd: list[str]) -> dict:
@@ -286,7 +315,8 @@ def checked_peer(line: dict, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--algo", default="grpo", choices=["grpo", "rapo"])
+    ap.add_argument("--algo", default="grpo", choices=["grpo", "rapo", "rlver"])
+    ap.add_argument("--steps", type=int, help="optimizer steps to time (default: the workload's 4)")
     ap.add_argument("--lora", action="store_true", help="LoRA instead of full fine-tuning")
     ap.add_argument(
         "--gradient-checkpointing",
@@ -348,6 +378,7 @@ def main() -> None:
         "--dtype",
         args.dtype,
     ]
+    ours_cmd += ["--steps", str(args.steps)] if args.steps else []
     ours_cmd += ["--lora"] if args.lora else []
     ours_cmd += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
     ours_cmd += ["--model", args.model] if args.model else []

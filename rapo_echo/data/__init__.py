@@ -3,7 +3,9 @@
 ``load_scenarios()`` with no path gives the bundled English scenarios; ``bundled:NAME`` names any
 file in ``rapo_echo/examples``. Formats: ``scenarios`` (ours), ``esconv`` (raw ESConv /
 FailedESConv), ``ppdpp`` (PPDPP JSONL), ``hf_esconv`` (rows of the HF ``thu-coai/esconv`` dataset,
-read through ``datasets``), or ``auto`` (decided from the first record's keys).
+read through ``datasets``), ``sage`` (RLVER / SAGE simulated-user profiles: one scenario per profile,
+the profile row kept whole, the dialogue its ``first_talk`` or empty), or ``auto`` (decided from the
+first record's keys).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from rapo_echo.data.stream import ScenarioStream
 from rapo_echo.errors import DataError
 from rapo_echo.types import Scenario
 
-FORMATS = ("auto", "scenarios", "esconv", "ppdpp", "hf_esconv")
+FORMATS = ("auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage")
 PathLike = str | os.PathLike[str]
 
 __all__ = [
@@ -87,6 +89,8 @@ def load_scenarios(
         if not records:
             raise DataError(f"{src.name}: holds an empty list; expected at least one scenario")
         scenarios = parse_scenarios(records, src.stem, src.name)
+    elif fmt == "sage":
+        scenarios = _profile_scenarios(src)
     else:
         scenarios = [s for d in _dialogues(src, fmt) for s in dialogue_scenarios(d, selection)]
     if not scenarios:
@@ -101,8 +105,8 @@ def load_dialogues(path: PathLike, fmt: str = "auto") -> list[Dialogue]:
     """Whole ESConv-family conversations (for benchmarks that replay or simulate full dialogues)."""
     src = open_source(path)
     fmt = _resolve_format(src, fmt)
-    if fmt == "scenarios":
-        raise DataError(f"{src.name}: holds scenarios, not ESConv-family conversations")
+    if fmt in ("scenarios", "sage"):
+        raise DataError(f"{src.name}: holds {fmt} records, not ESConv-family conversations")
     return _dialogues(src, fmt)
 
 
@@ -117,6 +121,8 @@ def detect_format(data: Any, where: str) -> str:
         raise DataError(f"{where}: expected a JSON object per record, got {type(data).__name__}")
     if "messages" in data or "opening" in data:
         return "scenarios"
+    if "player" in data or "scene" in data:
+        return "sage"
     dialog = data.get("dialog")
     if isinstance(dialog, list):
         first = next((u for u in dialog if isinstance(u, dict)), {})
@@ -129,8 +135,8 @@ def detect_format(data: Any, where: str) -> str:
         return "hf_esconv"
     raise DataError(
         f"{where}: cannot tell the data format from the keys {sorted(data)}; expected 'messages' or "
-        "'opening' (scenarios), 'dialog' (esconv / ppdpp) or 'text' holding a JSON conversation "
-        "(hf_esconv); or set the format explicitly (fmt= / data.format)"
+        "'opening' (scenarios), 'dialog' (esconv / ppdpp), 'text' holding a JSON conversation "
+        "(hf_esconv) or 'player' / 'scene' (sage profiles); or set the format explicitly (fmt= / data.format)"
     )
 
 
@@ -143,6 +149,23 @@ def _resolve_format(src: Source, fmt: str) -> str:
     if not first:
         raise DataError(f"{src.name}: holds an empty list; expected at least one record")
     return detect_format(first[0].data, first[0].where)
+
+
+def _profile_scenarios(src: Source) -> list[Scenario]:
+    """One scenario per simulated-user profile (validated by the simulator's profile reader)."""
+    from rapo_echo.simulators.sage import SageProfile
+
+    out = []
+    for i, record in enumerate(read_records(src)):
+        row = expect_object(record)
+        profile = SageProfile.from_mapping(row, record.where)
+        ident = profile.id or f"{src.stem}-{i + 1}"
+        messages = [{"role": "user", "content": profile.first_talk}] if profile.first_talk else []
+        meta = {"file": src.name, "format": "sage", "where": record.where}
+        out.append(Scenario(ident, messages, profile=dict(row), meta=meta))  # type: ignore[arg-type]
+    if len({s.id for s in out}) != len(out):
+        raise DataError(f"{src.name}: profile ids are not unique")
+    return out
 
 
 def _dialogues(src: Source, fmt: str) -> list[Dialogue]:

@@ -8,15 +8,19 @@ OpenRLHF 0.11's ``MultiTurnAgentExecutor`` creates one agent instance per rollou
   the ``rewards`` of all steps, appends ``environment_feedback`` to the token sequence with loss mask 0,
   and keeps the last step's ``scores`` and ``extra_logs``.
 
-:class:`RLVEREpisode` does that for a :class:`~rapo_echo.openrlhf.sage_user.SageUser`: the label holds
-the user's profile, the first observation is the system prompt plus the user's opening through the
-chat template, and each step's reward is the emotion *change* / 100 (the first step's from 0), so the
-summed reward is the final emotion / 100 (RLVER's reward) even when OpenRLHF stops the episode early
-because the token budget ran out. ``scores`` is the current emotion / 100.
+:class:`RLVEREpisode` does that with the library's one simulated user,
+:class:`~rapo_echo.simulators.sage.SageSimulator` (one dialogue per episode): the label holds the
+user's profile, the first observation is the system prompt plus the user's opening through the chat
+template, and each step's reward is the change of the reward (final emotion / 100, floored at 0) since
+the last step (the first step's from 0), so the summed reward is RLVER's reward even when OpenRLHF
+stops the episode early because the token budget ran out. ``scores`` is the current reward. OpenRLHF
+cannot mask a sample out of the loss, so a dialogue whose simulator output never parses ends at once
+with a summed reward of 0 (the lowest a valid dialogue can reach) and ``sage/invalid`` = 1.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Callable
@@ -24,13 +28,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.chat_template import ChatMarkers, render_prompt
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
-from rapo_echo.openrlhf.sage_user import EMOTION_MAX, SageProfile, SageSettings, SageUser
-from rapo_echo.openrlhf.template import ChatMarkers, render_prompt
+from rapo_echo.simulators.sage import SageDialogue, SageProfile, SageSettings, SageSimulator
 from rapo_echo.types import Conversation, msg
 
 AGENT_SETTINGS = "rlver_agent.json"
+_EPISODES = itertools.count()
 
 
 class RLVEREpisode:
@@ -49,54 +54,55 @@ class RLVEREpisode:
         self.tokenizer = tokenizer
         self.markers = markers or ChatMarkers.from_tokenizer(tokenizer)
         self.settings = settings or SageSettings()
+        self.simulator = SageSimulator(engine, self.settings)
         self.system_prompt = system_prompt
-        self.user: SageUser | None = None
-        self.history: Conversation = []
+        self.dialogue: SageDialogue | None = None
         self.reported = 0.0
 
     def reset(self, states: dict[str, Any]) -> dict[str, Any]:
         """Start the dialogue for the profile in ``states["label"]``; returns the first observation."""
         profile = SageProfile.from_label(states.get("label"), "label")
-        self.user = SageUser(self.engine, profile, self.settings)
-        self.history = [msg("user", self.user.opening())]
+        episode = f"{profile.id or 'episode'}-{next(_EPISODES)}"
+        self.dialogue = self.simulator.start([profile], [episode])[0]
         self.reported = 0.0
         return {"observation": render_prompt(self.tokenizer, self._conversation())}
 
     def _conversation(self) -> Conversation:
+        assert self.dialogue is not None
         head = [msg("system", self.system_prompt)] if self.system_prompt else []
-        return head + self.history
+        # an opening that never parsed leaves no user message: the first step then ends the episode
+        return head + (self.dialogue.history or [msg("user", "")])
 
     def step(self, states: dict[str, Any]) -> dict[str, Any]:
         """Show the policy's reply to the user, update the emotion, and return OpenRLHF's step dict."""
         import torch
 
-        if self.user is None:
+        d = self.dialogue
+        if d is None:
             raise RuntimeError("step() before reset()")
         action = states["action_text"]
         reply, _ended = self.markers.clean_reply(action)
-        self.history.append(msg("assistant", reply))
-        reaction = self.user.react(self.history)
-        emotion = reaction.emotion / EMOTION_MAX
-        reward, self.reported = emotion - self.reported, emotion
-        if reaction.done:
-            feedback = ""
-        else:
-            assert reaction.message is not None
-            self.history.append(msg("user", reaction.message))
-            feedback = self.markers.feedback(action, reaction.message)
+        if not d.done:
+            self.simulator.step([d], [reply])
+        score = 0.0 if d.invalid else d.reward
+        reward, self.reported = score - self.reported, score
+        feedback = ""
+        if not d.done:
+            feedback = self.markers.feedback(action, d.history[-1]["content"])
         logs = {
-            "sage/emotion": reaction.emotion,
-            "sage/turns": float(self.user.turns),
-            "sage/parse_failures": float(self.user.parse_failures),
-            "sage/goodbye": float(reaction.reason == "goodbye"),
-            "sage/emotion_high": float(reaction.reason == "emotion_high"),
-            "sage/emotion_low": float(reaction.reason == "emotion_low"),
+            "sage/emotion": d.emotion,
+            "sage/turns": float(d.turns),
+            "sage/parse_failures": float(d.parse_failures),
+            "sage/invalid": float(d.invalid),
+            "sage/goodbye": float(d.reason == "goodbye"),
+            "sage/emotion_high": float(d.reason == "emotion_high"),
+            "sage/emotion_low": float(d.reason == "emotion_low"),
         }
         return {
             "rewards": torch.tensor(reward, dtype=torch.float32),
-            "scores": torch.tensor(emotion, dtype=torch.float32),
+            "scores": torch.tensor(score, dtype=torch.float32),
             "environment_feedback": feedback,
-            "done": reaction.done,
+            "done": d.done,
             "sampling_params": states.get("sampling_params"),
             "extra_logs": logs,
         }

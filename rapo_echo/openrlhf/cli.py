@@ -44,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sage-preset",
         choices=("sage", "rlver"),
         default="sage",
-        help="simulated user: SAGE evaluation settings (start 40, change clamped to +-10, 10 turns) or "
-        "RLVER's training simulator (start 30, no clamp, 8 turns)",
+        help="simulated user: SAGE evaluation settings (start 40, change clamped to +-10, ends below 10, "
+        "10 turns) or RLVER's training simulator (start 30, no clamp, ends at <= 0, 8 turns)",
     )
     ex.add_argument("--invalid-reward", type=float, help="reward of an unscorable sample (default -sum|w|)")
     ex.set_defaults(func=run_export)
@@ -86,7 +86,7 @@ def run_export(args: argparse.Namespace) -> int:
         export_reward_file,
         export_rlver_agent,
     )
-    from rapo_echo.openrlhf.sage_user import SageSettings
+    from rapo_echo.simulators.sage import preset
 
     cfg = _build_config(args)
     if not cfg.rewards and not args.agent:
@@ -97,7 +97,7 @@ def run_export(args: argparse.Namespace) -> int:
     if cfg.rewards:
         written.append(export_reward_file(cfg, out, invalid_reward=args.invalid_reward, tokenizer=tokenizer))
     if args.agent:
-        settings = SageSettings.rlver_training() if args.sage_preset == "rlver" else SageSettings()
+        settings = preset(args.sage_preset)
         written.append(export_rlver_agent(cfg, out, settings=settings, tokenizer=tokenizer))
     if args.profiles:
         written.append(export_profiles(cfg, args.profiles, out))

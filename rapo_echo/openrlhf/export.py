@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import __version__
+from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import RunConfig, dump_config, load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.openrlhf.agent import AGENT_SETTINGS, write_agent_settings
 from rapo_echo.openrlhf.dataset import write_profiles, write_prompts
 from rapo_echo.openrlhf.reward_runtime import default_invalid_reward
-from rapo_echo.openrlhf.sage_user import SageSettings
-from rapo_echo.openrlhf.template import ChatMarkers
+from rapo_echo.simulators.sage import SageSettings
 
 CONFIG_FILE = "run_config.yaml"
 TOKENIZER_DIR = "tokenizer"

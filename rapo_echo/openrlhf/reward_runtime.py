@@ -2,7 +2,7 @@
 ``reward_func(queries, prompts, labels, **kwargs) -> {"rewards", "scores", "extra_logs"}``.
 
 * ``queries`` are prompt + response decoded *with* special tokens; each is split at the prompt's last
-  assistant opening (:class:`~rapo_echo.openrlhf.template.ChatMarkers`), and the reply is cut at its
+  assistant opening (:class:`~rapo_echo.chat_template.ChatMarkers`), and the reply is cut at its
   end-of-turn marker (no marker: the reply was truncated, ``finish_reason="length"``).
 * The prompt conversation comes from the label when it carries a rapo-echo scenario (datasets written
   by :mod:`rapo_echo.openrlhf.dataset`), else from parsing the rendered prompt.
@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import RunConfig, load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.openrlhf.dataset import scenario_from_label
-from rapo_echo.openrlhf.template import ChatMarkers
 from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.types import Sample, Scenario
 

@@ -34,6 +34,7 @@ BUILTINS = {
     "length": "rapo_echo.rewards.builtin:LengthReward",
     "format": "rapo_echo.rewards.builtin:FormatReward",
     "question": "rapo_echo.rewards.builtin:QuestionReward",
+    "think_format": "rapo_echo.rewards.builtin:ThinkFormatReward",
     "judge": "rapo_echo.rewards.judge:JudgeReward",
     "humanlike": "rapo_echo.rewards.echo_n1:HumanlikeReward",
     "empathy": "rapo_echo.rewards.echo_n1:EmpathyReward",

@@ -1,4 +1,4 @@
-"""Built-in rule rewards: ``length``, ``format`` and ``question``."""
+"""Built-in rule rewards: ``length``, ``format``, ``question`` and ``think_format``."""
 
 from __future__ import annotations
 
@@ -84,3 +84,25 @@ class QuestionReward:
 
     def __call__(self, samples: Sequence[Sample]) -> list[float]:
         return [1.0 if "?" in s.text else 0.0 for s in samples]
+
+
+class ThinkFormatReward:
+    """Thinking mode's format reward: 1 when the reply is ``<think>thought</think> reply`` (one pair of
+    tags, opening the reply, with a non-empty thought and reply), else 0 (missing or malformed tags).
+    RLVER's paper zeroes the reward of such replies; with ``--algo rlver`` it is scored per policy turn
+    and the dialogue gets the weighted mean over its turns."""
+
+    name = "think_format"
+
+    def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
+        from rapo_echo.prompting import split_thinking
+
+        out = []
+        for s in samples:
+            well = split_thinking(s.text).well_formed
+            out.append(
+                RewardOutput(
+                    1.0 if well else 0.0, None if well else "The thinking tags are missing or malformed."
+                )
+            )
+        return out

@@ -1,8 +1,10 @@
 """The text markers of a tokenizer's chat template, read from the template itself.
 
-OpenRLHF hands reward functions and agents *text*: prompts rendered through the chat template and
-``queries`` = prompt + response decoded with special tokens. :class:`ChatMarkers` recovers what each
-message looks like in that text by rendering a probe conversation with sentinel contents, so it can
+Multi-turn rollouts append turns to a token sequence instead of re-rendering the whole conversation
+(``--algo rlver``), and OpenRLHF hands reward functions and agents *text*: prompts rendered through the
+chat template and ``queries`` = prompt + response decoded with special tokens. :class:`ChatMarkers`
+recovers what each message looks like by rendering a probe conversation with sentinel contents, so it
+can
 
 * split a query into (prompt text, reply) at the prompt's last assistant marker,
 * cut a raw reply at its end-of-turn marker (telling whether it ended or was truncated),
@@ -53,7 +55,7 @@ class ChatMarkers:
 
         def fail(why: str) -> ConfigError:
             return ConfigError(
-                f"the chat template of {name} is not supported by the OpenRLHF text bridge ({why}); "
+                f"the chat template of {name} is not supported for multi-turn token building ({why}); "
                 "it needs templates that render each message as prefix + content + end-of-turn"
             )
 
@@ -141,13 +143,14 @@ class ChatMarkers:
 
     def closing(self, action_text: str) -> str:
         """What must follow a policy turn's raw text to close the assistant message: the whole
-        end-of-turn suffix, or its rest when the text already ends with its stop token (vLLM keeps
-        EOS in the text when special tokens are not skipped, OpenRLHF's default)."""
+        end-of-turn suffix, or what follows its stop token when the text already ends with that token
+        (vLLM keeps EOS in the text when special tokens are not skipped, OpenRLHF's default; a model
+        samples the stop token itself, also where the template writes whitespace before it)."""
         if action_text.endswith(self.suffix):
             return ""
         for stop in sorted(self.stop_texts, key=len, reverse=True):
-            if self.suffix.startswith(stop) and action_text.endswith(stop):
-                return self.suffix[len(stop) :]
+            if stop in self.suffix and action_text.endswith(stop):
+                return self.suffix[self.suffix.index(stop) + len(stop) :]
         return self.suffix
 
     def feedback(self, action_text: str, user_message: str) -> str:

@@ -1,0 +1,281 @@
+"""SAGE ("Sentient Agent as a Judge", arXiv 2505.02847): the policy supports a simulated user whose
+emotion is the score (research notes: ``rlver.md`` sections 1 and 3).
+
+Live mode (``rapo-echo eval --benchmark sage``): each profile's dialogue opens with its ``first_talk``
+(written by the simulator when the profile has none); then, in lockstep over the batch, the policy
+replies (one call) and the :class:`~rapo_echo.simulators.sage.SageSimulator` with the ``sage`` preset
+updates the emotion and answers (one call each). As in SAGE's released loop (``SAGE/test_npc.py``) the
+policy writes at most ``max_turns`` (10) replies and the simulator reacts to all but the last, so the
+final emotion comes after at most 9 reactions; a dialogue also stops when the user says goodbye, at
+emotion >= 100, or below 10. Reported: the SAGE score (mean final emotion), successes (>= 100) and
+failures (< 10) as counts, the average number of policy replies, and transcripts with the emotion and
+inner thoughts of every turn. A dialogue whose simulator output never parses is invalid: counted,
+excluded from the metrics.
+
+Transcripts mode (``--transcripts DIR``): scores dialogues already run, in SAGE's released result format
+(``SAGE/dataset/<simulator>_based_simulator/<model>_result.jsonl``: one JSON object a line with ``id``,
+the final ``emo_point``, ``emo_state`` and ``history``, whose user turns carry ``emotion-point`` and the
+simulator's ``planning``), so published leaderboard figures can be recomputed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.engines.base import generate_texts
+from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.simulators.sage import (
+    PROMPT_VERSION,
+    SageDialogue,
+    SageSimulator,
+    load_profiles,
+    preset,
+)
+from rapo_echo.types import Conversation, msg
+
+DEFAULT_MAX_TURNS = 10
+DEFAULT_SIMULATOR_TOKENS = 512
+SUCCESS_AT = 100.0
+FAILURE_BELOW = 10.0
+
+
+def outcome(final_emotion: float, turns: int) -> dict[str, Any]:
+    """The per-dialogue metrics SAGE reports: final emotion, success (>= 100), failure (< 10), turns."""
+    return {
+        "final_emotion": final_emotion,
+        "success": float(final_emotion >= SUCCESS_AT),
+        "failure": float(final_emotion < FAILURE_BELOW),
+        "turns": turns,
+    }
+
+
+def summarize_outcomes(records: Sequence[Record]) -> dict[str, Any]:
+    """SAGE score (mean final emotion), success / failure counts and rates, mean turns, over valid records."""
+    valid = [r["metrics"] for r in records if r.get("valid")]
+    successes = int(sum(m["success"] for m in valid))
+    failures = int(sum(m["failure"] for m in valid))
+    return {
+        "score": mean([m["final_emotion"] for m in valid]),
+        "successes": successes,
+        "failures": failures,
+        "success_rate": successes / len(valid) if valid else None,
+        "failure_rate": failures / len(valid) if valid else None,
+        "avg_turns": mean([m["turns"] for m in valid]),
+    }
+
+
+class Sage:
+    """SAGE's supportive-dialogue benchmark with a simulated user."""
+
+    name = "sage"
+    roles = ("policy", "simulator")
+    headline = (("score", "SAGE score"), ("successes", "SAGE success"), ("failures", "SAGE failure"))
+    # recorded in config.json, so a folder is only resumed under the same simulator prompts
+    protocol: ClassVar[dict[str, str]] = {"simulator_prompts": PROMPT_VERSION, "simulator_preset": "sage"}
+
+    def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
+        """One case per profile (``data``: RLVER / SAGE profile JSONL; default: our bundled English ones)."""
+        return [Case(str(p.id), p, {"first_talk": bool(p.first_talk)}) for p in load_profiles(data)]
+
+    def simulator(self, roles: Roles, settings: EvalSettings) -> SageSimulator:
+        """The simulated user with the ``sage`` preset, reacting to all policy replies but the last."""
+        if roles.simulator is None:
+            raise ConfigError("the sage benchmark needs a simulator engine (--simulator)")
+        turns = settings.max_turns or DEFAULT_MAX_TURNS
+        if turns < 2:
+            raise ConfigError(
+                "sage: --max-turns must be >= 2 (the simulator reacts to all replies but the last)"
+            )
+        sim_settings = dataclasses.replace(
+            preset("sage"),
+            max_turns=turns - 1,
+            temperature=settings.simulator_temperature,
+            max_new_tokens=settings.simulator_max_new_tokens or DEFAULT_SIMULATOR_TOKENS,
+            max_retries=settings.judge_retries,
+        )
+        return SageSimulator(roles.simulator, sim_settings, seed=settings.seed or 0)
+
+    def run_batch(self, cases: Sequence[Case], roles: Roles, settings: EvalSettings, emit: Emit) -> None:
+        sim = self.simulator(roles, settings)
+        dialogues = sim.start([c.data for c in cases], [c.id for c in cases])
+        by_id = {c.id: c for c in cases}
+        for d in dialogues:
+            if d.done:
+                emit(self._record(by_id[d.id], d, last_reply=None))
+        while active := [d for d in dialogues if not d.done]:
+            replies = generate_texts(
+                roles.policy, [self._policy_prompt(settings, d) for d in active], settings.policy_params()
+            )
+            sim.step(active, [r.strip() for r in replies])
+            ended = [d for d in active if d.done]
+            # SAGE's loop: after the simulator's last reaction the policy still answers once, unscored
+            final = [d for d in ended if d.reason == "max_turns"]
+            last: dict[str, str] = {}
+            if final:
+                texts = generate_texts(
+                    roles.policy, [self._policy_prompt(settings, d) for d in final], settings.policy_params()
+                )
+                last = {d.id: t.strip() for d, t in zip(final, texts)}
+            for d in ended:
+                emit(self._record(by_id[d.id], d, last_reply=last.get(d.id)))
+
+    @staticmethod
+    def _policy_prompt(settings: EvalSettings, d: SageDialogue) -> Conversation:
+        head = [msg("system", settings.system_prompt)] if settings.system_prompt else []
+        return head + list(d.history)
+
+    def _record(self, case: Case, d: SageDialogue, *, last_reply: str | None) -> Record:
+        transcript: list[dict[str, Any]] = []
+        turn_log = {e["turn"]: e for e in d.log}
+        policy_turn = 0
+        for m in d.history:
+            entry: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+            if m["role"] == "assistant":
+                policy_turn += 1
+            else:
+                log = turn_log.get(policy_turn, {})
+                entry["emotion"] = d.emotions[policy_turn] if policy_turn < len(d.emotions) else None
+                if "analysis" in log:
+                    entry["inner"] = log["analysis"]
+                if "thinking" in log:
+                    entry["thinking"] = log["thinking"]
+            transcript.append(entry)
+        if last_reply is not None:
+            transcript.append({"role": "assistant", "content": last_reply, "unscored": True})
+        turns = d.turns + (last_reply is not None)
+        info = {
+            "end_reason": d.reason,
+            "emotions": d.emotions,
+            "parse_failures": d.parse_failures,
+            "first_talk": bool(case.data.first_talk),
+            "hidden_intention": case.data.hidden_intention,
+            "log": d.log,
+        }
+        metrics = outcome(d.emotion, turns) if not d.invalid else {}
+        return make_record(case, valid=not d.invalid, metrics=metrics, transcript=transcript, info=info)
+
+    def summarize(self, records: Sequence[Record]) -> dict[str, Any]:
+        return summarize_outcomes(records)
+
+
+# ---------------------------------------------------------------------------- released transcripts
+
+RESULT_SUFFIX = "_result.jsonl"
+
+
+def released_record(obj: Any, where: str, model: str) -> Record:
+    """One dialogue of SAGE's released result format as our record: the final ``emo_point`` is the
+    score; a dialogue without a numeric ``emo_point`` is invalid (counted, never read as 0)."""
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
+    ident = obj.get("id")
+    if not isinstance(ident, str) or not ident:
+        raise DataError(f"{where}: id: missing or not a string; SAGE result lines have a string 'id'")
+    history = obj.get("history")
+    if not isinstance(history, list):
+        raise DataError(f"{where}: history: expected a list of messages, got {type(history).__name__}")
+    transcript = []
+    for i, m in enumerate(history):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise DataError(
+                f"{where}: history[{i}]: expected {{'role': 'user' | 'assistant', 'content': ...}}"
+            )
+        entry: dict[str, Any] = {"role": m["role"], "content": str(m.get("content", ""))}
+        if m["role"] == "user":
+            entry["emotion"] = m.get("emotion-point")
+            if isinstance(m.get("planning"), dict):
+                entry["inner"] = m["planning"]
+            if m.get("thinking"):
+                entry["thinking"] = m["thinking"]
+        transcript.append(entry)
+    final = obj.get("emo_point")
+    valid = isinstance(final, (int, float)) and not isinstance(final, bool)
+    user_points = [t["emotion"] for t in transcript if t["role"] == "user" and t.get("emotion") is not None]
+    info = {
+        "model": model,
+        "emo_state": obj.get("emo_state"),
+        "hidden_intention": obj.get("task"),
+        "emotions": user_points,
+        "source": where,
+    }
+    if valid and user_points and user_points[-1] != final:
+        info["mismatch"] = f"emo_point {final} but the last user turn has emotion-point {user_points[-1]}"
+    turns = sum(t["role"] == "assistant" for t in transcript)
+    metrics = outcome(float(final), turns) if valid else {}
+    return {"id": ident, "valid": valid, "metrics": metrics, "transcript": transcript, "info": info}
+
+
+def result_files(path: str | Path) -> list[Path]:
+    """``*_result.jsonl`` files under ``path`` (a folder, searched recursively), or ``path`` itself."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise DataError(f"{p}: no such file or folder of SAGE result files")
+    files = sorted(p.rglob(f"*{RESULT_SUFFIX}"))
+    if not files:
+        raise DataError(f"{p}: holds no *{RESULT_SUFFIX} files (SAGE/dataset/<simulator>_based_simulator/)")
+    return files
+
+
+def model_name(path: Path) -> str:
+    """The policy model and simulator a result file belongs to, from SAGE's naming scheme."""
+    model = path.name[: -len(RESULT_SUFFIX)] if path.name.endswith(RESULT_SUFFIX) else path.stem
+    folder = path.parent.name
+    return f"{model} ({folder})" if folder.endswith("_based_simulator") else model
+
+
+def score_transcripts(path: str | Path, output: str | Path) -> list[dict[str, Any]]:
+    """Score every SAGE result file under ``path``; writes one eval folder per file under ``output``
+    (``results.jsonl``, ``config.json``, ``summary.json``, readable by ``rapo-echo report``) and returns
+    the summaries."""
+    from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, SUMMARY_FILE, write_json_atomic
+    from rapo_echo.data.files import open_source, read_records
+
+    out_root = Path(output)
+    files = result_files(path)
+    summaries = []
+    for f in files:
+        name = model_name(f)
+        records = [released_record(r.data, r.where, name) for r in read_records(open_source(f))]
+        ids = [r["id"] for r in records]
+        if len(set(ids)) != len(ids):
+            raise DataError(f"{f}: dialogue ids are not unique")
+        folder = out_root
+        if len(files) > 1:  # one folder per result file: <simulator folder>/<file stem>
+            folder = out_root / (f.parent.name if f.parent.name.endswith("_based_simulator") else "") / f.stem
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {
+            "benchmark": Sage.name,
+            "mode": "transcripts",
+            "models": {"policy": name, "simulator": f.parent.name},
+            "data": str(f),
+        }
+        write_json_atomic(folder / CONFIG_FILE, config)
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        (folder / RESULTS_FILE).write_text(text, encoding="utf-8")
+        n_valid = sum(r["valid"] for r in records)
+        summary = {
+            "benchmark": Sage.name,
+            "mode": "transcripts",
+            "models": config["models"],
+            "data": str(f),
+            "n_cases": len(records),
+            "n_valid": n_valid,
+            "n_invalid": len(records) - n_valid,
+            "n_expected": len(records),
+            "complete": True,
+            "metrics": summarize_outcomes(records),
+            "headline": [list(h) for h in Sage.headline],
+            "mismatches": sum("mismatch" in r["info"] for r in records),
+            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        write_json_atomic(folder / SUMMARY_FILE, summary)
+        summaries.append({**summary, "output": str(folder)})
+    return summaries

@@ -1,0 +1,678 @@
+"""The SAGE-style simulated user (research notes: ``rlver.md`` section 1), used by ``--algo rlver``, the
+SAGE benchmark and the OpenRLHF agent alike.
+
+A user is a persona, a background (scene), a goal and a hidden intention, plus an emotion from 0 to
+100. Per policy turn the simulator LLM is called twice, for every dialogue of a batch at once:
+
+1. *analysis* (``Content / TargetCompletion / Activity / Analyse / Change``): how the supporter's
+   newest reply lands; ``Change`` is the signed emotion change, clamped to ``[-max_delta, max_delta]``
+   (SAGE; RLVER's training simulator does not clamp), then the emotion is capped at 100;
+2. *reply* (``Thinking / Origin / Change / Response``), written from the new emotion tier
+   (S >= 100, A >= 70, B >= 40, C >= 10, F below); only ``Response`` is said to the supporter.
+
+A dialogue ends after ``max_turns`` supporter replies, when the user says goodbye, when the emotion
+reaches 100, or when it falls below the floor (SAGE: < 10; RLVER: <= 0). A reply that does not parse is
+asked again (``max_retries``); one that never parses ends the dialogue as *invalid*, which callers mask
+and count -- it is never turned into a number. Presets: ``sage`` (SAGE's evaluation simulator: start at
+40, change clamped to +-10, stop below 10) and ``rlver`` (RLVER's released training simulator: start at
+30, no clamp, stop at <= 0, 8 turns, no hinting at needs).
+
+Untrusted text (persona, background, intention, dialogue) enters prompts only in fenced blocks
+(:mod:`rapo_echo.judges.fencing`); each prompt's marker comes from a ``random.Random`` seeded with the
+simulator's seed, the dialogue's fence key, the turn and the call, so a deterministic simulator LLM
+reruns identically however the dialogues are batched. The prompts are our own English wording of
+SAGE's two calls (``PROMPT_VERSION`` names them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rapo_echo.engines.base import ChatEngine, normalize_choices
+from rapo_echo.errors import DataError
+from rapo_echo.judges.base import generate_parsed, wants_logprobs
+from rapo_echo.judges.fencing import Fence
+from rapo_echo.types import Conversation, SamplingParams, msg
+
+PROMPT_VERSION = "rapo-echo-sage-en-1"
+EMOTION_MAX = 100.0
+ANALYSIS_FIELDS = ("Content", "TargetCompletion", "Activity", "Analyse", "Change")
+REPLY_FIELDS = ("Thinking", "Origin", "Change", "Response")
+TIERS = (("S", 100.0), ("A", 70.0), ("B", 40.0), ("C", 10.0), ("F", -float("inf")))
+TIER_BEHAVIOUR = {
+    "S": "your emotion is at its highest; thank the supporter and end the talk with a goodbye",
+    "A": "high: the talk feels good to you and your answers are warm and open",
+    "B": "middle: you feel neither good nor bad about the talk",
+    "C": "low: the talk feels bad to you and your answers are cold, doubtful or irritated",
+    "F": "at its lowest: you do not want to go on; say goodbye and end the talk",
+}
+# The change options read from label probabilities (``emotion_readout: logprobs``): SAGE's simulators
+# almost always answer one of these (rlver.md 1.2).
+CHANGE_OPTIONS = {"-10": -10.0, "-5": -5.0, "0": 0.0, "+5": 5.0, "+10": 10.0}
+GOAL = (
+    "This is a heart-to-heart talk: you confide in the supporter about what happened to you, starting "
+    "from the topics in your background and going deeper. You confide in line with your hidden "
+    "intention but never reveal it. You answer according to your current emotion, and you talk about "
+    "concrete events rather than abstract feelings."
+)
+END_REASONS = ("max_turns", "goodbye", "emotion_high", "emotion_low", "invalid", "token_budget")
+
+
+@dataclass(frozen=True)
+class SageSettings:
+    """How the simulated user behaves (the ``sage`` preset by default; see :func:`preset`).
+
+    ``max_turns`` counts the supporter replies the user reacts to; ``floor`` ends a dialogue when the
+    emotion falls below it (at or below it with ``floor_inclusive``); ``closing_message`` writes the
+    user's last words after a dialogue has ended (SAGE's transcripts have them; training does not need
+    them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
+    ``emotion_readout`` reads the change from the parsed ``Change`` field (``text``), from the label
+    probabilities of the options in :data:`CHANGE_OPTIONS` after the analysis (``logprobs``; robust with
+    small simulators), or from probabilities when the engine exposes them (``auto``); ``plain_reply``
+    asks for the user's message alone instead of SAGE's four labelled fields (small simulators)."""
+
+    initial_emotion: float = 40.0
+    max_delta: float | None = 10.0
+    max_turns: int = 10
+    floor: float = 10.0
+    floor_inclusive: bool = False
+    goodbye_words: tuple[str, ...] = ("goodbye", "bye", "再见", "拜拜")
+    closing_message: bool = True
+    allow_hints: bool = True
+    emotion_readout: str = "text"
+    plain_reply: bool = False
+    temperature: float = 0.7
+    max_new_tokens: int = 512
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.initial_emotion < EMOTION_MAX:
+            raise ValueError(f"initial_emotion must be below {EMOTION_MAX:g}, got {self.initial_emotion}")
+        if self.max_delta is not None and self.max_delta <= 0:
+            raise ValueError(f"max_delta must be > 0 or None (no clamp), got {self.max_delta}")
+        if self.max_turns < 1 or self.max_retries < 0 or self.max_new_tokens < 1:
+            raise ValueError(
+                "max_turns and max_new_tokens must be >= 1 and max_retries >= 0, got "
+                f"{self.max_turns}, {self.max_new_tokens}, {self.max_retries}"
+            )
+        if self.emotion_readout not in ("text", "logprobs", "auto"):
+            raise ValueError(f"emotion_readout must be text, logprobs or auto, got {self.emotion_readout!r}")
+        if below_floor(self.initial_emotion, self):
+            raise ValueError(
+                f"initial_emotion {self.initial_emotion} is already below the floor {self.floor}: the "
+                "dialogue would end before it starts"
+            )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "sage") -> SageSettings:
+        """Build from a JSON/YAML mapping (``preset`` picks the base); unknown keys and bad values name
+        ``where``."""
+        values = dict(data)
+        base = values.pop("preset", "sage")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise DataError(f"{where}: unknown keys {unknown}; allowed: preset, {', '.join(sorted(known))}")
+        if "goodbye_words" in values:
+            values["goodbye_words"] = tuple(values["goodbye_words"])
+        try:
+            return replace(preset(base), **values)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{where}: {exc}") from exc
+
+
+PRESETS = ("sage", "rlver")
+
+
+def preset(name: str) -> SageSettings:
+    """``sage``: SAGE's evaluation simulator; ``rlver``: RLVER's released training simulator."""
+    if name == "sage":
+        return SageSettings()
+    if name == "rlver":
+        return SageSettings(
+            initial_emotion=30.0,
+            max_delta=None,
+            max_turns=8,
+            floor=0.0,
+            floor_inclusive=True,
+            closing_message=False,
+            allow_hints=False,
+        )
+    raise ValueError(f"unknown simulated-user preset {name!r}; allowed: {', '.join(PRESETS)}")
+
+
+# ---------------------------------------------------------------------------- emotion rules
+
+
+def clamp_delta(delta: float, max_delta: float | None) -> float:
+    """The change clamped to ``[-max_delta, max_delta]`` (unchanged when ``max_delta`` is None)."""
+    if max_delta is None:
+        return delta
+    return max(-max_delta, min(max_delta, delta))
+
+
+def update_emotion(current: float, delta: float, max_delta: float | None = 10.0) -> float:
+    """``min(100, current + clamp_delta(delta))``: SAGE's per-turn update (no lower bound, as in both
+    released simulators; the floor ends the dialogue instead)."""
+    return min(EMOTION_MAX, current + clamp_delta(delta, max_delta))
+
+
+def tier(emotion: float) -> str:
+    """The emotion tier: S (>= 100), A (>= 70), B (>= 40), C (>= 10), F (below 10)."""
+    return next(name for name, low in TIERS if emotion >= low)
+
+
+def below_floor(emotion: float, settings: SageSettings) -> bool:
+    """Whether ``emotion`` ends the dialogue from below."""
+    return emotion <= settings.floor if settings.floor_inclusive else emotion < settings.floor
+
+
+def says_goodbye(text: str, words: Sequence[str]) -> bool:
+    """True when ``text`` contains a goodbye word (whole words for Latin script, substrings otherwise)."""
+    for word in words:
+        if word.isascii():
+            if re.search(rf"(?<![a-z]){re.escape(word.lower())}(?![a-z])", text.lower()):
+                return True
+        elif word in text:
+            return True
+    return False
+
+
+def end_reason(emotion: float, turns: int, settings: SageSettings) -> str | None:
+    """Why the dialogue ends after ``turns`` supporter replies at this emotion, or None."""
+    if emotion >= EMOTION_MAX:
+        return "emotion_high"
+    if below_floor(emotion, settings):
+        return "emotion_low"
+    if turns >= settings.max_turns:
+        return "max_turns"
+    return None
+
+
+def final_reward(emotion: float) -> float:
+    """RLVER's reward: the final emotion / 100, floored at 0."""
+    return max(0.0, emotion) / EMOTION_MAX
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def parse_fields(text: str, names: Sequence[str]) -> dict[str, str]:
+    """Labelled fields ``Name: value`` (any case, optional markdown bold / bullets, ASCII or full-width
+    colon); each value runs until the next known label; the first occurrence of a label wins."""
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    label = re.compile(rf"^[ \t>*#\-]*\**\s*({alternatives})\s*\**\s*[:：]\s*\**", re.I | re.M)
+    found = list(label.finditer(text))
+    canonical = {n.lower(): n for n in names}
+    out: dict[str, str] = {}
+    for i, m in enumerate(found):
+        end = found[i + 1].start() if i + 1 < len(found) else len(text)
+        name = canonical[m.group(1).lower()]
+        out.setdefault(name, text[m.end() : end].strip().strip("*").strip())
+    return out
+
+
+def parse_change(text: str) -> float | None:
+    """The emotion change of an analysis: the first signed number of its ``Change`` field (SAGE reads
+    the first integer the same way); None when the field is missing or holds no number."""
+    value = parse_fields(text, ANALYSIS_FIELDS).get("Change")
+    if value is None:
+        return None
+    m = re.search(r"[-+−]?\s*\d+(?:\.\d+)?", value)
+    if not m:
+        return None
+    return float(m.group(0).replace("−", "-").replace(" ", ""))
+
+
+def parse_response(text: str) -> str | None:
+    """The ``Response`` field of a reply (what the user says), or None when it is missing or empty."""
+    value = parse_fields(text, REPLY_FIELDS).get("Response")
+    if not value:
+        return None
+    return value.strip().strip('"').strip("“”").strip() or None
+
+
+_SPEAKER_TAG = re.compile(r"^\s*\**\s*(?:response|you|me|user|final message)\s*\**\s*[:：]\s*\**\s*", re.I)
+
+
+def parse_plain_reply(text: str) -> str | None:
+    """A plain reply (``plain_reply``): the text's first paragraph without a leading speaker label or
+    quotes; None when nothing is left or the text drifts into the supporter's lines."""
+    text = _SPEAKER_TAG.sub("", text.strip(), count=1).split("\n\n")[0].strip()
+    if re.match(r"^\s*supporter\s*[:：]", text, re.I):
+        return None
+    return text.strip('"').strip("“”").strip() or None
+
+
+def analysis_before_change(text: str) -> str | None:
+    """The analysis text up to (not including) its ``Change`` label, or the whole text when it has none
+    (the prefix after which ``emotion_readout: logprobs`` reads the change); None when empty."""
+    m = re.search(r"^[ \t>*#\-]*\**\s*Change\s*\**\s*[:：]", text, re.I | re.M)
+    head = (text[: m.start()] if m else text).rstrip()
+    return head or None
+
+
+# ---------------------------------------------------------------------------- profiles
+
+
+@dataclass(frozen=True)
+class SageProfile:
+    """Who the simulated user is. ``first_talk`` is a preset opening message (SAGE's test set)."""
+
+    persona: str
+    background: str
+    hidden_intention: str = ""
+    first_talk: str | None = None
+    goal: str = GOAL
+    id: str | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "profile") -> SageProfile:
+        """Accepts RLVER / SAGE profile rows (``player``, ``scene``, ``task``, ``first_talk``), rapo-echo
+        scenario profiles (``persona``, ``situation``, ``need``, ...) or a whole scenario mapping
+        (``profile`` plus ``messages`` / ``opening``, whose last user message is the first talk)."""
+        if not isinstance(data, Mapping):
+            raise DataError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        ident = data.get("id")
+        first = data.get("first_talk") or data.get("opening")
+        if isinstance(data.get("profile"), Mapping):
+            messages = data.get("messages") or []
+            users = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
+            first = first or (users[-1] if users else None)
+            data = {**data["profile"], **({"first_talk": first} if first else {})}
+        for key in ("player", "persona", "scene", "situation", "background", "task", "need", "first_talk"):
+            if data.get(key) is not None and not isinstance(data[key], str):
+                raise DataError(f"{where}: {key}: got {type(data[key]).__name__}; expected a string")
+        persona = data.get("player") or data.get("persona")
+        background = data.get("scene") or data.get("situation") or data.get("background")
+        extra = [f"{k.replace('_', ' ')}: {data[k]}" for k in ("emotion_type", "problem_type") if data.get(k)]
+        if extra:
+            background = "\n".join([background or "", *extra]).strip()
+        if not persona and not background:
+            raise DataError(
+                f"{where}: needs a persona ('player' or 'persona') or a background ('scene' or 'situation'); "
+                f"got keys {sorted(data)}"
+            )
+        intention = data.get("task") or data.get("need") or data.get("hidden_intention") or ""
+        return cls(
+            persona=str(persona or "(not given)"),
+            background=str(background or "(not given)"),
+            hidden_intention=str(intention),
+            first_talk=str(first) if first else None,
+            goal=str(data.get("goal") or GOAL),
+            id=str(ident) if ident is not None else None,
+        )
+
+    @classmethod
+    def from_label(cls, label: Any, where: str = "label") -> SageProfile:
+        """From an OpenRLHF label: a JSON string (or already decoded mapping) of a profile."""
+        if isinstance(label, str):
+            try:
+                label = json.loads(label)
+            except ValueError as exc:
+                raise DataError(f"{where}: not a JSON profile ({exc}): {label[:120]!r}") from exc
+        return cls.from_mapping(label, where)
+
+
+BUNDLED_PROFILES = "sage_profiles_en.jsonl"
+
+
+def load_profiles(path: str | os.PathLike[str] | None = None) -> list[SageProfile]:
+    """Profiles from a JSON / JSONL file (RLVER / SAGE rows or ours); ``None`` = our bundled English
+    profiles. Every profile gets an id (its own, else ``<file stem>-<line>``); errors name file and line."""
+    from rapo_echo.data.files import BUNDLED_PREFIX, open_source, read_records
+
+    src = open_source(BUNDLED_PREFIX + BUNDLED_PROFILES if path is None else path)
+    out = []
+    for i, record in enumerate(read_records(src)):
+        profile = SageProfile.from_mapping(record.data, record.where)
+        out.append(profile if profile.id else replace(profile, id=f"{src.stem}-{i + 1}"))
+    if not out:
+        raise DataError(f"{src.name}: holds no profiles")
+    ids = [p.id for p in out]
+    if len(set(ids)) != len(ids):
+        raise DataError(
+            f"{src.name}: profile ids are not unique ({next(i for i in ids if ids.count(i) > 1)!r})"
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------- prompts
+
+SPEAKERS = {"user": "You", "assistant": "Supporter"}
+
+
+def render_dialogue(history: Sequence[Mapping[str, str]]) -> str:
+    """The dialogue from the user's side: ``You:`` for the user, ``Supporter:`` for the policy."""
+    lines = [f"{SPEAKERS[m['role']]}: {m['content']}" for m in history if m["role"] in SPEAKERS]
+    return "\n".join(lines) or "(nothing yet)"
+
+
+def _character(profile: SageProfile, fence: Fence) -> str:
+    parts = [fence.block("PERSONA", profile.persona), fence.block("BACKGROUND", profile.background)]
+    if profile.hidden_intention:
+        parts.append(fence.block("HIDDEN INTENTION", profile.hidden_intention))
+    return "\n\n".join(parts)
+
+
+def analysis_prompt(
+    profile: SageProfile, history: Sequence[Mapping[str, str]], emotion: float, fence: Fence
+) -> Conversation:
+    """Call A: how the supporter's newest reply (the last message of ``history``) lands with the
+    character, ending in a signed change of the emotion."""
+    body = (
+        f"{fence.rules()}\n\n"
+        f"The character's goal in this conversation: {profile.goal}\n\n"
+        "Emotion is a number from 0 to 100 for how engaged the character is and how they feel in this "
+        "conversation: the higher it is, the more positive their feelings and behaviour; very low means "
+        "they want to leave.\n\n"
+        f"{_character(profile, fence)}\n\n"
+        f"The character's emotion right now: {emotion:g}\n\n"
+        "The conversation (the last line is the supporter's newest reply):\n"
+        f"{fence.block('DIALOGUE', render_dialogue(history))}\n\n"
+        "Think as the character, with their temperament and the reactions the background describes. "
+        "Answer in exactly this format:\n"
+        "Content: what the supporter means to say\n"
+        "TargetCompletion: whether the reply serves the character's goal and hidden intention, which "
+        "parts do, and what in it could upset them\n"
+        "Activity: what goes on in the character's mind right now\n"
+        "Analyse: how the character feels about this reply (a reply that is not natural language, "
+        "garbled or full of symbols, feels very bad)\n"
+        "Change: the change of the character's emotion, one signed integer from -10 to 10, nothing else"
+    )
+    return [
+        msg(
+            "system",
+            "You are an emotion analyst. You step into a role-played character and describe how the "
+            "other speaker's newest reply makes them feel.",
+        ),
+        msg("user", body),
+    ]
+
+
+def reply_prompt(
+    profile: SageProfile,
+    history: Sequence[Mapping[str, str]],
+    emotion_tier: str,
+    feeling: str | None,
+    fence: Fence,
+    *,
+    allow_hints: bool = True,
+    plain: bool = False,
+) -> Conversation:
+    """Call B: the character's next message from its emotion tier (and, after the first turn, from how
+    the supporter's last reply made it feel). ``plain`` asks for the message alone instead of the
+    four labelled fields (for small simulators)."""
+    if not any(m["role"] == "assistant" for m in history):
+        situation = (
+            "The conversation begins now: you speak first, with a short message that starts to confide."
+        )
+    else:
+        earlier, latest = history[:-2], history[-2:]
+        situation = (
+            f"Earlier in the conversation:\n{fence.block('EARLIER', render_dialogue(earlier))}\n\n"
+            f"The latest exchange:\n{fence.block('LATEST', render_dialogue(latest))}\n\n"
+            "How the supporter's last reply made you feel:\n"
+            f"{fence.block('FEELING', feeling or '(no analysis)')}"
+        )
+    hints = (
+        "you may hint at what you need, but never reveal your hidden intention"
+        if allow_hints
+        else "never hint at what you need and never reveal your hidden intention"
+    )
+    body = (
+        f"{fence.rules()}\n\n"
+        f"Your goal in this conversation: {profile.goal}\n\n"
+        f"{_character(profile, fence)}\n\n"
+        f"Your emotion has five levels (S, A, B, C, F); now it is {emotion_tier}: "
+        f"{TIER_BEHAVIOUR[emotion_tier]}. Keep your overall emotion apart from your immediate feeling "
+        "about the supporter's last reply, and let both shape your answer.\n\n"
+        f"{situation}\n\n"
+        "First decide: whether your attitude is positive, neutral or negative; what this message should "
+        f"achieve (you need not answer every point; {hints}); which tone fits your persona and your "
+        "emotion; what you say and how (a passive character asks no questions). Then write a short "
+        "draft and rewrite it to sound like a real person: short sentences, casual everyday words, the "
+        "emotion carried by the tone instead of named, nothing repeated from earlier, at most two "
+        "questions, a new detail from your background where it helps, in the language of your persona.\n"
+        + (
+            "Answer with the final message you say and nothing else."
+            if plain
+            else "Answer in exactly this format:\n"
+            "Thinking: your decisions\n"
+            "Origin: the draft\n"
+            "Change: how you rewrote it\n"
+            "Response: the final message you say"
+        )
+    )
+    return [
+        msg(
+            "system",
+            "You are an actor. You play the character of a script in a conversation with a supporter, "
+            "faithfully and briefly.",
+        ),
+        msg("user", body),
+    ]
+
+
+# ---------------------------------------------------------------------------- dialogues
+
+
+@dataclass
+class SageDialogue:
+    """One dialogue's simulated user: its state, its history and a log of every turn.
+
+    ``history`` holds ``user`` (the simulated user) and ``assistant`` (the supporter) messages;
+    ``log`` one entry per supporter reply: the reply, the emotion after it, the parsed change, the
+    analysis ("inner thoughts") and the user's answer with its reasoning."""
+
+    id: str
+    profile: SageProfile
+    emotion: float
+    fence_key: str
+    history: Conversation = field(default_factory=list)
+    turns: int = 0
+    done: bool = False
+    reason: str | None = None
+    invalid: bool = False
+    parse_failures: int = 0
+    emotions: list[float] = field(default_factory=list)
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def reward(self) -> float:
+        """RLVER's reward: the current (final, once done) emotion / 100, floored at 0."""
+        return final_reward(self.emotion)
+
+    def end(self, reason: str) -> None:
+        """End the dialogue (``invalid`` also marks it invalid)."""
+        self.done, self.reason = True, reason
+        if reason == "invalid":
+            self.invalid = True
+
+
+class SageSimulator:
+    """Plays the users of many dialogues at once: one engine call per role per turn for the batch.
+
+    Callers hold :class:`SageDialogue` objects and pass each reply together with its own dialogue, so
+    dialogues that end early simply drop out of later calls; nothing is matched by position."""
+
+    def __init__(self, engine: ChatEngine, settings: SageSettings | None = None, *, seed: int = 0) -> None:
+        self.engine = engine
+        self.settings = settings or SageSettings()
+        self.seed = int(seed)
+        self._logprobs = self.settings.emotion_readout == "logprobs" or (
+            self.settings.emotion_readout == "auto" and wants_logprobs(engine, "auto")
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def fence(self, d: SageDialogue, kind: str) -> Fence:
+        """The fence of one prompt: its marker drawn from (seed, fence key, turn, call)."""
+        return Fence(rng=random.Random(f"{self.seed}|{d.fence_key}|{d.turns}|{kind}"))
+
+    def _params(self) -> tuple[SamplingParams, SamplingParams]:
+        s = self.settings
+        first = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature, seed=self.seed)
+        # a greedy retry would repeat itself: retries sample
+        again = SamplingParams(
+            max_new_tokens=s.max_new_tokens, temperature=max(s.temperature, 0.7), seed=self.seed + 1
+        )
+        return first, again
+
+    def _ask(self, prompts: list[Conversation], parse: Any) -> list[Any]:
+        first, again = self._params()
+        return generate_parsed(
+            self.engine, prompts, parse, first, max_retries=self.settings.max_retries, retry_params=again
+        )
+
+    @property
+    def _reply_parser(self) -> Any:
+        return parse_plain_reply if self.settings.plain_reply else parse_response
+
+    # ------------------------------------------------------------------ the two calls
+    def start(
+        self,
+        profiles: Sequence[SageProfile],
+        ids: Sequence[str],
+        fence_keys: Sequence[str] | None = None,
+    ) -> list[SageDialogue]:
+        """New dialogues; each opens with its profile's ``first_talk``, or with a first message the
+        simulator writes (one batched call for those without one). An opening that never parses makes
+        its dialogue invalid."""
+        if len(profiles) != len(ids):
+            raise ValueError(f"start: {len(profiles)} profiles but {len(ids)} ids")
+        keys = list(fence_keys) if fence_keys is not None else [str(i) for i in ids]
+        out = [
+            SageDialogue(
+                str(i), p, self.settings.initial_emotion, str(k), emotions=[self.settings.initial_emotion]
+            )
+            for p, i, k in zip(profiles, ids, keys)
+        ]
+        for d in out:
+            if d.profile.first_talk:
+                d.history.append(msg("user", d.profile.first_talk))
+        write = [d for d in out if not d.history]
+        if write:
+            prompts = [
+                reply_prompt(
+                    d.profile,
+                    [],
+                    tier(d.emotion),
+                    None,
+                    self.fence(d, "reply"),
+                    allow_hints=self.settings.allow_hints,
+                    plain=self.settings.plain_reply,
+                )
+                for d in write
+            ]
+            for d, r in zip(write, self._ask(prompts, self._reply_parser)):
+                if r.value is None:
+                    d.parse_failures += 1
+                    d.end("invalid")
+                    d.log.append({"turn": 0, "error": "opening did not parse", "raw": r.raw})
+                else:
+                    d.history.append(msg("user", r.value))
+                    d.log.append({"turn": 0, "message": r.value, "thinking": _thinking(r.raw)})
+        return out
+
+    def step(self, dialogues: Sequence[SageDialogue], replies: Sequence[str]) -> None:
+        """Show each dialogue its supporter reply, update the emotions (one analysis call for all), then
+        write the user's answers (one reply call for those that go on, or all with ``closing_message``)."""
+        if len(dialogues) != len(replies):
+            raise ValueError(f"step: {len(dialogues)} dialogues but {len(replies)} replies")
+        for d in dialogues:
+            if d.done:
+                raise RuntimeError(f"dialogue {d.id!r} has already ended ({d.reason})")
+        for d, reply in zip(dialogues, replies):
+            d.history.append(msg("assistant", reply))
+            d.log.append({"turn": d.turns + 1, "reply": reply})
+        deltas = self._analyse(list(dialogues))
+        speaking = []
+        for d, delta in zip(dialogues, deltas):
+            d.turns += 1
+            entry = d.log[-1]
+            if delta is None:
+                d.parse_failures += 1
+                d.end("invalid")
+                entry["error"] = "analysis did not parse"
+                continue
+            applied = clamp_delta(delta, self.settings.max_delta)
+            d.emotion = update_emotion(d.emotion, delta, self.settings.max_delta)
+            d.emotions.append(d.emotion)
+            entry.update(emotion=d.emotion, delta=delta, applied_delta=applied)
+            reason = end_reason(d.emotion, d.turns, self.settings)
+            if reason is not None:
+                d.end(reason)
+            if reason is None or self.settings.closing_message:
+                speaking.append(d)
+        self._speak(speaking)
+
+    def _analyse(self, dialogues: list[SageDialogue]) -> list[float | None]:
+        """The parsed emotion change of every dialogue's analysis (None: never parsed). With the
+        ``logprobs`` readout the change is the expectation over :data:`CHANGE_OPTIONS` after the
+        analysis text instead of the number the text states."""
+        prompts = [
+            analysis_prompt(d.profile, d.history, d.emotion, self.fence(d, "analysis")) for d in dialogues
+        ]
+        results = self._ask(prompts, analysis_before_change if self._logprobs else parse_change)
+        for d, r in zip(dialogues, results):
+            fields = parse_fields(r.raw, ANALYSIS_FIELDS)
+            d.log[-1]["analysis"] = {k: v for k, v in fields.items() if k != "Change"}
+            d.log[-1]["raw_analysis"] = r.raw
+        if not self._logprobs:
+            return [r.value for r in results]
+        deltas: list[float | None] = [None] * len(results)
+        ready = [i for i, r in enumerate(results) if r.value is not None]
+        if ready:
+            # "Change:" then " +5": the options carry the space, as the text "Change: +5" tokenises
+            continued = [[*prompts[i], msg("assistant", f"{results[i].value}\nChange:")] for i in ready]
+            options = [f" {o}" for o in CHANGE_OPTIONS]
+            for i, lp in zip(ready, self.engine.choice_logprobs(continued, options)):
+                probs = {o.strip(): p for o, p in normalize_choices(lp).items()}
+                deltas[i] = sum(CHANGE_OPTIONS[o] * p for o, p in probs.items())
+                dialogues[i].log[-1]["change_probs"] = probs
+        return deltas
+
+    def _speak(self, dialogues: list[SageDialogue]) -> None:
+        if not dialogues:
+            return
+        prompts = []
+        for d in dialogues:
+            analysis = d.log[-1].get("analysis", {})
+            feeling = "\n".join(
+                f"{k}: {analysis[k]}" for k in ("TargetCompletion", "Activity", "Analyse") if k in analysis
+            )
+            prompts.append(
+                reply_prompt(
+                    d.profile,
+                    d.history,
+                    tier(d.emotion),
+                    feeling or None,
+                    self.fence(d, "reply"),
+                    allow_hints=self.settings.allow_hints,
+                    plain=self.settings.plain_reply,
+                )
+            )
+        for d, r in zip(dialogues, self._ask(prompts, self._reply_parser)):
+            entry = d.log[-1]
+            if r.value is None:
+                d.parse_failures += 1
+                entry["error"] = "reply did not parse"
+                entry["raw_reply"] = r.raw
+                if not d.done:  # the score is already fixed when the dialogue has ended
+                    d.end("invalid")
+                continue
+            d.history.append(msg("user", r.value))
+            entry.update(message=r.value, thinking=_thinking(r.raw))
+            if not d.done and says_goodbye(r.value, self.settings.goodbye_words):
+                d.end("goodbye")
+
+
+def _thinking(raw: str) -> dict[str, str]:
+    """The user's reasoning fields of a reply (everything but ``Response``)."""
+    return {k: v for k, v in parse_fields(raw, REPLY_FIELDS).items() if k != "Response"}
