@@ -21,12 +21,22 @@ from rapo_echo.algorithms.grpo import GRPO, advantage_stats, reward_stats
 from rapo_echo.algorithms.rank_rewards import average_ranks, gopo_advantages, linear_rank_rewards, mix_emotion
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.judges.group import Candidate, GroupJudge, GroupJudgement
+from rapo_echo.judges.reactions import ReactionJudge
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
-from rapo_echo.simulators.reaction import Reaction, ReactionSimulator
+from rapo_echo.simulators.base import Reaction, build_simulator, checked_reactions
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
 RANK = "rank"  # the name of the rank reward in Sample.rewards
+# The fields of ``rapo.simulator`` that configure the built-in ``reaction`` simulator.
+REACTION_FIELDS = (
+    "use_logprobs",
+    "max_new_tokens",
+    "thought_tokens",
+    "temperature",
+    "max_retries",
+    "with_thought",
+)
 
 
 @dataclass
@@ -108,20 +118,18 @@ class RAPO(GRPO):
 
     def __init__(self, cfg: Any, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)
-        if ctx.simulator is None or ctx.judge is None:
-            raise ValueError("RAPO needs a simulator and a judge engine")
         rc = cfg.rapo
+        if (rc.simulator.name == "reaction" and ctx.simulator is None) or (
+            rc.judge.kind == "model" and ctx.judge is None
+        ):
+            raise ValueError("RAPO needs a simulator and a judge engine")
         self.rng = random.Random(cfg.train.seed)
-        sim = rc.simulator
-        self.simulator = ReactionSimulator(
-            ctx.simulator,
+        self.simulator = build_simulator(
+            rc.simulator.name,
+            self.simulator_args(rc.simulator),
+            engine=ctx.simulator,
             scale=rc.emotion_scale,
-            use_logprobs=sim.use_logprobs,
-            max_new_tokens=sim.max_new_tokens,
-            thought_tokens=sim.thought_tokens,
-            temperature=sim.temperature,
-            max_retries=sim.max_retries,
-            with_thought=sim.with_thought,
+            seed=cfg.train.seed,
         )
         policy = ctx.policy
         self.rewriter = HFEngine(
@@ -132,17 +140,41 @@ class RAPO(GRPO):
             autocast=autocast_dtype(rc.sd.autocast, str(policy.device)),
         )
         jc = rc.judge
-        self.judge = GroupJudge(
-            ctx.judge,
-            use_logprobs=jc.use_logprobs,
-            max_retries=jc.max_retries,
-            reverse_pass=jc.reverse_pass,
-            shuffle=jc.shuffle,
-            tie_eps=jc.tie_eps,
-            max_new_tokens=jc.max_new_tokens,
-            critique_tokens=jc.critique_tokens,
-            show_profile=jc.show_profile,
-            rng=self.rng,
+        self.judge: GroupJudge | ReactionJudge
+        if jc.kind == "reactions":
+            self.judge = ReactionJudge(tie_eps=jc.tie_eps)
+        else:
+            self.judge = GroupJudge(
+                ctx.judge,
+                use_logprobs=jc.use_logprobs,
+                max_retries=jc.max_retries,
+                reverse_pass=jc.reverse_pass,
+                shuffle=jc.shuffle,
+                tie_eps=jc.tie_eps,
+                max_new_tokens=jc.max_new_tokens,
+                critique_tokens=jc.critique_tokens,
+                show_profile=jc.show_profile,
+                rng=self.rng,
+            )
+
+    @staticmethod
+    def simulator_args(sim: Any) -> dict[str, Any]:
+        """Constructor args of the configured simulator: ``rapo.simulator.args``, plus for the built-in
+        ``reaction`` simulator its own fields of ``rapo.simulator``."""
+        if sim.name != "reaction":
+            return dict(sim.args)
+        return {**{k: getattr(sim, k) for k in REACTION_FIELDS}, **sim.args}
+
+    def react(self, pairs: list[tuple[Scenario, str]]) -> list[Reaction]:
+        """The simulated person's reaction to each ``(scenario, reply)``; what the simulator could not
+        react to becomes an invalid reaction (counted in ``sim/invalid``)."""
+        if not pairs:
+            return []
+        return checked_reactions(
+            self.simulator.react(pairs),
+            len(pairs),
+            scale=self.cfg.rapo.emotion_scale,
+            name=self.cfg.rapo.simulator.name,
         )
 
     @property
@@ -163,7 +195,7 @@ class RAPO(GRPO):
         timings: dict[str, float] = {}
         samples, timings["generate"] = self.sample_group(scenarios)
         t0 = time.perf_counter()
-        reactions = self.simulator.react([(s.scenario, s.text) for s in samples])
+        reactions = self.react([(s.scenario, s.text) for s in samples])
         timings["simulate"] = time.perf_counter() - t0
         groups = self._groups(samples)
         t0 = time.perf_counter()
@@ -333,7 +365,7 @@ class RAPO(GRPO):
         corrections: list[Correction],
     ) -> None:
         """Re-simulate the corrections and rank each group again with its corrections added."""
-        new = self.simulator.react([(samples[c.sample].scenario, c.generation.text) for c in corrections])
+        new = self.react([(samples[c.sample].scenario, c.generation.text) for c in corrections])
         for c, r in zip(corrections, new):
             c.reaction = r
         by_group: dict[int, list[Correction]] = {}
@@ -501,12 +533,17 @@ class RAPO(GRPO):
     ) -> dict[str, float]:
         deltas = [r.emotion_delta for r in reactions if r.valid and r.emotion_delta is not None]
         crit = [len(s.critique.split()) for s in samples if s.critique]
-        return {
+        out = {
             "sim/invalid": float(sum(not r.valid for r in reactions)),
             "sim/emotion_delta": statistics.fmean(deltas) if deltas else float("nan"),
             "judge/invalid_groups": float(sum(not j.valid for j in judgements)),
             "critique/len": statistics.fmean(crit) if crit else 0.0,
         }
+        score = getattr(self.simulator, "hidden_rule_score", None)
+        if callable(score) and samples:
+            # a simulator with a known ground truth: how well the replies follow its hidden rule
+            out["sim/hidden_rule_score"] = statistics.fmean(score(s.text) for s in samples)
+        return out
 
     def _distill_metrics(self, items: list[TrainItem], corrections: list[Correction]) -> dict[str, float]:
         out = {

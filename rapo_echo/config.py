@@ -194,8 +194,12 @@ class DataConfig(Strict):
 
 
 class RapoJudgeConfig(Strict):
-    """The group judge (GRM): ranking from label-token log-probs when the engine has them."""
+    """The group judge (GRM): ranking from label-token log-probs when the engine has them.
 
+    ``kind``: ``model`` (the LLM group judge on the ``judge`` engine) or ``reactions`` (no model: ranks
+    by the reactions' emotion change and critiques by quoting them; see ``judges/reactions.py``)."""
+
+    kind: Literal["model", "reactions"] = "model"
     use_logprobs: Literal["auto", "always", "never"] = "auto"
     max_retries: int = Field(2, ge=0, le=10)
     reverse_pass: bool = False
@@ -208,8 +212,14 @@ class RapoJudgeConfig(Strict):
 
 
 class RapoSimulatorConfig(Strict):
-    """The reaction simulator ("echo"): the person's next message, emotion change, inner thought."""
+    """The simulated user ("echo"): the person's next message, emotion change, inner thought.
 
+    ``name``: ``reaction`` (the LLM reaction simulator on the ``simulator`` engine, configured by the
+    fields below), ``hidden_preference`` (rule-based, no model), a plugin of the
+    ``rapo_echo.simulators`` entry-point group, or ``module:Class``; ``args`` go to its constructor."""
+
+    name: str = "reaction"
+    args: dict[str, Any] = Field(default_factory=dict)
     use_logprobs: Literal["auto", "always", "never"] = "auto"
     max_new_tokens: int = Field(48, ge=4)
     thought_tokens: int = Field(24, ge=4)

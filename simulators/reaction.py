@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
@@ -29,6 +28,7 @@ from rapo_echo.judges.base import (
     wants_logprobs,
 )
 from rapo_echo.rewards.judge import render_dialogue
+from rapo_echo.simulators.base import Reaction, UserSimulator
 from rapo_echo.simulators.esconv_seeker import clean_reply
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
@@ -42,19 +42,6 @@ PROFILE_FIELDS = {
     "situation": "Situation",
     "need": "What you need from the supporter (unspoken)",
 }
-
-
-@dataclass
-class Reaction:
-    """The simulated person's reaction to one supporter reply."""
-
-    message: str  # what the person says next (the "echo")
-    emotion_delta: float | None  # estimated change of the person's emotional state, in [-scale, +scale]
-    thought: str  # a short inner thought the person would not say aloud
-    valid: bool
-    raw: str = ""  # raw text(s) for logging
-    attempts: int = 1
-    scale: float = 10.0  # the range of ``emotion_delta``, so readers can interpret it
 
 
 def render_profile(profile: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
@@ -123,7 +110,7 @@ def _unquote(text: str) -> str:
     return text
 
 
-class ReactionSimulator:
+class ReactionSimulator(UserSimulator):
     """Plays the person of each scenario's hidden profile and reacts to candidate replies."""
 
     def __init__(

@@ -14,15 +14,14 @@ group, or a ``module:attr`` / ``module.attr`` path.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from rapo_echo.errors import ConfigError
+from rapo_echo.plugins import resolve_object
 from rapo_echo.types import Sample
 
 ENTRY_POINT_GROUP = "rapo_echo.rewards"
@@ -31,6 +30,7 @@ BUILTINS = {
     "format": "rapo_echo.rewards.builtin:FormatReward",
     "question": "rapo_echo.rewards.builtin:QuestionReward",
     "judge": "rapo_echo.rewards.judge:JudgeReward",
+    "emotion_change": "rapo_echo.rewards.emotion:EmotionChangeReward",
 }
 
 
@@ -90,30 +90,7 @@ class TRLFunctionReward:
 
 
 def _load_object(name: str, where: str) -> Any:
-    if name in BUILTINS:
-        module, attr = BUILTINS[name].split(":")
-        return getattr(importlib.import_module(module), attr)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return ep.load()
-    if ":" in name:
-        module, attr = name.split(":", 1)
-    elif "." in name:
-        module, attr = name.rsplit(".", 1)
-    else:
-        plugins = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(BUILTINS))
-        raise ConfigError(
-            f"{where}: unknown reward {name!r}; known: {', '.join(plugins)} (or use module:attr)"
-        )
-    try:
-        obj = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(f"{where}: cannot import module {module!r} for reward {name!r}: {exc}") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{where}: module {module!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    return resolve_object(name, group=ENTRY_POINT_GROUP, builtins=BUILTINS, kind="reward", where=where)
 
 
 def build_reward(name: str, args: dict[str, Any], ctx: RewardContext, *, where: str = "rewards") -> Reward:
