@@ -53,10 +53,21 @@ class Correction:
 
 
 def teacher_prompt(
-    conversation: Conversation, reply: str, reaction: Reaction | None, critique: str | None
+    conversation: Conversation,
+    reply: str,
+    reaction: Reaction | None,
+    critique: str | None,
+    *,
+    style: str = "followup",
 ) -> Conversation:
-    """The policy's prompt for rewriting a weak reply: the dialogue, the reply it gave, how the person
-    reacted, the judge's critique, and the request for a better reply to the same message."""
+    """The policy's prompt for rewriting a weak reply: the reply it gave, how the person reacted, the
+    judge's critique, and the request for a better reply to the same message.
+
+    ``followup``: the dialogue, the weak reply as the assistant's turn, then the feedback and request as
+    a user turn (the policy answers the request). ``system``: the feedback and request go into the
+    system message and the dialogue ends at the person's message, so the policy answers the person
+    directly (small models tend to answer a follow-up request with text about the reply, such as
+    "Here's a rewritten version:", rather than with a reply)."""
     last_user = next((m["content"] for m in reversed(conversation) if m["role"] == "user"), "")
     lines = [f'Your reply was: "{reply}"']
     if reaction is not None and reaction.valid:
@@ -72,6 +83,14 @@ def teacher_prompt(
             lines.append(f"It left them feeling {feel}.")
     if critique:
         lines.append(f"Feedback on your reply: {critique}")
+    if style == "system":
+        lines[0] = f'Your earlier reply to the person\'s last message was: "{reply}"'
+        lines.append("Write a better reply to the person now: use the feedback, keep it warm and brief.")
+        has_system = bool(conversation) and conversation[0]["role"] == "system"
+        system = (conversation[0]["content"] + "\n\n" if has_system else "") + "\n".join(lines)
+        return [msg("system", system), *conversation[1 if has_system else 0 :]]
+    if style != "followup":
+        raise ValueError(f"teacher_prompt: style must be followup or system, got {style!r}")
     lines.append(
         f'Write a better reply to the person\'s message "{last_user}". Use the feedback, keep it warm and '
         "brief, and write only the new reply."
@@ -329,7 +348,8 @@ class RAPO(GRPO):
         return chosen
 
     def _teacher_conv(self, s: Sample, reaction: Reaction) -> Conversation:
-        return teacher_prompt(self.ctx.policy.conversation(s.scenario), s.text, reaction, s.critique)
+        conv = self.ctx.policy.conversation(s.scenario)
+        return teacher_prompt(conv, s.text, reaction, s.critique, style=self.sd.teacher)
 
     def _corrections(
         self, samples: list[Sample], reactions: list[Reaction], groups: list[list[int]]

@@ -234,6 +234,9 @@ class SelfDistillConfig(Strict):
     in_group = Critique-GRPO, token_kl = SDPO-style on-policy logit matching)."""
 
     enabled: bool = True
+    # Where the rewrite request goes: ``followup`` (a user turn after the weak reply) or ``system`` (the
+    # system message; the policy then answers the person directly). See algorithms/rapo.teacher_prompt.
+    teacher: Literal["followup", "system"] = "followup"
     select: Literal["bottom_half", "all_but_best", "below_threshold"] = "bottom_half"
     threshold: float = 0.5
     loss: Literal["nll", "adv_nll", "in_group", "token_kl"] = "nll"

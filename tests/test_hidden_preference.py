@@ -158,8 +158,8 @@ def test_reaction_judge_critique_quotes_the_reactions() -> None:
     [j] = judge.rank([SC], [group])
     assert j.critiques[0] == (
         "The person's reaction shows they felt worse (-5.0 on a -10..+10 scale): they said \"I didn't ask "
-        'what to do." and thought "They lectured me.". The best-ranked reply made them say "Yes, exactly." '
-        'and think "They get it.". Do what that reply did and avoid what upset them.'
+        'what to do." and thought "They lectured me.". The best-ranked reply, "y", made them say "Yes, '
+        'exactly." and think "They get it.". Do what that reply did and avoid what upset them.'
     )
     assert j.critiques[1] == (
         "The person's reaction shows they felt better (+10.0 on a -10..+10 scale): they said \"Yes, "
@@ -239,3 +239,45 @@ def test_rapo_counts_a_plugins_invalid_reactions(tiny_folder) -> None:
     assert out.metrics["sim/invalid"] == 2.0
     # reactions 0 and 2 are equal (warmth 3): they tie for 1.5; the two without a reaction tie last
     assert [x.info["rank"] for x in out.samples] == [1.5, 3.5, 1.5, 3.5]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> None:
+    """RAPO (ranks from the hidden-preference user's reactions + self-distillation of critique-guided
+    rewrites) raises the hidden-rule score of the embedded model's replies within 8 seeded CPU steps:
+    the learning benchmark's own config (benchmarks/perf/bench_learning.py --algo rapo), shortened."""
+    from rapo_echo.benchmarks.perf.bench_learning import hidden_scores_per_step, rapo_learning_config
+    from rapo_echo.trainer import Trainer
+
+    run = tmp_path / "run"
+    Trainer(rapo_learning_config(run, "rapo", steps=8, seed=0)).train()
+    scores = hidden_scores_per_step(run, HiddenPreferenceUser())
+    first, last = sum(scores[:2]) / 2, sum(scores[-2:]) / 2
+    assert len(scores) == 8 and last >= first + 0.1, scores
+
+
+def test_teacher_prompt_in_the_system_message_answers_the_person_directly() -> None:
+    from rapo_echo.algorithms.rapo import teacher_prompt
+
+    conv = [
+        msg("system", "Be kind."),
+        msg("user", "I lost my job."),
+        msg("assistant", "Oh no."),
+        msg("user", "Yes."),
+    ]
+    out = teacher_prompt(
+        conv, "Cheer up!", Reaction("That doesn't help.", -5.0, "ugh"), "Too dismissive.", style="system"
+    )
+    # the dialogue is unchanged and ends at the person's message; the feedback is in the system message
+    assert out[1:] == conv[1:] and out[0]["role"] == "system"
+    assert out[0]["content"] == (
+        'Be kind.\n\nYour earlier reply to the person\'s last message was: "Cheer up!"\n'
+        'The person answered: "That doesn\'t help."\nIt left them feeling worse.\n'
+        "Feedback on your reply: Too dismissive.\n"
+        "Write a better reply to the person now: use the feedback, keep it warm and brief."
+    )
+    bare = teacher_prompt(conv[1:2], "Cheer up!", None, None, style="system")
+    assert bare[0]["role"] == "system" and bare[1:] == conv[1:2]
+    with pytest.raises(ValueError, match="style must be followup or system"):
+        teacher_prompt(conv, "x", None, None, style="other")

@@ -4,11 +4,13 @@
 the emotion change of its reaction (larger is better; changes closer than ``tie_eps * scale`` tie;
 a candidate without a valid reaction ranks below every one with a reaction, tied with the others
 like it; a group where none has one is invalid). Its critique names what the reaction reveals, in
-the person's own words, and contrasts it with the best-ranked reply's reaction:
+the person's own words, and contrasts it with the best-ranked reply and its reaction (as the LLM
+judge's critique prompt shows the best reply for contrast):
 
     The person's reaction shows they felt worse (-10.0 on a -10..+10 scale): they said "I didn't ask
     what to do. I just wanted someone to listen." and thought "They jumped straight to telling me what
-    to do." The best-ranked reply made them say "..." and think "...". Do what that reply did.
+    to do.". The best-ranked reply, "...", made them say "..." and think "...". Do what that reply did
+    and avoid what upset them.
 
 With a deterministic simulated user (``simulators/hidden_preference.py``) this is a RAPO setting whose
 ground truth is known: the ranking follows the hidden rule exactly, and the critique carries only
@@ -107,8 +109,9 @@ class ReactionJudge:
         )
         best = min(range(len(group)), key=lambda i: ranks[i])
         if ranks[index] > ranks[best] and self._delta(group[best]) is not None:
+            reaction = _said(group[best], "them say", "think")
             text += (
-                f" The best-ranked reply made {_said(group[best], 'them say', 'think')}. "
+                f' The best-ranked reply, "{group[best].reply}", made {reaction}. '
                 "Do what that reply did and avoid what upset them."
             )
         else:
