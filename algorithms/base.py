@@ -29,12 +29,16 @@ class TrainItem:
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float = 0.0
-    old_logprobs: list[float] | None = None
+    old_logprobs: list[float] | None = None  # filled by the trainer (see Trainer._fill_old)
     ref_logprobs: list[float] | None = None
     kind: str = PG
     group: int = 0
     weight: float = 1.0
     sample: int = -1  # index into Rollout.samples (or -1)
+    # The log-probs the sampler reported for the completion tokens (None: it reported none). The
+    # trainer compares them with its own forward (``train/sampler_logprob_gap``) and uses them as
+    # old log-probs only where they match the training forward's numerics.
+    sampler_logprobs: list[float] | None = None
 
     @property
     def length(self) -> int:

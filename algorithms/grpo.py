@@ -104,6 +104,14 @@ class GRPO(Algorithm):
             s.info["advantage"] = a
             if s.valid and s.completion_ids:
                 items.append(
-                    TrainItem(s.prompt_ids, s.completion_ids, a, s.logprobs, kind=PG, group=s.group, sample=i)
+                    TrainItem(
+                        s.prompt_ids,
+                        s.completion_ids,
+                        a,
+                        kind=PG,
+                        group=s.group,
+                        sample=i,
+                        sampler_logprobs=s.logprobs,
+                    )
                 )
         return items

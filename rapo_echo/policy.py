@@ -308,6 +308,11 @@ class Policy:
     def device(self) -> torch.device:
         return next(self.lm.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the LM head computes in (a LoRA adapter may be kept in float32 beside it)."""
+        return self.lm.get_output_embeddings().weight.dtype
+
     # ------------------------------------------------------------------ saving
     def save(
         self, path: str | Path, *, merged: bool = False, state_dict: dict[str, Any] | None = None

@@ -44,6 +44,7 @@ from rapo_echo.distributed import (
     gathered_for_generation,
     is_deepspeed,
     mark_last_micro_batch,
+    zero_stage,
 )
 from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
@@ -384,15 +385,17 @@ class Trainer:
         self._fill_reference(items)
         timings["ref_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self._fill_old(items)
+        gap = _LogprobGap()
+        measured = self._fill_old(items, gap)
         timings["old_logprobs"] = time.perf_counter() - t0
-        update_metrics, skipped = self._update(items, timings)
+        update_metrics, skipped = self._update(items, timings, None if measured else gap)
         t0 = time.perf_counter()
         self._sync_generator()
         timings["weight_sync"] = time.perf_counter() - t0
         timings["step"] = time.perf_counter() - t_step
         tokens = sum(len(s.completion_ids) for s in rollout.samples)
-        metrics = {**rollout.metrics, **update_metrics, **{f"time/{k}": v for k, v in timings.items()}}
+        metrics = {**rollout.metrics, **update_metrics, **gap.metrics()}
+        metrics.update({f"time/{k}": v for k, v in timings.items()})
         metrics["tokens_per_s"] = tokens / timings["step"] if timings["step"] > 0 else 0.0
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics["nonfinite_skipped"] = float(skipped)
@@ -413,6 +416,11 @@ class Trainer:
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     merged[k].append(float(v))
         out = {k: sum(v) / len(v) for k, v in merged.items()}
+        for k, v in merged.items():  # extremes stay extremes
+            if k.endswith("/max"):
+                out[k] = max(v)
+            elif k.endswith("/min"):
+                out[k] = min(v)
         for k in ("invalid", "items", "truncated"):  # counts add up over ranks
             if k in merged:
                 out[k] = sum(merged[k])
@@ -436,30 +444,62 @@ class Trainer:
         for mb in length_grouped(items, self.cfg.train.micro_batch_size):
             yield mb, self.policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb])
 
+    def _no_grad_passes(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
+        """Micro-batches for a no-grad scoring pass. Under ZeRO-3 each forward gathers the partitioned
+        parameters (a collective), so every rank runs as many forwards as the busiest one (empty
+        ``[]`` micro-batches of an idle batch on the others); every rank must call this."""
+        micro = list(self._scoring_batches(items))
+        n = len(micro)
+        if zero_stage(self.accelerator) == 3:
+            n = int(self._all_reduce([float(n)], "max")[0])
+        for j in range(n):
+            yield micro[j] if j < len(micro) else ([], self._idle_batch())
+
     def _fill_reference(self, items: list[TrainItem]) -> None:
         """Reference log-probs of the policy-gradient items (the KL term is taken on those only)."""
-        items = [it for it in items if it.kind == PG]
-        if not self.algorithm.needs_reference or not items:
+        if not self.algorithm.needs_reference:
             return
         temp = self.cfg.rollout.temperature
-        for mb, batch in self._scoring_batches(items):
+        for mb, batch in self._no_grad_passes([it for it in items if it.kind == PG]):
             for it, values in zip(mb, batch.rows(self.policy.reference_logprobs(batch, temperature=temp))):
                 it.ref_logprobs = values
 
-    def _fill_old(self, items: list[TrainItem]) -> None:
-        """Old log-probs: the sampling log-probs with one inner epoch and the ``hf`` sampler; otherwise
-        (several epochs, a vLLM sampler whose numerics differ, or an item without any) one no-grad pass
-        of the current policy."""
-        recompute = self.cfg.train.inner_epochs > 1 or self.cfg.rollout.engine != "hf"  # vLLM: other numerics
-        need = [it for it in items if it.kind == PG and (it.old_logprobs is None or recompute)]
-        if not need:
-            return
+    def _on_policy(self) -> bool:
+        """One inner epoch and one mini-batch: every training forward runs on the weights that sampled,
+        so its own detached log-probs are the old log-probs (ratio exactly 1, as TRL does) at any
+        dtype and with any sampler, and no extra forward is needed."""
+        t = self.cfg.train
+        return t.inner_epochs == 1 and t.mini_batches == 1
+
+    def _sampler_matches(self) -> bool:
+        """Whether the sampler's log-probs may serve as old log-probs: the ``hf`` sampler (the training
+        model itself) in float32 with one inner epoch. In bfloat16 the cached decode and the full
+        training forward differ by up to ~0.2 in log-prob, and vLLM has numerics of its own."""
+        return (
+            self.cfg.train.inner_epochs == 1
+            and self.cfg.rollout.engine == "hf"
+            and self.policy.dtype == torch.float32
+        )
+
+    def _fill_old(self, items: list[TrainItem], gap: _LogprobGap) -> bool:
+        """Old log-probs where the training forward cannot give them (several mini-batches or inner
+        epochs): the sampler's where they match (:meth:`_sampler_matches`), else one no-grad pass of
+        the current policy, which also measures the sampler gap. Returns whether it measured it."""
+        if self._on_policy():
+            return False  # taken from the training forward itself (see _accumulate)
+        pg = [it for it in items if it.kind == PG]
+        matches = self._sampler_matches()
+        for it in pg:
+            it.old_logprobs = it.sampler_logprobs if matches else None
+        need = [it for it in pg if it.old_logprobs is None]
         temp = self.cfg.rollout.temperature
-        with torch.no_grad():
-            for mb, batch in self._scoring_batches(need):
-                logp = self.scorer(batch.to(self.accelerator.device), temp)[0]
+        with torch.no_grad():  # the unwrapped scorer: a DDP forward would broadcast buffers (a collective)
+            for mb, batch in self._no_grad_passes(need):
+                logp = self.policy.scorer(batch.to(self.accelerator.device), temp)[0]
+                gap.add(mb, logp, batch.target_mask)
                 for it, values in zip(mb, batch.rows(logp)):
                     it.old_logprobs = values
+        return bool(need) and len(need) == len(pg)
 
     def _micro(self, mb: list[TrainItem], batch: Any) -> MicroBatch:
         dev = self.accelerator.device
@@ -481,20 +521,36 @@ class Trainer:
             kinds=[it.kind for it in mb],
         )
 
-    def _global_totals(self, items: list[TrainItem]) -> dict[str, dict[str, float]]:
-        totals = {kind: totals_of(items, kind) for kind in (PG, SD)}
-        if self.accelerator.num_processes > 1:
-            flat = torch.tensor(
-                [totals[k][f] for k in (PG, SD) for f in ("tokens", "seqs")],
-                device=self.accelerator.device,
-                dtype=torch.float64,
-            )
-            flat = self.accelerator.reduce(flat, reduction="sum").tolist()
-            totals = {PG: {"tokens": flat[0], "seqs": flat[1]}, SD: {"tokens": flat[2], "seqs": flat[3]}}
-        return totals
+    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        """``values`` reduced over the processes (``sum``, ``max`` or ``min``). A collective: every rank
+        calls it the same number of times, whatever its own items are."""
+        if self.accelerator.num_processes == 1:
+            return values
+        import torch.distributed as dist
 
-    def _update(self, items: list[TrainItem], timings: dict[str, float]) -> tuple[dict[str, float], int]:
-        """Inner epochs x mini-batches of optimizer updates; returns averaged metrics and skips."""
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        t = torch.tensor(values, dtype=torch.float64, device=self.accelerator.device)
+        dist.all_reduce(t, op=ops[op])
+        return t.tolist()
+
+    def _global_totals(self, items: list[TrainItem]) -> dict[str, dict[str, float]]:
+        """Token and sequence counts of the mini-batch summed over the processes (a collective)."""
+        totals = {kind: totals_of(items, kind) for kind in (PG, SD)}
+        flat = self._all_reduce([totals[k][f] for k in (PG, SD) for f in ("tokens", "seqs")])
+        return {PG: {"tokens": flat[0], "seqs": flat[1]}, SD: {"tokens": flat[2], "seqs": flat[3]}}
+
+    def _update(
+        self, items: list[TrainItem], timings: dict[str, float], gap: _LogprobGap | None
+    ) -> tuple[dict[str, float], int]:
+        """Inner epochs x mini-batches of optimizer updates; returns averaged metrics and skips.
+        ``gap`` (if given) is measured in the forwards of the first update, which run on the weights
+        that sampled.
+
+        Under several processes every rank joins every collective whatever its own items: the
+        mini-batch totals are summed on every rank; a mini-batch empty on all ranks is skipped by
+        all; ranks run the same number of micro-batch forwards (an empty or short rank runs
+        zero-loss ones, so DDP's synced backward and ZeRO-3's parameter gathers line up); and
+        whether the update is finite is agreed by all ranks before any of them steps."""
         t = self.cfg.train
         sums: dict[str, float] = defaultdict(float)
         updates = skipped = 0
@@ -505,9 +561,13 @@ class Trainer:
                 random.shuffle(order)
             for mini in (order[i :: t.mini_batches] for i in range(t.mini_batches)):
                 micro = list(self._scoring_batches(mini))
-                if not micro:
-                    continue
-                finite, step_metrics = self._accumulate(micro, self._global_totals(mini), clock)
+                totals = self._global_totals(mini)
+                if totals[PG]["tokens"] + totals[SD]["tokens"] == 0:
+                    continue  # nothing to train on, on any rank
+                n_micro = int(self._all_reduce([float(len(micro))], "max")[0])
+                finite, step_metrics = self._accumulate(micro, totals, clock, gap, n_micro)
+                gap = None
+                finite = self._all_reduce([float(finite)], "min")[0] > 0
                 t0 = time.perf_counter()
                 grad_norm = self._clip() if finite else None
                 finite = finite and (grad_norm is None or math.isfinite(grad_norm))
@@ -547,19 +607,36 @@ class Trainer:
         micro: list[tuple[list[TrainItem], Any]],
         totals: dict[str, dict[str, float]],
         clock: dict[str, float],
+        gap: _LogprobGap | None = None,
+        n_micro: int | None = None,
     ) -> tuple[bool, dict[str, float]]:
-        """Forward and backward every micro-batch of one optimizer step (gradients sync on the last);
-        returns whether every loss was finite, and the summed metric contributions."""
+        """Forward and backward ``n_micro`` micro-batches of one optimizer step (this rank's, then
+        zero-loss ones; gradients sync on the last); returns whether every loss was finite, and the
+        summed metric contributions. After a non-finite loss the remaining micro-batches are
+        skipped except the last, whose backward runs with the loss times 0 so the synced backward
+        still happens (the gradients are discarded: every rank skips the update).
+        On-policy (see :meth:`_on_policy`) the forward's own detached log-probs are the old ones."""
         dev, world = self.accelerator.device, self.accelerator.num_processes
+        on_policy = self._on_policy()
+        n_micro = len(micro) if n_micro is None else n_micro
         step_metrics: dict[str, float] = defaultdict(float)
-        for j, (mb_items, batch) in enumerate(micro):
-            last = j == len(micro) - 1
-            mb = self._micro(mb_items, batch)
+        finite = True
+        for j in range(n_micro):
+            last = j == n_micro - 1
+            real = finite and j < len(micro)
+            if not real and not last and not self.deepspeed:
+                continue  # DDP needs only the last (synced) backward; ZeRO-3 needs every forward
             if self.deepspeed:
                 mark_last_micro_batch(self.accelerator, last)
             sync = _nullcontext() if last or self.deepspeed else self.accelerator.no_sync(self.scorer)
             with sync:
                 t0 = time.perf_counter()
+                if not real:
+                    self._idle_backward()
+                    clock["policy_forward"] += time.perf_counter() - t0
+                    continue
+                mb_items, batch = micro[j]
+                mb = self._micro(mb_items, batch)
                 out = self.scorer(
                     batch.to(dev),
                     self.cfg.rollout.temperature,
@@ -567,6 +644,10 @@ class Trainer:
                     self.cfg.loss.entropy_coef > 0,
                     **self.algorithm.forward_kwargs(mb),
                 )
+                if on_policy:
+                    mb.old_logp = out[0].detach()
+                if gap is not None:
+                    gap.add(mb_items, out[0], mb.mask)
                 loss, metrics = self.algorithm.loss(
                     mb, out[0], out[1], totals, out[2] if len(out) > 2 else None
                 )
@@ -577,14 +658,28 @@ class Trainer:
                         raise TrainingError(
                             f"step {self.step + 1}: non-finite loss under DeepSpeed; stopping"
                         )
-                    return False, step_metrics
+                    finite = False
+                    if last:  # the synced backward still has to happen (no second forward: under DDP
+                        # a forward after a synced one broadcasts buffers, which the others would not)
+                        self.accelerator.backward(loss * 0.0)
+                    continue
                 # Losses are normalised by global totals; DDP averages gradients over ranks, so scale back.
                 self.accelerator.backward(loss * world)
                 clock["backward"] += time.perf_counter() - t1
             step_metrics["loss/total"] += float(loss.detach())
             for k, v in metrics.items():
                 step_metrics[k] += float(v)
-        return True, step_metrics
+        return finite, step_metrics
+
+    def _idle_batch(self) -> Any:
+        """A one-token batch for the forwards of a rank with nothing (left) to score or train on, so
+        that it still joins the gradient all-reduce and parameter gathers of the others."""
+        return self.policy.batch([[self.policy.pad_id]], [[self.policy.pad_id]])
+
+    def _idle_backward(self) -> None:
+        """A zero-loss forward and backward through the wrapped scorer (all gradients 0)."""
+        logp = self.scorer(self._idle_batch().to(self.accelerator.device), self.cfg.rollout.temperature)[0]
+        self.accelerator.backward(logp.sum() * 0.0)
 
     def _clip(self) -> float | None:
         """Clip gradients to ``train.max_grad_norm``; returns the norm before clipping (DeepSpeed clips
@@ -637,6 +732,40 @@ class Trainer:
                     )
                     + "\n"
                 )
+
+
+class _LogprobGap:
+    """``|sampler log-prob - training-forward log-prob|`` over the policy-gradient tokens scored with
+    the weights that sampled them: the signal that catches a sampler whose numerics or weights differ
+    from the trained model (bf16 decode vs full forward, stale weights in a vLLM copy)."""
+
+    def __init__(self) -> None:
+        self.total = self.tokens = self.max = 0.0
+
+    def add(self, items: list[TrainItem], logp: torch.Tensor, mask: torch.Tensor) -> None:
+        rows = [
+            i
+            for i, it in enumerate(items)
+            if it.kind == PG
+            and it.sampler_logprobs is not None
+            and len(it.sampler_logprobs) == len(it.completion_ids)
+        ]
+        if not rows:
+            return
+        sampler = pad_left_aligned([items[i].sampler_logprobs for i in rows], logp.shape[1])  # type: ignore[misc]
+        m = mask[rows].float()
+        diff = (logp.detach()[rows].float() - sampler.to(logp.device)).abs() * m
+        self.total += float(diff.sum())
+        self.tokens += float(m.sum())
+        self.max = max(self.max, float(diff.max()))
+
+    def metrics(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {
+            "train/sampler_logprob_gap/mean": self.total / self.tokens,
+            "train/sampler_logprob_gap/max": self.max,
+        }
 
 
 def _num(v: Any) -> Any:

@@ -25,3 +25,13 @@ class Critic:
 
     def __call__(self, samples):
         return [RewardOutput(1.0 + self.bonus, critique=f"critique of {s.scenario.id}") for s in samples]
+
+
+def length_or_none_on_rank_one(prompts, completions, **columns):
+    """TRL-style function: reply length in words, but None (invalid) for every sample of the process
+    with RANK 1, so that rank has nothing to train on (the DDP test of tests/test_training_math.py)."""
+    import os
+
+    if os.environ.get("RANK") == "1":
+        return [None] * len(completions)
+    return [float(len(c[0]["content"].split())) for c in completions]
