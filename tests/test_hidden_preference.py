@@ -241,20 +241,36 @@ def test_rapo_counts_a_plugins_invalid_reactions(tiny_folder) -> None:
     assert [x.info["rank"] for x in out.samples] == [1.5, 3.5, 1.5, 3.5]
 
 
+# The suite's hidden rule: the person warms up when asked something and closes off at advice in the first
+# sentence. The default rules (four detectors) need more steps than a suite test can afford at this size
+# (see the learning benchmark in README "Performance"); this one is learnt within 8 steps.
+ASKED_RULES = [
+    {"detect": "pattern", "pattern": r"\?", "weight": 1.0, "said": "Well... since you ask, it's been hard.",
+     "thought": "They want to hear about it."},
+    {"detect": "advice_first", "weight": -1.0, "said": "I didn't ask what to do.",
+     "thought": "Lectured again."},
+]  # fmt: skip
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> None:
     """RAPO (ranks from the hidden-preference user's reactions + self-distillation of critique-guided
     rewrites) raises the hidden-rule score of the embedded model's replies within 8 seeded CPU steps:
-    the learning benchmark's own config (benchmarks/perf/bench_learning.py --algo rapo), shortened."""
+    the learning benchmark's RAPO arm (benchmarks/perf/bench_learning.py --algo rapo), 8 steps, lr 2e-3,
+    with the rule above."""
     from rapo_echo.benchmarks.perf.bench_learning import hidden_scores_per_step, rapo_learning_config
     from rapo_echo.trainer import Trainer
 
     run = tmp_path / "run"
-    Trainer(rapo_learning_config(run, "rapo", steps=8, seed=0)).train()
-    scores = hidden_scores_per_step(run, HiddenPreferenceUser())
+    cfg = rapo_learning_config(
+        run, "rapo", steps=8, seed=0, sizes={"train.lr": "2e-3"}, extra=["train.threads=1"]
+    )
+    cfg.rapo.simulator.args = {"rules": ASKED_RULES}
+    Trainer(cfg).train()
+    scores = hidden_scores_per_step(run, HiddenPreferenceUser(rules=ASKED_RULES))
     first, last = sum(scores[:2]) / 2, sum(scores[-2:]) / 2
-    assert len(scores) == 8 and last >= first + 0.1, scores
+    assert len(scores) == 8 and last >= first + 0.15, scores
 
 
 def test_teacher_prompt_in_the_system_message_answers_the_person_directly() -> None:

@@ -75,7 +75,7 @@ def test_arms_differ_only_in_their_learning_signal(tmp_path: Path) -> None:
     )
     assert [r.name for r in cfgs["emotion"].rewards] == ["emotion_change"]
     for cfg in cfgs.values():  # same sampling, optimiser and loss in every arm
-        assert (cfg.train.lr, cfg.train.seed, cfg.loss.advantage, cfg.loss.beta) == (2e-3, 1, "grpo", 0.0)
+        assert (cfg.train.lr, cfg.train.seed, cfg.loss.advantage, cfg.loss.beta) == (1e-3, 1, "grpo", 0.0)
         assert (cfg.rollout.batch_size, cfg.rollout.group_size, cfg.model.lora.enabled) == (4, 4, True)
 
 
@@ -109,3 +109,14 @@ def test_report_draws_the_learning_benchmark(tmp_path: Path) -> None:
     # gains (window 1): rapo (.7-.5 + .6-.4)/2 = .2; ranks (.8-.5 + .2)/2 = .25; emotion (.9-.5 + .2)/2 = .3
     for gain in ("+0.200", "+0.250", "+0.300"):
         assert f"<td>{gain}</td>" in page
+
+
+def test_sweep_settings_and_reward_specs() -> None:
+    from rapo_echo.benchmarks.perf.sweep_defaults import reward_spec, setting_overrides
+
+    assert reward_spec("question") == {"name": "question", "weight": 1.0, "args": {}}
+    assert reward_spec("length:target=12") == {"name": "length", "weight": 1.0, "args": {"target": 12}}
+    assert setting_overrides("lora:1e-3") == ["model.lora.enabled=true", "train.lr=1e-3"]
+    assert setting_overrides("full:1e-5") == ["model.lora.enabled=false", "train.lr=1e-5"]
+    with pytest.raises(SystemExit, match="is not full:LR or lora:LR"):
+        setting_overrides("qlora:1")

@@ -73,7 +73,7 @@ def learning_config(run: Path, steps: int, seed: int = 0) -> RunConfig:
 
 # What every RAPO-benchmark arm shares (the sizes the test suite's short version uses too).
 RAPO_SIZES = {
-    "train.lr": "2e-3",
+    "train.lr": "1e-3",
     "rollout.batch_size": "4",
     "rollout.group_size": "4",
     "rollout.max_new_tokens": "24",
