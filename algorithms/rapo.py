@@ -21,12 +21,22 @@ from rapo_echo.algorithms.grpo import GRPO, advantage_stats, reward_stats
 from rapo_echo.algorithms.rank_rewards import average_ranks, gopo_advantages, linear_rank_rewards, mix_emotion
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.judges.group import Candidate, GroupJudge, GroupJudgement
+from rapo_echo.judges.reactions import ReactionJudge
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
-from rapo_echo.simulators.reaction import Reaction, ReactionSimulator
+from rapo_echo.simulators.base import Reaction, build_simulator, checked_reactions
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
 RANK = "rank"  # the name of the rank reward in Sample.rewards
+# The fields of ``rapo.simulator`` that configure the built-in ``reaction`` simulator.
+REACTION_FIELDS = (
+    "use_logprobs",
+    "max_new_tokens",
+    "thought_tokens",
+    "temperature",
+    "max_retries",
+    "with_thought",
+)
 
 
 @dataclass
@@ -51,11 +61,21 @@ def _feeling(reaction: Reaction) -> str | None:
 
 
 def teacher_prompt(
-    conversation: Conversation, reply: str, reaction: Reaction | None, critique: str | None
+    conversation: Conversation,
+    reply: str,
+    reaction: Reaction | None,
+    critique: str | None,
+    *,
+    style: str = "followup",
 ) -> Conversation:
-    """The policy's prompt for *rewriting* a weak reply (``nll``, ``adv_nll``, ``in_group``): the
-    dialogue, the reply it gave, how the person reacted, the judge's critique, and the request for a
-    better reply to the same message. The rewrite is then learnt under the plain context."""
+    """The policy's prompt for rewriting a weak reply: the reply it gave, how the person reacted, the
+    judge's critique, and the request for a better reply to the same message.
+
+    ``followup``: the dialogue, the weak reply as the assistant's turn, then the feedback and request as
+    a user turn (the policy answers the request). ``system``: the feedback and request go into the
+    system message and the dialogue ends at the person's message, so the policy answers the person
+    directly (small models tend to answer a follow-up request with text about the reply, such as
+    "Here's a rewritten version:", rather than with a reply)."""
     last_user = next((m["content"] for m in reversed(conversation) if m["role"] == "user"), "")
     lines = [f'Your reply was: "{reply}"']
     if reaction is not None and reaction.valid:
@@ -64,6 +84,14 @@ def teacher_prompt(
             lines.append(f"It left them feeling {feel}.")
     if critique:
         lines.append(f"Feedback on your reply: {critique}")
+    if style == "system":
+        lines[0] = f'Your earlier reply to the person\'s last message was: "{reply}"'
+        lines.append("Write a better reply to the person now: use the feedback, keep it warm and brief.")
+        has_system = bool(conversation) and conversation[0]["role"] == "system"
+        system = (conversation[0]["content"] + "\n\n" if has_system else "") + "\n".join(lines)
+        return [msg("system", system), *conversation[1 if has_system else 0 :]]
+    if style != "followup":
+        raise ValueError(f"teacher_prompt: style must be followup or system, got {style!r}")
     lines.append(
         f'Write a better reply to the person\'s message "{last_user}". Use the feedback, keep it warm and '
         "brief, and write only the new reply."
@@ -161,20 +189,18 @@ class RAPO(GRPO):
 
     def __init__(self, cfg: Any, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)
-        if ctx.simulator is None or ctx.judge is None:
-            raise ValueError("RAPO needs a simulator and a judge engine")
         rc = cfg.rapo
+        if (rc.simulator.name == "reaction" and ctx.simulator is None) or (
+            rc.judge.kind == "model" and ctx.judge is None
+        ):
+            raise ValueError("RAPO needs a simulator and a judge engine")
         self.rng = random.Random(cfg.train.seed)
-        sim = rc.simulator
-        self.simulator = ReactionSimulator(
-            ctx.simulator,
+        self.simulator = build_simulator(
+            rc.simulator.name,
+            self.simulator_args(rc.simulator),
+            engine=ctx.simulator,
             scale=rc.emotion_scale,
-            use_logprobs=sim.use_logprobs,
-            max_new_tokens=sim.max_new_tokens,
-            thought_tokens=sim.thought_tokens,
-            temperature=sim.temperature,
-            max_retries=sim.max_retries,
-            with_thought=sim.with_thought,
+            seed=cfg.train.seed,
             rng=self.rng,
         )
         policy = ctx.policy
@@ -186,18 +212,42 @@ class RAPO(GRPO):
             autocast=autocast_dtype(rc.sd.autocast, str(policy.device)),
         )
         jc = rc.judge
-        self.judge = GroupJudge(
-            ctx.judge,
-            use_logprobs=jc.use_logprobs,
-            max_retries=jc.max_retries,
-            reverse_pass=jc.reverse_pass,
-            shuffle=jc.shuffle,
-            tie_eps=jc.tie_eps,
-            ties=jc.ties,
-            max_new_tokens=jc.max_new_tokens,
-            critique_tokens=jc.critique_tokens,
-            show_profile=jc.show_profile,
-            rng=self.rng,
+        self.judge: GroupJudge | ReactionJudge
+        if jc.kind == "reactions":
+            self.judge = ReactionJudge(tie_eps=jc.tie_eps)
+        else:
+            self.judge = GroupJudge(
+                ctx.judge,
+                use_logprobs=jc.use_logprobs,
+                max_retries=jc.max_retries,
+                reverse_pass=jc.reverse_pass,
+                shuffle=jc.shuffle,
+                tie_eps=jc.tie_eps,
+                ties=jc.ties,
+                max_new_tokens=jc.max_new_tokens,
+                critique_tokens=jc.critique_tokens,
+                show_profile=jc.show_profile,
+                rng=self.rng,
+            )
+
+    @staticmethod
+    def simulator_args(sim: Any) -> dict[str, Any]:
+        """Constructor args of the configured simulator: ``rapo.simulator.args``, plus for the built-in
+        ``reaction`` simulator its own fields of ``rapo.simulator``."""
+        if sim.name != "reaction":
+            return dict(sim.args)
+        return {**{k: getattr(sim, k) for k in REACTION_FIELDS}, **sim.args}
+
+    def react(self, pairs: list[tuple[Scenario, str]]) -> list[Reaction]:
+        """The simulated person's reaction to each ``(scenario, reply)``; what the simulator could not
+        react to becomes an invalid reaction (counted in ``sim/invalid``)."""
+        if not pairs:
+            return []
+        return checked_reactions(
+            self.simulator.react(pairs),
+            len(pairs),
+            scale=self.cfg.rapo.emotion_scale,
+            name=self.cfg.rapo.simulator.name,
         )
 
     @property
@@ -218,7 +268,7 @@ class RAPO(GRPO):
         timings: dict[str, float] = {}
         samples, timings["generate"] = self.sample_group(scenarios)
         t0 = time.perf_counter()
-        reactions = self.simulator.react([(s.scenario, s.text) for s in samples])
+        reactions = self.react([(s.scenario, s.text) for s in samples])
         timings["simulate"] = time.perf_counter() - t0
         groups = self._groups(samples)
         # Only replies with a reaction are ranked: a reply whose simulated reaction failed would be
@@ -382,7 +432,8 @@ class RAPO(GRPO):
         return chosen
 
     def _rewrite_conv(self, s: Sample, reaction: Reaction) -> Conversation:
-        return teacher_prompt(self.ctx.policy.conversation(s.scenario), s.text, reaction, s.critique)
+        conv = self.ctx.policy.conversation(s.scenario)
+        return teacher_prompt(conv, s.text, reaction, s.critique, style=self.sd.rewrite_prompt)
 
     def _feedback_conv(
         self, samples: list[Sample], group: list[int], i: int, reaction: Reaction
@@ -435,7 +486,7 @@ class RAPO(GRPO):
         """Re-simulate the corrections and rank each group again with its corrections added; each
         correction's reward and its baseline (the originals' mean) are total rewards in that group,
         computed as for the policy-gradient samples (emotion mix and reward plugins included)."""
-        new = self.simulator.react([(samples[c.sample].scenario, c.generation.text) for c in corrections])
+        new = self.react([(samples[c.sample].scenario, c.generation.text) for c in corrections])
         for c, r, extra in zip(corrections, new, self._plugin_totals(samples, corrections)):
             c.reaction = r
             c.plugin_reward = extra
@@ -625,12 +676,17 @@ class RAPO(GRPO):
     ) -> dict[str, float]:
         deltas = [r.emotion_delta for r in reactions if r.valid and r.emotion_delta is not None]
         crit = [len(s.critique.split()) for s in samples if s.critique]
-        return {
+        out = {
             "sim/invalid": float(sum(not r.valid for r in reactions)),
             "sim/emotion_delta": statistics.fmean(deltas) if deltas else float("nan"),
             "judge/invalid_groups": float(sum(not j.valid for j in judgements)),
             "critique/len": statistics.fmean(crit) if crit else 0.0,
         }
+        score = getattr(self.simulator, "hidden_rule_score", None)
+        if callable(score) and samples:
+            # a simulator with a known ground truth: how well the replies follow its hidden rule
+            out["sim/hidden_rule_score"] = statistics.fmean(score(s.text) for s in samples)
+        return out
 
     def _distill_metrics(self, items: list[TrainItem], corrections: list[Correction]) -> dict[str, float]:
         out = {

@@ -12,18 +12,21 @@ from rapo_echo.errors import RapoEchoError
 from rapo_echo.monitor import PREFIX as MONITOR_PREFIX
 from rapo_echo.monitor import flagged_steps
 
-# Plotted first, in this order, when a run logged them; the rest follow sorted, up to MAX_CURVES.
+# Plotted first, in this order, when a run logged them; the rest follow sorted, up to MAX_CURVES. What a
+# run is for leads: for RAPO the hidden-rule score (where the simulated user has one), the simulated
+# emotion change and how the rewrites rank against their originals; then the reward.
 FIRST_CURVES = (
+    "sim/hidden_rule_score",
+    "sim/emotion_delta",
+    "sd/rank_vs_original",
+    "sd/beat_original",
     "reward/mean",
     "loss/total",
-    "sim/emotion_delta",
     "loss/grpo",
     "loss/sd",
     "kl",
     "entropy",
     "reply_len/mean",
-    "sd/beat_original",
-    "sd/rank_vs_original",
     "critique/len",
     "clip_frac",
     "grad_norm",
@@ -34,6 +37,8 @@ FIRST_CURVES = (
 )
 # Bookkeeping that is not worth a plot.
 NOT_PLOTTED = frozenset({"lr", "world", "updates", "items", "nonfinite_skipped", "adv/mean"})
+# Left out when they never change: RAPO's linear rank rewards make ``reward/mean`` exactly 0.5 every step.
+HIDDEN_WHEN_FLAT = ("reward/mean",)
 MAX_CURVES = 18
 
 
@@ -55,16 +60,26 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def flat_keys(rows: Sequence[dict[str, Any]], keys: Sequence[str] = HIDDEN_WHEN_FLAT) -> set[str]:
+    """Those of ``keys`` with at least two finite values in ``rows``, all equal (a flat line says nothing)."""
+    out = set()
+    for k in keys:
+        vals = [r[k] for r in rows if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])]
+        if len(vals) > 1 and max(vals) - min(vals) < 1e-9:
+            out.add(k)
+    return out
+
+
 def curve_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Numeric keys of metrics rows to plot: ``reward/mean`` and ``loss/total`` first, then the rest sorted
-    (``step`` is the x axis, not a curve)."""
+    """Numeric keys of metrics rows to plot: :data:`FIRST_CURVES` first, then the rest sorted (``step`` is
+    the x axis, not a curve; a ``reward/mean`` that never changes is left out)."""
     numeric = {
         k
         for row in rows
         for k, v in row.items()
         if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     }
-    numeric -= NOT_PLOTTED
+    numeric -= NOT_PLOTTED | flat_keys(rows)
     numeric = {k for k in numeric if not k.startswith(MONITOR_PREFIX)}  # flags: drawn as marks instead
     return [k for k in FIRST_CURVES if k in numeric] + sorted(numeric - set(FIRST_CURVES))
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.epm_report import epm_section, epmq_table
+from rapo_echo.benchmarks.learning_report import find_learning, learning_html
 from rapo_echo.benchmarks.plots import grouped_bars, training_curves
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
 from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
@@ -218,7 +219,12 @@ summary{cursor:pointer}.turn{margin:4px 0 4px 8px;white-space:pre-wrap}
 
 
 def render_html(
-    evals: Sequence[EvalResult], runs: Sequence[TrainingRun], *, title: str, max_transcripts: int
+    evals: Sequence[EvalResult],
+    runs: Sequence[TrainingRun],
+    *,
+    title: str,
+    max_transcripts: int,
+    learning: Sequence[tuple[Path, dict[str, Any]]] = (),
 ) -> str:
     """The whole report page."""
     parts = [
@@ -234,6 +240,8 @@ def render_html(
         )
         parts.extend(_figures(evals))
         parts.extend(epm_section(evals, _html_table, _img))
+    if learning:  # learning benchmarks (bench_learning.py --algo rapo): arms side by side, seeds as bands
+        parts.append(learning_html(learning))
     if runs:
         png, left_out = training_curves({r.path.name: r.rows for r in runs})
         parts.append("<h2>Training curves</h2>")
@@ -283,7 +291,10 @@ def build_report(
     evals, runs = discover(dirs)
     output = Path(output)
     html_path, md_path = output / "report.html", output / "report.md"
-    write_text_atomic(html_path, render_html(evals, runs, title=title, max_transcripts=max_transcripts))
+    page = render_html(
+        evals, runs, title=title, max_transcripts=max_transcripts, learning=find_learning(dirs)
+    )
+    write_text_atomic(html_path, page)
     md = f"# {title}\n\n"
     if evals:
         header, rows = comparison_table(evals)

@@ -13,13 +13,17 @@ from typing import Any
 from rapo_echo.monitor import flagged_steps
 
 SAMPLES_FILE = "samples.jsonl"
-# Shown in the summary table when the run logged them: (key, label).
+# Shown in the summary table when the run logged them: (key, label). What a run is for leads (for RAPO:
+# the hidden-rule score where the simulated user has one, the emotion change, rewrites vs originals);
+# a reward that never changes (RAPO's rank rewards average 0.5 by construction) is left out.
 SUMMARY_KEYS = (
-    ("reward/mean", "reward"),
+    ("sim/hidden_rule_score", "hidden-rule score"),
     ("sim/emotion_delta", "emotion change"),
+    ("sd/rank_vs_original", "rewrite rank vs original"),
+    ("sd/beat_original", "rewrites beat original"),
+    ("reward/mean", "reward"),
     ("loss/grpo", "GRPO loss"),
     ("loss/sd", "SD loss"),
-    ("sd/beat_original", "corrections beat original"),
     ("kl", "KL"),
     ("entropy", "entropy"),
     ("reply_len/mean", "reply tokens"),
@@ -59,10 +63,22 @@ def monitor_summary(rows: Sequence[dict[str, Any]]) -> str:
     return "; ".join(f"{name} at {_spans(steps)}" for name, steps in sorted(by_signature.items()))
 
 
+def _absent(rows: Sequence[dict[str, Any]]) -> set[str]:
+    return {k for k, _ in SUMMARY_KEYS if not any(k in r for r in rows)}
+
+
 def summary_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
-    """One row per run: steps, then first -> last value of each key metric it logged, and the steps the
-    reward-hacking monitor flagged (when any run logged its flags)."""
-    keys = [(k, label) for k, label in SUMMARY_KEYS if any(k in r for run in runs for r in run.rows)]
+    """One row per run: steps, then first -> last value of each key metric it logged (a metric flat in
+    every run is left out), and the steps the reward-hacking monitor flagged (when any run logged its
+    flags)."""
+    from rapo_echo.benchmarks.plots import flat_keys
+
+    flat = set.intersection(*(flat_keys(run.rows) | _absent(run.rows) for run in runs)) if runs else set()
+    keys = [
+        (k, label)
+        for k, label in SUMMARY_KEYS
+        if k not in flat and any(k in r for run in runs for r in run.rows)
+    ]
     monitored = any(k.startswith("monitor/") for run in runs for r in run.rows for k in r)
     header = ["run", "steps", *[f"{label} (first → last)" for _, label in keys]]
     if monitored:

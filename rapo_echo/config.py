@@ -230,8 +230,12 @@ class DataConfig(Strict):
 
 
 class RapoJudgeConfig(Strict):
-    """The group judge (GRM): ranking from label-token log-probs when the engine has them."""
+    """The group judge (GRM): ranking from label-token log-probs when the engine has them.
 
+    ``kind``: ``model`` (the LLM group judge on the ``judge`` engine) or ``reactions`` (no model: ranks
+    by the reactions' emotion change and critiques by quoting them; see ``judges/reactions.py``)."""
+
+    kind: Literal["model", "reactions"] = "model"
     use_logprobs: Literal["auto", "always", "never"] = "auto"
     max_retries: int = Field(2, ge=0, le=10)
     reverse_pass: bool = False
@@ -246,8 +250,14 @@ class RapoJudgeConfig(Strict):
 
 
 class RapoSimulatorConfig(Strict):
-    """The reaction simulator ("echo"): the person's next message, emotion change, inner thought."""
+    """The simulated user ("echo"): the person's next message, emotion change, inner thought.
 
+    ``name``: ``reaction`` (the LLM reaction simulator on the ``simulator`` engine, configured by the
+    fields below), ``hidden_preference`` (rule-based, no model), a plugin of the
+    ``rapo_echo.simulators`` entry-point group, or ``module:Class``; ``args`` go to its constructor."""
+
+    name: str = "reaction"
+    args: dict[str, Any] = Field(default_factory=dict)
     use_logprobs: Literal["auto", "always", "never"] = "auto"
     max_new_tokens: int = Field(48, ge=4)
     thought_tokens: int = Field(24, ge=4)
@@ -262,6 +272,9 @@ class SelfDistillConfig(Strict):
     in_group = Critique-GRPO, token_kl = SDPO-style on-policy logit matching)."""
 
     enabled: bool = True
+    # Where the rewrite request goes: ``followup`` (a user turn after the weak reply) or ``system`` (the
+    # system message; the policy then answers the person directly). See algorithms/rapo.teacher_prompt.
+    rewrite_prompt: Literal["followup", "system"] = "followup"
     select: Literal["bottom_half", "all_but_best", "below_threshold"] = "bottom_half"
     threshold: float = 0.5
     loss: Literal["nll", "adv_nll", "in_group", "token_kl"] = "nll"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
@@ -31,6 +30,7 @@ from rapo_echo.judges.base import (
 )
 from rapo_echo.judges.fencing import Fence
 from rapo_echo.rewards.judge import render_dialogue
+from rapo_echo.simulators.base import Reaction, UserSimulator
 from rapo_echo.simulators.esconv_seeker import clean_reply
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
@@ -44,19 +44,6 @@ PROFILE_FIELDS = {
     "situation": "Situation",
     "need": "What you need from the supporter (unspoken)",
 }
-
-
-@dataclass
-class Reaction:
-    """The simulated person's reaction to one supporter reply."""
-
-    message: str  # what the person says next (the "echo")
-    emotion_delta: float | None  # estimated change of the person's emotional state, in [-scale, +scale]
-    thought: str  # a short inner thought the person would not say aloud
-    valid: bool
-    raw: str = ""  # raw text(s) for logging
-    attempts: int = 1
-    scale: float = 10.0  # the range of ``emotion_delta``, so readers can interpret it
 
 
 def render_profile(profile: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
@@ -125,7 +112,7 @@ def _unquote(text: str) -> str:
     return text
 
 
-class ReactionSimulator:
+class ReactionSimulator(UserSimulator):
     """Plays the person of each scenario's hidden profile and reacts to candidate replies."""
 
     def __init__(

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import rapo_echo.rewards as rw
+from rapo_echo import plugins
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError
 from rapo_echo.rewards import RewardContext, RewardOutput, RewardSet, build_reward
@@ -73,7 +74,7 @@ def test_registry_builtin_dotted_and_trl_adapter() -> None:
 
 def test_entry_point_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     ep = SimpleNamespace(name="kindness", load=lambda: QuestionReward)
-    monkeypatch.setattr(rw, "entry_points", lambda group: [ep] if group == rw.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [ep] if group == rw.ENTRY_POINT_GROUP else [])
     assert isinstance(build_reward("kindness", {}, RewardContext()), QuestionReward)
 
 

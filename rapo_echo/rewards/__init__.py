@@ -18,7 +18,6 @@ trust.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from rapo_echo.errors import ConfigError
+from rapo_echo.plugins import resolve_object
 from rapo_echo.types import Sample
 
 ENTRY_POINT_GROUP = "rapo_echo.rewards"
@@ -39,6 +39,7 @@ BUILTINS = {
     "humanlike": "rapo_echo.rewards.echo_n1:HumanlikeReward",
     "empathy": "rapo_echo.rewards.echo_n1:EmpathyReward",
     "echo_n1": "rapo_echo.rewards.echo_n1:EchoN1Reward",
+    "emotion_change": "rapo_echo.rewards.emotion:EmotionChangeReward",
 }
 
 
@@ -117,13 +118,7 @@ class TRLFunctionReward:
 def _load_object(name: str, where: str) -> Any:
     """The object a reward name resolves to. Built-ins and entry points are registered on purpose, so
     they are trusted; an object named by path must pass :func:`is_reward_plugin`."""
-    if name in BUILTINS:
-        module, attr = BUILTINS[name].split(":")
-        return getattr(importlib.import_module(module), attr)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return ep.load()
-    obj = _import_path(name, where)
+    obj = resolve_object(name, group=ENTRY_POINT_GROUP, builtins=BUILTINS, kind="reward", where=where)
     registered = set(BUILTINS.values()) | {ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', '')}" in registered:
         return obj
@@ -133,27 +128,6 @@ def _load_object(name: str, where: str) -> Any:
             "f(prompts, completions, **columns) or a class that subclasses rapo_echo.rewards.Reward or sets "
             "the class attribute is_reward_plugin = True (see the README, 'Reward plugins')"
         )
-    return obj
-
-
-def _import_path(name: str, where: str) -> Any:
-    if ":" in name:
-        module, attr = name.split(":", 1)
-    elif "." in name:
-        module, attr = name.rsplit(".", 1)
-    else:
-        plugins = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(BUILTINS))
-        raise ConfigError(
-            f"{where}: unknown reward {name!r}; known: {', '.join(plugins)} (or use module:attr)"
-        )
-    try:
-        obj = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(f"{where}: cannot import module {module!r} for reward {name!r}: {exc}") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{where}: module {module!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
     return obj
 
 

@@ -1,0 +1,305 @@
+"""A deterministic simulated user with a hidden preference: RAPO with a known ground truth.
+
+The person reacts to a supporter reply by a rule the policy never sees. By default they warm up when
+the reply reflects their feeling (names a feeling, addressed to them) and when it asks an open
+question, and they close off when the reply gives advice in its first sentence or when the supporter
+talks about themselves. Each rule that fires adds its weight; with ``s`` the sum of the fired
+weights and ``lo`` / ``hi`` the sums of the negative / positive weights,
+
+* ``hidden_rule_score(reply) = (s - lo) / (hi - lo)`` in [0, 1] (0.5 for the default rules when
+  nothing fires), the ground truth a learning benchmark reports;
+* the emotion change is ``scale * (2 * score - 1)`` in ``[-scale, +scale]``;
+* the next message and the inner thought are the lines of the fired rules (strongest first, at most
+  ``max_lines``; the ``neutral`` lines when none fires), so the reaction reveals what happened the
+  way a person would ("I didn't ask what to do. I just wanted someone to listen."), never the rule.
+
+Lines are picked by a stable hash of the reply (the same reply always gets the same reaction) and may
+use ``{emotion}`` (the profile's ``emotion_type`` as an adjective) and ``{problem}`` (its
+``problem_type``). Rules are configurable (``rapo.simulator.args.rules``), so experiments can vary
+them; each rule is a mapping::
+
+    {detect: reflects_feeling | open_question | advice_first | self_talk | pattern,
+     weight: 1.0, pattern: REGEX (detect: pattern), where: reply | first_sentence (pattern),
+     said: [lines], thought: [lines]}
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rapo_echo.errors import ConfigError
+from rapo_echo.simulators.base import Reaction, UserSimulator
+from rapo_echo.types import Scenario
+
+FEELING_WORDS = (
+    "sad sadness sorrow grief grieving heartbroken heartbreak hurt hurting lonely loneliness alone isolated "
+    "anxious anxiety worried worry worrying nervous scared afraid fear frightened terrified panic panicked "
+    "angry anger furious mad frustrated frustrating frustration resentful bitter irritated annoyed "
+    "overwhelmed overwhelming stressed stress exhausted drained tired burnt burned numb empty lost stuck "
+    "guilty guilt ashamed shame embarrassed humiliated insecure worthless inadequate jealous jealousy envy "
+    "upset hopeless helpless disappointed disappointment devastated depressed depression down low miserable "
+    "unhappy confused betrayed rejected abandoned unappreciated invisible unheard pain painful"
+)
+FEELINGS = frozenset(FEELING_WORDS.split())
+ADDRESSED = re.compile(r"\b(you|you're|youre|your|yourself|sounds|must)\b", re.I)
+WH_START = re.compile(r"^(?:and|so|but|then|also|well|now)?[\s,]*(what|how|why|which|where|when|who)\b", re.I)
+INVITES = re.compile(r"\b(tell me|say more|share more|talk about|walk me through)\b", re.I)
+ADVICE = re.compile(
+    r"\b(you should|you shouldn't|you could|you need to|you have to|you must|you might want to|"
+    r"you may want to|try to|try and|have you tried|have you considered|i suggest|i'd suggest|"
+    r"i would suggest|i recommend|i'd recommend|consider|make sure|it's important to|it is important to|"
+    r"don't worry|do not worry|remember to|focus on|why don't you|maybe you|perhaps you|"
+    r"the best thing|what you need|reach out)\b|^\s*(try|take|go|get|find|talk to|write|make|stop|keep)\b",
+    re.I,
+)
+SELF_TALK = re.compile(
+    r"\b(when i was|i remember|i had|i've had|i have had|i went through|i've been through|i have been "
+    r"through|i used to|i also|me too|same here|my own|happened to me|in my experience|i know how you feel|"
+    r"i know exactly|i've felt|i have felt|i felt|as someone who|"
+    r"my (?:mom|mum|mother|dad|father|friend|family|grandmother|grandma|gran|partner|wife|husband|boss|"
+    r"sister|brother|son|daughter|kids?|job))\b",
+    re.I,
+)
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+WORD = re.compile(r"[a-z']+")
+ADJECTIVE = {
+    "sadness": "sad",
+    "anxiety": "anxious",
+    "anger": "angry",
+    "fear": "scared",
+    "depression": "low",
+    "shame": "ashamed",
+    "guilt": "guilty",
+    "loneliness": "lonely",
+    "frustration": "frustrated",
+    "jealousy": "jealous",
+    "nervousness": "nervous",
+    "disgust": "disgusted",
+    "pain": "hurt",
+}
+
+
+def sentences(text: str) -> list[str]:
+    """The reply split into sentences (at ``.``, ``!`` or ``?`` followed by white space)."""
+    return [s.strip() for s in SENTENCE_END.split(text.strip()) if s.strip()]
+
+
+def reflects_feeling(reply: str) -> bool:
+    """A sentence addressed to the person (you / your / sounds / must) names a feeling."""
+    return any(
+        ADDRESSED.search(s) and any(w in FEELINGS for w in WORD.findall(s.lower())) for s in sentences(reply)
+    )
+
+
+def open_question(reply: str) -> bool:
+    """A question that starts with what / how / why / which / where / when / who, or invites the person
+    to say more ("tell me", "talk about" ...); a yes/no question ("Do you ...?") is not open."""
+    return any(s.endswith("?") and (WH_START.search(s) or INVITES.search(s)) for s in sentences(reply))
+
+
+def advice_first(reply: str) -> bool:
+    """The first sentence gives advice (you should, try, have you tried, I suggest, an imperative ...)."""
+    first = sentences(reply)
+    return bool(first) and ADVICE.search(first[0]) is not None
+
+
+def self_talk(reply: str) -> bool:
+    """The supporter talks about themselves (I remember, when I was, me too, my mum ...)."""
+    return SELF_TALK.search(reply) is not None
+
+
+DETECTORS: dict[str, Callable[[str], bool]] = {
+    "reflects_feeling": reflects_feeling,
+    "open_question": open_question,
+    "advice_first": advice_first,
+    "self_talk": self_talk,
+}
+
+DEFAULT_RULES: list[dict[str, Any]] = [
+    {
+        "detect": "advice_first",
+        "weight": -1.0,
+        "said": [
+            "I didn't ask what to do. I just wanted someone to listen.",
+            "Easy to say. You don't even know the whole story yet.",
+        ],
+        "thought": [
+            "They jumped straight to telling me what to do.",
+            "They want to fix me instead of listening.",
+        ],
+    },
+    {
+        "detect": "self_talk",
+        "weight": -1.0,
+        "said": ["Okay... but this isn't really about you.", "Right. Anyway."],
+        "thought": ["They made it about themselves.", "They are talking about their own life, not mine."],
+    },
+    {
+        "detect": "reflects_feeling",
+        "weight": 1.0,
+        "said": ["Yes. I really do feel {emotion}.", "That's exactly it. I feel so {emotion}."],
+        "thought": ["They noticed how I actually feel.", "Finally someone gets how I feel."],
+    },
+    {
+        "detect": "open_question",
+        "weight": 1.0,
+        "said": [
+            "Where do I even start... it's the {problem}, and I keep going over it in my head.",
+            "Honestly? The worst part is that nobody asks about the {problem}.",
+        ],
+        "thought": ["It feels good to be asked.", "I can actually talk about it now."],
+    },
+]
+DEFAULT_NEUTRAL: dict[str, list[str]] = {
+    "said": ["I guess.", "Yeah. Maybe."],
+    "thought": ["That didn't really land.", "They don't quite get it."],
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One hidden rule: what fires it, its weight (> 0 warmer, < 0 colder) and the reaction lines."""
+
+    detect: str
+    weight: float
+    said: tuple[str, ...]
+    thought: tuple[str, ...]
+    pattern: re.Pattern[str] | None = None
+    where: str = "reply"
+
+    def fires(self, reply: str) -> bool:
+        if self.pattern is None:
+            return DETECTORS[self.detect](reply)
+        first = sentences(reply)
+        text = (first[0] if first else "") if self.where == "first_sentence" else reply
+        return self.pattern.search(text) is not None
+
+
+def _lines(spec: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = spec.get(key)
+    if isinstance(value, str):
+        value = [value]
+    if not value or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(f"{where}.{key}: needs a non-empty list of non-empty lines")
+    return tuple(value)
+
+
+def parse_rule(spec: Mapping[str, Any], where: str) -> Rule:
+    """A :class:`Rule` from its config mapping; errors name the field."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: a rule is a mapping, got {type(spec).__name__}")
+    unknown = set(spec) - {"detect", "weight", "pattern", "where", "said", "thought"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    detect = spec.get("detect")
+    if detect not in (*DETECTORS, "pattern"):
+        raise ConfigError(f"{where}.detect: got {detect!r}; allowed: {', '.join([*DETECTORS, 'pattern'])}")
+    weight = spec.get("weight", 1.0)
+    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight == 0:
+        raise ConfigError(f"{where}.weight: got {weight!r}; a non-zero number")
+    pattern = None
+    where_in = spec.get("where", "reply")
+    if detect == "pattern":
+        try:
+            pattern = re.compile(str(spec.get("pattern") or ""), re.I)
+        except re.error as exc:
+            raise ConfigError(f"{where}.pattern: not a valid regular expression: {exc}") from exc
+        if not spec.get("pattern"):
+            raise ConfigError(f"{where}.pattern: detect 'pattern' needs a regular expression")
+        if where_in not in ("reply", "first_sentence"):
+            raise ConfigError(f"{where}.where: got {where_in!r}; allowed: reply, first_sentence")
+    return Rule(
+        str(detect),
+        float(weight),
+        _lines(spec, "said", where),
+        _lines(spec, "thought", where),
+        pattern,
+        where_in,
+    )
+
+
+class HiddenPreferenceUser(UserSimulator):
+    """A rule-based person: reacts to each reply by hidden rules (see the module doc); no model."""
+
+    def __init__(
+        self,
+        rules: Sequence[Mapping[str, Any]] | None = None,
+        neutral: Mapping[str, Any] | None = None,
+        scale: float = 10.0,
+        max_lines: int = 2,
+    ) -> None:
+        specs = DEFAULT_RULES if rules is None else rules
+        if not specs:
+            raise ConfigError("hidden_preference: rules: needs at least one rule")
+        self.rules = [parse_rule(r, f"hidden_preference: rules[{i}]") for i, r in enumerate(specs)]
+        if scale <= 0:
+            raise ConfigError(f"hidden_preference: scale must be > 0, got {scale}")
+        if max_lines < 1:
+            raise ConfigError(f"hidden_preference: max_lines: must be >= 1, got {max_lines}")
+        neutral = DEFAULT_NEUTRAL if neutral is None else neutral
+        self.neutral_said = _lines(neutral, "said", "hidden_preference: neutral")
+        self.neutral_thought = _lines(neutral, "thought", "hidden_preference: neutral")
+        self.scale = float(scale)
+        self.max_lines = max_lines
+        self.lo = sum(r.weight for r in self.rules if r.weight < 0)
+        self.hi = sum(r.weight for r in self.rules if r.weight > 0)
+        if self.hi == self.lo:  # pragma: no cover - weights are non-zero, so hi - lo > 0
+            raise ConfigError("hidden_preference: rules: weights must not all cancel")
+
+    def fired(self, reply: str) -> list[Rule]:
+        """The rules the reply fires, strongest (largest |weight|) first, then in config order."""
+        hits = [r for r in self.rules if r.fires(reply)]
+        return sorted(hits, key=lambda r: -abs(r.weight))
+
+    def hidden_rule_score(self, reply: str) -> float:
+        """``(s - lo) / (hi - lo)`` in [0, 1], ``s`` the sum of the fired rules' weights."""
+        s = sum(r.weight for r in self.fired(reply))
+        return (s - self.lo) / (self.hi - self.lo)
+
+    def emotion_delta(self, reply: str) -> float:
+        """``scale * (2 * score - 1)``: -scale when only the negative rules fire, +scale for only positive."""
+        return self.scale * (2.0 * self.hidden_rule_score(reply) - 1.0)
+
+    def react_one(self, scenario: Scenario, reply: str) -> Reaction:
+        """The reaction to one reply (deterministic)."""
+        if not reply.strip():
+            return Reaction(message="", emotion_delta=None, valid=False, raw="empty reply", scale=self.scale)
+        fired = self.fired(reply)
+        # colder rules speak first: a person who felt lectured says so before anything else
+        fired.sort(key=lambda r: (r.weight > 0, -abs(r.weight)))
+        pick = zlib.crc32(reply.encode("utf-8"))
+        if fired:
+            shown = fired[: self.max_lines]
+            said = [r.said[pick % len(r.said)] for r in shown]
+            thought = [r.thought[pick % len(r.thought)] for r in shown]
+        else:
+            said = [self.neutral_said[pick % len(self.neutral_said)]]
+            thought = [self.neutral_thought[pick % len(self.neutral_thought)]]
+        if len(said) > 1 and fired[0].weight < 0 < fired[1].weight:
+            said[1] = "Still... " + said[1][0].lower() + said[1][1:]
+        fill = _placeholders(scenario.profile)
+        return Reaction(
+            message=" ".join(s.format_map(fill) for s in said),
+            emotion_delta=self.emotion_delta(reply),
+            thought=" ".join(t.format_map(fill) for t in thought),
+            raw="fired: " + ", ".join(r.detect for r in fired),
+            scale=self.scale,
+        )
+
+    def react(self, pairs: Sequence[tuple[Scenario, str]]) -> list[Reaction]:
+        return [self.react_one(s, r) for s, r in pairs]
+
+
+class _Missing(dict):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def _placeholders(profile: Mapping[str, Any]) -> _Missing:
+    emotion = str(profile.get("emotion_type") or "").strip().lower()
+    problem = str(profile.get("problem_type") or "").strip().lower()
+    return _Missing(emotion=ADJECTIVE.get(emotion, emotion or "awful"), problem=problem or "whole thing")

@@ -1,0 +1,299 @@
+"""The hidden-preference user (rules, scores, reactions by hand), the judge that ranks from reactions,
+and a RAPO step against both (tiny model, scripted replies)."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from rapo_echo.algorithms.base import SD, AlgoContext
+from rapo_echo.algorithms.rapo import RAPO
+from rapo_echo.config import load_config
+from rapo_echo.errors import ConfigError
+from rapo_echo.judges.group import Candidate
+from rapo_echo.judges.reactions import ReactionJudge
+from rapo_echo.policy import Policy
+from rapo_echo.rewards import RewardSet
+from rapo_echo.simulators.base import Reaction
+from rapo_echo.simulators.hidden_preference import (
+    DEFAULT_RULES,
+    HiddenPreferenceUser,
+    advice_first,
+    open_question,
+    reflects_feeling,
+    self_talk,
+)
+from rapo_echo.types import Generation, Scenario, msg
+
+SC = Scenario(
+    "gran",
+    [msg("user", "My gran died last week.")],
+    profile={"emotion_type": "sadness", "problem_type": "grief"},
+)
+WARM = "That sounds so lonely. What do you miss most about her?"  # reflects + open question
+MIXED = "You should go for a walk. How are you sleeping?"  # advice first + open question
+SELF = "I remember when I lost my grandad."  # self-talk
+COLD = "Try to relax. When I was young I had this too."  # advice first + self-talk
+NEUTRAL = "Do you have anyone to talk to?"  # a yes/no question: nothing fires
+
+
+@pytest.mark.parametrize(
+    ("reply", "fired"),
+    [
+        (WARM, {"reflects_feeling", "open_question"}),
+        (MIXED, {"advice_first", "open_question"}),
+        (SELF, {"self_talk"}),
+        (COLD, {"advice_first", "self_talk"}),
+        (NEUTRAL, set()),
+        ("Are you feeling anxious?", {"reflects_feeling"}),  # addressed + a feeling word; yes/no question
+        ("Lonely days. Tell me about her?", {"open_question"}),  # the feeling is not addressed to them
+        ("I am sorry. You should rest.", set()),  # the advice is not in the first sentence
+        ("Me too, honestly.", {"self_talk"}),
+    ],
+)
+def test_detectors(reply: str, fired: set[str]) -> None:
+    detectors = {
+        "reflects_feeling": reflects_feeling,
+        "open_question": open_question,
+        "advice_first": advice_first,
+        "self_talk": self_talk,
+    }
+    assert {name for name, fn in detectors.items() if fn(reply)} == fired
+
+
+def test_scores_and_emotion_change_by_hand() -> None:
+    user = HiddenPreferenceUser(scale=10.0)
+    # default weights +1, +1, -1, -1: lo = -2, hi = 2, score = (s + 2) / 4, delta = 10 (2 score - 1)
+    expected = {
+        WARM: (1.0, 10.0),
+        MIXED: (0.5, 0.0),
+        SELF: (0.25, -5.0),
+        COLD: (0.0, -10.0),
+        NEUTRAL: (0.5, 0.0),
+    }
+    for reply, (score, delta) in expected.items():
+        assert user.hidden_rule_score(reply) == pytest.approx(score)
+        assert user.emotion_delta(reply) == pytest.approx(delta)
+
+
+def test_custom_rules_change_the_ground_truth() -> None:
+    rules = [
+        {"detect": "pattern", "pattern": r"\bsorry\b", "where": "first_sentence", "weight": 2,
+         "said": "Thanks.", "thought": "Kind."},
+        {"detect": "advice_first", "weight": -1, "said": ["Hm."], "thought": ["Pushy."]},
+    ]  # fmt: skip
+    user = HiddenPreferenceUser(rules=rules, scale=6.0)
+    # lo = -1, hi = 2: score = (s + 1) / 3
+    assert user.hidden_rule_score("I'm so sorry. You should rest.") == pytest.approx(1.0)
+    assert user.hidden_rule_score("You should rest. I'm sorry.") == pytest.approx(0.0)
+    assert user.hidden_rule_score("That is a lot.") == pytest.approx(1 / 3)
+    assert user.emotion_delta("That is a lot.") == pytest.approx(6.0 * (2 / 3 - 1))
+    r = user.react([(SC, "I'm so sorry. You should rest.")])[0]
+    assert (r.message, r.thought, r.emotion_delta) == ("Thanks.", "Kind.", 6.0)
+
+
+def test_reactions_reveal_what_happened_not_the_rule() -> None:
+    user = HiddenPreferenceUser()
+    warm, mixed, cold, neutral = user.react([(SC, WARM), (SC, MIXED), (SC, COLD), (SC, NEUTRAL)])
+    lines = {r["detect"]: r for r in DEFAULT_RULES}
+
+    def line(detect: str, reply: str, key: str = "said") -> str:  # the line the reply's hash picks
+        options = lines[detect][key]
+        return options[zlib.crc32(reply.encode()) % len(options)].format(emotion="sad", problem="grief")
+
+    # warm: both positive lines (config order), placeholders filled from the profile (sadness -> sad)
+    assert warm.message == line("reflects_feeling", WARM) + " " + line("open_question", WARM)
+    assert warm.thought == line("reflects_feeling", WARM, "thought") + " " + line(
+        "open_question", WARM, "thought"
+    )
+    assert warm.valid and warm.emotion_delta == 10.0
+    # mixed: the colder rule speaks first, then "Still..." and the warmer line
+    still = line("open_question", MIXED)
+    assert mixed.message == line("advice_first", MIXED) + " Still... " + still[0].lower() + still[1:]
+    assert cold.message == line("advice_first", COLD) + " " + line("self_talk", COLD)
+    assert cold.emotion_delta == -10.0 and cold.raw == "fired: advice_first, self_talk"
+    assert neutral.message in {"I guess.", "Yeah. Maybe."} and neutral.emotion_delta == 0.0
+    # deterministic: the same reply always gets the same reaction; an empty reply gets none
+    assert user.react([(SC, COLD)])[0] == cold
+    assert not user.react([(SC, "  ")])[0].valid
+
+
+def test_bad_rules_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"rules\[0\].weight: got 0"):
+        HiddenPreferenceUser(rules=[{"detect": "self_talk", "weight": 0, "said": "a", "thought": "b"}])
+    with pytest.raises(ConfigError, match=r"rules\[0\].pattern: not a valid regular expression"):
+        HiddenPreferenceUser(rules=[{"detect": "pattern", "pattern": "(", "said": "a", "thought": "b"}])
+    with pytest.raises(ConfigError, match=r"rules\[0\].said: needs a non-empty list"):
+        HiddenPreferenceUser(rules=[{"detect": "self_talk", "said": [], "thought": "b"}])
+    with pytest.raises(ConfigError, match=r"rules\[0\]: unknown keys \['wieght'\]"):
+        HiddenPreferenceUser(rules=[{"detect": "self_talk", "wieght": 1, "said": "a", "thought": "b"}])
+
+
+def cand(reply: str, delta: float | None, said: str = "", thought: str = "") -> Candidate:
+    if delta is None:
+        return Candidate(reply, None)
+    return Candidate(reply, Reaction(said or f"said {reply}", delta, thought or f"thought {reply}"))
+
+
+def test_reaction_judge_ranks_by_emotion_change() -> None:
+    judge = ReactionJudge(tie_eps=0.02)
+    groups = [
+        [cand("a", 10.0), cand("b", 0.0), cand("c", -5.0), cand("d", None)],
+        [cand("a", 2.0), cand("b", 2.1), cand("c", -1.0)],  # 0.1 apart < 0.02 * 10: a tie
+        [cand("a", None), cand("b", None)],
+    ]
+    out = judge.rank([SC] * 3, groups, with_critiques=False)
+    assert out[0].ranks == [1.0, 2.0, 3.0, 4.0] and out[0].valid
+    assert out[1].ranks == [1.5, 1.5, 3.0]
+    assert out[2].ranks is None and not out[2].valid and judge.stats["invalid_groups"] == 1
+
+
+def test_reaction_judge_critique_quotes_the_reactions() -> None:
+    judge = ReactionJudge()
+    group = [
+        cand("x", -5.0, "I didn't ask what to do.", "They lectured me."),
+        cand("y", 10.0, "Yes, exactly.", "They get it."),
+    ]
+    [j] = judge.rank([SC], [group])
+    assert j.critiques[0] == (
+        "The person's reaction shows they felt worse (-5.0 on a -10..+10 scale): they said \"I didn't ask "
+        'what to do." and thought "They lectured me.". The best-ranked reply, "y", made them say "Yes, '
+        'exactly." and think "They get it.". Do what that reply did and avoid what upset them.'
+    )
+    assert j.critiques[1] == (
+        "The person's reaction shows they felt better (+10.0 on a -10..+10 scale): they said \"Yes, "
+        'exactly." and thought "They get it.". Keep doing what made them open up.'
+    )
+
+
+REPLIES = [WARM, MIXED, SELF, COLD]
+REWRITE = "It sounds like you feel so alone. What was she like?"  # reflects + open: score 1.0
+
+
+class FixedReplies:
+    """The tiny policy's tokenizer with fixed replies: the group's four, and one rewrite."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def generate_ids(self, prompt_ids, params):
+        tok = self.engine.tokenizer
+        out = []
+        for ids in prompt_ids:
+            rewrite = "Write a better reply" in tok.decode(ids)
+            texts = [REWRITE] if rewrite else REPLIES[: params.n]
+            gens = []
+            for t in texts:
+                seq = tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                gens.append(Generation(t, seq, [-1.0] * len(seq), list(ids), "stop"))
+            out.append(gens)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_rapo_step_with_hidden_preference_user_and_reaction_judge(tiny_folder) -> None:
+    cfg = load_config(
+        algo="rapo",
+        overrides=[
+            f"model.name={tiny_folder}",
+            "rapo.simulator.name=hidden_preference",
+            "rapo.judge.kind=reactions",
+            "rapo.sd.verify=true",
+        ],
+    )
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+    policy.engine = FixedReplies(policy.engine)
+    algo = RAPO(cfg, AlgoContext(policy, RewardSet([]), None, None))  # neither needs an engine
+    algo.rewriter = policy.engine
+    out = algo.rollout([SC], step=0)
+    s = out.samples
+    assert [x.info["rank"] for x in s] == [1.0, 2.0, 3.0, 4.0]
+    assert [x.info["reaction"]["emotion_delta"] for x in s] == [10.0, 0.0, -5.0, -10.0]
+    # the metric the report leads with: mean hidden-rule score of the group = (1 + .5 + .25 + 0) / 4
+    assert out.metrics["sim/hidden_rule_score"] == pytest.approx(0.4375)
+    assert out.metrics["sim/emotion_delta"] == pytest.approx(-1.25)
+    # the bottom half is critiqued from its reactions and rewritten; the rewrite beats both originals
+    assert s[2].critique.startswith("The person's reaction shows they felt worse (-5.0")
+    assert out.metrics["sd/beat_original"] == 1.0 and out.metrics["sd/kept"] == 2.0
+    assert sum(it.kind == SD for it in out.items) == 2
+
+
+def test_rapo_counts_a_plugins_invalid_reactions(tiny_folder) -> None:
+    cfg = load_config(
+        algo="rapo",
+        overrides=[
+            f"model.name={tiny_folder}",
+            "rapo.simulator.name=tests.plugin_simulators:EveryOtherInvalid",
+            "rapo.judge.kind=reactions",
+            "rapo.sd.enabled=false",
+        ],
+    )
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+    policy.engine = FixedReplies(policy.engine)
+    algo = RAPO(cfg, AlgoContext(policy, RewardSet([]), "sim-engine", None))
+    assert algo.simulator.engine == "sim-engine"
+    out = algo.rollout([SC], step=0)
+    assert out.metrics["sim/invalid"] == 2.0
+    # reactions 0 and 2 are equal (warmth 3): they tie for 1.5; the two without a reaction tie last
+    assert [x.info["rank"] for x in out.samples] == [1.5, 3.5, 1.5, 3.5]
+
+
+# The suite's hidden rule: the person warms up when asked something and closes off at advice in the first
+# sentence. The default rules (four detectors) need more steps than a suite test can afford at this size
+# (see the learning benchmark in README "Performance"); this one is learnt within 8 steps.
+ASKED_RULES = [
+    {"detect": "pattern", "pattern": r"\?", "weight": 1.0, "said": "Well... since you ask, it's been hard.",
+     "thought": "They want to hear about it."},
+    {"detect": "advice_first", "weight": -1.0, "said": "I didn't ask what to do.",
+     "thought": "Lectured again."},
+]  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> None:
+    """RAPO (ranks from the hidden-preference user's reactions + self-distillation of critique-guided
+    rewrites) raises the hidden-rule score of the embedded model's replies within 8 seeded CPU steps:
+    the learning benchmark's RAPO arm (benchmarks/perf/bench_learning.py --algo rapo), 8 steps, lr 2e-3,
+    with the rule above."""
+    from rapo_echo.benchmarks.perf.bench_learning import hidden_scores_per_step, rapo_learning_config
+    from rapo_echo.trainer import Trainer
+
+    run = tmp_path / "run"
+    cfg = rapo_learning_config(
+        run, "rapo", steps=8, seed=0, sizes={"train.lr": "2e-3"}, extra=["train.threads=1"]
+    )
+    cfg.rapo.simulator.args = {"rules": ASKED_RULES}
+    Trainer(cfg).train()
+    scores = hidden_scores_per_step(run, HiddenPreferenceUser(rules=ASKED_RULES))
+    first, last = sum(scores[:2]) / 2, sum(scores[-2:]) / 2
+    assert len(scores) == 8 and last >= first + 0.15, scores
+
+
+def test_teacher_prompt_in_the_system_message_answers_the_person_directly() -> None:
+    from rapo_echo.algorithms.rapo import teacher_prompt
+
+    conv = [
+        msg("system", "Be kind."),
+        msg("user", "I lost my job."),
+        msg("assistant", "Oh no."),
+        msg("user", "Yes."),
+    ]
+    out = teacher_prompt(
+        conv, "Cheer up!", Reaction("That doesn't help.", -5.0, "ugh"), "Too dismissive.", style="system"
+    )
+    # the dialogue is unchanged and ends at the person's message; the feedback is in the system message
+    assert out[1:] == conv[1:] and out[0]["role"] == "system"
+    assert out[0]["content"] == (
+        'Be kind.\n\nYour earlier reply to the person\'s last message was: "Cheer up!"\n'
+        'The person answered: "That doesn\'t help."\nIt left them feeling worse.\n'
+        "Feedback on your reply: Too dismissive.\n"
+        "Write a better reply to the person now: use the feedback, keep it warm and brief."
+    )
+    bare = teacher_prompt(conv[1:2], "Cheer up!", None, None, style="system")
+    assert bare[0]["role"] == "system" and bare[1:] == conv[1:2]
+    with pytest.raises(ValueError, match="style must be followup or system"):
+        teacher_prompt(conv, "x", None, None, style="other")

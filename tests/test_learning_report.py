@@ -1,0 +1,122 @@
+"""What the report leads with for RAPO runs, the learning benchmark's summary and bands by hand, and the
+learning section of the report (arms side by side, seeds as bands)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rapo_echo.benchmarks.learning_report import bands, find_learning, learning_figure
+from rapo_echo.benchmarks.perf.bench_learning import ARMS, rapo_learning_config, summarise
+from rapo_echo.benchmarks.plots import curve_keys
+from rapo_echo.benchmarks.report import TrainingRun, build_report
+from rapo_echo.benchmarks.training_report import summary_table
+
+RAPO_ROWS = [
+    {
+        "step": s,
+        "reward/mean": 0.5,  # linear rank rewards: 0.5 every step by construction
+        "loss/total": 1.0,
+        "sim/emotion_delta": -2.0 + s,
+        "sd/rank_vs_original": -0.5,
+        "sim/hidden_rule_score": 0.4 + 0.1 * s,
+        "kl": 0.0,
+    }
+    for s in (1, 2, 3)
+]
+
+
+def test_rapo_curves_lead_with_what_the_run_is_for_and_drop_a_flat_reward() -> None:
+    assert curve_keys(RAPO_ROWS) == [
+        "sim/hidden_rule_score",
+        "sim/emotion_delta",
+        "sd/rank_vs_original",
+        "loss/total",
+        "kl",
+    ]
+    moving = [{**r, "reward/mean": 0.1 * r["step"]} for r in RAPO_ROWS]  # a reward that moves stays
+    assert "reward/mean" in curve_keys(moving)
+
+
+def test_summary_table_leads_with_the_hidden_rule_score(tmp_path: Path) -> None:
+    header, rows = summary_table([TrainingRun(tmp_path / "rapo-run", RAPO_ROWS)])
+    assert header[:5] == [
+        "run",
+        "steps",
+        "hidden-rule score (first → last)",
+        "emotion change (first → last)",
+        "rewrite rank vs original (first → last)",
+    ]
+    assert not any(h.startswith("reward") for h in header)
+    assert rows[0][:3] == ["rapo-run", "3", "0.5 → 0.7"]
+
+
+def test_bands_and_summary_by_hand() -> None:
+    steps, mean, lo, hi = bands({"0": [0.1, 0.5, 0.2], "1": [0.3, None, 0.4], "2": [0.2, 0.9]})
+    assert steps == [1, 2, 3]
+    assert mean == pytest.approx([0.2, 0.7, 0.3]) and lo == [0.1, 0.5, 0.2] and hi == [0.3, 0.9, 0.4]
+    out = summarise({0: [0.1, 0.2, 0.3, 0.5, 0.6, 0.7], 1: [0.3, 0.3, 0.3, 0.3, 0.3, 0.6]}, window=3)
+    # seed 0: mean(.5,.6,.7) - mean(.1,.2,.3) = 0.4; seed 1: mean(.3,.3,.6) - .3 = 0.1
+    assert out["gain_per_seed"] == {"0": pytest.approx(0.4), "1": pytest.approx(0.1)}
+    assert out["gain"] == pytest.approx(0.25)
+    assert out["mean_per_step"] == pytest.approx([0.2, 0.25, 0.3, 0.4, 0.45, 0.65])
+    assert out["first_window"] == pytest.approx(0.25) and out["last_window"] == pytest.approx(0.5)
+
+
+def test_arms_differ_only_in_their_learning_signal(tmp_path: Path) -> None:
+    cfgs = {arm: rapo_learning_config(tmp_path / arm, arm, steps=3, seed=1) for arm in ARMS}
+    assert (cfgs["rapo"].algo, cfgs["ranks"].algo, cfgs["emotion"].algo) == ("rapo", "rapo", "grpo")
+    assert cfgs["rapo"].rapo.sd.enabled and not cfgs["ranks"].rapo.sd.enabled
+    assert (
+        cfgs["rapo"].rapo.simulator.name == "hidden_preference"
+        and cfgs["rapo"].rapo.judge.kind == "reactions"
+    )
+    assert [r.name for r in cfgs["emotion"].rewards] == ["emotion_change"]
+    for cfg in cfgs.values():  # same sampling, optimiser and loss in every arm
+        assert (cfg.train.lr, cfg.train.seed, cfg.loss.advantage, cfg.loss.beta) == (1e-3, 1, "grpo", 0.0)
+        assert (cfg.rollout.batch_size, cfg.rollout.group_size, cfg.model.lora.enabled) == (4, 4, True)
+
+
+def test_report_draws_the_learning_benchmark(tmp_path: Path) -> None:
+    root = tmp_path / "learning"
+    result = {
+        "bench": "rapo_learns_hidden_preference",
+        "seeds": [0, 1],
+        "arms": {
+            arm: {
+                "score_per_step": {"0": [0.5, 0.6, 0.7 + k / 10], "1": [0.4, 0.5, 0.6]},
+                **summarise({0: [0.5, 0.6, 0.7 + k / 10], 1: [0.4, 0.5, 0.6]}, window=1),
+            }
+            for k, arm in enumerate(ARMS)
+        },
+    }
+    result["arms"]["rapo"]["rewrite_beat_original_per_step"] = {"0": [0.5, 1.0, None], "1": [0.0, 0.5, 1.0]}
+    for arm in ARMS:
+        (root / f"{arm}-seed0").mkdir(parents=True)
+        rows = [{"step": s, "sim/hidden_rule_score": 0.5} for s in (1, 2)]
+        (root / f"{arm}-seed0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "learning.json").write_text(json.dumps(result))
+    assert [p for p, _ in find_learning([root])] == [root]
+    assert learning_figure(result)[:8] == b"\x89PNG\r\n\x1a\n"
+    html_path, _ = build_report([root], tmp_path / "report")
+    page = html_path.read_text()
+    assert "<h2>Learning curves</h2>" in page and page.index("Learning curves") < page.index(
+        "Training curves"
+    )
+    assert "RAPO (ranks + self-distillation)" in page and "GRPO on emotion change" in page
+    # gains (window 1): rapo (.7-.5 + .6-.4)/2 = .2; ranks (.8-.5 + .2)/2 = .25; emotion (.9-.5 + .2)/2 = .3
+    for gain in ("+0.200", "+0.250", "+0.300"):
+        assert f"<td>{gain}</td>" in page
+
+
+def test_sweep_settings_and_reward_specs() -> None:
+    from rapo_echo.benchmarks.perf.sweep_defaults import reward_spec, setting_overrides
+
+    assert reward_spec("question") == {"name": "question", "weight": 1.0, "args": {}}
+    assert reward_spec("length:target=12") == {"name": "length", "weight": 1.0, "args": {"target": 12}}
+    assert setting_overrides("lora:1e-3") == ["model.lora.enabled=true", "train.lr=1e-3"]
+    assert setting_overrides("full:1e-5") == ["model.lora.enabled=false", "train.lr=1e-5"]
+    with pytest.raises(SystemExit, match="is not full:LR or lora:LR"):
+        setting_overrides("qlora:1")
