@@ -163,8 +163,10 @@ def test_shared_prefix_prefill_equals_plain_prefill(tiny_engine: HFEngine, monke
 LOOPS = ["static", "compiled"]
 
 
-def loop_engine(model, tokenizer, loop: str, **kw) -> HFEngine:
-    return HFEngine(model, tokenizer, max_batch_size=8, decode_loop=loop, compile_backend="aot_eager", **kw)
+def loop_engine(model, tokenizer, loop: str, max_batch_size: int = 8, **kw) -> HFEngine:
+    return HFEngine(
+        model, tokenizer, max_batch_size=max_batch_size, decode_loop=loop, compile_backend="aot_eager", **kw
+    )
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +235,7 @@ def test_static_loop_stop_string(tiny_model, smol_tokenizer) -> None:
 
 
 def test_static_buffers_are_allocated_once_and_reused(tiny_model, smol_tokenizer) -> None:
-    engine = loop_engine(tiny_model, smol_tokenizer, "static")
+    engine = loop_engine(tiny_model, smol_tokenizer, "static", max_batch_size=64)
     ids = [engine.encode(p) for p in PROMPTS]
     engine.warmup(max(len(i) for i in ids), rows=4, max_new_tokens=5)
     pool = engine._static._pool
