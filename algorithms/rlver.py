@@ -120,6 +120,11 @@ class RLVER(Algorithm):
     name = "rlver"
     progress_keys = ("emotion/final", "reward/mean", "loss/total")
 
+    @staticmethod
+    def min_group_size_for(cfg: Any) -> int:
+        """GRPO compares a profile's dialogues (2 or more); PPO's value head is its baseline (1 is fine)."""
+        return 1 if cfg.rlver.estimator == "ppo" else 2
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         # rlver.md 2.3: KL-free, group of 4 dialogues per profile, RLVER's system prompt; our bundled

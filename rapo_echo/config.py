@@ -722,10 +722,13 @@ def _where(sources: dict[tuple[str, ...], str], key: str) -> str:
 
 def check_group_size(cfg: RunConfig, where: str = "") -> None:
     """Every algorithm here compares the replies of a group (group-relative advantages, ranks), so a
-    group of one has no signal: refuse it unless the algorithm declares a smaller ``min_group_size``."""
+    group of one has no signal: refuse it unless the algorithm declares a smaller ``min_group_size``
+    (an int, or ``min_group_size_for(cfg)`` when it depends on the config, as RLVER's PPO does)."""
     from rapo_echo import algorithms
 
-    need = int(getattr(algorithms.get(cfg.algo), "min_group_size", 2))
+    algo = algorithms.get(cfg.algo)
+    by_config = getattr(algo, "min_group_size_for", None)
+    need = int(by_config(cfg)) if by_config is not None else int(getattr(algo, "min_group_size", 2))
     if cfg.rollout.group_size < need:
         raise ConfigError(
             f"invalid config:\n  {where}rollout.group_size: got {cfg.rollout.group_size}; {cfg.algo} learns "

@@ -237,8 +237,10 @@ def test_rapo_counts_a_plugins_invalid_reactions(tiny_folder) -> None:
     assert algo.simulator.engine == "sim-engine"
     out = algo.rollout([SC], step=0)
     assert out.metrics["sim/invalid"] == 2.0
-    # reactions 0 and 2 are equal (warmth 3): they tie for 1.5; the two without a reaction tie last
-    assert [x.info["rank"] for x in out.samples] == [1.5, 3.5, 1.5, 3.5]
+    # a reply without a reaction is not ranked (masked and counted, never ranked last); reactions 0 and 2
+    # are equal (warmth 3): among the two ranked replies they tie for 1.5
+    assert [x.info["rank"] for x in out.samples] == [1.5, None, 1.5, None]
+    assert [x.valid for x in out.samples] == [True, False, True, False]
 
 
 # The suite's hidden rule: the person warms up when asked something and closes off at advice in the first

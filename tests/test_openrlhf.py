@@ -49,7 +49,11 @@ SIM_SCRIPT = {
     ]
 }
 JUDGE_SCRIPT = {
-    "rules": [[r"reply to rate:\s*I'm so sorry", "Score: 5"], [r"reply to rate:\s*ok", "Score: 2"]],
+    # the reply sits in a fenced block: "<<<REPLY marker>>>" on its own line, then the text
+    "rules": [
+        [r"reply to rate:\s*<<<REPLY \w+>>>\s*I'm so sorry", "Score: 5"],
+        [r"reply to rate:\s*<<<REPLY \w+>>>\s*ok", "Score: 2"],
+    ],
     "default": "I cannot decide.",
 }
 RLVER_ROW = {

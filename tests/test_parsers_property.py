@@ -209,9 +209,8 @@ def test_no_sotopia_scores_from_garbage(text):
 )
 def test_sotopia_json_scores(values):
     scores = parse_scores(json.dumps(values))
-    ok = all(
-        isinstance(v, (int, float)) and lo <= v <= hi
-        for v, (lo, hi) in zip(values.values(), DIMENSIONS.values())
+    ok = all(  # by key: the generated dict's order need not be DIMENSIONS' order
+        isinstance(values[d], (int, float)) and lo <= values[d] <= hi for d, (lo, hi) in DIMENSIONS.items()
     )
     if ok:
         assert scores == {d: float(v) for d, v in values.items()}

@@ -203,6 +203,12 @@ def test_a_group_of_one_is_refused_for_every_algorithm(algo: str) -> None:
     assert load_config(algo=algo, overrides=["rollout.group_size=2"]).rollout.group_size == 2
 
 
+def test_rlver_ppo_accepts_a_group_of_one() -> None:
+    """PPO's value head is the baseline, so one dialogue per profile trains; GRPO's group mean is not."""
+    cfg = load_config(algo="rlver", overrides=["rlver.estimator=ppo", "rollout.group_size=1"])
+    assert cfg.rollout.group_size == 1
+
+
 def test_cli_refuses_a_group_of_one_with_exit_2(capsys) -> None:
     from rapo_echo.cli import main
 

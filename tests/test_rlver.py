@@ -102,7 +102,14 @@ def tiny_module_folder(tmp_path_factory, smol_tokenizer) -> Path:
 
 def make_algo(policy: Policy, sim: ScriptedEngine, *sets: str, rewards=None) -> RLVER:
     policy.scorer.value_head = None
-    cfg = load_config(algo="rlver", overrides=["rollout.group_size=2", "rollout.max_new_tokens=24", *sets])
+    # a group of one (refused by load_config for GRPO, which would train nothing) is set in code: these
+    # tests look at the rollouts and the PPO estimates of single dialogues
+    one = "rollout.group_size=1" in sets
+    sets = tuple(x for x in sets if x != "rollout.group_size=1")
+    base = ["rollout.group_size=2", "rollout.max_new_tokens=24", "train.micro_batch_size=8"]  # no Trainer: no auto
+    cfg = load_config(algo="rlver", overrides=[*base, *sets])
+    if one:
+        cfg.rollout.group_size = 1
     policy.rollout_cfg = cfg.rollout
     return RLVER(cfg, AlgoContext(policy, rewards or RewardSet([]), simulator=sim))
 
