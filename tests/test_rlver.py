@@ -106,7 +106,8 @@ def make_algo(policy: Policy, sim: ScriptedEngine, *sets: str, rewards=None) -> 
     # tests look at the rollouts and the PPO estimates of single dialogues
     one = "rollout.group_size=1" in sets
     sets = tuple(x for x in sets if x != "rollout.group_size=1")
-    base = ["rollout.group_size=2", "rollout.max_new_tokens=24", "train.micro_batch_size=8"]  # no Trainer: no auto
+    # no Trainer resolves "auto" here, so the micro-batch size is given
+    base = ["rollout.group_size=2", "rollout.max_new_tokens=24", "train.micro_batch_size=8"]
     cfg = load_config(algo="rlver", overrides=[*base, *sets])
     if one:
         cfg.rollout.group_size = 1
