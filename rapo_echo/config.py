@@ -45,6 +45,19 @@ def _auto_size(value: Any) -> int | str:
 AutoSize = Annotated[int | Literal["auto"], PlainValidator(_auto_size)]
 
 
+def _auto_lr(value: Any) -> float | str:
+    if value == "auto":
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < float(value) <= 1.0:
+        return float(value)
+    raise ValueError("must be a number greater than 0 and at most 1, or 'auto'")
+
+
+# A learning rate, or ``auto``: from the model's size and LoRA (rapo_echo.auto_lr; 1e-4 full / 1e-3 LoRA
+# for the embedded model; the resolved value is written to the run directory).
+AutoLR = Annotated[float | Literal["auto"], PlainValidator(_auto_lr)]
+
+
 class Strict(BaseModel):
     """Base of every config section: unknown keys are errors, values are validated on assignment."""
 
@@ -180,7 +193,7 @@ class LossConfig(Strict):
 
 class TrainConfig(Strict):
     max_steps: int = Field(100, ge=1)
-    lr: float = Field(1e-5, gt=0.0, le=1.0)
+    lr: AutoLR = "auto"
     weight_decay: float = Field(0.0, ge=0.0)
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0)
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0)

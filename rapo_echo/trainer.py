@@ -26,6 +26,7 @@ import torch
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
 from rapo_echo.atomic import write_text_atomic
+from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
 from rapo_echo.checkpoint import (
     commit,
@@ -157,6 +158,7 @@ class Trainer:
             shared_prompt_forward=cfg.train.shared_prompt_forward,
         )
         self._resolve_batch_sizes()
+        self._resolve_lr()
         if cfg.rollout.engine == "vllm":
             from rapo_echo.engines.vllm_engine import VLLMEngine
 
@@ -234,6 +236,23 @@ class Trainer:
                 sizes.micro_batch_size,
                 sizes.rollout_max_batch_size,
             )
+
+    def _resolve_lr(self) -> None:
+        """Replace ``train.lr: auto`` by the rate for this model's size (``rapo_echo.auto_lr``)."""
+        t, lora = self.cfg.train, self.cfg.model.lora.enabled
+        params = None
+        if t.lr == "auto":
+            params = base_parameter_count(self.policy.lm.named_parameters())
+            asked, t.lr = "auto", auto_lr(params, lora)
+            log.info(
+                "auto learning rate: train.lr=%g (%d parameters, %s)",
+                t.lr,
+                params,
+                "LoRA" if lora else "full",
+            )
+        else:
+            asked = t.lr
+        self.resolved["train.lr"] = lr_record(asked, t.lr, params, lora)
 
     def _warm_up_decode(self) -> None:
         """Allocate (and compile) the static decode buffers before the first step, sized for a

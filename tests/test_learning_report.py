@@ -118,5 +118,33 @@ def test_sweep_settings_and_reward_specs() -> None:
     assert reward_spec("length:target=12") == {"name": "length", "weight": 1.0, "args": {"target": 12}}
     assert setting_overrides("lora:1e-3") == ["model.lora.enabled=true", "train.lr=1e-3"]
     assert setting_overrides("full:1e-5") == ["model.lora.enabled=false", "train.lr=1e-5"]
-    with pytest.raises(SystemExit, match="is not full:LR or lora:LR"):
+    assert setting_overrides("default") == []
+    with pytest.raises(SystemExit, match="is not default, full:LR or lora:LR"):
         setting_overrides("qlora:1")
+
+
+def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, capsys) -> None:
+    from rapo_echo.benchmarks.perf.hidden_rule_eval import main
+
+    folder = tmp_path / "ref"
+    folder.mkdir()
+    rows = [
+        {"valid": True, "info": {"reply": "That sounds so lonely. What do you miss most?"}},  # score 1
+        {"valid": True, "info": {"reply": "Try to rest. I am so sorry. I am so sorry."}},  # 0.25, repeats
+        {"valid": False, "info": {"reply": "not counted"}},
+        {"valid": True, "info": {}},  # no reply: not counted
+    ]
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main([str(folder)])
+    out = json.loads(capsys.readouterr().out)
+    # default rules: score = (s + 2) / 4; "Try to rest." is advice first (s = -1): 0.25
+    assert out == {
+        "eval": str(folder),
+        "replies": 2,
+        "hidden_rule_score": 0.625,
+        "repeats_itself": 0.5,
+        "words": 10.0,
+    }  # fmt: skip  (9 and 11 words)
+    (folder / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
+    with pytest.raises(SystemExit, match="no valid row with info.reply"):
+        main([str(folder)])

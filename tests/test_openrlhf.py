@@ -341,6 +341,12 @@ def test_launch_command_maps_the_run(tmp_path, smol_path, bundle):
     cfg = run_config(
         tmp_path, smol_path, **{"loss.beta": 0.02, "train.warmup_steps": 10, "train.mini_batches": 2}
     )
+    # train.lr: auto needs the policy's size; a hub id this machine cannot read is a clear error
+    with pytest.raises(ConfigError, match=r"train.lr: auto needs the policy's size.*--set train.lr="):
+        launch_command(
+            cfg, bundle, cluster=ClusterSpec(nodes=2, gpus_per_node=4), pretrain="Qwen/Qwen2.5-7B-Instruct"
+        )
+    cfg.train.lr = 1e-6
     cmd = launch_command(
         cfg, bundle, cluster=ClusterSpec(nodes=2, gpus_per_node=4), pretrain="Qwen/Qwen2.5-7B-Instruct"
     )
@@ -469,7 +475,8 @@ def test_launch_flags_parse_with_openrlhfs_own_parser(tmp_path, smol_path, bundl
     assert args.algo.kl.use_loss and args.algo.kl.estimator == "k3" and args.algo.kl.init_coef == 0.02
     assert args.reward.remote_url == ["reward_func.py"] and args.data.label_key == "label"
     assert args.train.colocate_all and args.vllm.enable_sleep and args.vllm.num_engines == 4
-    assert args.actor.adam.lr == 1e-5 and list(args.actor.adam.betas) == [0.9, 0.999]
+    # train.lr: auto, from the embedded model's size read off its config (134.5M parameters: 1e-4)
+    assert args.actor.adam.lr == 1e-4 and list(args.actor.adam.betas) == [0.9, 0.999]
     agent_cmd = launch_command(cfg, bundle, agent=True, cluster=ClusterSpec(nodes=1, gpus_per_node=4))
     agent_args = openrlhf_args(agent_cmd[agent_cmd.index("openrlhf.cli.train_ppo_ray") + 1 :])
     assert agent_args.train.agent_func_path == "rlver_agent.py" and agent_args.reward.remote_url == ["agent"]

@@ -40,10 +40,13 @@ def reward_spec(text: str) -> dict[str, Any]:
 
 
 def setting_overrides(setting: str) -> list[str]:
-    """``full:1e-5`` / ``lora:5e-4`` -> the overrides that differ from the CLI's defaults."""
+    """``full:1e-5`` / ``lora:5e-4`` / ``full:auto`` -> the overrides that differ from the CLI's
+    defaults; ``default``: none (the CLI exactly as a user runs it)."""
+    if setting == "default":
+        return []
     kind, _, lr = setting.partition(":")
     if kind not in ("full", "lora") or not lr:
-        raise SystemExit(f"--settings: {setting!r} is not full:LR or lora:LR")
+        raise SystemExit(f"--settings: {setting!r} is not default, full:LR or lora:LR")
     return [f"model.lora.enabled={'true' if kind == 'lora' else 'false'}", f"train.lr={lr}"]
 
 

@@ -15,7 +15,7 @@ rapo-echo                             OpenRLHF
 ``rollout`` batch x group / mini      ``--train.batch_size`` (samples per optimizer update)
 ``train.micro_batch_size``            ``--train.micro_batch_size``, ``--rollout.micro_batch_size``
 ``train.inner_epochs``                ``--train.max_epochs``
-``train.lr``, betas, eps, decay       ``--actor.adam.lr / betas / eps / weight_decay``
+``train.lr``, betas, eps, decay       ``--actor.adam.lr / betas / eps / weight_decay`` (``auto``: by size)
 ``train.scheduler``, warmup           ``--actor.lr_scheduler``, ``--actor.lr_warmup_ratio``
 ``train.max_grad_norm``               ``--actor.max_norm``
 ``train.max_steps``                   ``--train.num_episodes`` (passes over the prompt file)
@@ -110,6 +110,21 @@ def _check(cfg: RunConfig, cluster: ClusterSpec) -> None:
         )
 
 
+def _auto_lr_of(model_path: str, cfg: RunConfig) -> float:
+    """``train.lr: auto`` for the policy at ``model_path`` (its size read from its config, no weights)."""
+    from rapo_echo.auto_lr import auto_lr, count_parameters_of
+
+    try:
+        params = count_parameters_of(model_path, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as exc:  # the path may exist only on the cluster
+        raise ConfigError(
+            f"train.lr: auto needs the policy's size, but {model_path!r} cannot be read here "
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "give a number, e.g. --set train.lr=1e-6"
+        ) from exc
+    return auto_lr(params, cfg.model.lora.enabled)
+
+
 def launch_command(
     config: RunConfig | str | Path,
     bundle_dir: str | Path,
@@ -168,9 +183,11 @@ def launch_command(
     eps_high = lo.eps_high if lo.eps_high is not None else eps_high
     steps_per_update = tr.inner_epochs * tr.mini_batches
     warmup = tr.warmup_steps / (tr.max_steps * steps_per_update)
+    model_path = pretrain or resolve(cfg.model.name).path
+    lr = tr.lr if tr.lr != "auto" else _auto_lr_of(model_path, cfg)
 
     args = [
-        "--actor.model_name_or_path", pretrain or resolve(cfg.model.name).path,
+        "--actor.model_name_or_path", model_path,
         "--actor.num_nodes", str(cluster.nodes),
         "--actor.num_gpus_per_node", str(cluster.gpus_per_node),
         "--vllm.num_engines", str(cluster.engines()),
@@ -194,7 +211,7 @@ def launch_command(
         "--actor.policy_loss_type", POLICY_LOSSES[lo.policy_loss],
         "--actor.eps_clip_low_high", f"{eps_low:g}", f"{eps_high:g}",
         "--actor.loss_agg_mode", AGGREGATIONS[lo.agg],
-        "--actor.adam.lr", f"{tr.lr:g}",
+        "--actor.adam.lr", f"{lr:g}",
         "--actor.adam.betas", f"{tr.adam_beta1:g}", f"{tr.adam_beta2:g}",
         "--actor.adam.eps", f"{tr.adam_eps:g}",
         "--actor.adam.weight_decay", f"{tr.weight_decay:g}",

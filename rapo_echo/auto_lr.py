@@ -1,0 +1,72 @@
+"""``train.lr: auto``: a learning rate from the size of the model and whether LoRA trains it.
+
+Full fine-tuning: ``lr = FULL_LR_AT_REFERENCE * REFERENCE_PARAMS / params``, clamped to
+``[FULL_LR_FLOOR, FULL_LR_AT_REFERENCE]``; LoRA: ``LORA_FACTOR`` times that. The two anchors are
+measured or published, the line between them is a rule of thumb (larger models want smaller steps):
+
+* 135M parameters (the embedded SmolLM2-135M-Instruct): full fine-tuning at 1e-4 and LoRA at 1e-3 learn
+  a verifiable reward within 12 GRPO steps; 1e-5 does not (``benchmarks/perf/sweep_defaults.py``,
+  ``benchmarks/README.md``);
+* 7-8B models: full-parameter RL runs use about 1e-6 (RLVER's released recipe, Critique-GRPO;
+  ``research/rlver.md``, ``research/rapo.md``), which the formula reaches at 13.5B parameters and keeps
+  as its floor.
+
+So 1.5B parameters get 9e-6 (LoRA 9e-5), 7B 1.9e-6 (LoRA 1.9e-5). The value used and the count it came
+from are written to the run directory (``config.yaml``, ``resolved.json``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+REFERENCE_PARAMS = 135_000_000
+FULL_LR_AT_REFERENCE = 1e-4
+FULL_LR_FLOOR = 1e-6
+LORA_FACTOR = 10.0
+
+
+def auto_lr(params: int, lora: bool) -> float:
+    """The ``auto`` learning rate for a model of ``params`` parameters (the base model's, adapters not
+    counted), trained in full or through LoRA."""
+    if params <= 0:
+        raise ValueError(f"params must be > 0, got {params}")
+    full = min(FULL_LR_AT_REFERENCE, max(FULL_LR_FLOOR, FULL_LR_AT_REFERENCE * REFERENCE_PARAMS / params))
+    return full * LORA_FACTOR if lora else full
+
+
+def base_parameter_count(named_parameters: Iterable[tuple[str, Any]]) -> int:
+    """Parameters of the base model: LoRA adapters left out, shared (tied) tensors counted once, and
+    ZeRO-3 partitioned tensors by their full size (``ds_numel``)."""
+    seen: set[int] = set()
+    total = 0
+    for name, p in named_parameters:
+        if "lora_" in name or id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += int(getattr(p, "ds_numel", 0) or p.numel())
+    return total
+
+
+def count_parameters_of(path: str, *, trust_remote_code: bool = False) -> int:
+    """Parameters of the model at ``path`` without loading its weights (built on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    return base_parameter_count(model.named_parameters())
+
+
+def lr_record(asked: Any, used: float, params: int | None, lora: bool) -> dict[str, Any]:
+    """What ``resolved.json`` says about the learning rate."""
+    record: dict[str, Any] = {"asked": asked, "used": used}
+    if asked == "auto":
+        record["basis"] = {
+            "params": params,
+            "lora": lora,
+            "rule": f"min({FULL_LR_AT_REFERENCE:g}, max({FULL_LR_FLOOR:g}, {FULL_LR_AT_REFERENCE:g} * "
+            f"{REFERENCE_PARAMS:d} / params))" + (f" * {LORA_FACTOR:g} (LoRA)" if lora else ""),
+        }
+    return record
