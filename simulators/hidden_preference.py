@@ -18,9 +18,13 @@ use ``{emotion}`` (the profile's ``emotion_type`` as an adjective) and ``{proble
 ``problem_type``). Rules are configurable (``rapo.simulator.args.rules``), so experiments can vary
 them; each rule is a mapping::
 
-    {detect: reflects_feeling | open_question | advice_first | self_talk | pattern,
+    {detect: reflects_feeling | open_question | advice_first | self_talk | repeats_itself | pattern,
      weight: 1.0, pattern: REGEX (detect: pattern), where: reply | first_sentence (pattern),
      said: [lines], thought: [lines]}
+
+``said`` / ``thought`` may be left out for a built-in detector (its own lines are used). ``rules``
+replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``): the quickstart adds
+``{detect: repeats_itself, weight: -1}``, a person put off when a reply says the same words twice.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.errors import ConfigError
+from rapo_echo.rewards.builtin import repeated_ngram_fraction
 from rapo_echo.simulators.base import Reaction, UserSimulator
 from rapo_echo.types import Scenario
 
@@ -112,11 +117,21 @@ def self_talk(reply: str) -> bool:
     return SELF_TALK.search(reply) is not None
 
 
+REPEAT_NGRAM = 4
+
+
+def repeats_itself(reply: str) -> bool:
+    """Some run of ``REPEAT_NGRAM`` (4) words occurs twice (case and punctuation ignored): the reply
+    says the same thing again ("I'm so sorry to hear that. I'm so sorry to hear ...")."""
+    return repeated_ngram_fraction(WORD.findall(reply.lower()), REPEAT_NGRAM) > 0
+
+
 DETECTORS: dict[str, Callable[[str], bool]] = {
     "reflects_feeling": reflects_feeling,
     "open_question": open_question,
     "advice_first": advice_first,
     "self_talk": self_talk,
+    "repeats_itself": repeats_itself,
 }
 
 DEFAULT_RULES: list[dict[str, Any]] = [
@@ -154,6 +169,18 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "thought": ["It feels good to be asked.", "I can actually talk about it now."],
     },
 ]
+REPEAT_RULE: dict[str, Any] = {
+    "detect": "repeats_itself",
+    "weight": -1.0,
+    "said": ["You keep saying the same thing.", "You said that already."],
+    "thought": [
+        "They are repeating themselves, like a script.",
+        "It sounds like they are not really listening.",
+    ],
+}
+DETECTOR_LINES: dict[str, dict[str, list[str]]] = {
+    r["detect"]: {"said": r["said"], "thought": r["thought"]} for r in [*DEFAULT_RULES, REPEAT_RULE]
+}
 DEFAULT_NEUTRAL: dict[str, list[str]] = {
     "said": ["I guess.", "Yeah. Maybe."],
     "thought": ["That didn't really land.", "They don't quite get it."],
@@ -179,8 +206,8 @@ class Rule:
         return self.pattern.search(text) is not None
 
 
-def _lines(spec: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    value = spec.get(key)
+def _lines(spec: Mapping[str, Any], key: str, where: str, fallback: Sequence[str] = ()) -> tuple[str, ...]:
+    value = spec.get(key, list(fallback) or None)
     if isinstance(value, str):
         value = [value]
     if not value or not all(isinstance(v, str) and v.strip() for v in value):
@@ -215,8 +242,8 @@ def parse_rule(spec: Mapping[str, Any], where: str) -> Rule:
     return Rule(
         str(detect),
         float(weight),
-        _lines(spec, "said", where),
-        _lines(spec, "thought", where),
+        _lines(spec, "said", where, DETECTOR_LINES.get(str(detect), {}).get("said", ())),
+        _lines(spec, "thought", where, DETECTOR_LINES.get(str(detect), {}).get("thought", ())),
         pattern,
         where_in,
     )
@@ -228,6 +255,7 @@ class HiddenPreferenceUser(UserSimulator):
     def __init__(
         self,
         rules: Sequence[Mapping[str, Any]] | None = None,
+        extra_rules: Sequence[Mapping[str, Any]] = (),
         neutral: Mapping[str, Any] | None = None,
         scale: float = 10.0,
         max_lines: int = 2,
@@ -236,6 +264,9 @@ class HiddenPreferenceUser(UserSimulator):
         if not specs:
             raise ConfigError("hidden_preference: rules: needs at least one rule")
         self.rules = [parse_rule(r, f"hidden_preference: rules[{i}]") for i, r in enumerate(specs)]
+        self.rules += [
+            parse_rule(r, f"hidden_preference: extra_rules[{i}]") for i, r in enumerate(extra_rules)
+        ]
         if scale <= 0:
             raise ConfigError(f"hidden_preference: scale must be > 0, got {scale}")
         if max_lines < 1:

@@ -18,10 +18,12 @@ from rapo_echo.rewards import RewardSet
 from rapo_echo.simulators.base import Reaction
 from rapo_echo.simulators.hidden_preference import (
     DEFAULT_RULES,
+    REPEAT_RULE,
     HiddenPreferenceUser,
     advice_first,
     open_question,
     reflects_feeling,
+    repeats_itself,
     self_talk,
 )
 from rapo_echo.types import Generation, Scenario, msg
@@ -50,6 +52,8 @@ NEUTRAL = "Do you have anyone to talk to?"  # a yes/no question: nothing fires
         ("Lonely days. Tell me about her?", {"open_question"}),  # the feeling is not addressed to them
         ("I am sorry. You should rest.", set()),  # the advice is not in the first sentence
         ("Me too, honestly.", {"self_talk"}),
+        ("I'm so sorry to hear that. I'm SO sorry, to hear it.", {"repeats_itself"}),  # 4 words twice
+        ("I am so sorry. I am so glad.", set()),  # 3 words twice is not a repeat
     ],
 )
 def test_detectors(reply: str, fired: set[str]) -> None:
@@ -58,6 +62,7 @@ def test_detectors(reply: str, fired: set[str]) -> None:
         "open_question": open_question,
         "advice_first": advice_first,
         "self_talk": self_talk,
+        "repeats_itself": repeats_itself,
     }
     assert {name for name, fn in detectors.items() if fn(reply)} == fired
 
@@ -91,6 +96,22 @@ def test_custom_rules_change_the_ground_truth() -> None:
     assert user.emotion_delta("That is a lot.") == pytest.approx(6.0 * (2 / 3 - 1))
     r = user.react([(SC, "I'm so sorry. You should rest.")])[0]
     assert (r.message, r.thought, r.emotion_delta) == ("Thanks.", "Kind.", 6.0)
+
+
+def test_extra_rules_add_to_the_defaults_with_the_detectors_own_lines() -> None:
+    user = HiddenPreferenceUser(extra_rules=[{"detect": "repeats_itself", "weight": -1.0}])
+    # defaults + the repeat rule: lo = -3, hi = 2, score = (s + 3) / 5, delta = 10 (2 score - 1)
+    assert (user.lo, user.hi) == (-3.0, 2.0)
+    looping = WARM + " " + WARM  # reflects + open question + repeats: s = 1
+    assert user.hidden_rule_score(WARM) == pytest.approx(1.0)
+    assert user.hidden_rule_score(looping) == pytest.approx(0.8)
+    assert user.emotion_delta(looping) == pytest.approx(6.0)
+    assert user.hidden_rule_score(NEUTRAL) == pytest.approx(0.6)  # nothing fires: (0 + 3) / 5
+    r = user.react([(SC, looping)])[0]
+    assert r.raw == "fired: repeats_itself, reflects_feeling, open_question"  # colder first
+    assert any(r.message.startswith(line) for line in REPEAT_RULE["said"]) and "Still... " in r.message
+    with pytest.raises(ConfigError, match=r"extra_rules\[0\].said: needs a non-empty list"):
+        HiddenPreferenceUser(extra_rules=[{"detect": "pattern", "pattern": "x"}])  # no lines of its own
 
 
 def test_reactions_reveal_what_happened_not_the_rule() -> None:
