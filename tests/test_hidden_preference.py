@@ -320,3 +320,18 @@ def test_teacher_prompt_in_the_system_message_answers_the_person_directly() -> N
     assert bare[0]["role"] == "system" and bare[1:] == conv[1:2]
     with pytest.raises(ValueError, match="style must be followup or system"):
         teacher_prompt(conv, "x", None, None, style="other")
+
+
+def test_quickstart_person_dislikes_loops_and_sees_them_in_training() -> None:
+    """The quickstart's person is put off by a reply that repeats itself, and its replies are sampled
+    near how the policy is evaluated (README "Results": greedy, 48 tokens), where loops happen."""
+    from pathlib import Path
+
+    from rapo_echo.simulators.base import build_simulator
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
+    user = build_simulator(cfg.rapo.simulator.name, cfg.rapo.simulator.args)
+    assert isinstance(user, HiddenPreferenceUser)
+    assert [r.detect for r in user.rules][-1] == "repeats_itself"
+    assert user.hidden_rule_score(WARM + " " + WARM) < user.hidden_rule_score(WARM)
+    assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0
