@@ -129,10 +129,10 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     folder = tmp_path / "ref"
     folder.mkdir()
     rows = [
-        {"valid": True, "info": {"reply": "That sounds so lonely. What do you miss most?"}},  # score 1
-        {"valid": True, "info": {"reply": "Try to rest. I am so sorry. I am so sorry."}},  # 0.25, repeats
-        {"valid": False, "info": {"reply": "not counted"}},
-        {"valid": True, "info": {}},  # no reply: not counted
+        {"id": "a", "valid": True, "info": {"reply": "That sounds so lonely. What do you miss most?"}},  # 1
+        {"id": "b", "valid": True, "info": {"reply": "Try to rest. I am so sorry. I am so sorry."}},  # 0.25
+        {"id": "c", "valid": False, "info": {"reply": "not counted"}},
+        {"id": "d", "valid": True, "info": {}},  # no reply: not counted
     ]
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     main([str(folder)])

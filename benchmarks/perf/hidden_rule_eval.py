@@ -18,21 +18,21 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from rapo_echo.jsonl import read_jsonl
+from rapo_echo.benchmarks.results import RESULTS_FILE, read_records
 from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser, repeats_itself
 
 
 def replies_of(folder: Path) -> list[str]:
     """The valid policy replies of one evaluation folder's ``results.jsonl``."""
-    rows = read_jsonl(folder / "results.jsonl", "evaluation results")
-    return [str(r["info"]["reply"]) for _, r in rows if r.get("valid") and "reply" in (r.get("info") or {})]
+    rows = read_records(folder / RESULTS_FILE)
+    return [str(r["info"]["reply"]) for r in rows if r.get("valid") and "reply" in (r.get("info") or {})]
 
 
 def score_folder(folder: Path, user: HiddenPreferenceUser) -> dict[str, Any]:
     """The hidden-rule score, repeat share and length of one evaluation's replies."""
     replies = replies_of(folder)
     if not replies:
-        raise SystemExit(f"{folder / 'results.jsonl'}: no valid row with info.reply")
+        raise SystemExit(f"{folder / RESULTS_FILE}: no valid row with info.reply")
     return {
         "eval": str(folder),
         "replies": len(replies),
