@@ -684,8 +684,11 @@ class RAPO(GRPO):
         }
         score = getattr(self.simulator, "hidden_rule_score", None)
         if callable(score) and samples:
-            # a simulator with a known ground truth: how well the replies follow its hidden rule
-            out["sim/hidden_rule_score"] = statistics.fmean(score(s.text) for s in samples)
+            # a simulator with a known ground truth: how well the replies follow its hidden rule (given
+            # what the person said last, for rules that read it)
+            out["sim/hidden_rule_score"] = statistics.fmean(
+                score(s.text, s.scenario.last_user_message()) for s in samples
+            )
         return out
 
     def _distill_metrics(self, items: list[TrainItem], corrections: list[Correction]) -> dict[str, float]:

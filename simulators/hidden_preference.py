@@ -18,13 +18,17 @@ use ``{emotion}`` (the profile's ``emotion_type`` as an adjective) and ``{proble
 ``problem_type``). Rules are configurable (``rapo.simulator.args.rules``), so experiments can vary
 them; each rule is a mapping::
 
-    {detect: reflects_feeling | open_question | advice_first | self_talk | repeats_itself | pattern,
+    {detect: reflects_feeling | open_question | advice_first | self_talk | repeats_itself |
+             picks_up_details | pattern,
      weight: 1.0, pattern: REGEX (detect: pattern), where: reply | first_sentence (pattern),
      said: [lines], thought: [lines]}
 
 ``said`` / ``thought`` may be left out for a built-in detector (its own lines are used). ``rules``
 replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``): the quickstart adds
-``{detect: repeats_itself, weight: -1}``, a person put off when a reply says the same words twice.
+``{detect: repeats_itself, weight: -1}``, a person put off when a reply says the same words twice, and
+``{detect: picks_up_details, weight: 1}``, a person who warms up when the reply takes up something they
+said. ``picks_up_details`` is the one detector that reads the context: it compares the reply with the
+person's last message (``heard``), so the score functions take that message too.
 """
 
 from __future__ import annotations
@@ -126,6 +130,36 @@ def repeats_itself(reply: str) -> bool:
     return repeated_ngram_fraction(WORD.findall(reply.lower()), REPEAT_NGRAM) > 0
 
 
+STOPWORD_TEXT = (
+    "about above after again against also another anything around because been before being below between "
+    "both cannot could does doing done down during each even ever every from further gets getting going gone "
+    "gonna have having here hers herself himself into itself just know like make makes many maybe more most "
+    "much must myself need never next nothing once only other ours over really said same says should since "
+    "some something still such than that that's their theirs them then there these they thing things think "
+    "this those though through under until upon very want wants were what when where which while whom will "
+    "well with without would yeah you're your yours yourself it's don't can't didn't i've i'll doesn't isn't "
+    "wasn't okay feel feels feeling felt time times keep kept"
+)
+STOPWORDS = frozenset(STOPWORD_TEXT.split())
+DETAIL_MIN_LETTERS = 4
+
+
+def content_words(text: str) -> set[str]:
+    """The words that carry a message's content: at least ``DETAIL_MIN_LETTERS`` (4) letters, not a
+    stop word and not a feeling word (naming the feeling is ``reflects_feeling``'s business)."""
+    return {
+        w
+        for w in WORD.findall(text.lower())
+        if len(w) >= DETAIL_MIN_LETTERS and w not in STOPWORDS and w not in FEELINGS
+    }
+
+
+def picks_up_details(reply: str, heard: str) -> bool:
+    """The reply takes up something the person said: it shares a content word with ``heard``, their
+    last message ("Twenty-three years at the depot ..." -> "... after 23 years at the depot")."""
+    return bool(content_words(reply) & content_words(heard))
+
+
 DETECTORS: dict[str, Callable[[str], bool]] = {
     "reflects_feeling": reflects_feeling,
     "open_question": open_question,
@@ -133,6 +167,8 @@ DETECTORS: dict[str, Callable[[str], bool]] = {
     "self_talk": self_talk,
     "repeats_itself": repeats_itself,
 }
+# detectors that also read what the person said last (``heard``)
+HEARD_DETECTORS: dict[str, Callable[[str, str], bool]] = {"picks_up_details": picks_up_details}
 
 DEFAULT_RULES: list[dict[str, Any]] = [
     {
@@ -178,8 +214,15 @@ REPEAT_RULE: dict[str, Any] = {
         "It sounds like they are not really listening.",
     ],
 }
+DETAILS_RULE: dict[str, Any] = {
+    "detect": "picks_up_details",
+    "weight": 1.0,
+    "said": ["Yes, that's exactly what happened.", "Right. You were actually listening."],
+    "thought": ["They picked up on what I told them.", "They heard the details, not just the headline."],
+}
 DETECTOR_LINES: dict[str, dict[str, list[str]]] = {
-    r["detect"]: {"said": r["said"], "thought": r["thought"]} for r in [*DEFAULT_RULES, REPEAT_RULE]
+    r["detect"]: {"said": r["said"], "thought": r["thought"]}
+    for r in [*DEFAULT_RULES, REPEAT_RULE, DETAILS_RULE]
 }
 DEFAULT_NEUTRAL: dict[str, list[str]] = {
     "said": ["I guess.", "Yeah. Maybe."],
@@ -198,7 +241,10 @@ class Rule:
     pattern: re.Pattern[str] | None = None
     where: str = "reply"
 
-    def fires(self, reply: str) -> bool:
+    def fires(self, reply: str, heard: str = "") -> bool:
+        """Whether the rule fires on ``reply``; ``heard`` is the person's last message."""
+        if self.detect in HEARD_DETECTORS:
+            return HEARD_DETECTORS[self.detect](reply, heard)
         if self.pattern is None:
             return DETECTORS[self.detect](reply)
         first = sentences(reply)
@@ -223,8 +269,9 @@ def parse_rule(spec: Mapping[str, Any], where: str) -> Rule:
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
     detect = spec.get("detect")
-    if detect not in (*DETECTORS, "pattern"):
-        raise ConfigError(f"{where}.detect: got {detect!r}; allowed: {', '.join([*DETECTORS, 'pattern'])}")
+    allowed = [*DETECTORS, *HEARD_DETECTORS, "pattern"]
+    if detect not in allowed:
+        raise ConfigError(f"{where}.detect: got {detect!r}; allowed: {', '.join(allowed)}")
     weight = spec.get("weight", 1.0)
     if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight == 0:
         raise ConfigError(f"{where}.weight: got {weight!r}; a non-zero number")
@@ -281,25 +328,27 @@ class HiddenPreferenceUser(UserSimulator):
         if self.hi == self.lo:  # pragma: no cover - weights are non-zero, so hi - lo > 0
             raise ConfigError("hidden_preference: rules: weights must not all cancel")
 
-    def fired(self, reply: str) -> list[Rule]:
-        """The rules the reply fires, strongest (largest |weight|) first, then in config order."""
-        hits = [r for r in self.rules if r.fires(reply)]
+    def fired(self, reply: str, heard: str = "") -> list[Rule]:
+        """The rules the reply fires, strongest (largest |weight|) first, then in config order;
+        ``heard`` is the person's last message (only ``picks_up_details`` reads it)."""
+        hits = [r for r in self.rules if r.fires(reply, heard)]
         return sorted(hits, key=lambda r: -abs(r.weight))
 
-    def hidden_rule_score(self, reply: str) -> float:
+    def hidden_rule_score(self, reply: str, heard: str = "") -> float:
         """``(s - lo) / (hi - lo)`` in [0, 1], ``s`` the sum of the fired rules' weights."""
-        s = sum(r.weight for r in self.fired(reply))
+        s = sum(r.weight for r in self.fired(reply, heard))
         return (s - self.lo) / (self.hi - self.lo)
 
-    def emotion_delta(self, reply: str) -> float:
+    def emotion_delta(self, reply: str, heard: str = "") -> float:
         """``scale * (2 * score - 1)``: -scale when only the negative rules fire, +scale for only positive."""
-        return self.scale * (2.0 * self.hidden_rule_score(reply) - 1.0)
+        return self.scale * (2.0 * self.hidden_rule_score(reply, heard) - 1.0)
 
     def react_one(self, scenario: Scenario, reply: str) -> Reaction:
         """The reaction to one reply (deterministic)."""
         if not reply.strip():
             return Reaction(message="", emotion_delta=None, valid=False, raw="empty reply", scale=self.scale)
-        fired = self.fired(reply)
+        heard = scenario.last_user_message()
+        fired = self.fired(reply, heard)
         # colder rules speak first: a person who felt lectured says so before anything else
         fired.sort(key=lambda r: (r.weight > 0, -abs(r.weight)))
         pick = zlib.crc32(reply.encode("utf-8"))
@@ -315,7 +364,7 @@ class HiddenPreferenceUser(UserSimulator):
         fill = _placeholders(scenario.profile)
         return Reaction(
             message=" ".join(s.format_map(fill) for s in said),
-            emotion_delta=self.emotion_delta(reply),
+            emotion_delta=self.emotion_delta(reply, heard),
             thought=" ".join(t.format_map(fill) for t in thought),
             raw="fired: " + ", ".join(r.detect for r in fired),
             scale=self.scale,

@@ -18,10 +18,13 @@ from rapo_echo.rewards import RewardSet
 from rapo_echo.simulators.base import Reaction
 from rapo_echo.simulators.hidden_preference import (
     DEFAULT_RULES,
+    DETAILS_RULE,
     REPEAT_RULE,
     HiddenPreferenceUser,
     advice_first,
+    content_words,
     open_question,
+    picks_up_details,
     reflects_feeling,
     repeats_itself,
     self_talk,
@@ -65,6 +68,36 @@ def test_detectors(reply: str, fired: set[str]) -> None:
         "repeats_itself": repeats_itself,
     }
     assert {name for name, fn in detectors.items() if fn(reply)} == fired
+
+
+def test_content_words_and_picks_up_details_by_hand() -> None:
+    heard = "After my shift at the warehouse, so like 11pm till 3. I'm so stressed, I can't revise."
+    # four letters or more, no stop word ("after", "like"), no feeling word ("stressed"), no number
+    assert content_words(heard) == {"shift", "warehouse", "till", "revise"}
+    assert picks_up_details("Revising after a warehouse shift sounds exhausting.", heard)  # warehouse, shift
+    assert not picks_up_details("That sounds so stressful. What helps?", heard)  # nothing of theirs
+    assert not picks_up_details("You feel so stressed after that, like you can't.", heard)  # stop / feeling
+    assert not picks_up_details("Your warehouse job sounds hard.", "")  # nothing heard, nothing picked up
+    assert picks_up_details("WAREHOUSE!", heard)  # case is ignored
+
+
+def test_picks_up_details_reads_the_persons_last_message() -> None:
+    user = HiddenPreferenceUser(extra_rules=[{"detect": "picks_up_details", "weight": 1.0}])
+    # defaults + the details rule: lo = -2, hi = 3, score = (s + 2) / 5, delta = 10 (2 score - 1)
+    assert (user.lo, user.hi) == (-2.0, 3.0)
+    reply = "Losing your gran so suddenly must feel lonely."  # reflects + picks up "gran": s = 2
+    assert user.hidden_rule_score(reply, "My gran died last week.") == pytest.approx(0.8)
+    assert user.hidden_rule_score(reply) == pytest.approx(0.6)  # nothing heard: only the reflection
+    assert user.hidden_rule_score(NEUTRAL, "My gran died last week.") == pytest.approx(0.4)
+    # the reaction compares the reply with the scenario's last user message
+    r = user.react([(SC, reply)])[0]
+    assert r.emotion_delta == pytest.approx(6.0)
+    assert r.raw == "fired: reflects_feeling, picks_up_details"
+    said = DETAILS_RULE["said"][zlib.crc32(reply.encode()) % 2]
+    assert said in r.message
+    turns = [msg("assistant", "I'm sorry."), msg("user", "The funeral is Monday.")]
+    later = Scenario("gran2", [*SC.messages, *turns])
+    assert user.react([(later, reply)])[0].raw == "fired: reflects_feeling"  # gran was said earlier
 
 
 def test_scores_and_emotion_change_by_hand() -> None:
@@ -332,6 +365,8 @@ def test_quickstart_person_dislikes_loops_and_sees_them_in_training() -> None:
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     user = build_simulator(cfg.rapo.simulator.name, cfg.rapo.simulator.args)
     assert isinstance(user, HiddenPreferenceUser)
-    assert [r.detect for r in user.rules][-1] == "repeats_itself"
+    assert [r.detect for r in user.rules][-2:] == ["repeats_itself", "picks_up_details"]
     assert user.hidden_rule_score(WARM + " " + WARM) < user.hidden_rule_score(WARM)
+    heard = SC.last_user_message()
+    assert user.hidden_rule_score("Your gran died last week.", heard) > user.hidden_rule_score("Oh.", heard)
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0

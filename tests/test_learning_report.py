@@ -128,9 +128,17 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
 
     folder = tmp_path / "ref"
     folder.mkdir()
+
+    def said(text: str, reply: str) -> list[dict[str, str]]:
+        return [{"role": "supporter", "content": "Hi."}, {"role": "seeker", "content": text},
+                {"role": "policy", "content": reply}]  # fmt: skip
+
+    a, b = "That sounds so lonely. What do you miss most?", "Try to rest. I am so sorry. I am so sorry."
     rows = [
-        {"id": "a", "valid": True, "info": {"reply": "That sounds so lonely. What do you miss most?"}},  # 1
-        {"id": "b", "valid": True, "info": {"reply": "Try to rest. I am so sorry. I am so sorry."}},  # 0.25
+        # reflects + open question: 1; takes up "miss" (and "sounds" is not theirs)
+        {"id": "a", "valid": True, "info": {"reply": a}, "transcript": said("I miss my old city.", a)},
+        # advice first: 0.25; "rest", "sorry" are not in "My exam is tomorrow."
+        {"id": "b", "valid": True, "info": {"reply": b}, "transcript": said("My exam is tomorrow.", b)},
         {"id": "c", "valid": False, "info": {"reply": "not counted"}},
         {"id": "d", "valid": True, "info": {}},  # no reply: not counted
     ]
@@ -143,8 +151,31 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
         "replies": 2,
         "hidden_rule_score": 0.625,
         "repeats_itself": 0.5,
+        "picks_up_details": 0.5,
         "words": 10.0,
     }  # fmt: skip  (9 and 11 words)
+    # with the details rule added: lo = -2, hi = 3, (s + 2) / 5: a = (2 + 1 + 2) / 5 = 1, b = 1 / 5
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("- {detect: picks_up_details, weight: 1}\n")
+    main([str(folder), "--extra-rules", str(extra)])
+    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == 0.6
     (folder / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
     with pytest.raises(SystemExit, match="no valid row with info.reply"):
         main([str(folder)])
+
+
+def test_learning_benchmark_scores_samples_against_what_the_person_said(tmp_path: Path) -> None:
+    from rapo_echo.benchmarks.perf.bench_learning import hidden_scores_per_step
+    from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
+
+    prompt = [{"role": "user", "content": "My gran died."}, {"role": "assistant", "content": "Oh no."},
+              {"role": "user", "content": "The funeral is on Monday."}]  # fmt: skip
+    rows = [
+        {"step": 1, "prompt": prompt, "reply": "Monday will be hard."},  # takes up "monday": s = 1
+        {"step": 1, "prompt": prompt, "reply": "Your gran was kind."},  # "gran" was said earlier: s = 0
+        {"step": 2, "prompt": [], "reply": "Monday will be hard."},  # nothing heard: s = 0
+    ]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    user = HiddenPreferenceUser(extra_rules=[{"detect": "picks_up_details", "weight": 1.0}])
+    # lo = -2, hi = 3: (s + 2) / 5 -> step 1 (0.6 + 0.4) / 2, step 2 0.4
+    assert hidden_scores_per_step(tmp_path, user) == [0.5, 0.4]

@@ -132,7 +132,8 @@ def hidden_scores_per_step(run: Path, scorer: Any) -> list[float]:
     """Mean hidden-rule score of the policy's sampled replies at each step (from ``samples.jsonl``)."""
     by_step: dict[int, list[float]] = {}
     for rec in read_jsonl(run / "samples.jsonl"):
-        by_step.setdefault(int(rec["step"]), []).append(scorer.hidden_rule_score(rec["reply"]))
+        heard = next((m["content"] for m in reversed(rec.get("prompt") or []) if m.get("role") == "user"), "")
+        by_step.setdefault(int(rec["step"]), []).append(scorer.hidden_rule_score(rec["reply"], heard))
     return [round(statistics.fmean(by_step[s]), 4) for s in sorted(by_step)]
 
 

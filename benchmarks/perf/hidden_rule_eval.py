@@ -4,8 +4,10 @@
 Scores the policy replies of finished evaluations (``rapo-echo eval --benchmark esconv-ref``, or any
 benchmark whose ``results.jsonl`` rows keep the reply in ``info.reply``) with the hidden-preference
 user's rules: per evaluation folder one JSON line with the mean hidden-rule score (the default rules,
-or ``--rules FILE``: a YAML list of rules as in ``rapo.simulator.args.rules``), the share of replies
-that repeat a run of four words (``repeats_itself``) and the mean reply length in words.
+or ``--rules FILE``: a YAML list of rules as in ``rapo.simulator.args.rules``; ``--extra-rules FILE``
+adds rules as ``extra_rules`` does), the share of replies that repeat a run of four words
+(``repeats_itself``), the share that take up a word of the seeker's last message
+(``picks_up_details``) and the mean reply length in words.
 
     python benchmarks/perf/hidden_rule_eval.py evals/ref-default evals/ref-quickstart
 """
@@ -19,26 +21,37 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.results import RESULTS_FILE, read_records
-from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser, repeats_itself
+from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser, picks_up_details, repeats_itself
+
+PERSON_ROLES = ("seeker", "user")
 
 
-def replies_of(folder: Path) -> list[str]:
-    """The valid policy replies of one evaluation folder's ``results.jsonl``."""
+def replies_of(folder: Path) -> list[tuple[str, str]]:
+    """The valid policy replies of one evaluation folder's ``results.jsonl``, each with what the person
+    said last before it (the last seeker / user turn of its transcript, '' when there is none)."""
     rows = read_records(folder / RESULTS_FILE)
-    return [str(r["info"]["reply"]) for r in rows if r.get("valid") and "reply" in (r.get("info") or {})]
+    out = []
+    for r in rows:
+        if r.get("valid") and "reply" in (r.get("info") or {}):
+            turns = r.get("transcript") or []
+            said = [str(m.get("content", "")) for m in turns if m.get("role") in PERSON_ROLES]
+            out.append((str(r["info"]["reply"]), said[-1] if said else ""))
+    return out
 
 
 def score_folder(folder: Path, user: HiddenPreferenceUser) -> dict[str, Any]:
-    """The hidden-rule score, repeat share and length of one evaluation's replies."""
-    replies = replies_of(folder)
-    if not replies:
+    """The hidden-rule score, repeat and pick-up shares and length of one evaluation's replies."""
+    pairs = replies_of(folder)
+    if not pairs:
         raise SystemExit(f"{folder / RESULTS_FILE}: no valid row with info.reply")
+    n = len(pairs)
     return {
         "eval": str(folder),
-        "replies": len(replies),
-        "hidden_rule_score": round(statistics.fmean(map(user.hidden_rule_score, replies)), 4),
-        "repeats_itself": round(sum(map(repeats_itself, replies)) / len(replies), 4),
-        "words": round(statistics.fmean(len(r.split()) for r in replies), 2),
+        "replies": n,
+        "hidden_rule_score": round(statistics.fmean(user.hidden_rule_score(r, h) for r, h in pairs), 4),
+        "repeats_itself": round(sum(repeats_itself(r) for r, _ in pairs) / n, 4),
+        "picks_up_details": round(sum(picks_up_details(r, h) for r, h in pairs) / n, 4),
+        "words": round(statistics.fmean(len(r.split()) for r, _ in pairs), 2),
     }
 
 
@@ -46,13 +59,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("evals", nargs="+", type=Path, help="evaluation output folders")
     ap.add_argument("--rules", type=Path, help="a YAML list of rules (default: the built-in rules)")
+    ap.add_argument("--extra-rules", type=Path, help="a YAML list of rules added to them (as extra_rules)")
     args = ap.parse_args(argv)
-    rules = None
-    if args.rules:
-        import yaml
+    import yaml
 
-        rules = yaml.safe_load(args.rules.read_text())
-    user = HiddenPreferenceUser(rules=rules)
+    rules = yaml.safe_load(args.rules.read_text()) if args.rules else None
+    extra = yaml.safe_load(args.extra_rules.read_text()) if args.extra_rules else []
+    user = HiddenPreferenceUser(rules=rules, extra_rules=extra)
     for folder in args.evals:
         print(json.dumps(score_folder(folder, user)), flush=True)
 

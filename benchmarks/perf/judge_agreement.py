@@ -64,10 +64,10 @@ def main() -> None:
     judged = judge.rank(scenarios, candidates, with_critiques=False)
     agree = pairs = 0.0
     top_hits = top_groups = 0
-    for group, j in zip(groups, judged):
+    for scenario, group, j in zip(scenarios, groups, judged):
         if j.ranks is None:
             continue
-        hidden = [user.hidden_rule_score(r) for r in group]
+        hidden = [user.hidden_rule_score(r, scenario.last_user_message()) for r in group]
         for a, b in itertools.combinations(range(len(group)), 2):
             if hidden[a] == hidden[b]:
                 continue
