@@ -159,6 +159,12 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     extra.write_text("- {detect: picks_up_details, weight: 1}\n")
     main([str(folder), "--extra-rules", str(extra)])
     assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == 0.6
+    # the quickstart's person adds the repeat rule too: lo = -3, hi = 3, (s + 3) / 6: a = 1, b = 1 / 6
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    main([str(folder), "--config", str(quickstart)])
+    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 1 / 6) / 2, 4)
+    with pytest.raises(SystemExit):
+        main([str(folder), "--config", str(quickstart), "--extra-rules", str(extra)])
     (folder / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
     with pytest.raises(SystemExit, match="no valid row with info.reply"):
         main([str(folder)])

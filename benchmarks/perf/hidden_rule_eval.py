@@ -5,7 +5,8 @@ Scores the policy replies of finished evaluations (``rapo-echo eval --benchmark 
 benchmark whose ``results.jsonl`` rows keep the reply in ``info.reply``) with the hidden-preference
 user's rules: per evaluation folder one JSON line with the mean hidden-rule score (the default rules,
 or ``--rules FILE``: a YAML list of rules as in ``rapo.simulator.args.rules``; ``--extra-rules FILE``
-adds rules as ``extra_rules`` does), the share of replies that repeat a run of four words
+adds rules as ``extra_rules`` does; ``--config FILE``: the rules of a training config's hidden-preference
+user, e.g. ``configs/quickstart.yaml``), the share of replies that repeat a run of four words
 (``repeats_itself``), the share that take up a word of the seeker's last message
 (``picks_up_details``) and the mean reply length in words.
 
@@ -60,12 +61,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("evals", nargs="+", type=Path, help="evaluation output folders")
     ap.add_argument("--rules", type=Path, help="a YAML list of rules (default: the built-in rules)")
     ap.add_argument("--extra-rules", type=Path, help="a YAML list of rules added to them (as extra_rules)")
+    ap.add_argument("--config", type=Path, help="score by a training config's hidden-preference user")
     args = ap.parse_args(argv)
     import yaml
 
-    rules = yaml.safe_load(args.rules.read_text()) if args.rules else None
-    extra = yaml.safe_load(args.extra_rules.read_text()) if args.extra_rules else []
-    user = HiddenPreferenceUser(rules=rules, extra_rules=extra)
+    if args.config:
+        if args.rules or args.extra_rules:
+            ap.error("--config takes the rules from the config: leave out --rules / --extra-rules")
+        from rapo_echo.config import load_config
+        from rapo_echo.simulators.base import build_simulator
+
+        sim = load_config(args.config).rapo.simulator
+        user = build_simulator(sim.name, sim.args)
+        if not isinstance(user, HiddenPreferenceUser):
+            ap.error(f"{args.config}: rapo.simulator.name is {sim.name!r}, not a hidden-preference user")
+    else:
+        rules = yaml.safe_load(args.rules.read_text()) if args.rules else None
+        extra = yaml.safe_load(args.extra_rules.read_text()) if args.extra_rules else []
+        user = HiddenPreferenceUser(rules=rules, extra_rules=extra)
     for folder in args.evals:
         print(json.dumps(score_folder(folder, user)), flush=True)
 
