@@ -4,6 +4,7 @@ Echo-N1's dual generative reward models run as ``--algo grpo`` with their reward
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -63,11 +64,23 @@ class GRPO(Algorithm):
         )
 
     def sample_group(self, scenarios: list[Scenario]) -> tuple[list[Sample], float]:
-        """``group_size`` replies per scenario in one batched engine call; returns samples and seconds."""
+        """``group_size`` replies per scenario in one batched engine call; returns samples and seconds.
+
+        With ``rollout.greedy_member`` the first reply of each group is decoded greedily (a second
+        call) and the other ``group_size - 1`` are sampled; the greedy reply keeps no sampler
+        log-probs (they are not the rollout temperature's), so the trainer scores it itself."""
         policy = self.ctx.policy
         t0 = time.perf_counter()
         prompt_ids = [policy.prompt_ids(s) for s in scenarios]
-        gens = policy.generator.generate_ids(prompt_ids, self.sampling_params())
+        params = self.sampling_params()
+        greedy = self.cfg.rollout.greedy_member
+        if greedy:
+            params = dataclasses.replace(params, n=params.n - 1)
+        gens = policy.generator.generate_ids(prompt_ids, params)
+        if greedy:
+            greedy_params = dataclasses.replace(params, n=1, temperature=0.0)
+            firsts = policy.generator.generate_ids(prompt_ids, greedy_params)
+            gens = [[dataclasses.replace(g[0], logprobs=None), *rest] for g, rest in zip(firsts, gens)]
         samples = [
             Sample(
                 scenario=sc,
@@ -77,9 +90,10 @@ class GRPO(Algorithm):
                 logprobs=g.logprobs,
                 text=g.text,
                 finish_reason=g.finish_reason,
+                info={"greedy": True} if greedy and k == 0 else {},
             )
             for gi, (sc, p, group) in enumerate(zip(scenarios, prompt_ids, gens))
-            for g in group
+            for k, g in enumerate(group)
         ]
         return samples, time.perf_counter() - t0
 

@@ -134,6 +134,9 @@ class RolloutConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     max_prompt_tokens: int = Field(1024, ge=16)
+    # one reply of each group decoded greedily (temperature 0) instead of sampled, so training also
+    # ranks the reply the policy gives when it is used greedily (GRPO / RAPO; needs group_size >= 2)
+    greedy_member: bool = False
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     max_batch_size: AutoSize = "auto"  # sequences decoded at once (auto: 64 on a CPU)
     # The hf sampler's decode loop: auto (compiled on CUDA, dynamic elsewhere), dynamic (growing KV
@@ -144,6 +147,12 @@ class RolloutConfig(Strict):
     # the GPU, weights synced after every step; old log-probs are then recomputed by the trainer).
     engine: Literal["hf", "vllm"] = "hf"
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _greedy_needs_a_group(self) -> RolloutConfig:
+        if self.greedy_member and self.group_size < 2:
+            raise ValueError("greedy_member needs group_size >= 2 (the greedy reply plus sampled ones)")
+        return self
 
 
 class LossConfig(Strict):

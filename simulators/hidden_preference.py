@@ -160,6 +160,18 @@ def picks_up_details(reply: str, heard: str) -> bool:
     return bool(content_words(reply) & content_words(heard))
 
 
+PARROT_NGRAM = 5
+
+
+def parrots(reply: str, heard: str) -> bool:
+    """The reply copies a run of ``PARROT_NGRAM`` (5) of the person's words verbatim (case and
+    punctuation ignored): repeating them back rather than taking something up."""
+    words = WORD.findall(heard.lower())
+    theirs = {tuple(words[i : i + PARROT_NGRAM]) for i in range(len(words) - PARROT_NGRAM + 1)}
+    mine = WORD.findall(reply.lower())
+    return any(tuple(mine[i : i + PARROT_NGRAM]) in theirs for i in range(len(mine) - PARROT_NGRAM + 1))
+
+
 DETECTORS: dict[str, Callable[[str], bool]] = {
     "reflects_feeling": reflects_feeling,
     "open_question": open_question,
@@ -168,7 +180,10 @@ DETECTORS: dict[str, Callable[[str], bool]] = {
     "repeats_itself": repeats_itself,
 }
 # detectors that also read what the person said last (``heard``)
-HEARD_DETECTORS: dict[str, Callable[[str, str], bool]] = {"picks_up_details": picks_up_details}
+HEARD_DETECTORS: dict[str, Callable[[str, str], bool]] = {
+    "picks_up_details": picks_up_details,
+    "parrots": parrots,
+}
 
 DEFAULT_RULES: list[dict[str, Any]] = [
     {
@@ -220,9 +235,15 @@ DETAILS_RULE: dict[str, Any] = {
     "said": ["Yes, that's exactly what happened.", "Right. You were actually listening."],
     "thought": ["They picked up on what I told them.", "They heard the details, not just the headline."],
 }
+PARROT_RULE: dict[str, Any] = {
+    "detect": "parrots",
+    "weight": -1.0,
+    "said": ["Yes... that's what I just said.", "You're just repeating me."],
+    "thought": ["They are saying my own words back to me.", "It's like talking to an echo."],
+}
 DETECTOR_LINES: dict[str, dict[str, list[str]]] = {
     r["detect"]: {"said": r["said"], "thought": r["thought"]}
-    for r in [*DEFAULT_RULES, REPEAT_RULE, DETAILS_RULE]
+    for r in [*DEFAULT_RULES, REPEAT_RULE, DETAILS_RULE, PARROT_RULE]
 }
 DEFAULT_NEUTRAL: dict[str, list[str]] = {
     "said": ["I guess.", "Yeah. Maybe."],

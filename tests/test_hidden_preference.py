@@ -19,11 +19,13 @@ from rapo_echo.simulators.base import Reaction
 from rapo_echo.simulators.hidden_preference import (
     DEFAULT_RULES,
     DETAILS_RULE,
+    PARROT_RULE,
     REPEAT_RULE,
     HiddenPreferenceUser,
     advice_first,
     content_words,
     open_question,
+    parrots,
     picks_up_details,
     reflects_feeling,
     repeats_itself,
@@ -79,6 +81,30 @@ def test_content_words_and_picks_up_details_by_hand() -> None:
     assert not picks_up_details("You feel so stressed after that, like you can't.", heard)  # stop / feeling
     assert not picks_up_details("Your warehouse job sounds hard.", "")  # nothing heard, nothing picked up
     assert picks_up_details("WAREHOUSE!", heard)  # case is ignored
+
+
+def test_parrots_by_hand() -> None:
+    heard = "My grandfather's brother passed away a few days ago."
+    assert parrots("Your grandfather's brother passed away a few days ago, and you feel low.", heard)
+    assert parrots("So he PASSED away, a few days... ago?", heard)  # five words in a row, case / punctuation
+    assert not parrots("Losing your great-uncle so recently must hurt.", heard)  # takes up, does not copy
+    assert not parrots("He passed away a week ago.", heard)  # four words in a row is not a copy
+    assert not parrots("passed away a few days", "")  # nothing heard, nothing copied
+
+
+def test_parroting_is_felt_apart_from_picking_up() -> None:
+    user = HiddenPreferenceUser(
+        extra_rules=[{"detect": "picks_up_details", "weight": 1.0}, {"detect": "parrots", "weight": -1.0}]
+    )
+    # defaults + details + parrots: lo = -3, hi = 3, score = (s + 3) / 6
+    sc = Scenario("test", [msg("user", "I failed the driving test again today.")])
+    heard = sc.last_user_message()
+    copied = "You failed the driving test again today."  # picks up and copies five words: +1 - 1
+    assert user.hidden_rule_score(copied, heard) == pytest.approx(0.5)
+    assert user.hidden_rule_score("The driving test is brutal.", heard) == pytest.approx(4 / 6)  # picks up
+    r = user.react([(sc, copied)])[0]
+    assert r.raw == "fired: parrots, picks_up_details"  # colder first
+    assert any(r.message.startswith(line) for line in PARROT_RULE["said"])
 
 
 def test_picks_up_details_reads_the_persons_last_message() -> None:
@@ -365,8 +391,13 @@ def test_quickstart_person_dislikes_loops_and_sees_them_in_training() -> None:
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     user = build_simulator(cfg.rapo.simulator.name, cfg.rapo.simulator.args)
     assert isinstance(user, HiddenPreferenceUser)
-    assert [r.detect for r in user.rules][-2:] == ["repeats_itself", "picks_up_details"]
+    assert [r.detect for r in user.rules][-3:] == ["repeats_itself", "picks_up_details", "parrots"]
     assert user.hidden_rule_score(WARM + " " + WARM) < user.hidden_rule_score(WARM)
     heard = SC.last_user_message()
-    assert user.hidden_rule_score("Your gran died last week.", heard) > user.hidden_rule_score("Oh.", heard)
+    taken_up = "Losing your gran must be so hard."
+    assert user.hidden_rule_score(taken_up, heard) > user.hidden_rule_score("Oh.", heard)
+    copied = "Oh, your gran died last week."  # copies "gran died last week" and more? four words: no
+    assert not parrots(copied, heard) and user.hidden_rule_score(copied, heard) > user.hidden_rule_score(
+        "Oh.", heard
+    )
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0

@@ -152,6 +152,7 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
         "hidden_rule_score": 0.625,
         "repeats_itself": 0.5,
         "picks_up_details": 0.5,
+        "parrots": 0.0,
         "words": 10.0,
     }  # fmt: skip  (9 and 11 words)
     # with the details rule added: lo = -2, hi = 3, (s + 2) / 5: a = (2 + 1 + 2) / 5 = 1, b = 1 / 5

@@ -253,3 +253,34 @@ def test_grpo_learns_to_ask_questions_on_the_embedded_model(tmp_path: Path) -> N
     rewards = [m["reward/mean"] for m in metrics(run)]
     first, last = rewards[0], sum(rewards[-2:]) / 2
     assert last >= first + 0.3 and last >= 0.6, rewards
+
+
+def test_greedy_member_is_the_greedy_reply_of_each_group(tmp_path: Path, tiny_folder: Path) -> None:
+    from rapo_echo.algorithms.base import AlgoContext
+    from rapo_echo.errors import ConfigError
+    from rapo_echo.policy import Policy
+    from rapo_echo.rewards import RewardSet
+    from rapo_echo.types import SamplingParams, Scenario, msg
+
+    cfg = cfg_for(tiny_folder, tmp_path / "run", "rollout.greedy_member=true")
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+    algo = GRPO(cfg, AlgoContext(policy, RewardSet([]), None, None))
+    scenarios = [Scenario("a", [msg("user", "Hi.")]), Scenario("b", [msg("user", "I lost my job.")])]
+    samples, _ = algo.sample_group(scenarios)
+    assert [s.group for s in samples] == [0, 0, 0, 1, 1, 1]  # group_size 3: one greedy + two sampled
+    prompts = [policy.prompt_ids(s) for s in scenarios]
+    greedy = policy.generator.generate_ids(prompts, SamplingParams(max_new_tokens=6, temperature=0.0))
+    for g in (0, 1):
+        first, *rest = [s for s in samples if s.group == g]
+        assert first.info == {"greedy": True} and first.completion_ids == greedy[g][0].token_ids
+        assert first.logprobs is None  # not the rollout temperature's: the trainer scores it itself
+        assert all(not s.info and len(s.logprobs or []) == len(s.completion_ids) for s in rest)
+    # a training step with the greedy member, old log-probs recomputed for it (two inner epochs)
+    run = tmp_path / "train"
+    Trainer(
+        cfg_for(tiny_folder, run, "rollout.greedy_member=true", "train.max_steps=1", "train.inner_epochs=2")
+    ).train()
+    rows = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert sum(bool(r.get("info", {}).get("greedy")) for r in rows) == 2
+    with pytest.raises(ConfigError, match="greedy_member needs group_size >= 2"):
+        load_config(overrides=["rollout.greedy_member=true", "rollout.group_size=1"])
