@@ -19,16 +19,17 @@ use ``{emotion}`` (the profile's ``emotion_type`` as an adjective) and ``{proble
 them; each rule is a mapping::
 
     {detect: reflects_feeling | open_question | advice_first | self_talk | repeats_itself |
-             picks_up_details | pattern,
+             picks_up_details | parrots | pattern,
      weight: 1.0, pattern: REGEX (detect: pattern), where: reply | first_sentence (pattern),
      said: [lines], thought: [lines]}
 
 ``said`` / ``thought`` may be left out for a built-in detector (its own lines are used). ``rules``
 replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``): the quickstart adds
-``{detect: repeats_itself, weight: -1}``, a person put off when a reply says the same words twice, and
-``{detect: picks_up_details, weight: 1}``, a person who warms up when the reply takes up something they
-said. ``picks_up_details`` is the one detector that reads the context: it compares the reply with the
-person's last message (``heard``), so the score functions take that message too.
+``{detect: repeats_itself, weight: -1}`` (a person put off when a reply says the same words twice),
+``{detect: picks_up_details, weight: 1}`` (warmer when the reply takes up something they said) and
+``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row). These two read
+the context: they compare the reply with the person's last message (``heard``), so the score functions
+take that message too.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def content_words(text: str) -> set[str]:
 
 def picks_up_details(reply: str, heard: str) -> bool:
     """The reply takes up something the person said: it shares a content word with ``heard``, their
-    last message ("Twenty-three years at the depot ..." -> "... after 23 years at the depot")."""
+    last message ("The depot closed after 23 years." -> "Losing the depot after all those years ...")."""
     return bool(content_words(reply) & content_words(heard))
 
 
@@ -164,11 +165,14 @@ PARROT_NGRAM = 5
 
 
 def parrots(reply: str, heard: str) -> bool:
-    """The reply copies a run of ``PARROT_NGRAM`` (5) of the person's words verbatim (case and
-    punctuation ignored): repeating them back rather than taking something up."""
+    """The reply repeats the person's words back rather than taking something up: it copies a run of
+    ``PARROT_NGRAM`` (5) of their words verbatim, or it has no word of its own (every word is one of
+    theirs: "finals" after "finals"); case and punctuation ignored."""
     words = WORD.findall(heard.lower())
-    theirs = {tuple(words[i : i + PARROT_NGRAM]) for i in range(len(words) - PARROT_NGRAM + 1)}
     mine = WORD.findall(reply.lower())
+    if mine and set(mine) <= set(words):
+        return True
+    theirs = {tuple(words[i : i + PARROT_NGRAM]) for i in range(len(words) - PARROT_NGRAM + 1)}
     return any(tuple(mine[i : i + PARROT_NGRAM]) in theirs for i in range(len(mine) - PARROT_NGRAM + 1))
 
 

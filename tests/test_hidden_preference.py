@@ -90,6 +90,8 @@ def test_parrots_by_hand() -> None:
     assert not parrots("Losing your great-uncle so recently must hurt.", heard)  # takes up, does not copy
     assert not parrots("He passed away a week ago.", heard)  # four words in a row is not a copy
     assert not parrots("passed away a few days", "")  # nothing heard, nothing copied
+    assert parrots("Finals.", "finals") and parrots("A few days.", heard)  # no word of its own
+    assert not parrots("Finals week?", "finals") and not parrots("", "finals")
 
 
 def test_parroting_is_felt_apart_from_picking_up() -> None:
@@ -381,9 +383,10 @@ def test_teacher_prompt_in_the_system_message_answers_the_person_directly() -> N
         teacher_prompt(conv, "x", None, None, style="other")
 
 
-def test_quickstart_person_dislikes_loops_and_sees_them_in_training() -> None:
-    """The quickstart's person is put off by a reply that repeats itself, and its replies are sampled
-    near how the policy is evaluated (README "Results": greedy, 48 tokens), where loops happen."""
+def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy_replies() -> None:
+    """The quickstart's person is put off by a reply that repeats itself or copies their words back and
+    warms to one that takes up what they said; its replies are sampled near how the policy is evaluated
+    (README "Results": greedy, 48 tokens), one of each group greedily, where loops happen."""
     from pathlib import Path
 
     from rapo_echo.simulators.base import build_simulator
@@ -393,11 +396,12 @@ def test_quickstart_person_dislikes_loops_and_sees_them_in_training() -> None:
     assert isinstance(user, HiddenPreferenceUser)
     assert [r.detect for r in user.rules][-3:] == ["repeats_itself", "picks_up_details", "parrots"]
     assert user.hidden_rule_score(WARM + " " + WARM) < user.hidden_rule_score(WARM)
-    heard = SC.last_user_message()
-    taken_up = "Losing your gran must be so hard."
-    assert user.hidden_rule_score(taken_up, heard) > user.hidden_rule_score("Oh.", heard)
-    copied = "Oh, your gran died last week."  # copies "gran died last week" and more? four words: no
-    assert not parrots(copied, heard) and user.hidden_rule_score(copied, heard) > user.hidden_rule_score(
-        "Oh.", heard
-    )
-    assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0
+    heard = "My gran died last week and the funeral is on Monday."
+    taken_up = "Losing your gran must be so hard."  # picks up "gran"
+    copied = "Your gran died last week and the funeral is on Monday."  # and copies them
+    # copying cancels the warmth of taking up: no better than saying nothing of theirs
+    # lo = -4, hi = 3: (s + 4) / 7
+    score = user.hidden_rule_score
+    assert score(copied, heard) == score("Oh.", heard) == pytest.approx(4 / 7)
+    assert user.hidden_rule_score(taken_up, heard) == pytest.approx(5 / 7)
+    assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0 and cfg.rollout.greedy_member

@@ -160,10 +160,11 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     extra.write_text("- {detect: picks_up_details, weight: 1}\n")
     main([str(folder), "--extra-rules", str(extra)])
     assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == 0.6
-    # the quickstart's person adds the repeat rule too: lo = -3, hi = 3, (s + 3) / 6: a = 1, b = 1 / 6
+    # the quickstart's person adds repeats (-1), details (+1) and parrots (-1): lo = -4, hi = 3,
+    # (s + 4) / 7: a = (3 + 4) / 7 = 1, b (advice first, "i am so sorry" twice) = (-2 + 4) / 7
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     main([str(folder), "--config", str(quickstart)])
-    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 1 / 6) / 2, 4)
+    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 2 / 7) / 2, 4)
     with pytest.raises(SystemExit):
         main([str(folder), "--config", str(quickstart), "--extra-rules", str(extra)])
     (folder / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
