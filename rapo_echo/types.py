@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -67,6 +67,14 @@ class Generation:
     finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length"
 
 
+def last_user_message(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The content of the last user message of a conversation, or '' when there is none."""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return str(m.get("content", ""))
+    return ""
+
+
 @dataclass
 class Scenario:
     """One dialogue context to reply to, plus what the policy must not see.
@@ -85,10 +93,7 @@ class Scenario:
 
     def last_user_message(self) -> str:
         """The content of the last user message, or '' when there is none."""
-        for m in reversed(self.messages):
-            if m["role"] == "user":
-                return m["content"]
-        return ""
+        return last_user_message(self.messages)
 
 
 @dataclass

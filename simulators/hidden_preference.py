@@ -355,18 +355,24 @@ class HiddenPreferenceUser(UserSimulator):
 
     def fired(self, reply: str, heard: str = "") -> list[Rule]:
         """The rules the reply fires, strongest (largest |weight|) first, then in config order;
-        ``heard`` is the person's last message (only ``picks_up_details`` reads it)."""
+        ``heard`` is the person's last message (only the ``HEARD_DETECTORS`` read it)."""
         hits = [r for r in self.rules if r.fires(reply, heard)]
         return sorted(hits, key=lambda r: -abs(r.weight))
 
+    def _score(self, fired: Sequence[Rule]) -> float:
+        s = sum(r.weight for r in fired)
+        return (s - self.lo) / (self.hi - self.lo)
+
     def hidden_rule_score(self, reply: str, heard: str = "") -> float:
         """``(s - lo) / (hi - lo)`` in [0, 1], ``s`` the sum of the fired rules' weights."""
-        s = sum(r.weight for r in self.fired(reply, heard))
-        return (s - self.lo) / (self.hi - self.lo)
+        return self._score(self.fired(reply, heard))
+
+    def _delta(self, fired: Sequence[Rule]) -> float:
+        return self.scale * (2.0 * self._score(fired) - 1.0)
 
     def emotion_delta(self, reply: str, heard: str = "") -> float:
         """``scale * (2 * score - 1)``: -scale when only the negative rules fire, +scale for only positive."""
-        return self.scale * (2.0 * self.hidden_rule_score(reply, heard) - 1.0)
+        return self._delta(self.fired(reply, heard))
 
     def react_one(self, scenario: Scenario, reply: str) -> Reaction:
         """The reaction to one reply (deterministic)."""
@@ -374,6 +380,7 @@ class HiddenPreferenceUser(UserSimulator):
             return Reaction(message="", emotion_delta=None, valid=False, raw="empty reply", scale=self.scale)
         heard = scenario.last_user_message()
         fired = self.fired(reply, heard)
+        delta = self._delta(fired)
         # colder rules speak first: a person who felt lectured says so before anything else
         fired.sort(key=lambda r: (r.weight > 0, -abs(r.weight)))
         pick = zlib.crc32(reply.encode("utf-8"))
@@ -389,7 +396,7 @@ class HiddenPreferenceUser(UserSimulator):
         fill = _placeholders(scenario.profile)
         return Reaction(
             message=" ".join(s.format_map(fill) for s in said),
-            emotion_delta=self.emotion_delta(reply, heard),
+            emotion_delta=delta,
             thought=" ".join(t.format_map(fill) for t in thought),
             raw="fired: " + ", ".join(r.detect for r in fired),
             scale=self.scale,

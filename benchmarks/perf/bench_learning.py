@@ -130,9 +130,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def hidden_scores_per_step(run: Path, scorer: Any) -> list[float]:
     """Mean hidden-rule score of the policy's sampled replies at each step (from ``samples.jsonl``)."""
+    from rapo_echo.types import last_user_message
+
     by_step: dict[int, list[float]] = {}
     for rec in read_jsonl(run / "samples.jsonl"):
-        heard = next((m["content"] for m in reversed(rec.get("prompt") or []) if m.get("role") == "user"), "")
+        heard = last_user_message(rec.get("prompt") or [])
         by_step.setdefault(int(rec["step"]), []).append(scorer.hidden_rule_score(rec["reply"], heard))
     return [round(statistics.fmean(by_step[s]), 4) for s in sorted(by_step)]
 

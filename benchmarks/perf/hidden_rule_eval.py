@@ -70,8 +70,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--extra-rules", type=Path, help="a YAML list of rules added to them (as extra_rules)")
     ap.add_argument("--config", type=Path, help="score by a training config's hidden-preference user")
     args = ap.parse_args(argv)
-    import yaml
-
     if args.config:
         if args.rules or args.extra_rules:
             ap.error("--config takes the rules from the config: leave out --rules / --extra-rules")
@@ -83,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(user, HiddenPreferenceUser):
             ap.error(f"{args.config}: rapo.simulator.name is {sim.name!r}, not a hidden-preference user")
     else:
+        import yaml
+
         rules = yaml.safe_load(args.rules.read_text()) if args.rules else None
         extra = yaml.safe_load(args.extra_rules.read_text()) if args.extra_rules else []
         user = HiddenPreferenceUser(rules=rules, extra_rules=extra)
