@@ -167,6 +167,11 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 2 / 7) / 2, 4)
     with pytest.raises(SystemExit):
         main([str(folder), "--config", str(quickstart), "--extra-rules", str(extra)])
+    other = tmp_path / "rapo.yaml"
+    other.write_text("algo: rapo\n")  # its person is the LLM reaction simulator: no hidden rule to score
+    with pytest.raises(SystemExit):
+        main([str(folder), "--config", str(other)])
+    assert "rapo.simulator.name is 'reaction', not a hidden-preference user" in capsys.readouterr().err
     (folder / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
     with pytest.raises(SystemExit, match="no valid row with info.reply"):
         main([str(folder)])
