@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import os
@@ -126,9 +127,21 @@ def run_model_folder(path: str | Path) -> Path | None:
 
 
 def _gguf_key(gguf: Path) -> str:
+    """The cache folder name for ``gguf``: its stem and a digest of its bytes, so the same file installed in
+    another environment (a second venv, a clean clone) reuses one conversion instead of adding 0.5 GB."""
     st = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
-    return f"{gguf.stem}-{digest}"
+    return f"{gguf.stem}-{_content_digest(str(gguf.resolve()), st.st_size, st.st_mtime_ns)}"
+
+
+@functools.lru_cache(maxsize=8)
+def _content_digest(path: str, size: int, mtime_ns: int) -> str:
+    """First 12 hex digits of the SHA-256 of a file's bytes (about 0.3 s for the default model; memoised per
+    path, size and modification time within a process)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
 
 
 @contextlib.contextmanager

@@ -23,6 +23,24 @@ def shared_data(*parts: str) -> Path:
     return path
 
 
+SUITE_DISK_GB = 2.0  # about what the suite holds at once (module-scoped models plus the test that runs)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Say up front when the temporary folder has too little free disk (tests that save models fail)."""
+    import shutil
+    import tempfile
+
+    free = shutil.disk_usage(tempfile.gettempdir()).free / 1e9
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if free < SUITE_DISK_GB and reporter is not None:
+        reporter.write_line(
+            f"WARNING: {free:.1f} GB free under {tempfile.gettempdir()}; the suite needs about "
+            f"{SUITE_DISK_GB:.0f} GB, and tests that save models will fail with 'No space left on device'",
+            yellow=True,
+        )
+
+
 @pytest.fixture(scope="session")
 def smol_path() -> str:
     """Folder of the embedded SmolLM2-135M-Instruct (GGUF converted once into the cache)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,20 @@ def test_gguf_converted_once_into_cache(tmp_path: Path, monkeypatch: pytest.Monk
     assert folder.parent == tmp_path / "cache" / "models"
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer_config.json").is_file()
     assert not list(folder.parent.glob("*.tmp-*"))
+    # The same file installed elsewhere (another venv, a clean clone; a newer mtime) reuses the conversion.
+    copy = tmp_path / "other-venv" / gguf.name
+    copy.parent.mkdir()
+    shutil.copyfile(gguf, copy)
+    assert models.resolve(str(copy)).path == first.path and len(calls) == 1
+    assert [p.name for p in folder.parent.iterdir() if p.is_dir()] == [folder.name]
+
+
+def test_gguf_cache_key_follows_the_bytes(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "m.gguf", tmp_path / "sub" / "m.gguf", tmp_path / "n.gguf"
+    b.parent.mkdir()
+    a.write_bytes(b"GGUF" + bytes(100))
+    b.write_bytes(b"GGUF" + bytes(100))
+    c.write_bytes(b"GGUF" + bytes(99) + b"\x01")  # same size, one byte differs
+    assert models._gguf_key(a) == models._gguf_key(b)
+    assert models._gguf_key(a).startswith("m-")
+    assert models._gguf_key(a).split("-")[1] != models._gguf_key(c).split("-")[1]
