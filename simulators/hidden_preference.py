@@ -29,7 +29,9 @@ replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``)
 ``{detect: picks_up_details, weight: 1}`` (warmer when the reply takes up something they said) and
 ``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row). These two read
 the context: they compare the reply with the person's last message (``heard``), so the score functions
-take that message too.
+take that message too. With a ``parrots`` rule the other rules judge only the reply's own words (what it
+copied is cut out first): otherwise a reply that quotes the person's message back would earn the credit
+of the feeling, question and details in it.
 """
 
 from __future__ import annotations
@@ -164,16 +166,44 @@ def picks_up_details(reply: str, heard: str) -> bool:
 PARROT_NGRAM = 5
 
 
+def _copied_spans(reply: str, heard: str) -> list[tuple[int, int]]:
+    """Character spans of ``reply`` copied from ``heard``: maximal runs of words inside a run of
+    ``PARROT_NGRAM`` (5) of the person's words in a row (case and punctuation ignored), or the whole reply
+    when it has no word of its own."""
+    words = WORD.findall(heard.lower())
+    found = list(WORD.finditer(reply.lower()))
+    mine = [m.group() for m in found]
+    if mine and set(mine) <= set(words):
+        return [(0, len(reply))]
+    theirs = {tuple(words[i : i + PARROT_NGRAM]) for i in range(len(words) - PARROT_NGRAM + 1)}
+    copied = [False] * len(mine)
+    for i in range(len(mine) - PARROT_NGRAM + 1):
+        if tuple(mine[i : i + PARROT_NGRAM]) in theirs:
+            copied[i : i + PARROT_NGRAM] = [True] * PARROT_NGRAM
+    spans: list[tuple[int, int]] = []
+    for i, hit in enumerate(copied):
+        if not hit:
+            continue
+        if i and copied[i - 1]:
+            spans[-1] = (spans[-1][0], found[i].end())
+        else:
+            spans.append((found[i].start(), found[i].end()))
+    return spans
+
+
 def parrots(reply: str, heard: str) -> bool:
     """The reply repeats the person's words back rather than taking something up: it copies a run of
     ``PARROT_NGRAM`` (5) of their words verbatim, or it has no word of its own (every word is one of
     theirs: "finals" after "finals"); case and punctuation ignored."""
-    words = WORD.findall(heard.lower())
-    mine = WORD.findall(reply.lower())
-    if mine and set(mine) <= set(words):
-        return True
-    theirs = {tuple(words[i : i + PARROT_NGRAM]) for i in range(len(words) - PARROT_NGRAM + 1)}
-    return any(tuple(mine[i : i + PARROT_NGRAM]) in theirs for i in range(len(mine) - PARROT_NGRAM + 1))
+    return bool(_copied_spans(reply, heard))
+
+
+def own_words(reply: str, heard: str) -> str:
+    """``reply`` without what it copied from ``heard`` (see :func:`parrots`): a person gives no credit for
+    their own words said back ("Here's a rewritten version of your text: <their message>")."""
+    for start, end in reversed(_copied_spans(reply, heard)):
+        reply = reply[:start] + reply[end:]
+    return reply
 
 
 DETECTORS: dict[str, Callable[[str], bool]] = {
@@ -348,6 +378,7 @@ class HiddenPreferenceUser(UserSimulator):
         self.neutral_thought = _lines(neutral, "thought", "hidden_preference: neutral")
         self.scale = float(scale)
         self.max_lines = max_lines
+        self.judges_copies = any(r.detect == "parrots" for r in self.rules)
         self.lo = sum(r.weight for r in self.rules if r.weight < 0)
         self.hi = sum(r.weight for r in self.rules if r.weight > 0)
         if self.hi == self.lo:  # pragma: no cover - weights are non-zero, so hi - lo > 0
@@ -355,8 +386,12 @@ class HiddenPreferenceUser(UserSimulator):
 
     def fired(self, reply: str, heard: str = "") -> list[Rule]:
         """The rules the reply fires, strongest (largest |weight|) first, then in config order;
-        ``heard`` is the person's last message (only the ``HEARD_DETECTORS`` read it)."""
-        hits = [r for r in self.rules if r.fires(reply, heard)]
+        ``heard`` is the person's last message (the ``HEARD_DETECTORS`` read it). With a ``parrots`` rule,
+        what the reply copied from ``heard`` is that rule's business alone: the other rules see
+        :func:`own_words`, so a copy of the person's message earns none of the credit its words would
+        (a feeling they named, their question, their details)."""
+        own = own_words(reply, heard) if self.judges_copies else reply
+        hits = [r for r in self.rules if r.fires(reply if r.detect == "parrots" else own, heard)]
         return sorted(hits, key=lambda r: -abs(r.weight))
 
     def _score(self, fired: Sequence[Rule]) -> float:

@@ -25,6 +25,7 @@ from rapo_echo.simulators.hidden_preference import (
     advice_first,
     content_words,
     open_question,
+    own_words,
     parrots,
     picks_up_details,
     reflects_feeling,
@@ -101,12 +102,40 @@ def test_parroting_is_felt_apart_from_picking_up() -> None:
     # defaults + details + parrots: lo = -3, hi = 3, score = (s + 3) / 6
     sc = Scenario("test", [msg("user", "I failed the driving test again today.")])
     heard = sc.last_user_message()
-    copied = "You failed the driving test again today."  # picks up and copies five words: +1 - 1
-    assert user.hidden_rule_score(copied, heard) == pytest.approx(0.5)
+    # copies six words; its own words ("You .") take nothing up: -1
+    copied = "You failed the driving test again today."
+    assert user.hidden_rule_score(copied, heard) == pytest.approx(2 / 6)
     assert user.hidden_rule_score("The driving test is brutal.", heard) == pytest.approx(4 / 6)  # picks up
-    r = user.react([(sc, copied)])[0]
+    # picks up "driving" in its own words and copies the rest: +1 - 1
+    both = "Driving is hard. You failed the driving test again today."
+    assert user.hidden_rule_score(both, heard) == pytest.approx(0.5)
+    r = user.react([(sc, both)])[0]
     assert r.raw == "fired: parrots, picks_up_details"  # colder first
     assert any(r.message.startswith(line) for line in PARROT_RULE["said"])
+
+
+def test_own_words_cut_what_was_copied() -> None:
+    heard = "My grandfather's brother passed away a few days ago."
+    assert own_words("So he PASSED away, a few days... ago? I'm sorry.", heard) == "So he ? I'm sorry."
+    assert own_words("Finals.", "finals") == ""  # no word of its own
+    assert own_words("He passed away a week ago.", heard) == "He passed away a week ago."  # 4 words: no copy
+    assert own_words("passed away a few days", "") == "passed away a few days"
+
+
+def test_a_quoted_message_earns_none_of_its_words_credit() -> None:
+    """A reply that quotes the person's message back ("Here's a rewritten version of your text: ...",
+    which a policy learnt in a quickstart run) earned the credit of the feeling, question and details in
+    the quote (+1 +1 +1 -1: score 5/6); only the parrot rule judges copied words now."""
+    user = HiddenPreferenceUser(
+        extra_rules=[{"detect": "picks_up_details", "weight": 1.0}, {"detect": "parrots", "weight": -1.0}]
+    )
+    heard = "You know what, I feel so lonely since you moved away. What am I supposed to do?"
+    quote = f"Here's a rewritten version of your text:\n\n{heard}"
+    assert [r.detect for r in user.fired(quote, heard)] == ["parrots"]
+    assert user.hidden_rule_score(quote, heard) == pytest.approx(2 / 6)
+    # without a parrot rule, copies are not judged apart (the default rules score the whole reply)
+    plain = HiddenPreferenceUser()
+    assert {r.detect for r in plain.fired(quote, heard)} == {"reflects_feeling", "open_question"}
 
 
 def test_picks_up_details_reads_the_persons_last_message() -> None:
@@ -399,9 +428,9 @@ def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy
     heard = "My gran died last week and the funeral is on Monday."
     taken_up = "Losing your gran must be so hard."  # picks up "gran"
     copied = "Your gran died last week and the funeral is on Monday."  # and copies them
-    # copying cancels the warmth of taking up: no better than saying nothing of theirs
+    # copying earns none of the warmth of taking up: worse than saying nothing of theirs
     # lo = -4, hi = 3: (s + 4) / 7
     score = user.hidden_rule_score
-    assert score(copied, heard) == score("Oh.", heard) == pytest.approx(4 / 7)
+    assert score(copied, heard) == pytest.approx(3 / 7) and score("Oh.", heard) == pytest.approx(4 / 7)
     assert user.hidden_rule_score(taken_up, heard) == pytest.approx(5 / 7)
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0 and cfg.rollout.greedy_member
