@@ -19,15 +19,17 @@ use ``{emotion}`` (the profile's ``emotion_type`` as an adjective) and ``{proble
 them; each rule is a mapping::
 
     {detect: reflects_feeling | open_question | advice_first | self_talk | repeats_itself |
-             picks_up_details | parrots | pattern,
+             meta_talk | picks_up_details | parrots | pattern,
      weight: 1.0, pattern: REGEX (detect: pattern), where: reply | first_sentence (pattern),
      said: [lines], thought: [lines]}
 
 ``said`` / ``thought`` may be left out for a built-in detector (its own lines are used). ``rules``
 replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``): the quickstart adds
 ``{detect: repeats_itself, weight: -1}`` (a person put off when a reply says the same words twice),
-``{detect: picks_up_details, weight: 1}`` (warmer when the reply takes up something they said) and
-``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row). These two read
+``{detect: picks_up_details, weight: 1}`` (warmer when the reply takes up something they said),
+``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row) and
+``{detect: meta_talk, weight: -1}`` (confused when the reply talks about "your message", a rewritten
+version or a listener instead of to them). ``picks_up_details`` and ``parrots`` read
 the context: they compare the reply with the person's last message (``heard``), so the score functions
 take that message too. With a ``parrots`` rule the other rules judge only the reply's own words (what it
 copied is cut out first): otherwise a reply that quotes the person's message back would earn the credit
@@ -76,6 +78,12 @@ SELF_TALK = re.compile(
     r"sister|brother|son|daughter|kids?|job))\b",
     re.I,
 )
+META_TALK = re.compile(
+    r"\b(rewrit\w*|revised version|rephras\w*|paraphras\w*|the user|listener|"
+    r"your (?:message|text|sentence|post|response|reply)|(?:respond|reply) to the person|"
+    r"here's (?:a|an|my) (?:\w+ )?(?:version|response|reply))\b",
+    re.I,
+)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 WORD = re.compile(r"[a-z']+")
 ADJECTIVE = {
@@ -122,6 +130,14 @@ def advice_first(reply: str) -> bool:
 def self_talk(reply: str) -> bool:
     """The supporter talks about themselves (I remember, when I was, me too, my mum ...)."""
     return SELF_TALK.search(reply) is not None
+
+
+def meta_talk(reply: str) -> bool:
+    """The reply talks about the conversation as a text or a task instead of to the person: a rewritten
+    or revised version, "your message", "the user", a listener, "respond to the person" (a small policy
+    drifts into its system prompt or a rewrite request: "You're a warm, emotionally supportive
+    listener. Respond to the person ...")."""
+    return META_TALK.search(reply) is not None
 
 
 REPEAT_NGRAM = 4
@@ -212,6 +228,7 @@ DETECTORS: dict[str, Callable[[str], bool]] = {
     "advice_first": advice_first,
     "self_talk": self_talk,
     "repeats_itself": repeats_itself,
+    "meta_talk": meta_talk,
 }
 # detectors that also read what the person said last (``heard``)
 HEARD_DETECTORS: dict[str, Callable[[str, str], bool]] = {
@@ -275,9 +292,15 @@ PARROT_RULE: dict[str, Any] = {
     "said": ["Yes... that's what I just said.", "You're just repeating me."],
     "thought": ["They are saying my own words back to me.", "It's like talking to an echo."],
 }
+META_RULE: dict[str, Any] = {
+    "detect": "meta_talk",
+    "weight": -1.0,
+    "said": ["Sorry, who are you talking to?", "What? I was just telling you how I feel."],
+    "thought": ["That wasn't even meant for me.", "It's like they are reading out a script."],
+}
 DETECTOR_LINES: dict[str, dict[str, list[str]]] = {
     r["detect"]: {"said": r["said"], "thought": r["thought"]}
-    for r in [*DEFAULT_RULES, REPEAT_RULE, DETAILS_RULE, PARROT_RULE]
+    for r in [*DEFAULT_RULES, REPEAT_RULE, DETAILS_RULE, PARROT_RULE, META_RULE]
 }
 DEFAULT_NEUTRAL: dict[str, list[str]] = {
     "said": ["I guess.", "Yeah. Maybe."],

@@ -24,6 +24,7 @@ from rapo_echo.simulators.hidden_preference import (
     HiddenPreferenceUser,
     advice_first,
     content_words,
+    meta_talk,
     open_question,
     own_words,
     parrots,
@@ -60,6 +61,10 @@ NEUTRAL = "Do you have anyone to talk to?"  # a yes/no question: nothing fires
         ("Me too, honestly.", {"self_talk"}),
         ("I'm so sorry to hear that. I'm SO sorry, to hear it.", {"repeats_itself"}),  # 4 words twice
         ("I am so sorry. I am so glad.", set()),  # 3 words twice is not a repeat
+        ("You're a warm listener. Respond to the person in two sentences.", {"meta_talk"}),
+        ("Here's a revised version of your message: you failed.", {"meta_talk"}),
+        ("Here's my reply: that sounds hard.", {"meta_talk"}),
+        ("Thank you for telling me. I'm proud of the person you are.", set()),  # talks to them
     ],
 )
 def test_detectors(reply: str, fired: set[str]) -> None:
@@ -69,6 +74,7 @@ def test_detectors(reply: str, fired: set[str]) -> None:
         "advice_first": advice_first,
         "self_talk": self_talk,
         "repeats_itself": repeats_itself,
+        "meta_talk": meta_talk,
     }
     assert {name for name, fn in detectors.items() if fn(reply)} == fired
 
@@ -413,9 +419,10 @@ def test_teacher_prompt_in_the_system_message_answers_the_person_directly() -> N
 
 
 def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy_replies() -> None:
-    """The quickstart's person is put off by a reply that repeats itself or copies their words back and
-    warms to one that takes up what they said; its replies are sampled near how the policy is evaluated
-    (README "Results": greedy, 48 tokens), one of each group greedily, where loops happen."""
+    """The quickstart's person is put off by a reply that repeats itself, copies their words back or
+    recites a prompt, and warms to one that takes up what they said; its replies are sampled near how the
+    policy is evaluated (README "Results": greedy, 48 tokens), one of each group greedily, where loops
+    happen."""
     from pathlib import Path
 
     from rapo_echo.simulators.base import build_simulator
@@ -423,14 +430,16 @@ def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     user = build_simulator(cfg.rapo.simulator.name, cfg.rapo.simulator.args)
     assert isinstance(user, HiddenPreferenceUser)
-    assert [r.detect for r in user.rules][-3:] == ["repeats_itself", "picks_up_details", "parrots"]
+    added = ["repeats_itself", "picks_up_details", "parrots", "meta_talk"]
+    assert [r.detect for r in user.rules][-4:] == added
     assert user.hidden_rule_score(WARM + " " + WARM) < user.hidden_rule_score(WARM)
     heard = "My gran died last week and the funeral is on Monday."
     taken_up = "Losing your gran must be so hard."  # picks up "gran"
     copied = "Your gran died last week and the funeral is on Monday."  # and copies them
-    # copying earns none of the warmth of taking up: worse than saying nothing of theirs
-    # lo = -4, hi = 3: (s + 4) / 7
+    recited = "You're a warm, emotionally supportive listener. Respond to the person in two sentences."
+    # copying earns none of the warmth of taking up: worse than saying nothing of theirs; reciting a
+    # system prompt is as cold. lo = -5, hi = 3: (s + 5) / 8
     score = user.hidden_rule_score
-    assert score(copied, heard) == pytest.approx(3 / 7) and score("Oh.", heard) == pytest.approx(4 / 7)
-    assert user.hidden_rule_score(taken_up, heard) == pytest.approx(5 / 7)
+    assert score(copied, heard) == pytest.approx(4 / 8) and score("Oh.", heard) == pytest.approx(5 / 8)
+    assert score(taken_up, heard) == pytest.approx(6 / 8) and score(recited, heard) == pytest.approx(4 / 8)
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0 and cfg.rollout.greedy_member

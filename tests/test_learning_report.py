@@ -153,6 +153,7 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
         "repeats_itself": 0.5,
         "picks_up_details": 0.5,
         "parrots": 0.0,
+        "meta_talk": 0.0,
         "words": 10.0,
     }  # fmt: skip  (9 and 11 words)
     # with the details rule added: lo = -2, hi = 3, (s + 2) / 5: a = (2 + 1 + 2) / 5 = 1, b = 1 / 5
@@ -160,11 +161,11 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     extra.write_text("- {detect: picks_up_details, weight: 1}\n")
     main([str(folder), "--extra-rules", str(extra)])
     assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == 0.6
-    # the quickstart's person adds repeats (-1), details (+1) and parrots (-1): lo = -4, hi = 3,
-    # (s + 4) / 7: a = (3 + 4) / 7 = 1, b (advice first, "i am so sorry" twice) = (-2 + 4) / 7
+    # the quickstart's person adds repeats (-1), details (+1), parrots (-1) and meta talk (-1): lo = -5,
+    # hi = 3, (s + 5) / 8: a = (3 + 5) / 8 = 1, b (advice first, "i am so sorry" twice) = (-2 + 5) / 8
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     main([str(folder), "--config", str(quickstart)])
-    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 2 / 7) / 2, 4)
+    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 3 / 8) / 2, 4)
     with pytest.raises(SystemExit):
         main([str(folder), "--config", str(quickstart), "--extra-rules", str(extra)])
     other = tmp_path / "rapo.yaml"
