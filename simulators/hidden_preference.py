@@ -26,7 +26,7 @@ them; each rule is a mapping::
 ``said`` / ``thought`` may be left out for a built-in detector (its own lines are used). ``rules``
 replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``): the quickstart adds
 ``{detect: repeats_itself, weight: -1}`` (a person put off when a reply says the same words twice),
-``{detect: picks_up_details, weight: 1}`` (warmer when the reply takes up something they said),
+``{detect: picks_up_details, weight: 2}`` (warmer when the reply takes up something they said),
 ``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row) and
 ``{detect: meta_talk, weight: -1}`` (confused when the reply talks about "your message", a rewritten
 version or a listener instead of to them). ``picks_up_details`` and ``parrots`` read

@@ -437,9 +437,9 @@ def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy
     taken_up = "Losing your gran must be so hard."  # picks up "gran"
     copied = "Your gran died last week and the funeral is on Monday."  # and copies them
     recited = "You're a warm, emotionally supportive listener. Respond to the person in two sentences."
-    # copying earns none of the warmth of taking up: worse than saying nothing of theirs; reciting a
-    # system prompt is as cold. lo = -5, hi = 3: (s + 5) / 8
+    # copying earns none of the warmth of taking up (weight 2): worse than saying nothing of theirs;
+    # reciting a system prompt is as cold. lo = -5, hi = 4: (s + 5) / 9
     score = user.hidden_rule_score
-    assert score(copied, heard) == pytest.approx(4 / 8) and score("Oh.", heard) == pytest.approx(5 / 8)
-    assert score(taken_up, heard) == pytest.approx(6 / 8) and score(recited, heard) == pytest.approx(4 / 8)
+    assert score(copied, heard) == pytest.approx(4 / 9) and score("Oh.", heard) == pytest.approx(5 / 9)
+    assert score(taken_up, heard) == pytest.approx(7 / 9) and score(recited, heard) == pytest.approx(4 / 9)
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0 and cfg.rollout.greedy_member

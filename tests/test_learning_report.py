@@ -161,11 +161,11 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     extra.write_text("- {detect: picks_up_details, weight: 1}\n")
     main([str(folder), "--extra-rules", str(extra)])
     assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == 0.6
-    # the quickstart's person adds repeats (-1), details (+1), parrots (-1) and meta talk (-1): lo = -5,
-    # hi = 3, (s + 5) / 8: a = (3 + 5) / 8 = 1, b (advice first, "i am so sorry" twice) = (-2 + 5) / 8
+    # the quickstart's person adds repeats (-1), details (+2), parrots (-1) and meta talk (-1): lo = -5,
+    # hi = 4, (s + 5) / 9: a = (4 + 5) / 9 = 1, b (advice first, "i am so sorry" twice) = (-2 + 5) / 9
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     main([str(folder), "--config", str(quickstart)])
-    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 3 / 8) / 2, 4)
+    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 3 / 9) / 2, 4)
     with pytest.raises(SystemExit):
         main([str(folder), "--config", str(quickstart), "--extra-rules", str(extra)])
     other = tmp_path / "rapo.yaml"
