@@ -65,10 +65,11 @@ def default_gguf() -> Path:
 
 
 def is_model_folder(path: Path) -> bool:
-    """True when ``path`` holds a Hugging Face model (config.json plus weights)."""
-    return (path / "config.json").is_file() and (
-        any(path.glob("*.safetensors")) or any(path.glob("*.bin")) or (path / "adapter_config.json").is_file()
-    )
+    """True when ``path`` holds a Hugging Face model (config.json plus weights) or a PEFT adapter
+    (adapter_config.json plus adapter weights)."""
+    if (path / "adapter_config.json").is_file():
+        return any((path / f"adapter_model.{ext}").is_file() for ext in ("safetensors", "bin"))
+    return (path / "config.json").is_file() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
 
 
 def resolve(spec: str) -> ResolvedModel:
@@ -115,7 +116,9 @@ def resolve(spec: str) -> ResolvedModel:
 
 def run_model_folder(path: str | Path) -> Path | None:
     """The model folder inside a training run directory: ``final/`` when present, else the model of the
-    newest ``checkpoints/step-N/``; None when ``path`` is not a run directory."""
+    newest ``checkpoints/step-N/`` that has its weights; None when ``path`` is not a run directory.
+
+    Raises ModelResolutionError for a run directory none of whose model folders has weights."""
     root = Path(os.path.expanduser(str(path)))
     if (root / "final").is_dir() and is_model_folder(root / "final"):
         return root / "final"
@@ -123,7 +126,15 @@ def run_model_folder(path: str | Path) -> Path | None:
         (p for p in (root / "checkpoints").glob("step-*") if p.name[5:].isdigit() and (p / "model").is_dir()),
         key=lambda p: int(p.name[5:]),
     )
-    return steps[-1] / "model" if steps else None
+    for step in reversed(steps):
+        if is_model_folder(step / "model"):
+            return step / "model"
+    if steps or (root / "final").is_dir():
+        raise ModelResolutionError(
+            f"run directory {root} holds no model weights: neither final/ nor any checkpoints/step-N/model/ "
+            "has its *.safetensors (or adapter_model.*) file; were they deleted?"
+        )
+    return None
 
 
 def _gguf_key(gguf: Path) -> str:

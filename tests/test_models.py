@@ -41,6 +41,31 @@ def test_run_directory_resolves_to_final_or_newest_checkpoint(tmp_path: Path, ti
     assert models.resolve(str(run)).path == str(run / "final")
 
 
+def test_run_directory_whose_weights_are_gone_is_a_clear_error(tmp_path: Path, tiny_folder: Path) -> None:
+    """A run whose weight files were deleted (to save disk) resolved to a weightless folder, and loading
+    it failed deep inside huggingface_hub ("Repo id must be in the form ..."); it now skips weightless
+    checkpoints and names the run and what is missing."""
+    run = tmp_path / "run"
+    older = run / "checkpoints" / "step-4" / "model"
+    newer = run / "checkpoints" / "step-8" / "model"
+    for dst in (older, newer):
+        dst.mkdir(parents=True)
+        (dst / "adapter_config.json").write_text("{}")
+        (dst / "tokenizer.json").write_text("{}")
+    (older / "adapter_model.safetensors").write_bytes(b"x")
+    (run / "final").mkdir()
+    (run / "final" / "config.json").write_text("{}")  # its model.safetensors deleted
+    assert not models.is_model_folder(newer) and models.is_model_folder(older)
+    assert models.resolve(str(run)).path == str(older)
+    (older / "adapter_model.safetensors").unlink()
+    with pytest.raises(ModelResolutionError, match=r"run directory .*run holds no model weights"):
+        models.resolve(str(run))
+    empty = tmp_path / "not_a_run"
+    empty.mkdir()
+    with pytest.raises(ModelResolutionError, match="no config.json"):
+        models.resolve(str(empty))
+
+
 def test_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(ModelResolutionError, match="GGUF file not found"):
         models.resolve(str(tmp_path / "missing.gguf"))
