@@ -25,11 +25,11 @@ them; each rule is a mapping::
 
 ``said`` / ``thought`` may be left out for a built-in detector (its own lines are used). ``rules``
 replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``): the quickstart adds
-``{detect: repeats_itself, weight: -1}`` (a person put off when a reply says the same words twice),
+``{detect: repeats_itself, weight: -3}`` (a person put off when a reply says the same words twice),
 ``{detect: picks_up_details, weight: 2}`` (warmer when the reply takes up something they said),
 ``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row) and
-``{detect: meta_talk, weight: -1}`` (confused when the reply talks about "your message", a rewritten
-version or a listener instead of to them). ``picks_up_details`` and ``parrots`` read
+``{detect: meta_talk, weight: -3}`` (confused when the reply talks about "your message", a rewritten
+version, suggested edits or a listener instead of to them). ``picks_up_details`` and ``parrots`` read
 the context: they compare the reply with the person's last message (``heard``), so the score functions
 take that message too. With a ``parrots`` rule the other rules judge only the reply's own words (what it
 copied is cut out first): otherwise a reply that quotes the person's message back would earn the credit
@@ -79,9 +79,12 @@ SELF_TALK = re.compile(
     re.I,
 )
 META_TALK = re.compile(
-    r"\b(rewrit\w*|revised version|rephras\w*|paraphras\w*|the user|listener|"
+    r"\b(rewrit\w*|revised (?:version|text)|rephras\w*|paraphras\w*|the user|listener|"
     r"your (?:message|text|sentence|post|response|reply)|(?:respond|reply) to the person|"
-    r"here's (?:a|an|my) (?:\w+ )?(?:version|response|reply))\b",
+    r"(?:the )?original (?:text|message|sentence)|the (?:revised|edited|above) text|"
+    r"(?:clarity|grammar) and (?:clarity|grammar)|"
+    r"suggested (?:edits?|changes?|adjustments?)|minor (?:edits?|adjustments?)|this alternative|"
+    r"here's (?:a|an|my|the) (?:\w+ ){0,2}(?:version|response|reply|alternative|text))\b",
     re.I,
 )
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")

@@ -65,6 +65,13 @@ NEUTRAL = "Do you have anyone to talk to?"  # a yes/no question: nothing fires
         ("Here's a revised version of your message: you failed.", {"meta_talk"}),
         ("Here's my reply: that sounds hard.", {"meta_talk"}),
         ("Thank you for telling me. I'm proud of the person you are.", set()),  # talks to them
+        # editing talk a policy fell into in ESConv dialogues whose seeker echoed it (missed before)
+        ("That hurts. Here's a suggested alternative: it hurts.", {"meta_talk"}),
+        ("Here's the revised text: you are fine.", {"meta_talk"}),
+        ("I made a few minor adjustments to the original text.", {"meta_talk"}),
+        ("This alternative is more concise, for clarity and grammar.", {"meta_talk"}),
+        ("He ended it by text? The text he sent sounds cruel.", set()),  # a text message, not the text
+        ("Minor changes at work can pile up. What happened?", {"open_question"}),
     ],
 )
 def test_detectors(reply: str, fired: set[str]) -> None:
@@ -438,8 +445,12 @@ def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy
     copied = "Your gran died last week and the funeral is on Monday."  # and copies them
     recited = "You're a warm, emotionally supportive listener. Respond to the person in two sentences."
     # copying earns none of the warmth of taking up (weight 2): worse than saying nothing of theirs;
-    # reciting a system prompt is as cold. lo = -5, hi = 4: (s + 5) / 9
+    # reciting a system prompt is colder still. lo = -1 - 1 - 3 - 1 - 3 = -9, hi = 1 + 1 + 2 = 4: (s + 9) / 13
     score = user.hidden_rule_score
-    assert score(copied, heard) == pytest.approx(4 / 9) and score("Oh.", heard) == pytest.approx(5 / 9)
-    assert score(taken_up, heard) == pytest.approx(7 / 9) and score(recited, heard) == pytest.approx(4 / 9)
+    assert score(copied, heard) == pytest.approx(8 / 13) and score("Oh.", heard) == pytest.approx(9 / 13)
+    assert score(taken_up, heard) == pytest.approx(11 / 13) and score(recited, heard) == pytest.approx(6 / 13)
+    # a loop, or a turn into editing talk, loses more than taking up their words earns (-3 each):
+    # 2 - 3 = -1, below saying nothing
+    assert score(taken_up + " " + taken_up, heard) == pytest.approx(8 / 13)
+    assert score(taken_up + " Here's a suggested alternative.", heard) == pytest.approx(8 / 13)
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0 and cfg.rollout.greedy_member

@@ -161,11 +161,11 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     extra.write_text("- {detect: picks_up_details, weight: 1}\n")
     main([str(folder), "--extra-rules", str(extra)])
     assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == 0.6
-    # the quickstart's person adds repeats (-1), details (+2), parrots (-1) and meta talk (-1): lo = -5,
-    # hi = 4, (s + 5) / 9: a = (4 + 5) / 9 = 1, b (advice first, "i am so sorry" twice) = (-2 + 5) / 9
+    # the quickstart's person adds repeats (-3), details (+2), parrots (-1) and meta talk (-3): lo = -9,
+    # hi = 4, (s + 9) / 13: a = (4 + 9) / 13 = 1, b (advice first, "i am so sorry" twice) = (-4 + 9) / 13
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     main([str(folder), "--config", str(quickstart)])
-    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 3 / 9) / 2, 4)
+    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 5 / 13) / 2, 4)
     with pytest.raises(SystemExit):
         main([str(folder), "--config", str(quickstart), "--extra-rules", str(extra)])
     other = tmp_path / "rapo.yaml"
