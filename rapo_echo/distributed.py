@@ -34,6 +34,16 @@ def accelerator_kwargs(device: str) -> dict[str, Any]:
     return {"cpu": device == "cpu" or (device == "auto" and not cuda)}
 
 
+def end_process_group() -> None:
+    """Tear down the default process group of a distributed run, as ``Accelerator.end_training`` does
+    (a no-op in a single process). Left alive, its gloo threads meet the interpreter's exit: a rank
+    could abort ("terminate called without an active exception") after its work was done."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def is_deepspeed(accelerator: Any) -> bool:
     from accelerate.utils import DistributedType
 

@@ -45,6 +45,7 @@ from rapo_echo.data import ScenarioStream, load_scenarios
 from rapo_echo.distributed import (
     accelerator_kwargs,
     configure_deepspeed,
+    end_process_group,
     gathered_for_generation,
     is_deepspeed,
     mark_last_micro_batch,
@@ -952,6 +953,9 @@ def run_training(cfg: RunConfig, *, resume: bool = False) -> Trainer:
     """Build a :class:`Trainer` and run it; returns it (``run_dir``; ``stopped_by`` a signal's name
     when one stopped the run early)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer(cfg, resume=resume)
-    trainer.train()
+    try:
+        trainer = Trainer(cfg, resume=resume)
+        trainer.train()
+    finally:
+        end_process_group()
     return trainer

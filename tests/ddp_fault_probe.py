@@ -1,5 +1,6 @@
 """``rapo-echo train`` under torchrun with a fault injected: the loss of rank 0 is non-finite in step
-``PROBE_NAN_STEP`` (1-based). Used by the DDP test in tests/test_training_math.py."""
+``PROBE_NAN_STEP`` (1-based); exits non-zero when the process group is still alive after the run
+returned. Used by the DDP test in tests/test_training_math.py."""
 
 from __future__ import annotations
 
@@ -26,4 +27,9 @@ def loss(self, *args):
 GRPO.rollout, GRPO.loss = rollout, loss
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # its gloo threads would meet the interpreter's exit (a rank could abort)
+        sys.exit("the process group is still alive after rapo-echo train returned")
+    sys.exit(code)

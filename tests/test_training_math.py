@@ -101,7 +101,8 @@ def test_ddp_ranks_with_nothing_to_train_and_a_nonfinite_loss_do_not_hang(
     """2 processes (gloo): rank 1's rewards are all None, so it has nothing to train on in any step;
     there are more mini-batches than items (one is empty on both ranks); in step 2 rank 0's loss is
     non-finite. Every rank must still join every collective: the run finishes, step 2 is skipped on
-    both ranks, and the replicas stay identical (checked at every checkpoint)."""
+    both ranks, and the replicas stay identical (checked at every checkpoint). The probe also checks that
+    each rank's process group is torn down once the run returns."""
     from tests.launch import run_processes, torchrun
 
     run = tmp_path / "run"
@@ -127,6 +128,30 @@ def test_ddp_ranks_with_nothing_to_train_and_a_nonfinite_loss_do_not_hang(
     assert [x["nonfinite_skipped"] for x in m] == [0.0, 2.0, 0.0]  # both non-empty mini-batches
     assert [x["updates"] for x in m] == [2.0, 0.0, 2.0]  # the mini-batch empty everywhere is skipped
     assert (run / "final" / "config.json").is_file()
+
+
+def test_training_tears_down_the_process_group_even_when_it_fails(tmp_path: Path) -> None:
+    """A rank that leaves its process group alive can abort at interpreter exit ("terminate called
+    without an active exception", seen once in the test above after the run had finished): ``run_training``
+    ends the group on its way out, a run that fails to start too (the data file is missing)."""
+    import torch.distributed as dist
+
+    from rapo_echo.errors import RapoEchoError
+    from rapo_echo.trainer import run_training
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        cfg = load_config(
+            algo="grpo",
+            overrides=[f"output={tmp_path / 'run'}", f"data.path={tmp_path / 'no.jsonl'}", *QUIET],
+        )
+        with pytest.raises(RapoEchoError, match="no.jsonl"):
+            run_training(cfg)
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------- 9.2 token_kl micro-batches
