@@ -19,7 +19,7 @@ use ``{emotion}`` (the profile's ``emotion_type`` as an adjective) and ``{proble
 them; each rule is a mapping::
 
     {detect: reflects_feeling | open_question | advice_first | self_talk | repeats_itself |
-             meta_talk | picks_up_details | parrots | pattern,
+             meta_talk | picks_up_details | parrots | restates | pattern,
      weight: 1.0, pattern: REGEX (detect: pattern), where: reply | first_sentence (pattern),
      said: [lines], thought: [lines]}
 
@@ -27,13 +27,14 @@ them; each rule is a mapping::
 replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``): the quickstart adds
 ``{detect: repeats_itself, weight: -3}`` (a person put off when a reply says the same words twice),
 ``{detect: picks_up_details, weight: 2}`` (warmer when the reply takes up something they said),
-``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row) and
+``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row),
 ``{detect: meta_talk, weight: -3}`` (confused when the reply talks about "your message", a rewritten
-version, suggested edits or a listener instead of to them). ``picks_up_details`` and ``parrots`` read
+version, suggested edits or a listener instead of to them) and ``{detect: restates, weight: -3}`` (put
+off when it tells them their own story back). ``picks_up_details``, ``parrots`` and ``restates`` read
 the context: they compare the reply with the person's last message (``heard``), so the score functions
-take that message too. With a ``parrots`` rule the other rules judge only the reply's own words (what it
-copied is cut out first): otherwise a reply that quotes the person's message back would earn the credit
-of the feeling, question and details in it.
+take that message too. With a ``parrots`` rule the other rules (but ``restates``) judge only the reply's
+own words (what it copied is cut out first): otherwise a reply that quotes the person's message back
+would earn the credit of the feeling, question and details in it.
 """
 
 from __future__ import annotations
@@ -217,6 +218,22 @@ def parrots(reply: str, heard: str) -> bool:
     return bool(_copied_spans(reply, heard))
 
 
+RESTATE_MIN_SHARED = 2
+RESTATE_SHARE = 0.5
+
+
+def restates(reply: str, heard: str) -> bool:
+    """The reply tells the person their own story back instead of answering it: at least
+    ``RESTATE_MIN_SHARED`` (2) of its content words are theirs and at least ``RESTATE_SHARE`` (half) of
+    all its words occur in their message ("he decided to call it quits" -> "The person decided to call
+    it quits.": 5 of 7), with or without five words in a row (:func:`parrots`). A reply that takes their
+    words up in its own ("After so long together, that is a lot to lose.": 3 of 10) does not."""
+    if len(content_words(reply) & content_words(heard)) < RESTATE_MIN_SHARED:
+        return False
+    words, theirs = WORD.findall(reply.lower()), set(WORD.findall(heard.lower()))
+    return sum(w in theirs for w in words) >= RESTATE_SHARE * len(words)
+
+
 def own_words(reply: str, heard: str) -> str:
     """``reply`` without what it copied from ``heard`` (see :func:`parrots`): a person gives no credit for
     their own words said back ("Here's a rewritten version of your text: <their message>")."""
@@ -237,7 +254,10 @@ DETECTORS: dict[str, Callable[[str], bool]] = {
 HEARD_DETECTORS: dict[str, Callable[[str, str], bool]] = {
     "picks_up_details": picks_up_details,
     "parrots": parrots,
+    "restates": restates,
 }
+# the detectors that judge what a reply copied: they see the whole reply, the others its own words
+COPY_DETECTORS = frozenset({"parrots", "restates"})
 
 DEFAULT_RULES: list[dict[str, Any]] = [
     {
@@ -295,6 +315,12 @@ PARROT_RULE: dict[str, Any] = {
     "said": ["Yes... that's what I just said.", "You're just repeating me."],
     "thought": ["They are saying my own words back to me.", "It's like talking to an echo."],
 }
+RESTATE_RULE: dict[str, Any] = {
+    "detect": "restates",
+    "weight": -1.0,
+    "said": ["I know. That's what I told you.", "Right... and?"],
+    "thought": ["They just told me my own story back.", "They are not adding anything, only restating me."],
+}
 META_RULE: dict[str, Any] = {
     "detect": "meta_talk",
     "weight": -1.0,
@@ -303,7 +329,7 @@ META_RULE: dict[str, Any] = {
 }
 DETECTOR_LINES: dict[str, dict[str, list[str]]] = {
     r["detect"]: {"said": r["said"], "thought": r["thought"]}
-    for r in [*DEFAULT_RULES, REPEAT_RULE, DETAILS_RULE, PARROT_RULE, META_RULE]
+    for r in [*DEFAULT_RULES, REPEAT_RULE, DETAILS_RULE, PARROT_RULE, RESTATE_RULE, META_RULE]
 }
 DEFAULT_NEUTRAL: dict[str, list[str]] = {
     "said": ["I guess.", "Yeah. Maybe."],
@@ -417,7 +443,7 @@ class HiddenPreferenceUser(UserSimulator):
         :func:`own_words`, so a copy of the person's message earns none of the credit its words would
         (a feeling they named, their question, their details)."""
         own = own_words(reply, heard) if self.judges_copies else reply
-        hits = [r for r in self.rules if r.fires(reply if r.detect == "parrots" else own, heard)]
+        hits = [r for r in self.rules if r.fires(reply if r.detect in COPY_DETECTORS else own, heard)]
         return sorted(hits, key=lambda r: -abs(r.weight))
 
     def _score(self, fired: Sequence[Rule]) -> float:

@@ -21,6 +21,7 @@ from rapo_echo.simulators.hidden_preference import (
     DETAILS_RULE,
     PARROT_RULE,
     REPEAT_RULE,
+    RESTATE_RULE,
     HiddenPreferenceUser,
     advice_first,
     content_words,
@@ -31,6 +32,7 @@ from rapo_echo.simulators.hidden_preference import (
     picks_up_details,
     reflects_feeling,
     repeats_itself,
+    restates,
     self_talk,
 )
 from rapo_echo.types import Generation, Scenario, msg
@@ -106,6 +108,44 @@ def test_parrots_by_hand() -> None:
     assert not parrots("passed away a few days", "")  # nothing heard, nothing copied
     assert parrots("Finals.", "finals") and parrots("A few days.", heard)  # no word of its own
     assert not parrots("Finals week?", "finals") and not parrots("", "finals")
+
+
+def test_restates_by_hand() -> None:
+    """Replies a quickstart policy (seed 3) gave in ESConv dialogues, where the 135M seeker then echoed
+    them for eight turns, against replies that take something up and answer it."""
+    boss = "I was working when one of my bosses continued to bully and speak down to me"
+    # shares "continued", "speak" ("bosses" is not "boss"); 6 of its 11 words occur in the message
+    assert restates("The boss should not have continued to speak down to me.", boss)
+    quits = "We've been together for a long time and he decided to call it quits."
+    assert restates("The person decided to call it quits.", quits)  # 5 of 7 words
+    assert restates("DECIDED to call it QUITS?", quits)  # case and punctuation ignored
+    # shares "long", "together", but 3 of 10 words: takes them up in its own words
+    assert not restates("After so long together, that is a lot to lose.", quits)
+    # shares three content words, 5 of 16 words
+    assert not restates(
+        "It sounds like your boss continued to speak down to you. How did you handle it?", boss
+    )
+    gran = "My grandfather's brother passed away a few days ago and I'm depressed because of it."
+    assert not restates("Losing your grandfather's brother must be so hard. How are you holding up?", gran)
+    assert not restates("Finals.", "finals")  # one content word: that is parrots' business
+    assert not restates("decided to call it quits", "")  # nothing heard, nothing restated
+
+
+def test_restating_costs_more_than_taking_up_earns() -> None:
+    user = HiddenPreferenceUser(
+        rules=[
+            {"detect": "picks_up_details", "weight": 2.0},
+            {"detect": "restates", "weight": -3.0},
+        ]
+    )
+    # lo = -3, hi = 2: (s + 3) / 5; a restatement takes up their words too: 2 - 3 = -1
+    heard = "We've been together for a long time and he decided to call it quits."
+    assert user.hidden_rule_score("The person decided to call it quits.", heard) == pytest.approx(2 / 5)
+    assert user.hidden_rule_score("After so long together, that is a lot to lose.", heard) == pytest.approx(1)
+    assert user.hidden_rule_score("Oh.", heard) == pytest.approx(3 / 5)
+    r = user.react([(Scenario("q", [msg("user", heard)]), "The person decided to call it quits.")])[0]
+    assert r.raw == "fired: restates, picks_up_details" and r.emotion_delta == pytest.approx(-2.0)
+    assert any(r.message.startswith(line) for line in RESTATE_RULE["said"])
 
 
 def test_parroting_is_felt_apart_from_picking_up() -> None:
@@ -437,20 +477,23 @@ def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     user = build_simulator(cfg.rapo.simulator.name, cfg.rapo.simulator.args)
     assert isinstance(user, HiddenPreferenceUser)
-    added = ["repeats_itself", "picks_up_details", "parrots", "meta_talk"]
-    assert [r.detect for r in user.rules][-4:] == added
+    added = ["repeats_itself", "picks_up_details", "parrots", "meta_talk", "restates"]
+    assert [r.detect for r in user.rules][-5:] == added
     assert user.hidden_rule_score(WARM + " " + WARM) < user.hidden_rule_score(WARM)
     heard = "My gran died last week and the funeral is on Monday."
     taken_up = "Losing your gran must be so hard."  # picks up "gran"
-    copied = "Your gran died last week and the funeral is on Monday."  # and copies them
+    copied = "Your gran died last week and the funeral is on Monday."  # copies them, so restates them too
+    restated = "Your gran died last week."  # four words in a row: no parrot, but their story told back
     recited = "You're a warm, emotionally supportive listener. Respond to the person in two sentences."
     # copying earns none of the warmth of taking up (weight 2): worse than saying nothing of theirs;
-    # reciting a system prompt is colder still. lo = -1 - 1 - 3 - 1 - 3 = -9, hi = 1 + 1 + 2 = 4: (s + 9) / 13
+    # reciting a system prompt is colder too. lo = -1 - 1 - 3 - 1 - 3 - 3 = -12, hi = 1 + 1 + 2 = 4:
+    # (s + 12) / 16
     score = user.hidden_rule_score
-    assert score(copied, heard) == pytest.approx(8 / 13) and score("Oh.", heard) == pytest.approx(9 / 13)
-    assert score(taken_up, heard) == pytest.approx(11 / 13) and score(recited, heard) == pytest.approx(6 / 13)
-    # a loop, or a turn into editing talk, loses more than taking up their words earns (-3 each):
-    # 2 - 3 = -1, below saying nothing
-    assert score(taken_up + " " + taken_up, heard) == pytest.approx(8 / 13)
-    assert score(taken_up + " Here's a suggested alternative.", heard) == pytest.approx(8 / 13)
+    assert score(copied, heard) == pytest.approx(8 / 16) and score("Oh.", heard) == pytest.approx(12 / 16)
+    assert score(taken_up, heard) == pytest.approx(14 / 16) and score(recited, heard) == pytest.approx(9 / 16)
+    # a loop, a turn into editing talk or a restatement loses more than taking up their words earns
+    # (-3 each): 2 - 3 = -1, below saying nothing
+    assert score(taken_up + " " + taken_up, heard) == pytest.approx(11 / 16)
+    assert score(taken_up + " Here's a suggested alternative.", heard) == pytest.approx(11 / 16)
+    assert score(restated, heard) == pytest.approx(11 / 16)
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0 and cfg.rollout.greedy_member

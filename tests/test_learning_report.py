@@ -153,6 +153,7 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
         "repeats_itself": 0.5,
         "picks_up_details": 0.5,
         "parrots": 0.0,
+        "restates": 0.0,
         "meta_talk": 0.0,
         "words": 10.0,
     }  # fmt: skip  (9 and 11 words)
@@ -161,11 +162,12 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     extra.write_text("- {detect: picks_up_details, weight: 1}\n")
     main([str(folder), "--extra-rules", str(extra)])
     assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == 0.6
-    # the quickstart's person adds repeats (-3), details (+2), parrots (-1) and meta talk (-3): lo = -9,
-    # hi = 4, (s + 9) / 13: a = (4 + 9) / 13 = 1, b (advice first, "i am so sorry" twice) = (-4 + 9) / 13
+    # the quickstart's person adds repeats (-3), details (+2), parrots (-1), meta talk (-3) and restates
+    # (-3): lo = -12, hi = 4, (s + 12) / 16: a = (4 + 12) / 16 = 1, b (advice first, "i am so sorry"
+    # twice) = (-4 + 12) / 16
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     main([str(folder), "--config", str(quickstart)])
-    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 5 / 13) / 2, 4)
+    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 8 / 16) / 2, 4)
     with pytest.raises(SystemExit):
         main([str(folder), "--config", str(quickstart), "--extra-rules", str(extra)])
     other = tmp_path / "rapo.yaml"
@@ -173,6 +175,13 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     with pytest.raises(SystemExit):
         main([str(folder), "--config", str(other)])
     assert "rapo.simulator.name is 'reaction', not a hidden-preference user" in capsys.readouterr().err
+    boss = "I was working when one of my bosses continued to bully and speak down to me"
+    restated = "The boss should not have continued to speak down to me."  # no five words in a row
+    row = {"id": "e", "valid": True, "info": {"reply": restated}, "transcript": said(boss, restated)}
+    (folder / "results.jsonl").write_text(json.dumps(row) + "\n")
+    main([str(folder)])
+    out = json.loads(capsys.readouterr().out)
+    assert (out["restates"], out["parrots"], out["picks_up_details"]) == (1.0, 0.0, 1.0)
     (folder / "results.jsonl").write_text(json.dumps(rows[2]) + "\n")
     with pytest.raises(SystemExit, match="no valid row with info.reply"):
         main([str(folder)])

@@ -9,8 +9,9 @@ adds rules as ``extra_rules`` does; ``--config FILE``: the rules of a training c
 user, e.g. ``configs/quickstart.yaml``), the share of replies that repeat a run of four words
 (``repeats_itself``), the share that take up a word of the seeker's last message
 (``picks_up_details``), the share that copy five of its words in a row (``parrots``), the share that
-talk about the text or the task instead of to the person (``meta_talk``) and the mean reply length in
-words.
+tell the seeker's message back (``restates``: two thirds of the reply's content words are theirs), the
+share that talk about the text or the task instead of to the person (``meta_talk``) and the mean reply
+length in words.
 
     python benchmarks/perf/hidden_rule_eval.py evals/ref-default evals/ref-quickstart
 """
@@ -30,6 +31,7 @@ from rapo_echo.simulators.hidden_preference import (
     parrots,
     picks_up_details,
     repeats_itself,
+    restates,
 )
 
 PERSON_ROLES = ("seeker", "user")
@@ -61,6 +63,7 @@ def score_folder(folder: Path, user: HiddenPreferenceUser) -> dict[str, Any]:
         "repeats_itself": round(sum(repeats_itself(r) for r, _ in pairs) / n, 4),
         "picks_up_details": round(sum(picks_up_details(r, h) for r, h in pairs) / n, 4),
         "parrots": round(sum(parrots(r, h) for r, h in pairs) / n, 4),
+        "restates": round(sum(restates(r, h) for r, h in pairs) / n, 4),
         "meta_talk": round(sum(meta_talk(r) for r, _ in pairs) / n, 4),
         "words": round(statistics.fmean(len(r.split()) for r, _ in pairs), 2),
     }
