@@ -150,15 +150,21 @@ def test_a_trickling_server_is_cut_at_the_deadline() -> None:
 
 
 CHECKPOINT_LOOP = """
-import sys, torch
+import sys, time, torch
 from rapo_echo.checkpoint import save_checkpoint
 
+saved = []
+
 def save_model(folder):
+    saved.append(folder)
     folder.mkdir()
     with open(folder / "weights.bin", "wb") as fh:
-        for _ in range(8):
+        for piece in range(8):
             fh.write(b"w" * (1 << 20))  # 8 MiB, written in pieces
             fh.flush()
+            if len(saved) == 3 and piece == 3:  # half of the third: wait there for the kill
+                (folder / "half-written").touch()
+                time.sleep(120)
 
 param = torch.nn.Parameter(torch.ones(4))
 opt = torch.optim.SGD([param], lr=0.1)
@@ -174,8 +180,10 @@ def test_kill_9_during_checkpoint_writes_leaves_only_complete_checkpoints(tmp_pa
     proc = subprocess.Popen([sys.executable, "-c", CHECKPOINT_LOOP, str(run)])
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # wait until a checkpoint exists and the next is half written
-            if list_checkpoints(run) and list((run / "checkpoints").glob(".tmp-step-*/model/weights.bin")):
+        # wait until two checkpoints exist and the third is half written (the child then holds still: a
+        # kill timed by polling alone could land after the write, on a loaded machine)
+        while time.monotonic() < deadline:
+            if list((run / "checkpoints").glob(".tmp-step-*/model/half-written")):
                 break
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
