@@ -32,7 +32,7 @@ replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``)
 version, suggested edits or a listener instead of to them) and ``{detect: restates, weight: -3}`` (put
 off when it tells them their own story back). ``picks_up_details``, ``parrots`` and ``restates`` read
 the context: they compare the reply with the person's last message (``heard``), so the score functions
-take that message too. With a ``parrots`` rule the other rules (but ``restates``) judge only the reply's
+take that message too. With a ``parrots`` rule the other rules (save ``restates``) judge only the reply's
 own words (what it copied is cut out first): otherwise a reply that quotes the person's message back
 would earn the credit of the feeling, question and details in it.
 """

@@ -9,7 +9,7 @@ adds rules as ``extra_rules`` does; ``--config FILE``: the rules of a training c
 user, e.g. ``configs/quickstart.yaml``), the share of replies that repeat a run of four words
 (``repeats_itself``), the share that take up a word of the seeker's last message
 (``picks_up_details``), the share that copy five of its words in a row (``parrots``), the share that
-tell the seeker's message back (``restates``: two thirds of the reply's content words are theirs), the
+tell the seeker's message back (``restates``: two content words theirs, half of all words), the
 share that talk about the text or the task instead of to the person (``meta_talk``) and the mean reply
 length in words.
 
