@@ -103,6 +103,15 @@ def resolve(spec: str) -> ResolvedModel:
             raise ModelResolutionError(
                 f"{path} is a folder but holds no config.json: not a Hugging Face model"
             )
+        if not is_model_folder(path):
+            kind = "adapter_config.json" if (path / "adapter_config.json").is_file() else "config.json"
+            wanted = (
+                "adapter_model.safetensors (or .bin)" if kind != "config.json" else "*.safetensors (or *.bin)"
+            )
+            raise ModelResolutionError(
+                f"{path} holds {kind} but no weights ({wanted}): was the model saved only in part, or its "
+                "weights deleted?"
+            )
         return ResolvedModel(str(path), source=spec)
     if path.exists() or spec.startswith((".", "/", "~")):
         raise ModelResolutionError(f"model path {spec!r} does not exist or is not a model folder")

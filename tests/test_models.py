@@ -74,6 +74,18 @@ def test_errors_are_clear(tmp_path: Path) -> None:
         models.resolve(str(tmp_path / "empty"))
     with pytest.raises(ModelResolutionError, match="does not exist"):
         models.resolve("./nowhere/model")
+    (tmp_path / "half_saved").mkdir()
+    (tmp_path / "half_saved" / "config.json").write_text("{}")
+    with pytest.raises(
+        ModelResolutionError, match=r"half_saved holds config.json but no weights \(\*\.safetensors"
+    ):
+        models.resolve(str(tmp_path / "half_saved"))
+    (tmp_path / "half_saved" / "model.safetensors").write_bytes(b"x")
+    assert models.resolve(str(tmp_path / "half_saved")).path == str(tmp_path / "half_saved")
+    (tmp_path / "adapter_only").mkdir()
+    (tmp_path / "adapter_only" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ModelResolutionError, match="holds adapter_config.json but no weights"):
+        models.resolve(str(tmp_path / "adapter_only"))
     with pytest.raises(ModelResolutionError, match="neither"):
         models.resolve("not a model spec")
 
