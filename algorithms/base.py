@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, aggregate
-from rapo_echo.types import Sample, Scenario
+from rapo_echo.types import Sample, SamplingParams, Scenario
 
 if TYPE_CHECKING:
     from rapo_echo.config import RunConfig
@@ -125,6 +125,34 @@ class Algorithm:
 
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
         raise NotImplementedError
+
+    # The score held-out validation ranks checkpoints by (higher is better; see rapo_echo/validation.py);
+    # None: this algorithm has no single-reply score to validate with.
+    validation_key: str | None = None
+
+    def greedy_replies(self, scenarios: list[Scenario], max_new_tokens: int) -> list[Sample]:
+        """One greedy reply per scenario, as the policy is used after training."""
+        policy = self.ctx.policy
+        prompt_ids = [policy.prompt_ids(s) for s in scenarios]
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, n=1)
+        gens = policy.generator.generate_ids(prompt_ids, params)
+        return [
+            Sample(
+                scenario=sc,
+                group=i,
+                prompt_ids=g[0].prompt_ids or p,
+                completion_ids=g[0].token_ids,
+                logprobs=None,
+                text=g[0].text,
+                finish_reason=g[0].finish_reason,
+            )
+            for i, (sc, p, g) in enumerate(zip(scenarios, prompt_ids, gens))
+        ]
+
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> dict[str, float]:
+        """Validation metrics of the policy's greedy replies to held-out ``scenarios`` (``val/...``),
+        including :attr:`validation_key`."""
+        raise NotImplementedError(f"{self.name} has no validation score")
 
     def advantages(self, rewards: Sequence[float | None], groups: Sequence[int]) -> list[float]:
         """Advantages from the configured estimator; invalid (None) rewards get 0."""

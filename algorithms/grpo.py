@@ -110,6 +110,21 @@ class GRPO(Algorithm):
         }
         return Rollout(samples, items, metrics, {"generate": t_gen, "rewards": t_rew})
 
+    validation_key = "val/reward"
+
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> dict[str, float]:
+        """The reward plugins' combined reward of the greedy replies (``val/reward``), per reward and
+        the invalid count (``val/invalid``: replies no reward could score, left out of the mean)."""
+        samples = self.greedy_replies(scenarios, max_new_tokens)
+        self.ctx.rewards.score(samples)
+        stats = reward_stats(samples, self.ctx.rewards.names)
+        out = {"val/reward": stats["reward/mean"], "val/invalid": stats["invalid"]}
+        out.update(
+            {"val/" + k: v for k, v in stats.items() if k.startswith("reward/") and k.endswith("/mean")}
+        )
+        out["val/reply_len"] = stats["reply_len/mean"]
+        return out
+
     @staticmethod
     def pg_items(samples: list[Sample], advantages: list[float]) -> list[TrainItem]:
         """Training items of the valid samples with at least one token (invalid ones are masked out)."""

@@ -308,6 +308,27 @@ class RAPO(GRPO):
             metrics.update(self._distill_metrics(items, corrections))
         return Rollout(samples, items, metrics, timings, {"reactions": reactions, "corrections": corrections})
 
+    validation_key = "val/emotion_delta"
+
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> dict[str, float]:
+        """The simulated person's mean emotion change after each greedy reply (``val/emotion_delta``;
+        replies it could not react to are counted in ``val/invalid`` and left out), and the hidden-rule
+        score where the simulator has one. Rank rewards are not used: they compare a group's replies."""
+        samples = self.greedy_replies(scenarios, max_new_tokens)
+        reactions = self.react([(s.scenario, s.text) for s in samples])
+        deltas = [r.emotion_delta for r in reactions if r.valid and r.emotion_delta is not None]
+        out = {
+            "val/emotion_delta": statistics.fmean(deltas) if deltas else float("nan"),
+            "val/invalid": float(len(samples) - len(deltas)),
+            "val/reply_len": statistics.fmean(len(s.completion_ids) for s in samples),
+        }
+        score = getattr(self.simulator, "hidden_rule_score", None)
+        if callable(score):
+            out["val/hidden_rule_score"] = statistics.fmean(
+                score(s.text, s.scenario.last_user_message()) for s in samples
+            )
+        return out
+
     @staticmethod
     def _groups(samples: list[Sample]) -> list[list[int]]:
         groups: dict[int, list[int]] = {}

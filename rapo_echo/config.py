@@ -412,6 +412,25 @@ class RlverConfig(Strict):
         return self
 
 
+class ValidationConfig(Strict):
+    """Held-out validation (``rapo_echo/validation.py``): greedy replies to ``data`` scored the way the run
+    is rewarded (RAPO: the simulated person's emotion change; GRPO: the reward plugins), before the first
+    step and after every checkpoint. ``keep_best``: ``final/`` is the best-validated model, the base (step
+    0) included, instead of the last step's."""
+
+    data: str | None = None  # scenarios to validate on (a path or bundled:NAME); None: no validation
+    format: Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage"] = "auto"
+    limit: int | None = Field(None, ge=1)
+    max_new_tokens: int | None = Field(None, ge=1)  # None: rollout.max_new_tokens
+    keep_best: bool = False
+
+    @model_validator(mode="after")
+    def _best_needs_data(self) -> ValidationConfig:
+        if self.keep_best and not self.data:
+            raise ValueError("keep_best needs validation.data (held-out scenarios to validate on)")
+        return self
+
+
 class LoggingConfig(Strict):
     tensorboard: bool = True
     wandb: bool = False
@@ -437,6 +456,7 @@ class RunConfig(Strict):
     persona: PersonaConfig = Field(default_factory=PersonaConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     rlver: RlverConfig = Field(default_factory=RlverConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @field_validator("algo")

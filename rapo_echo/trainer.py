@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import time
 from collections import defaultdict
@@ -61,6 +62,7 @@ from rapo_echo.policy import VALUE_HEAD_FILE, Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.rundir import check_run_dir, lock_run_dir
 from rapo_echo.simulators.persona import PersonaInference
+from rapo_echo.validation import BEST_FILE, Validator, validation_scenarios
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,7 @@ class Trainer:
         if not self.scenarios:
             raise ConfigError(f"data.path: {cfg.data.path or 'bundled examples'} holds no scenarios")
         self.stream = ScenarioStream(self.scenarios, seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        held_out = validation_scenarios(cfg, self.algo_cls)
         self.policy = Policy(
             cfg.model,
             cfg.rollout,
@@ -195,6 +198,16 @@ class Trainer:
         )
         configure_deepspeed(self.accelerator, t.micro_batch_size, t.max_grad_norm)
         self.deepspeed = is_deepspeed(self.accelerator)
+        if held_out is not None and self.deepspeed:
+            raise ConfigError(
+                "validation.data: validation runs on one process and is not supported under DeepSpeed yet; "
+                "remove validation.data or train without DeepSpeed"
+            )
+        self.validator = (
+            Validator(cfg, held_out, self.algorithm, self.policy, self.run_dir)
+            if held_out is not None
+            else None
+        )
         # The scheduler is not handed to accelerate: its wrapper would step it once per process.
         self.scorer, self.optimizer = self.accelerator.prepare(self.policy.scorer, self.optimizer)
         if zero_stage(self.accelerator) == 3 and cfg.rollout.decode == "auto":
@@ -205,6 +218,7 @@ class Trainer:
         self.nonfinite_in_a_row = 0
         self.invalid_in_a_row = 0
         self.stopped_by = ""  # the signal that stopped the run early, if any
+        self.best_step: int | None = None  # keep_best: the step final/ comes from, when not the last
         self.warned_truncation = False
         self.metrics_file = self.run_dir / "metrics.jsonl"
         self.samples_file = self.run_dir / "samples.jsonl"
@@ -325,6 +339,8 @@ class Trainer:
         if self.is_main:  # drop lines written after that checkpoint (they will be recomputed), atomically
             for f in (self.metrics_file, self.samples_file):
                 keep_jsonl(f, lambda r: not isinstance(r, dict) or r.get("step", 0) <= self.step)
+            if self.validator is not None:
+                self.validator.resumed_at(self.step)
 
     def _trainer_state(self) -> dict[str, Any]:
         return {
@@ -401,6 +417,8 @@ class Trainer:
         self.stop.install()
         bar = self._progress()
         try:
+            if self.step == 0:
+                self._validate()
             while self.step < self.cfg.train.max_steps:
                 metrics = self.train_step()
                 self.step += 1
@@ -413,6 +431,8 @@ class Trainer:
                 done = self.step >= self.cfg.train.max_steps
                 if self.step % self.cfg.train.save_every == 0 or done or self.stop.requested:
                     self._checkpoint()
+                    if not self.stop.requested:
+                        self._validate()
                 if self.stop.requested and not done:
                     self.stopped_by = self.stop.signal_name
                     log.warning(
@@ -445,14 +465,30 @@ class Trainer:
                 f"above say why). Last checkpoint: {ckpt or 'none yet'}."
             )
 
+    def _validate(self) -> None:
+        """Held-out validation of the current weights (main process only; see rapo_echo/validation.py)."""
+        if self.validator is None or not self.is_main:
+            return
+        metrics = self.validator.run(self.step)
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if math.isfinite(v):
+                    self.tb.add_scalar(k, v, self.step)
+
     def _save_final(self) -> None:
         """The final model in Hugging Face format: merged under LoRA (plain transformers loads it);
-        under DeepSpeed the gathered weights (an adapter folder under LoRA)."""
+        under DeepSpeed the gathered weights (an adapter folder under LoRA). With
+        ``validation.keep_best`` it is the best-validated model (``final/best.json`` says which step)."""
         final = self.run_dir / "final"
         if self.deepspeed:
             self._save_gathered(final)
         elif self.is_main:
+            best = self.validator.restore_best(self.step) if self.validator is not None else None
             self.policy.save(final, merged=True)
+            if self.validator is not None and self.validator.keep_best:
+                shutil.copy2(self.validator.best_dir / BEST_FILE, final / BEST_FILE)
+            if best is not None:
+                self.best_step = best
         if self.is_main:
             log.info("final model: %s", final)
 

@@ -1,0 +1,180 @@
+"""Held-out validation during training (``validation.*``): what it scores, that it leaves training as it
+was, and that ``keep_best`` makes ``final/`` the best-validated model, the base included."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rapo_echo.algorithms.base import AlgoContext
+from rapo_echo.algorithms.grpo import GRPO
+from rapo_echo.algorithms.rapo import RAPO
+from rapo_echo.algorithms.rlver import RLVER
+from rapo_echo.config import load_config
+from rapo_echo.errors import ConfigError
+from rapo_echo.policy import Policy
+from rapo_echo.rewards import RewardSet
+from rapo_echo.trainer import Trainer
+from rapo_echo.types import Generation, Scenario, msg
+from rapo_echo.validation import validation_scenarios
+from tests.test_hidden_preference import COLD, SELF, WARM
+from tests.test_trainer import cfg_for, metrics
+
+HELD_OUT = [
+    "validation.data=bundled:esconv_style_en.json",
+    "validation.limit=3",
+    "validation.max_new_tokens=4",
+]
+
+
+def lines(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "validation.jsonl").read_text().splitlines()]
+
+
+class ByScenario:
+    """Greedy replies chosen by the person's last message; records the sampling parameters."""
+
+    def __init__(self, engine, replies: dict[str, str]) -> None:
+        self.engine, self.replies, self.params = engine, replies, []
+
+    def generate_ids(self, prompt_ids, params):
+        self.params.append(params)
+        tok = self.engine.tokenizer
+        out = []
+        for ids in prompt_ids:
+            text = next(r for said, r in self.replies.items() if said in tok.decode(ids))
+            seq = tok(text, add_special_tokens=False)["input_ids"]
+            out.append([Generation(text, seq, None, list(ids), "stop")])
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_rapo_validates_by_the_persons_emotion_change(tiny_folder: Path) -> None:
+    cfg = load_config(
+        algo="rapo",
+        overrides=[
+            f"model.name={tiny_folder}",
+            "rapo.simulator.name=hidden_preference",
+            "rapo.judge.kind=reactions",
+        ],
+    )
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+    policy.engine = ByScenario(policy.engine, {"gran": WARM, "job": SELF, "exam": COLD})
+    algo = RAPO(cfg, AlgoContext(policy, RewardSet([]), None, None))
+    held_out = [
+        Scenario("a", [msg("user", "My gran died.")], profile={"emotion_type": "sadness"}),
+        Scenario("b", [msg("user", "I lost my job.")], profile={"emotion_type": "fear"}),
+    ]
+    out = algo.validate(held_out, max_new_tokens=7)
+    # default rules: WARM reflects + asks (+10), SELF talks about itself (score 0.25: -5)
+    assert out["val/emotion_delta"] == pytest.approx((10.0 - 5.0) / 2)
+    assert out["val/hidden_rule_score"] == pytest.approx((1.0 + 0.25) / 2)
+    assert out["val/invalid"] == 0.0
+    (params,) = policy.engine.params
+    assert (params.temperature, params.n, params.max_new_tokens) == (0.0, 1, 7)
+
+
+def test_grpo_validates_by_its_rewards(tiny_folder: Path, tmp_path: Path) -> None:
+    cfg = cfg_for(tiny_folder, tmp_path / "r")
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+    policy.engine = ByScenario(policy.engine, {"gran": "How are you?", "job": "ok then yes"})
+    rewards = RewardSet.from_specs(cfg.rewards, None)
+    algo = GRPO(cfg, AlgoContext(policy, rewards, None, None))
+    held_out = [Scenario("a", [msg("user", "My gran died.")]), Scenario("b", [msg("user", "I lost my job.")])]
+    out = algo.validate(held_out, max_new_tokens=5)
+    by_name = {n: out[f"val/reward/{n}/mean"] for n in rewards.names}
+    # the combined reward is the weighted sum (question weight 0.5), averaged over the two replies
+    assert out["val/reward"] == pytest.approx(by_name["length"] + 0.5 * by_name["question"])
+    assert by_name["question"] == pytest.approx(0.5)  # one of the two asks
+
+
+def test_validation_config_errors() -> None:
+    with pytest.raises(ConfigError, match="keep_best needs validation.data"):
+        load_config(overrides=["validation.keep_best=true"])
+    cfg = load_config(algo="rlver", overrides=HELD_OUT)
+    with pytest.raises(ConfigError, match="validation.data: --algo rlver has no single-reply score"):
+        validation_scenarios(cfg, RLVER)
+    assert len(validation_scenarios(load_config(overrides=HELD_OUT), GRPO)) == 3
+    assert validation_scenarios(load_config(), GRPO) is None
+
+
+def test_validation_leaves_training_as_it_was_and_keeps_the_best(
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A validation that draws random numbers (a sampling simulator would) changes no training step."""
+    real = GRPO.validate
+
+    def drawing(self, scenarios, max_new_tokens):
+        random.random(), np.random.rand(), torch.rand(1)
+        return real(self, scenarios, max_new_tokens)
+
+    monkeypatch.setattr(GRPO, "validate", drawing)
+    steps = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1"]
+    plain, validated = tmp_path / "plain", tmp_path / "validated"
+    Trainer(cfg_for(tiny_folder, plain, *steps)).train()
+    Trainer(cfg_for(tiny_folder, validated, *steps, *HELD_OUT, "validation.keep_best=true")).train()
+    for x, y in zip(metrics(plain), metrics(validated), strict=True):
+        assert x["reward/mean"] == pytest.approx(y["reward/mean"], abs=1e-9)
+        assert x["loss/total"] == pytest.approx(y["loss/total"], rel=1e-4, abs=1e-6)
+    rows = lines(validated)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    top = max(r["val/reward"] for r in rows)
+    expected = max(r["step"] for r in rows if r["val/reward"] == top)  # a later step wins a tie
+    best = json.loads((validated / "best" / "best.json").read_text())
+    assert best == {"step": expected, "key": "val/reward", "value": top}
+    assert json.loads((validated / "final" / "best.json").read_text()) == best
+
+
+def final_logits(run: Path) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(run / "final")(torch.tensor([[1, 2, 3, 4]])).logits
+
+
+@pytest.mark.parametrize("scores", [[0.5, 0.9, 0.1, 0.2], [0.9, 0.5, 0.1, 0.9 - 1e-9]])
+def test_keep_best_final_is_the_best_validated_weights(
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch, scores: list[float]
+) -> None:
+    """Scores set by hand: step 1 best (final/ = checkpoint 1), or the base best (final/ = the base)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    given = iter(scores)
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: {"val/reward": next(given)})
+    run = tmp_path / "run"
+    extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", "train.keep_checkpoints=5"]
+    Trainer(cfg_for(tiny_folder, run, *extra, *HELD_OUT, "validation.keep_best=true")).train()
+    best_step = scores.index(max(scores))
+    assert json.loads((run / "final" / "best.json").read_text())["step"] == best_step
+    base = AutoModelForCausalLM.from_pretrained(tiny_folder)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    if best_step == 0:
+        expected = base(ids).logits
+    else:
+        expected = PeftModel.from_pretrained(base, run / "checkpoints" / f"step-{best_step}" / "model")(
+            ids
+        ).logits
+    last = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_folder), run / "checkpoints" / "step-3" / "model"
+    )(ids).logits
+    assert not torch.allclose(expected, last, atol=1e-4)  # the last step's weights differ: a real choice
+    assert torch.allclose(final_logits(run), expected, atol=1e-4)
+
+
+def test_resume_forgets_validations_after_the_checkpoint(tmp_path: Path, tiny_folder: Path) -> None:
+    run = tmp_path / "run"
+    extra = ["model.lora.enabled=true", "train.save_every=2", *HELD_OUT, "validation.keep_best=true"]
+    Trainer(cfg_for(tiny_folder, run, "train.max_steps=2", *extra)).train()
+    assert [r["step"] for r in lines(run)] == [0, 2]
+    with (run / "validation.jsonl").open("a") as f:  # as if a run had validated step 3 and then died
+        f.write(json.dumps({"step": 3, "val/reward": 99.0}) + "\n")
+    Trainer(cfg_for(tiny_folder, run, "train.max_steps=4", *extra), resume=True).train()
+    assert [r["step"] for r in lines(run)] == [0, 2, 4]
+    assert json.loads((run / "best" / "best.json").read_text())["value"] != 99.0
