@@ -21,7 +21,7 @@ from rapo_echo.benchmarks.plots import grouped_bars, training_curves
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
 from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
 from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS
-from rapo_echo.benchmarks.training_report import read_samples, samples_html, summary_table
+from rapo_echo.benchmarks.training_report import read_samples, samples_html, summary_table, validation_table
 from rapo_echo.errors import DataError
 from rapo_echo.jsonl import read_jsonl
 
@@ -255,6 +255,9 @@ def render_html(
             )
         header, rows = summary_table(runs)
         parts.append("<h3>Runs</h3>" + _html_table(header, rows))
+        validated = validation_table(runs)
+        if validated is not None:
+            parts.append("<h3>Held-out validation</h3>" + _html_table(*validated))
         for run in runs:
             samples = read_samples(run.path)
             if samples:
@@ -305,6 +308,9 @@ def build_report(
     if runs:
         header, rows = summary_table(runs)
         md += ("\n" if evals else "") + markdown_table(header, rows)
+        validated = validation_table(runs)
+        if validated is not None:
+            md += "\nHeld-out validation\n\n" + markdown_table(*validated)
     if not evals and not runs:
         md += "Nothing to report.\n"
     write_text_atomic(md_path, md)

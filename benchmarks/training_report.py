@@ -95,6 +95,33 @@ def summary_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] | None:
+    """One row per run that validated on held-out scenarios (``validation.jsonl``): each validated step's
+    score, and the step ``final/`` holds under ``validation.keep_best``; None when no run validated."""
+    from rapo_echo.validation import BEST_FILE, VALIDATION_FILE
+
+    rows = []
+    for run in runs:
+        path = run.path / VALIDATION_FILE
+        if not path.is_file():
+            continue
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().startswith("{")]
+        keys = [
+            k
+            for k in ("val/emotion_delta", "val/reward", "val/hidden_rule_score")
+            if any(k in r for r in lines)
+        ]
+        scores = "; ".join(
+            f"{k}: " + ", ".join(f"{r['step']}: {_num(r.get(k))}" for r in lines) for k in keys
+        )
+        best = run.path / "final" / BEST_FILE
+        kept = str(json.loads(best.read_text())["step"]) if best.is_file() else "last (keep_best off)"
+        rows.append([run.path.name, scores, kept])
+    if not rows:
+        return None
+    return ["run", "held-out score by step (step: value)", "final/ holds step"], rows
+
+
 def read_samples(run_dir: Path, *, last_steps: int = 1) -> list[dict[str, Any]]:
     """Sample records of the last ``last_steps`` logged steps (skips unreadable lines)."""
     path = run_dir / SAMPLES_FILE

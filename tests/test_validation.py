@@ -178,3 +178,22 @@ def test_resume_forgets_validations_after_the_checkpoint(tmp_path: Path, tiny_fo
     Trainer(cfg_for(tiny_folder, run, "train.max_steps=4", *extra), resume=True).train()
     assert [r["step"] for r in lines(run)] == [0, 2, 4]
     assert json.loads((run / "best" / "best.json").read_text())["value"] != 99.0
+
+
+def test_report_shows_the_held_out_scores_and_the_kept_step(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from rapo_echo.benchmarks.training_report import validation_table
+
+    run = tmp_path / "quickstart"
+    (run / "final").mkdir(parents=True)
+    rows = [{"step": 0, "val/emotion_delta": 1.5}, {"step": 4, "val/emotion_delta": 2.25}, {"step": 8}]
+    (run / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "final" / "best.json").write_text(
+        json.dumps({"step": 4, "key": "val/emotion_delta", "value": 2.25})
+    )
+    plain = SimpleNamespace(path=tmp_path / "plain", rows=[])
+    assert validation_table([plain]) is None
+    header, table = validation_table([SimpleNamespace(path=run, rows=[]), plain])
+    assert header[-1] == "final/ holds step"
+    assert table == [["quickstart", "val/emotion_delta: 0: 1.5, 4: 2.25, 8: –", "4"]]
