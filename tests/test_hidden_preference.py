@@ -497,3 +497,18 @@ def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy
     assert score(taken_up + " Here's a suggested alternative.", heard) == pytest.approx(11 / 16)
     assert score(restated, heard) == pytest.approx(11 / 16)
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0 and cfg.rollout.greedy_member
+
+
+def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts() -> None:
+    """The quickstart validates on contexts it never trains on and ends with the best-validated model."""
+    from pathlib import Path
+
+    from rapo_echo.data import load_scenarios
+    from rapo_echo.validation import validation_scenarios
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
+    assert cfg.validation.keep_best and cfg.train.max_steps % cfg.train.save_every == 0
+    held_out = validation_scenarios(cfg, RAPO)
+    trained = load_scenarios(cfg.data.path)
+    said = {m["content"] for s in trained for m in s.messages}
+    assert len(held_out) == 21 and not said & {m["content"] for s in held_out for m in s.messages}
