@@ -417,8 +417,8 @@ class Trainer:
         self.stop.install()
         bar = self._progress()
         try:
-            if self.step == 0:
-                self._validate()
+            if self.validator is not None and not self.validator.has(self.step):
+                self._validate()  # the base, or the checkpoint a stopped run resumes from
             while self.step < self.cfg.train.max_steps:
                 metrics = self.train_step()
                 self.step += 1
@@ -431,7 +431,7 @@ class Trainer:
                 done = self.step >= self.cfg.train.max_steps
                 if self.step % self.cfg.train.save_every == 0 or done or self.stop.requested:
                     self._checkpoint()
-                    if not self.stop.requested:
+                    if done or not self.stop.requested:  # a stopped run validates when resumed
                         self._validate()
                 if self.stop.requested and not done:
                     self.stopped_by = self.stop.signal_name

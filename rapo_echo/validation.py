@@ -28,7 +28,7 @@ import torch
 
 from rapo_echo.data import load_scenarios
 from rapo_echo.errors import ConfigError
-from rapo_echo.jsonl import append_jsonl, keep_jsonl
+from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -99,6 +99,12 @@ class Validator:
         """``best/best.json`` (``step``, ``key``, ``value``), or None before the first validation."""
         path = self.best_dir / BEST_FILE
         return json.loads(path.read_text()) if path.is_file() else None
+
+    def has(self, step: int) -> bool:
+        """Whether ``validation.jsonl`` already holds a validation of ``step``."""
+        if not self.file.is_file():
+            return False
+        return any(isinstance(r, dict) and r.get("step") == step for _, r in read_jsonl(self.file))
 
     def run(self, step: int) -> dict[str, float]:
         """Validate the policy as it is after ``step`` steps; record it and, with ``keep_best``, save

@@ -150,8 +150,10 @@ def test_keep_best_final_is_the_best_validated_weights(
     monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: {"val/reward": next(given)})
     run = tmp_path / "run"
     extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", "train.keep_checkpoints=5"]
-    Trainer(cfg_for(tiny_folder, run, *extra, *HELD_OUT, "validation.keep_best=true")).train()
+    trainer = Trainer(cfg_for(tiny_folder, run, *extra, *HELD_OUT, "validation.keep_best=true"))
+    trainer.train()
     best_step = scores.index(max(scores))
+    assert trainer.best_step == best_step
     assert json.loads((run / "final" / "best.json").read_text())["step"] == best_step
     base = AutoModelForCausalLM.from_pretrained(tiny_folder)
     ids = torch.tensor([[1, 2, 3, 4]])
@@ -168,13 +170,17 @@ def test_keep_best_final_is_the_best_validated_weights(
     assert torch.allclose(final_logits(run), expected, atol=1e-4)
 
 
-def test_resume_forgets_validations_after_the_checkpoint(tmp_path: Path, tiny_folder: Path) -> None:
+def test_resume_validates_its_checkpoint_and_forgets_later_validations(
+    tmp_path: Path, tiny_folder: Path
+) -> None:
     run = tmp_path / "run"
     extra = ["model.lora.enabled=true", "train.save_every=2", *HELD_OUT, "validation.keep_best=true"]
     Trainer(cfg_for(tiny_folder, run, "train.max_steps=2", *extra)).train()
     assert [r["step"] for r in lines(run)] == [0, 2]
-    with (run / "validation.jsonl").open("a") as f:  # as if a run had validated step 3 and then died
-        f.write(json.dumps({"step": 3, "val/reward": 99.0}) + "\n")
+    # as if the run had been stopped at its step-2 checkpoint (not validated then) and a later run had
+    # validated a step 3 before dying: the resume validates step 2 and forgets step 3
+    first = (run / "validation.jsonl").read_text().splitlines()[0]
+    (run / "validation.jsonl").write_text(first + "\n" + json.dumps({"step": 3, "val/reward": 99.0}) + "\n")
     Trainer(cfg_for(tiny_folder, run, "train.max_steps=4", *extra), resume=True).train()
     assert [r["step"] for r in lines(run)] == [0, 2, 4]
     assert json.loads((run / "best" / "best.json").read_text())["value"] != 99.0
