@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.jsonl import read_jsonl
 from rapo_echo.monitor import flagged_steps
 
 SAMPLES_FILE = "samples.jsonl"
@@ -105,7 +106,7 @@ def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] |
         path = run.path / VALIDATION_FILE
         if not path.is_file():
             continue
-        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip().startswith("{")]
+        lines = [r for _, r in read_jsonl(path) if isinstance(r, dict)]
         keys = [
             k
             for k in ("val/emotion_delta", "val/reward", "val/hidden_rule_score")

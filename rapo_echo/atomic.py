@@ -26,11 +26,20 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def replace_dir(staged: Path, final: Path) -> None:
     """Move a fully written ``staged`` folder to ``final`` (same file system), replacing any folder
-    there; ``staged`` never outlives the call, even when the move fails."""
+    there: the old one is moved aside first and deleted only once the new one is in place (put back if
+    the move fails), so ``final`` is never left missing. ``staged`` never outlives the call."""
+    old = final.with_name(f".{final.name}.old")
     try:
+        shutil.rmtree(old, ignore_errors=True)
         if final.exists():
-            shutil.rmtree(final)
-        os.replace(staged, final)
+            os.replace(final, old)
+        try:
+            os.replace(staged, final)
+        except OSError:
+            if old.exists() and not final.exists():
+                os.replace(old, final)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         if staged.exists():
             shutil.rmtree(staged, ignore_errors=True)

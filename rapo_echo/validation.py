@@ -17,15 +17,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
+from rapo_echo.atomic import replace_dir
+from rapo_echo.checkpoint import rng_state, set_rng_state
 from rapo_echo.data import load_scenarios
 from rapo_echo.errors import ConfigError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
@@ -65,17 +65,11 @@ def validation_scenarios(cfg: RunConfig, algo_cls: type[Algorithm]) -> list[Scen
 def random_state_kept(algorithm: Algorithm) -> Iterator[None]:
     """Run the body, then put back Python's, NumPy's and torch's random state and the algorithm's own
     (a simulator drawing its next message consumes them)."""
-    py, np_state, cpu = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    algo_state = algorithm.state_dict()
+    state, algo_state = rng_state(), algorithm.state_dict()
     try:
         yield
     finally:
-        random.setstate(py)
-        np.random.set_state(np_state)
-        torch.random.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
+        set_rng_state(state)
         algorithm.load_state_dict(algo_state)
 
 
@@ -102,8 +96,6 @@ class Validator:
 
     def has(self, step: int) -> bool:
         """Whether ``validation.jsonl`` already holds a validation of ``step``."""
-        if not self.file.is_file():
-            return False
         return any(isinstance(r, dict) and r.get("step") == step for _, r in read_jsonl(self.file))
 
     def run(self, step: int) -> dict[str, float]:
@@ -125,12 +117,7 @@ class Validator:
         shutil.rmtree(tmp, ignore_errors=True)
         self.policy.save(tmp, merged=False)
         (tmp / BEST_FILE).write_text(json.dumps({"step": step, "key": self.key, "value": value}) + "\n")
-        old = self.best_dir.with_name(BEST_DIR + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if self.best_dir.exists():
-            self.best_dir.rename(old)
-        tmp.rename(self.best_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, self.best_dir)
 
     def resumed_at(self, step: int) -> None:
         """On resume from ``step``: forget validations after it (they will be redone); a best from after

@@ -35,3 +35,22 @@ def test_replace_dir_removes_the_staged_folder_when_the_move_fails(tmp_path, mon
     with pytest.raises(OSError, match="disk full"):
         replace_dir(staged, final)
     assert not staged.exists() and not final.exists()
+
+
+def test_replace_dir_keeps_the_old_folder_when_the_move_fails(tmp_path, monkeypatch) -> None:
+    final, staged = tmp_path / "final", tmp_path / "staged"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    staged.mkdir()
+    real = os.replace
+
+    def refuse_staged(src, dst):
+        if os.fspath(src) == os.fspath(staged):
+            raise OSError("disk full")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", refuse_staged)
+    with pytest.raises(OSError, match="disk full"):
+        replace_dir(staged, final)
+    assert os.listdir(final) == ["old.txt"] and not staged.exists()
+    assert sorted(os.listdir(tmp_path)) == ["final"]
