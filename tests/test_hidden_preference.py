@@ -358,19 +358,27 @@ class FixedReplies:
         return getattr(self.engine, name)
 
 
-def test_rapo_step_with_hidden_preference_user_and_reaction_judge(tiny_folder) -> None:
+def reactions_rapo(
+    tiny_folder, wrap, *overrides: str, simulator: str = "hidden_preference", sim_engine=None
+) -> tuple[RAPO, Policy]:
+    """RAPO on the tiny policy whose engine ``wrap`` replaces, with a simulator (the hidden-preference
+    user unless named) and the reactions judge; neither needs an engine unless ``sim_engine`` is given."""
     cfg = load_config(
         algo="rapo",
         overrides=[
             f"model.name={tiny_folder}",
-            "rapo.simulator.name=hidden_preference",
+            f"rapo.simulator.name={simulator}",
             "rapo.judge.kind=reactions",
-            "rapo.sd.verify=true",
+            *overrides,
         ],
     )
     policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
-    policy.engine = FixedReplies(policy.engine)
-    algo = RAPO(cfg, AlgoContext(policy, RewardSet([]), None, None))  # neither needs an engine
+    policy.engine = wrap(policy.engine)
+    return RAPO(cfg, AlgoContext(policy, RewardSet([]), sim_engine, None)), policy
+
+
+def test_rapo_step_with_hidden_preference_user_and_reaction_judge(tiny_folder) -> None:
+    algo, policy = reactions_rapo(tiny_folder, FixedReplies, "rapo.sd.verify=true")
     algo.rewriter = policy.engine
     out = algo.rollout([SC], step=0)
     s = out.samples
@@ -386,18 +394,13 @@ def test_rapo_step_with_hidden_preference_user_and_reaction_judge(tiny_folder) -
 
 
 def test_rapo_counts_a_plugins_invalid_reactions(tiny_folder) -> None:
-    cfg = load_config(
-        algo="rapo",
-        overrides=[
-            f"model.name={tiny_folder}",
-            "rapo.simulator.name=tests.plugin_simulators:EveryOtherInvalid",
-            "rapo.judge.kind=reactions",
-            "rapo.sd.enabled=false",
-        ],
+    algo, _ = reactions_rapo(
+        tiny_folder,
+        FixedReplies,
+        "rapo.sd.enabled=false",
+        simulator="tests.plugin_simulators:EveryOtherInvalid",
+        sim_engine="sim-engine",
     )
-    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
-    policy.engine = FixedReplies(policy.engine)
-    algo = RAPO(cfg, AlgoContext(policy, RewardSet([]), "sim-engine", None))
     assert algo.simulator.engine == "sim-engine"
     out = algo.rollout([SC], step=0)
     assert out.metrics["sim/invalid"] == 2.0

@@ -13,7 +13,6 @@ import torch
 
 from rapo_echo.algorithms.base import AlgoContext
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.algorithms.rapo import RAPO
 from rapo_echo.algorithms.rlver import RLVER
 from rapo_echo.config import load_config
 from rapo_echo.errors import ConfigError
@@ -22,7 +21,7 @@ from rapo_echo.rewards import RewardSet
 from rapo_echo.trainer import Trainer
 from rapo_echo.types import Generation, Scenario, msg
 from rapo_echo.validation import validation_scenarios
-from tests.test_hidden_preference import COLD, SELF, WARM
+from tests.test_hidden_preference import COLD, SELF, WARM, reactions_rapo
 from tests.test_trainer import cfg_for, metrics
 
 HELD_OUT = [
@@ -57,17 +56,8 @@ class ByScenario:
 
 
 def test_rapo_validates_by_the_persons_emotion_change(tiny_folder: Path) -> None:
-    cfg = load_config(
-        algo="rapo",
-        overrides=[
-            f"model.name={tiny_folder}",
-            "rapo.simulator.name=hidden_preference",
-            "rapo.judge.kind=reactions",
-        ],
-    )
-    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
-    policy.engine = ByScenario(policy.engine, {"gran": WARM, "job": SELF, "exam": COLD})
-    algo = RAPO(cfg, AlgoContext(policy, RewardSet([]), None, None))
+    replies = {"gran": WARM, "job": SELF, "exam": COLD}
+    algo, policy = reactions_rapo(tiny_folder, lambda engine: ByScenario(engine, replies))
     held_out = [
         Scenario("a", [msg("user", "My gran died.")], profile={"emotion_type": "sadness"}),
         Scenario("b", [msg("user", "I lost my job.")], profile={"emotion_type": "fear"}),
