@@ -118,6 +118,11 @@ def register(subparsers: Any) -> None:
         "--max-transcripts", type=int, default=50, help="transcripts shown per evaluation (default 50)"
     )
     rep.add_argument("--title", default="rapo-echo report")
+    rep.add_argument(
+        "--baseline",
+        help="eval folder or policy spec the paired comparison of per-case success compares the others "
+        "with (default: each benchmark's first folder as given)",
+    )
     rep.set_defaults(func=run_report_command)
 
 
@@ -236,7 +241,7 @@ def run_report_command(args: argparse.Namespace) -> int:
     from rapo_echo.benchmarks.report import build_report
 
     html_path, md_path = build_report(
-        args.dirs, args.output, max_transcripts=args.max_transcripts, title=args.title
+        args.dirs, args.output, max_transcripts=args.max_transcripts, title=args.title, baseline=args.baseline
     )
     print(f"report: {html_path}\nmarkdown table: {md_path}")
     return 0

@@ -17,6 +17,7 @@ from typing import Any
 
 from rapo_echo.benchmarks.epm_report import epm_section, epmq_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
+from rapo_echo.benchmarks.paired import paired_success
 from rapo_echo.benchmarks.plots import grouped_bars, training_curves
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
 from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
@@ -134,6 +135,70 @@ def comparison_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[
     return header, rows
 
 
+def _is_baseline(e: EvalResult, baseline: str) -> bool:
+    return baseline in (e.label, e.path.name, str(e.path)) or e.path.resolve() == Path(baseline).resolve()
+
+
+def paired_table(
+    evals: Sequence[EvalResult], baseline: str | None = None
+) -> tuple[list[str], list[list[str]]] | None:
+    """Per benchmark with a per-case ``success`` (ESConv, SAGE, EPM): every other policy against the
+    baseline on the cases valid in both (:mod:`rapo_echo.benchmarks.paired`). The baseline is the eval
+    folder or policy named by ``baseline``, else each benchmark's first folder as given. None when
+    nothing is paired."""
+    if baseline is not None and not any(_is_baseline(e, baseline) for e in evals):
+        raise DataError(f"--baseline {baseline}: no evaluation folder or policy of that name in the inputs")
+    header = [
+        "benchmark",
+        "policy",
+        "baseline",
+        "paired cases",
+        "baseline success",
+        "policy success",
+        "only policy",
+        "only baseline",
+        "difference (95% CI)",
+        "p (exact McNemar)",
+    ]
+    rows = []
+    for bench in dict.fromkeys(e.benchmark for e in evals):
+        group = [e for e in evals if e.benchmark == bench]
+        if baseline is None:
+            base = group[0]
+        else:
+            base = next((e for e in group if _is_baseline(e, baseline)), None)
+            if base is None:
+                continue
+        for e in group:
+            c = None if e is base else paired_success(base.records, e.records)
+            if c is None:
+                continue
+            lo, hi = c.interval
+            rows.append(
+                [
+                    bench,
+                    e.label,
+                    base.label,
+                    str(c.n),
+                    f"{c.baseline_successes} ({c.baseline_successes / c.n:.3f})",
+                    f"{c.successes} ({c.successes / c.n:.3f})",
+                    str(c.wins),
+                    str(c.losses),
+                    f"{c.difference:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                    f"{c.p:.3f}",
+                ]
+            )
+    return (header, rows) if rows else None
+
+
+PAIRED_NOTE = (
+    "Case by case against the baseline, on the cases valid in both: only policy / only baseline count the "
+    "cases that only one of them succeeded in; the difference of success rates has a 95% Wald interval "
+    "for paired proportions, and p is the exact two-sided McNemar test on those discordant cases. A large "
+    "p says the difference is within what chance gives on this many cases."
+)
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A GitHub-flavoured Markdown table (pipes in cells escaped)."""
 
@@ -225,6 +290,7 @@ def render_html(
     title: str,
     max_transcripts: int,
     learning: Sequence[tuple[Path, dict[str, Any]]] = (),
+    baseline: str | None = None,
 ) -> str:
     """The whole report page."""
     parts = [
@@ -238,6 +304,10 @@ def render_html(
             '<p class="note">ESConv SR = success rate, AT = average turns (PPDPP protocol); BLEU, ROUGE-L '
             "and Distinct in percent; SOTOPIA dimensions on their own ranges, overall = mean of seven.</p>"
         )
+        paired = paired_table(evals, baseline)
+        if paired is not None:
+            parts.append("<h2>Paired comparison</h2>" + _html_table(*paired))
+            parts.append(f'<p class="note">{html.escape(PAIRED_NOTE)}</p>')
         parts.extend(_figures(evals))
         parts.extend(epm_section(evals, _html_table, _img))
     if learning:  # learning benchmarks (bench_learning.py --algo rapo): arms side by side, seeds as bands
@@ -289,19 +359,30 @@ def build_report(
     *,
     max_transcripts: int = 50,
     title: str = "rapo-echo report",
+    baseline: str | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``output/report.html`` and ``output/report.md``; returns their paths."""
+    """Write ``output/report.html`` and ``output/report.md``; returns their paths. ``baseline``: the
+    eval folder or policy the paired comparison compares the others with (default: each benchmark's
+    first folder)."""
     evals, runs = discover(dirs)
     output = Path(output)
     html_path, md_path = output / "report.html", output / "report.md"
     page = render_html(
-        evals, runs, title=title, max_transcripts=max_transcripts, learning=find_learning(dirs)
+        evals,
+        runs,
+        title=title,
+        max_transcripts=max_transcripts,
+        learning=find_learning(dirs),
+        baseline=baseline,
     )
     write_text_atomic(html_path, page)
     md = f"# {title}\n\n"
     if evals:
         header, rows = comparison_table(evals)
         md += markdown_table(header, rows)
+        paired = paired_table(evals, baseline)
+        if paired is not None:
+            md += "\nPaired comparison\n\n" + markdown_table(*paired) + "\n" + PAIRED_NOTE + "\n"
         epm = [e for e in evals if e.benchmark == "epm"]
         if epm:
             md += "\nEPM-Q\n\n" + markdown_table(*epmq_table(epm))

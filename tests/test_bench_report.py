@@ -14,7 +14,7 @@ import pytest
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.plots import curve_keys
-from rapo_echo.benchmarks.report import build_report, comparison_table, discover, markdown_table
+from rapo_echo.benchmarks.report import build_report, comparison_table, discover, markdown_table, paired_table
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import DataError
@@ -226,3 +226,22 @@ def test_training_run_samples_show_reactions_and_critiques(tmp_path):
     assert (
         "emotion change (first → last)" in md_path.read_text() and "Samples of run" in html_path.read_text()
     )
+
+
+def test_paired_comparison_against_the_first_folder_or_the_named_baseline(results, tmp_path):
+    evals, _ = discover([results])
+    _, rows = paired_table(evals)
+    # ESConv only (SOTOPIA and the reference benchmark have no per-case success); policy-a's critic said
+    # "solved" on all three cases, policy-b's only "better" (0.5, not above the threshold)
+    assert [r[:8] for r in rows] == [
+        ["esconv", "policy-b", "policy-a", "3", "3 (1.000)", "0 (0.000)", "0", "3"]
+    ]
+    assert rows[0][8:] == ["-1.000 [-1.000, -1.000]", "0.250"]
+    _, rows = paired_table(evals, baseline="policy-b")
+    assert [r[1:3] + r[6:8] for r in rows] == [["policy-a", "policy-b", "3", "0"]]
+    assert paired_table(evals, baseline=str(results / "policy-b-esconv"))[1][0][1] == "policy-a"
+    with pytest.raises(DataError, match="--baseline nobody"):
+        paired_table(evals, baseline="nobody")
+    html_path, md_path = build_report([results], tmp_path / "rep", baseline="policy-a")
+    assert "<h2>Paired comparison</h2>" in html_path.read_text()
+    assert "exact McNemar" in md_path.read_text()
