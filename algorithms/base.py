@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, aggregate
-from rapo_echo.types import Sample, SamplingParams, Scenario
+from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
 
 if TYPE_CHECKING:
     from rapo_echo.config import RunConfig
@@ -149,9 +149,9 @@ class Algorithm:
             for i, (sc, p, g) in enumerate(zip(scenarios, prompt_ids, gens))
         ]
 
-    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> dict[str, float]:
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> ValidationResult:
         """Validation metrics of the policy's greedy replies to held-out ``scenarios`` (``val/...``),
-        including :attr:`validation_key`."""
+        including :attr:`validation_key`, and that key's score per scenario."""
         raise NotImplementedError(f"{self.name} has no validation score")
 
     def advantages(self, rewards: Sequence[float | None], groups: Sequence[int]) -> list[float]:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from rapo_echo.algorithms.base import PG, Algorithm, Rollout, TrainItem
-from rapo_echo.types import Sample, SamplingParams, Scenario
+from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
 
 
 def reward_stats(samples: list[Sample], names: list[str]) -> dict[str, float]:
@@ -112,7 +112,7 @@ class GRPO(Algorithm):
 
     validation_key = "val/reward"
 
-    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> dict[str, float]:
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> ValidationResult:
         """The reward plugins' combined reward of the greedy replies (``val/reward``), per reward and
         the invalid count (``val/invalid``: replies no reward could score, left out of the mean)."""
         samples = self.greedy_replies(scenarios, max_new_tokens)
@@ -123,7 +123,7 @@ class GRPO(Algorithm):
             {"val/" + k: v for k, v in stats.items() if k.startswith("reward/") and k.endswith("/mean")}
         )
         out["val/reply_len"] = stats["reply_len/mean"]
-        return out
+        return ValidationResult(out, [s.reward for s in samples])
 
     @staticmethod
     def pg_items(samples: list[Sample], advantages: list[float]) -> list[TrainItem]:

@@ -25,7 +25,7 @@ from rapo_echo.judges.reactions import ReactionJudge
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
 from rapo_echo.simulators.base import Reaction, build_simulator, checked_reactions
-from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
+from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, ValidationResult, msg
 
 RANK = "rank"  # the name of the rank reward in Sample.rewards
 # The fields of ``rapo.simulator`` that configure the built-in ``reaction`` simulator.
@@ -310,13 +310,14 @@ class RAPO(GRPO):
 
     validation_key = "val/emotion_delta"
 
-    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> dict[str, float]:
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> ValidationResult:
         """The simulated person's mean emotion change after each greedy reply (``val/emotion_delta``;
         replies it could not react to are counted in ``val/invalid`` and left out), and the hidden-rule
         score where the simulator has one. Rank rewards are not used: they compare a group's replies."""
         samples = self.greedy_replies(scenarios, max_new_tokens)
         reactions = self.react([(s.scenario, s.text) for s in samples])
-        deltas = [r.emotion_delta for r in reactions if r.valid and r.emotion_delta is not None]
+        scores = [r.emotion_delta if r.valid else None for r in reactions]
+        deltas = [d for d in scores if d is not None]
         out = {
             "val/emotion_delta": statistics.fmean(deltas) if deltas else float("nan"),
             "val/invalid": float(len(samples) - len(deltas)),
@@ -327,7 +328,7 @@ class RAPO(GRPO):
             out["val/hidden_rule_score"] = statistics.fmean(
                 score(s.text, s.scenario.last_user_message()) for s in samples
             )
-        return out
+        return ValidationResult(out, scores)
 
     @staticmethod
     def _groups(samples: list[Sample]) -> list[list[int]]:

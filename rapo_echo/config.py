@@ -416,13 +416,16 @@ class ValidationConfig(Strict):
     """Held-out validation (``rapo_echo/validation.py``): greedy replies to ``data`` scored the way the run
     is rewarded (RAPO: the simulated person's emotion change; GRPO: the reward plugins), before the first
     step and after every checkpoint. ``keep_best``: ``final/`` is the best-validated model, the base (step
-    0) included, instead of the last step's."""
+    0) included, instead of the last step's. ``min_gain``: how many standard errors of the paired
+    per-scenario difference a step must gain over the best to replace it (``rapo_echo/validation.py``)."""
 
     data: str | None = None  # scenarios to validate on (a path or bundled:NAME); None: no validation
     format: Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage"] = "auto"
     limit: int | None = Field(None, ge=1)
     max_new_tokens: int | None = Field(None, ge=1)  # None: rollout.max_new_tokens
     keep_best: bool = False
+    # a step replaces the best when its paired gain over it exceeds min_gain standard errors (0: >= 0)
+    min_gain: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _best_needs_data(self) -> ValidationConfig:

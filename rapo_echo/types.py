@@ -118,6 +118,16 @@ class Sample:
         return self.reward is not None
 
 
+@dataclass
+class ValidationResult:
+    """A held-out validation of the policy (:meth:`Algorithm.validate`): ``metrics`` (``val/...``, the
+    run's validation key among them) and ``scores``, the per-context score of the key, one per held-out
+    scenario in order (None where the reply could not be scored); ``validation.min_gain`` pairs them."""
+
+    metrics: dict[str, float]
+    scores: list[float | None]
+
+
 def group_slices(groups: Sequence[int]) -> list[slice]:
     """Contiguous slices of equal group ids, in order (samples of a group are stored together)."""
     out: list[slice] = []

@@ -6,7 +6,14 @@ simulated person's emotion change, GRPO the reward plugins) before the first ste
 checkpoint, and appends one line per validation to ``validation.jsonl``. With ``validation.keep_best``
 the best-scoring weights so far live in ``best/`` (``best/best.json`` says which step; the base, step 0,
 counts), and ``final/`` is made from them: a run whose policy drifts ends no worse, on its validation
-set, than the best point it passed. A later step wins a tie.
+set, than the best point it passed.
+
+Which step is best: each validation scores every held-out scenario, and a new step is compared with the
+best so far on the scenarios both scored (paired): ``gain`` is the mean per-scenario difference and
+``gain_se`` its standard error, ``stdev(differences) / sqrt(n)``. With ``validation.min_gain = k`` (in
+standard errors) the new step becomes the best when ``gain > k * gain_se``; with ``k = 0`` (the default)
+when ``gain >= 0``, so a later step wins a tie. ``k > 0`` asks for evidence before a checkpoint replaces
+the best: on a small validation set a drifting policy can score a little higher by chance.
 
 Validation leaves the run's random state as it found it, so a run with validation trains the same
 steps as one without, and a resumed run the same as an uninterrupted one.
@@ -18,6 +25,7 @@ import json
 import logging
 import math
 import shutil
+import statistics
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +69,29 @@ def validation_scenarios(cfg: RunConfig, algo_cls: type[Algorithm]) -> list[Scen
     return scenarios
 
 
+def paired_gain(new: list[float | None], best: list[float | None]) -> tuple[float, float, int]:
+    """Mean and standard error of ``new - best`` over the scenarios both scored (neither None), and how
+    many that is: ``(nan, nan, 0)`` when none, standard error ``nan`` for one."""
+    if len(new) != len(best):
+        raise ValueError(f"paired_gain: {len(new)} scores against {len(best)}")
+    diffs = [a - b for a, b in zip(new, best) if a is not None and b is not None]
+    if not diffs:
+        return float("nan"), float("nan"), 0
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return statistics.fmean(diffs), se, len(diffs)
+
+
+def replaces_best(gain: float, se: float, min_gain: float) -> bool:
+    """Whether a step whose paired gain over the best is ``gain`` (standard error ``se``) becomes the
+    best: ``gain >= 0`` at ``min_gain = 0`` (a tie goes to the later step), else ``gain > min_gain * se``
+    (no decision without a standard error: fewer than two paired scenarios keep the best)."""
+    if not math.isfinite(gain):
+        return False
+    if min_gain == 0:
+        return gain >= 0
+    return math.isfinite(se) and gain > min_gain * se
+
+
 @contextmanager
 def random_state_kept(algorithm: Algorithm) -> Iterator[None]:
     """Run the body, then put back Python's, NumPy's and torch's random state and the algorithm's own
@@ -86,11 +117,13 @@ class Validator:
         self.key = algorithm.validation_key
         self.max_new_tokens = vc.max_new_tokens or cfg.rollout.max_new_tokens
         self.keep_best = vc.keep_best
+        self.min_gain = vc.min_gain
         self.file = run_dir / VALIDATION_FILE
         self.best_dir = run_dir / BEST_DIR
 
     def best(self) -> dict[str, Any] | None:
-        """``best/best.json`` (``step``, ``key``, ``value``), or None before the first validation."""
+        """``best/best.json`` (``step``, ``key``, ``value``, per-scenario ``scores``), or None before the
+        first validation."""
         path = self.best_dir / BEST_FILE
         return json.loads(path.read_text()) if path.is_file() else None
 
@@ -99,24 +132,50 @@ class Validator:
         return any(isinstance(r, dict) and r.get("step") == step for _, r in read_jsonl(self.file))
 
     def run(self, step: int) -> dict[str, float]:
-        """Validate the policy as it is after ``step`` steps; record it and, with ``keep_best``, save
-        its weights to ``best/`` when it scores at least as well as the best so far."""
+        """Validate the policy as it is after ``step`` steps; record it (its per-scenario scores too)
+        and, with ``keep_best``, save its weights to ``best/`` when it replaces the best so far (see the
+        module doc); returns the metrics, with the paired ``val/gain`` and ``val/gain_se`` over the best."""
         with random_state_kept(self.algorithm), torch.no_grad():
-            metrics = self.algorithm.validate(self.scenarios, self.max_new_tokens)
+            result = self.algorithm.validate(self.scenarios, self.max_new_tokens)
         self.policy.take_truncations()  # validation prompts are not the run's
-        append_jsonl(self.file, [{"step": step, **metrics}])
+        metrics, scores = dict(result.metrics), list(result.scores)
+        if len(scores) != len(self.scenarios):
+            raise ValueError(
+                f"{type(self.algorithm).__name__}.validate gave {len(scores)} scores for "
+                f"{len(self.scenarios)} held-out scenarios"
+            )
         value = metrics.get(self.key, float("nan"))
-        log.info("validation after step %d: %s = %.4f", step, self.key, value)
         best = self.best()
-        if self.keep_best and math.isfinite(value) and (best is None or value >= best["value"]):
-            self._save_best(step, value)
+        replace = best is None and math.isfinite(value)
+        if best is not None:
+            gain, se = self._gain(scores, value, best)
+            metrics.update({"val/gain": gain, "val/gain_se": se})
+            replace = replaces_best(gain, se, self.min_gain)
+            log.info(
+                "validation after step %d: %s = %.4f, %+.4f (standard error %.4f) over step %d",
+                step, self.key, value, gain, se, best["step"],
+            )  # fmt: skip
+        else:
+            log.info("validation after step %d: %s = %.4f", step, self.key, value)
+        append_jsonl(self.file, [{"step": step, **metrics, "scores": scores}])
+        if self.keep_best and replace:
+            self._save_best(step, value, scores)
         return metrics
 
-    def _save_best(self, step: int, value: float) -> None:
+    def _gain(self, scores: list[float | None], value: float, best: dict[str, Any]) -> tuple[float, float]:
+        """The paired gain of ``scores`` over the best and its standard error; a best saved without
+        per-scenario scores (by an older version) is compared by its mean, with no standard error."""
+        if "scores" not in best:
+            return value - best["value"], float("nan")
+        gain, se, _ = paired_gain(scores, best["scores"])
+        return gain, se
+
+    def _save_best(self, step: int, value: float, scores: list[float | None]) -> None:
         tmp = self.best_dir.with_name(BEST_DIR + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         self.policy.save(tmp, merged=False)
-        (tmp / BEST_FILE).write_text(json.dumps({"step": step, "key": self.key, "value": value}) + "\n")
+        best = {"step": step, "key": self.key, "value": value, "scores": scores}
+        (tmp / BEST_FILE).write_text(json.dumps(best) + "\n")
         replace_dir(tmp, self.best_dir)
 
     def resumed_at(self, step: int) -> None:

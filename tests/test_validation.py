@@ -4,7 +4,9 @@ was, and that ``keep_best`` makes ``final/`` the best-validated model, the base 
 from __future__ import annotations
 
 import json
+import math
 import random
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,8 @@ from rapo_echo.errors import ConfigError
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
 from rapo_echo.trainer import Trainer
-from rapo_echo.types import Generation, Scenario, msg
-from rapo_echo.validation import validation_scenarios
+from rapo_echo.types import Generation, Scenario, ValidationResult, msg
+from rapo_echo.validation import paired_gain, replaces_best, validation_scenarios
 from tests.test_hidden_preference import COLD, SELF, WARM, reactions_rapo
 from tests.test_trainer import cfg_for, metrics
 
@@ -29,6 +31,12 @@ HELD_OUT = [
     "validation.limit=3",
     "validation.max_new_tokens=4",
 ]
+
+
+def given_scores(scores: list[float | None]) -> ValidationResult:
+    """A validation with these per-scenario scores (``val/reward``: the mean of those not None)."""
+    valid = [x for x in scores if x is not None]
+    return ValidationResult({"val/reward": statistics.fmean(valid) if valid else math.nan}, list(scores))
 
 
 def lines(run: Path) -> list[dict]:
@@ -62,7 +70,9 @@ def test_rapo_validates_by_the_persons_emotion_change(tiny_folder: Path) -> None
         Scenario("a", [msg("user", "My gran died.")], profile={"emotion_type": "sadness"}),
         Scenario("b", [msg("user", "I lost my job.")], profile={"emotion_type": "fear"}),
     ]
-    out = algo.validate(held_out, max_new_tokens=7)
+    result = algo.validate(held_out, max_new_tokens=7)
+    out = result.metrics
+    assert result.scores == [10.0, -5.0]  # per scenario, in order
     # default rules: WARM reflects + asks (+10), SELF talks about itself (score 0.25: -5)
     assert out["val/emotion_delta"] == pytest.approx((10.0 - 5.0) / 2)
     assert out["val/hidden_rule_score"] == pytest.approx((1.0 + 0.25) / 2)
@@ -78,7 +88,9 @@ def test_grpo_validates_by_its_rewards(tiny_folder: Path, tmp_path: Path) -> Non
     rewards = RewardSet.from_specs(cfg.rewards, None)
     algo = GRPO(cfg, AlgoContext(policy, rewards, None, None))
     held_out = [Scenario("a", [msg("user", "My gran died.")]), Scenario("b", [msg("user", "I lost my job.")])]
-    out = algo.validate(held_out, max_new_tokens=5)
+    result = algo.validate(held_out, max_new_tokens=5)
+    out = result.metrics
+    assert statistics.fmean(result.scores) == pytest.approx(out["val/reward"])
     by_name = {n: out[f"val/reward/{n}/mean"] for n in rewards.names}
     # the combined reward is the weighted sum (question weight 0.5), averaged over the two replies
     assert out["val/reward"] == pytest.approx(by_name["length"] + 0.5 * by_name["question"])
@@ -118,7 +130,13 @@ def test_validation_leaves_training_as_it_was_and_keeps_the_best(
     top = max(r["val/reward"] for r in rows)
     expected = max(r["step"] for r in rows if r["val/reward"] == top)  # a later step wins a tie
     best = json.loads((validated / "best" / "best.json").read_text())
-    assert best == {"step": expected, "key": "val/reward", "value": top}
+    assert {k: best[k] for k in ("step", "key", "value")} == {
+        "step": expected,
+        "key": "val/reward",
+        "value": top,
+    }
+    assert best["scores"] == next(r["scores"] for r in rows if r["step"] == expected)
+    assert statistics.fmean(best["scores"]) == pytest.approx(top)
     assert json.loads((validated / "final" / "best.json").read_text()) == best
 
 
@@ -137,7 +155,7 @@ def test_keep_best_final_is_the_best_validated_weights(
     from transformers import AutoModelForCausalLM
 
     given = iter(scores)
-    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: {"val/reward": next(given)})
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: given_scores([next(given)] * len(sc)))
     run = tmp_path / "run"
     extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", "train.keep_checkpoints=5"]
     trainer = Trainer(cfg_for(tiny_folder, run, *extra, *HELD_OUT, "validation.keep_best=true"))
@@ -193,3 +211,86 @@ def test_report_shows_the_held_out_scores_and_the_kept_step(tmp_path: Path) -> N
     header, table = validation_table([SimpleNamespace(path=run, rows=[]), plain])
     assert header[-1] == "final/ holds step"
     assert table == [["quickstart", "val/emotion_delta: 0: 1.5, 4: 2.25, 8: –", "4"]]
+
+
+def test_paired_gain_by_hand() -> None:
+    # scenarios 0 and 1 scored in both: differences 2 and -1, mean 0.5, stdev sqrt(4.5), se sqrt(4.5)/sqrt(2)
+    gain, se, n = paired_gain([3.0, 1.0, None, 4.0], [1.0, 2.0, 5.0, None])
+    assert (gain, se, n) == (pytest.approx(0.5), pytest.approx(1.5), 2)
+    # differences 1, -1, 1.3: mean 0.4333, stdev sqrt(3.12667 / 2) = 1.25033, se 0.72188
+    gain, se, n = paired_gain([2.0, 0.0, 2.3], [1.0, 1.0, 1.0])
+    assert (gain, se, n) == (pytest.approx(1.3 / 3), pytest.approx(0.721880, abs=1e-6), 3)
+    gain, se, n = paired_gain([2.0, None], [1.0, 1.0])
+    assert (gain, n) == (1.0, 1) and math.isnan(se)
+    gain, se, n = paired_gain([None], [1.0])
+    assert n == 0 and math.isnan(gain) and math.isnan(se)
+    with pytest.raises(ValueError, match="2 scores against 3"):
+        paired_gain([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_replaces_best_rule() -> None:
+    assert replaces_best(0.0, 0.5, 0.0)  # min_gain 0: a tie goes to the later step
+    assert not replaces_best(-0.01, 0.0, 0.0)
+    assert replaces_best(0.43, math.nan, 0.0)  # no standard error needed at 0
+    assert not replaces_best(0.4333, 0.7219, 1.0)  # within one standard error
+    assert replaces_best(0.8, 0.7219, 1.0) and not replaces_best(0.8, 0.7219, 1.5)
+    assert replaces_best(1.0, 0.0, 1.0) and not replaces_best(0.0, 0.0, 1.0)  # every scenario the same change
+    assert not replaces_best(5.0, math.nan, 1.0)  # one paired scenario: no evidence
+    assert not replaces_best(math.nan, math.nan, 0.0)
+    with pytest.raises(ConfigError, match="min_gain"):
+        load_config(overrides=["validation.min_gain=-1"])
+
+
+@pytest.mark.parametrize(
+    ("min_gain", "steps", "best_step"),
+    [
+        # step 1 gains 0.433 (se 0.722) over the base; step 2 gains 1 on every scenario; step 3 ties step 2
+        (0.0, [[1, 1, 1], [2, 0, 2.3], [2, 2, 2], [2, 2, None]], 3),
+        (1.0, [[1, 1, 1], [2, 0, 2.3], [2, 2, 2], [2, 2, None]], 2),
+        # noisy gains of 0.433 (se 0.722) and 0.167 (se 0.601), then one paired scenario: the base stays
+        (1.0, [[1, 1, 1], [2, 0, 2.3], [0, 2, 1.5], [None, None, 5]], 0),
+    ],
+)
+def test_min_gain_asks_for_a_gain_beyond_chance(
+    tmp_path: Path,
+    tiny_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    min_gain: float,
+    steps: list[list[float | None]],
+    best_step: int,
+) -> None:
+    given = iter(steps)
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: given_scores(next(given)))
+    run = tmp_path / "run"
+    extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", *HELD_OUT]
+    trainer = Trainer(
+        cfg_for(tiny_folder, run, *extra, "validation.keep_best=true", f"validation.min_gain={min_gain}")
+    )
+    trainer.train()
+    rows = lines(run)
+    assert [r["scores"] for r in rows] == steps
+    assert "val/gain" not in rows[0]  # nothing to compare the base with
+    assert rows[1]["val/gain"] == pytest.approx(1.3 / 3) and rows[1]["val/gain_se"] == pytest.approx(
+        0.72188, abs=1e-5
+    )
+    best = json.loads((run / "final" / "best.json").read_text())
+    assert (best["step"], best["scores"]) == (best_step, steps[best_step])
+    assert trainer.best_step == (None if best_step == 3 else best_step)  # None: final/ is the last step
+
+
+def test_a_best_saved_without_scores_is_compared_by_its_mean(
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run resumed from a best.json of an older version (no per-scenario scores)."""
+    given = iter([[1, 1, 1], [2, 2, 2]])
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: given_scores(next(given)))
+    run = tmp_path / "run"
+    extra = ["model.lora.enabled=true", "train.save_every=1", *HELD_OUT, "validation.keep_best=true"]
+    Trainer(cfg_for(tiny_folder, run, "train.max_steps=1", *extra)).train()
+    path = run / "best" / "best.json"
+    path.write_text(json.dumps({"step": 1, "key": "val/reward", "value": 1.5}))
+    given = iter([[1.25, 1.25, 1.25]])
+    Trainer(cfg_for(tiny_folder, run, "train.max_steps=2", *extra), resume=True).train()
+    row = lines(run)[-1]
+    assert row["step"] == 2 and row["val/gain"] == pytest.approx(-0.25) and math.isnan(row["val/gain_se"])
+    assert json.loads(path.read_text())["step"] == 1
