@@ -98,7 +98,8 @@ def summary_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
 
 def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] | None:
     """One row per run that validated on held-out scenarios (``validation.jsonl``): each validated step's
-    score, and the step ``final/`` holds under ``validation.keep_best``; None when no run validated."""
+    score, its paired gain over the best before it (``val/gain`` ± ``val/gain_se``), and the step
+    ``final/`` holds under ``validation.keep_best``; None when no run validated."""
     from rapo_echo.validation import BEST_FILE, VALIDATION_FILE
 
     rows = []
@@ -115,12 +116,18 @@ def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] |
         scores = "; ".join(
             f"{k}: " + ", ".join(f"{r['step']}: {_num(r.get(k))}" for r in lines) for k in keys
         )
+        gains = ", ".join(
+            f"{r['step']}: {_num(r['val/gain'])} ± {_num(r.get('val/gain_se'))}"
+            for r in lines
+            if "val/gain" in r
+        )
         best = run.path / "final" / BEST_FILE
         kept = str(json.loads(best.read_text())["step"]) if best.is_file() else "last (keep_best off)"
-        rows.append([run.path.name, scores, kept])
+        rows.append([run.path.name, scores, gains or "–", kept])
     if not rows:
         return None
-    return ["run", "held-out score by step (step: value)", "final/ holds step"], rows
+    header = ["run", "held-out score by step (step: value)", "gain over the best before it (step: gain ± se)"]
+    return [*header, "final/ holds step"], rows
 
 
 def read_samples(run_dir: Path, *, last_steps: int = 1) -> list[dict[str, Any]]:

@@ -201,7 +201,11 @@ def test_report_shows_the_held_out_scores_and_the_kept_step(tmp_path: Path) -> N
 
     run = tmp_path / "quickstart"
     (run / "final").mkdir(parents=True)
-    rows = [{"step": 0, "val/emotion_delta": 1.5}, {"step": 4, "val/emotion_delta": 2.25}, {"step": 8}]
+    rows = [
+        {"step": 0, "val/emotion_delta": 1.5},
+        {"step": 4, "val/emotion_delta": 2.25, "val/gain": 0.75, "val/gain_se": 0.5},
+        {"step": 8, "val/gain": -0.125, "val/gain_se": float("nan")},
+    ]
     (run / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "final" / "best.json").write_text(
         json.dumps({"step": 4, "key": "val/emotion_delta", "value": 2.25})
@@ -210,7 +214,9 @@ def test_report_shows_the_held_out_scores_and_the_kept_step(tmp_path: Path) -> N
     assert validation_table([plain]) is None
     header, table = validation_table([SimpleNamespace(path=run, rows=[]), plain])
     assert header[-1] == "final/ holds step"
-    assert table == [["quickstart", "val/emotion_delta: 0: 1.5, 4: 2.25, 8: –", "4"]]
+    assert table == [
+        ["quickstart", "val/emotion_delta: 0: 1.5, 4: 2.25, 8: –", "4: 0.75 ± 0.5, 8: -0.125 ± –", "4"]
+    ]
 
 
 def test_paired_gain_by_hand() -> None:
