@@ -511,6 +511,7 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     assert cfg.validation.keep_best and cfg.train.max_steps % cfg.train.save_every == 0
+    assert cfg.validation.min_gain == 1.0  # a checkpoint must beat the best beyond one standard error
     held_out = validation_scenarios(cfg, RAPO)
     trained = load_scenarios(cfg.data.path)
     said = {m["content"] for s in trained for m in s.messages}
