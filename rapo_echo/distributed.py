@@ -34,6 +34,42 @@ def accelerator_kwargs(device: str) -> dict[str, Any]:
     return {"cpu": device == "cpu" or (device == "auto" and not cuda)}
 
 
+# Modules whose functions take the default process group as a default argument (``group=group.WORLD``
+# in torch.distributed.nn.functional, ZeroRedundancyOptimizer, ShardedGradScaler, DeepSpeed's torch
+# backend). The default is evaluated when the module is imported: imported after the group exists (the
+# optimizer's first use imports torch.distributed.nn through torch._dynamo; saving a model can import
+# DeepSpeed), the module holds the group for good, ``destroy_process_group`` cannot free it, and its gloo
+# threads still run when the interpreter exits, which now and then aborts a rank (SIGABRT, "terminate
+# called without an active exception") after a run that succeeded.
+GROUP_CAPTURING_MODULES = (
+    "torch.distributed.nn",
+    "torch.distributed.optim",
+    "torch.distributed.fsdp",
+    "deepspeed.comm.torch",
+)
+
+
+def import_group_capturing_modules() -> list[str]:
+    """Import :data:`GROUP_CAPTURING_MODULES` before the process group is created (those installed);
+    a no-op in a process no launcher started. Returns the modules imported now."""
+    import importlib
+    import os
+    import sys
+
+    if "WORLD_SIZE" not in os.environ:
+        return []
+    done = []
+    for name in GROUP_CAPTURING_MODULES:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:  # DeepSpeed is optional
+            continue
+        done.append(name)
+    return done
+
+
 def end_process_group() -> None:
     """Tear down the default process group of a distributed run, as ``Accelerator.end_training`` does
     (a no-op in a single process). Left alive, its gloo threads meet the interpreter's exit: a rank

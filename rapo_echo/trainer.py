@@ -48,6 +48,7 @@ from rapo_echo.distributed import (
     configure_deepspeed,
     end_process_group,
     gathered_for_generation,
+    import_group_capturing_modules,
     is_deepspeed,
     mark_last_micro_batch,
     zero_stage,
@@ -140,6 +141,7 @@ class Trainer:
         self.stop = _StopFlag()
         from accelerate import Accelerator
 
+        import_group_capturing_modules()  # before Accelerator creates the process group
         self.accelerator = Accelerator(**accelerator_kwargs(cfg.model.device))
         self.is_main = self.accelerator.is_main_process
         if self.is_main:  # a bad --output fails now, not after the model has loaded

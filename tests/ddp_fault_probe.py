@@ -1,11 +1,14 @@
 """``rapo-echo train`` under torchrun with a fault injected: the loss of rank 0 is non-finite in step
 ``PROBE_NAN_STEP`` (1-based); exits non-zero when the process group is still alive after the run
-returned. Used by the DDP test in tests/test_training_math.py."""
+returned, or when its gloo threads still run (a module held the group past ``destroy_process_group``:
+see ``GROUP_CAPTURING_MODULES`` in rapo_echo/distributed.py). Used by the DDP test in
+tests/test_training_math.py."""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.cli import main
@@ -26,10 +29,24 @@ def loss(self, *args):
 
 GRPO.rollout, GRPO.loss = rollout, loss
 
+
+def gloo_threads() -> list[str]:
+    """The names of this process's gloo threads (Linux: /proc/self/task; none elsewhere)."""
+    names = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(n for n in names if "gloo" in n)
+
+
 if __name__ == "__main__":
     code = main(sys.argv[1:])
     import torch.distributed as dist
 
     if dist.is_initialized():  # its gloo threads would meet the interpreter's exit (a rank could abort)
         sys.exit("the process group is still alive after rapo-echo train returned")
+    if gloo_threads():  # they would meet the interpreter's exit just the same
+        sys.exit(f"gloo threads still run after the process group was destroyed: {gloo_threads()}")
     sys.exit(code)

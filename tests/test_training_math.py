@@ -102,7 +102,9 @@ def test_ddp_ranks_with_nothing_to_train_and_a_nonfinite_loss_do_not_hang(
     there are more mini-batches than items (one is empty on both ranks); in step 2 rank 0's loss is
     non-finite. Every rank must still join every collective: the run finishes, step 2 is skipped on
     both ranks, and the replicas stay identical (checked at every checkpoint). The probe also checks that
-    each rank's process group is torn down once the run returns."""
+    each rank's process group is torn down once the run returns, its gloo threads included (a module that
+    captured the group at import kept them running into the interpreter's exit: a rank aborted now and
+    then, once in CI)."""
     from tests.launch import run_processes, torchrun
 
     run = tmp_path / "run"
