@@ -129,6 +129,8 @@ class Algorithm:
     # The score held-out validation ranks checkpoints by (higher is better; see rapo_echo/validation.py);
     # None: this algorithm has no single-reply score to validate with.
     validation_key: str | None = None
+    # whether :meth:`validate` can play held-out contexts on as dialogues (``validation.turns`` > 1)
+    validation_dialogues: bool = False
 
     def greedy_replies(self, scenarios: list[Scenario], max_new_tokens: int) -> list[Sample]:
         """One greedy reply per scenario, as the policy is used after training."""
@@ -149,9 +151,10 @@ class Algorithm:
             for i, (sc, p, g) in enumerate(zip(scenarios, prompt_ids, gens))
         ]
 
-    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> ValidationResult:
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int, turns: int = 1) -> ValidationResult:
         """Validation metrics of the policy's greedy replies to held-out ``scenarios`` (``val/...``),
-        including :attr:`validation_key`, and that key's score per scenario."""
+        including :attr:`validation_key`, and that key's score per scenario; ``turns`` > 1 (only where
+        :attr:`validation_dialogues`): each scenario is played on for that many replies."""
         raise NotImplementedError(f"{self.name} has no validation score")
 
     def advantages(self, rewards: Sequence[float | None], groups: Sequence[int]) -> list[float]:

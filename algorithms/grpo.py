@@ -112,9 +112,10 @@ class GRPO(Algorithm):
 
     validation_key = "val/reward"
 
-    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> ValidationResult:
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int, turns: int = 1) -> ValidationResult:
         """The reward plugins' combined reward of the greedy replies (``val/reward``), per reward and
-        the invalid count (``val/invalid``: replies no reward could score, left out of the mean)."""
+        the invalid count (``val/invalid``: replies no reward could score, left out of the mean). Single
+        replies only (``turns`` is 1: there is no simulated person to answer them)."""
         samples = self.greedy_replies(scenarios, max_new_tokens)
         self.ctx.rewards.score(samples)
         stats = reward_stats(samples, self.ctx.rewards.names)

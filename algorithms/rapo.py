@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -309,25 +309,54 @@ class RAPO(GRPO):
         return Rollout(samples, items, metrics, timings, {"reactions": reactions, "corrections": corrections})
 
     validation_key = "val/emotion_delta"
+    validation_dialogues = True
 
-    def validate(self, scenarios: list[Scenario], max_new_tokens: int) -> ValidationResult:
-        """The simulated person's mean emotion change after each greedy reply (``val/emotion_delta``;
-        replies it could not react to are counted in ``val/invalid`` and left out), and the hidden-rule
-        score where the simulator has one. Rank rewards are not used: they compare a group's replies."""
-        samples = self.greedy_replies(scenarios, max_new_tokens)
-        reactions = self.react([(s.scenario, s.text) for s in samples])
-        scores = [r.emotion_delta if r.valid else None for r in reactions]
-        deltas = [d for d in scores if d is not None]
-        out = {
-            "val/emotion_delta": statistics.fmean(deltas) if deltas else float("nan"),
-            "val/invalid": float(len(samples) - len(deltas)),
-            "val/reply_len": statistics.fmean(len(s.completion_ids) for s in samples),
-        }
+    def validate(self, scenarios: list[Scenario], max_new_tokens: int, turns: int = 1) -> ValidationResult:
+        """The simulated person's emotion change after each greedy reply (``val/emotion_delta``: the mean
+        over the scenarios of each one's score), and the hidden-rule score where the simulator has one.
+        With ``turns`` > 1 each scenario is played on as a dialogue: the person's reaction becomes their
+        next message and the policy replies again, ``turns`` replies in all, so a reply repeated turn
+        after turn costs what the person makes of it; a scenario's score is the mean emotion change over
+        its replies. A dialogue ends early at a reaction the simulator could not give (counted in
+        ``val/invalid``) or an empty next message; a scenario with no valid reaction has no score (None).
+        Rank rewards are not used: they compare a group's replies."""
+        current = list(scenarios)
+        deltas: list[list[float]] = [[] for _ in scenarios]
+        live = list(range(len(scenarios)))
+        invalid, lengths, hidden = 0, [], []
         score = getattr(self.simulator, "hidden_rule_score", None)
-        if callable(score):
-            out["val/hidden_rule_score"] = statistics.fmean(
-                score(s.text, s.scenario.last_user_message()) for s in samples
-            )
+        for _ in range(turns):
+            samples = self.greedy_replies([current[i] for i in live], max_new_tokens)
+            reactions = self.react([(s.scenario, s.text) for s in samples])
+            going = []
+            for i, s, r in zip(live, samples, reactions):
+                lengths.append(len(s.completion_ids))
+                if callable(score):
+                    hidden.append(
+                        score(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies())
+                    )
+                if not r.valid or r.emotion_delta is None:
+                    invalid += 1
+                    continue
+                deltas[i].append(r.emotion_delta)
+                if r.message.strip():
+                    said = [msg("assistant", s.text), msg("user", r.message)]
+                    current[i] = replace(current[i], messages=[*current[i].messages, *said])
+                    going.append(i)
+            live = going
+            if not live:
+                break
+        scores = [statistics.fmean(d) if d else None for d in deltas]
+        valid = [d for d in scores if d is not None]
+        out = {
+            "val/emotion_delta": statistics.fmean(valid) if valid else float("nan"),
+            "val/invalid": float(invalid),
+            "val/reply_len": statistics.fmean(lengths) if lengths else float("nan"),
+        }
+        if turns > 1:
+            out["val/turns"] = statistics.fmean(len(d) for d in deltas)
+        if hidden:
+            out["val/hidden_rule_score"] = statistics.fmean(hidden)
         return ValidationResult(out, scores)
 
     @staticmethod
@@ -709,7 +738,7 @@ class RAPO(GRPO):
             # a simulator with a known ground truth: how well the replies follow its hidden rule (given
             # what the person said last, for rules that read it)
             out["sim/hidden_rule_score"] = statistics.fmean(
-                score(s.text, s.scenario.last_user_message()) for s in samples
+                score(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies()) for s in samples
             )
         return out
 

@@ -417,15 +417,19 @@ class ValidationConfig(Strict):
     is rewarded (RAPO: the simulated person's emotion change; GRPO: the reward plugins), before the first
     step and after every checkpoint. ``keep_best``: ``final/`` is the best-validated model, the base (step
     0) included, instead of the last step's. ``min_gain``: how many standard errors of the paired
-    per-scenario difference a step must gain over the best to replace it (``rapo_echo/validation.py``)."""
+    per-scenario difference a step must gain over the best to replace it (``rapo_echo/validation.py``).
+    ``turns``: how many replies each held-out context is played on for (RAPO: the simulated person's
+    reaction is their next message; a context scores the mean emotion change over its replies)."""
 
-    data: str | None = None  # scenarios to validate on (a path or bundled:NAME); None: no validation
+    # scenarios to validate on (a path or bundled:NAME, or a list of them); None: no validation
+    data: str | list[str] | None = None
     format: Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage"] = "auto"
     limit: int | None = Field(None, ge=1)
     max_new_tokens: int | None = Field(None, ge=1)  # None: rollout.max_new_tokens
     keep_best: bool = False
     # a step replaces the best when its paired gain over it exceeds min_gain standard errors (0: >= 0)
     min_gain: float = Field(0.0, ge=0)
+    turns: int = Field(1, ge=1)  # replies per held-out dialogue (> 1: RAPO only)
 
     @model_validator(mode="after")
     def _best_needs_data(self) -> ValidationConfig:

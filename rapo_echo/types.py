@@ -95,6 +95,10 @@ class Scenario:
         """The content of the last user message, or '' when there is none."""
         return last_user_message(self.messages)
 
+    def assistant_replies(self) -> list[str]:
+        """The contents of the assistant (supporter) turns so far, oldest first."""
+        return [str(m.get("content", "")) for m in self.messages if m.get("role") == "assistant"]
+
 
 @dataclass
 class Sample:

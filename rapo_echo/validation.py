@@ -63,7 +63,13 @@ def validation_scenarios(cfg: RunConfig, algo_cls: type[Algorithm]) -> list[Scen
             f"validation.data: --algo {cfg.algo} has no single-reply score to validate with (validation "
             "works with rapo and grpo); remove validation.data"
         )
-    scenarios = load_scenarios(vc.data, vc.format, limit=vc.limit)
+    if vc.turns > 1 and not algo_cls.validation_dialogues:
+        raise ConfigError(
+            f"validation.turns: --algo {cfg.algo} validates single replies (it has no simulated person "
+            "to answer them); set validation.turns: 1"
+        )
+    sources = [vc.data] if isinstance(vc.data, str) else list(vc.data)
+    scenarios = [s for src in sources for s in load_scenarios(src, vc.format)][: vc.limit]
     if not scenarios:
         raise ConfigError(f"validation.data: {vc.data} holds no scenarios")
     return scenarios
@@ -116,6 +122,7 @@ class Validator:
         self.policy = policy
         self.key = algorithm.validation_key
         self.max_new_tokens = vc.max_new_tokens or cfg.rollout.max_new_tokens
+        self.turns = vc.turns
         self.keep_best = vc.keep_best
         self.min_gain = vc.min_gain
         self.file = run_dir / VALIDATION_FILE
@@ -136,7 +143,7 @@ class Validator:
         and, with ``keep_best``, save its weights to ``best/`` when it replaces the best so far (see the
         module doc); returns the metrics, with the paired ``val/gain`` and ``val/gain_se`` over the best."""
         with random_state_kept(self.algorithm), torch.no_grad():
-            result = self.algorithm.validate(self.scenarios, self.max_new_tokens)
+            result = self.algorithm.validate(self.scenarios, self.max_new_tokens, self.turns)
         self.policy.take_truncations()  # validation prompts are not the run's
         metrics, scores = dict(result.metrics), list(result.scores)
         if len(scores) != len(self.scenarios):

@@ -19,7 +19,7 @@ use ``{emotion}`` (the profile's ``emotion_type`` as an adjective) and ``{proble
 them; each rule is a mapping::
 
     {detect: reflects_feeling | open_question | advice_first | self_talk | repeats_itself |
-             meta_talk | picks_up_details | parrots | restates | pattern,
+             meta_talk | picks_up_details | parrots | restates | repeats_earlier | pattern,
      weight: 1.0, pattern: REGEX (detect: pattern), where: reply | first_sentence (pattern),
      said: [lines], thought: [lines]}
 
@@ -29,10 +29,12 @@ replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``)
 ``{detect: picks_up_details, weight: 2}`` (warmer when the reply takes up something they said),
 ``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row),
 ``{detect: meta_talk, weight: -3}`` (confused when the reply talks about "your message", a rewritten
-version, suggested edits or a listener instead of to them) and ``{detect: restates, weight: -3}`` (put
-off when it tells them their own story back). ``picks_up_details``, ``parrots`` and ``restates`` read
-the context: they compare the reply with the person's last message (``heard``), so the score functions
-take that message too. With a ``parrots`` rule the other rules (save ``restates``) judge only the reply's
+version, suggested edits, grammar or a listener instead of to them), ``{detect: restates, weight: -3}``
+(put off when it tells them their own story back) and ``{detect: repeats_earlier, weight: -3}`` (put
+off when the supporter says again what they said in an earlier turn). ``picks_up_details``, ``parrots``
+and ``restates`` read the context: they compare the reply with the person's last message (``heard``),
+and ``repeats_earlier`` with the supporter's earlier turns (``earlier``), so the score functions take
+those too. With a ``parrots`` rule the other rules (save ``restates``) judge only the reply's
 own words (what it copied is cut out first): otherwise a reply that quotes the person's message back
 would earn the credit of the feeling, question and details in it.
 """
@@ -83,7 +85,7 @@ META_TALK = re.compile(
     r"\b(rewrit\w*|revised (?:version|text)|rephras\w*|paraphras\w*|the user|listener|"
     r"your (?:message|text|sentence|post|response|reply)|(?:respond|reply) to the person|"
     r"(?:the )?original (?:text|message|sentence)|the (?:revised|edited|above) text|"
-    r"(?:clarity|grammar) and (?:clarity|grammar)|"
+    r"grammar(?! schools?)|punctuation|spelling|typos?|what you(?:'re| are) asking|"
     r"suggested (?:edits?|changes?|adjustments?)|minor (?:edits?|adjustments?)|this alternative|"
     r"here's (?:a|an|my|the) (?:\w+ ){0,2}(?:version|response|reply|alternative|text))\b",
     re.I,
@@ -138,9 +140,11 @@ def self_talk(reply: str) -> bool:
 
 def meta_talk(reply: str) -> bool:
     """The reply talks about the conversation as a text or a task instead of to the person: a rewritten
-    or revised version, "your message", "the user", a listener, "respond to the person" (a small policy
-    drifts into its system prompt or a rewrite request: "You're a warm, emotionally supportive
-    listener. Respond to the person ...")."""
+    or revised version, "your message", "the user", a listener, "respond to the person", grammar,
+    punctuation or spelling, "what you're asking" (a small policy drifts into its system prompt or a
+    rewrite request: "You're a warm, emotionally supportive listener. Respond to the person ...", or
+    answers a bare topic like "finals" as if asked to edit it: "Please ensure that you use the correct
+    grammar and punctuation.")."""
     return META_TALK.search(reply) is not None
 
 
@@ -151,6 +155,26 @@ def repeats_itself(reply: str) -> bool:
     """Some run of ``REPEAT_NGRAM`` (4) words occurs twice (case and punctuation ignored): the reply
     says the same thing again ("I'm so sorry to hear that. I'm so sorry to hear ...")."""
     return repeated_ngram_fraction(WORD.findall(reply.lower()), REPEAT_NGRAM) > 0
+
+
+REPEAT_EARLIER_NGRAM = 6
+
+
+def repeats_earlier(reply: str, earlier: Sequence[str]) -> bool:
+    """The reply says again what the supporter said before in this dialogue (``earlier``: their previous
+    turns): it shares a run of ``REPEAT_EARLIER_NGRAM`` (6) words with one of them, or it is one of them
+    (shorter replies; case and punctuation ignored). A policy that answers every turn the same way
+    ("I'm sorry for your loss." four times) is caught on the second turn."""
+    mine = WORD.findall(reply.lower())
+    if not mine:
+        return False
+    n = REPEAT_EARLIER_NGRAM
+    grams = {tuple(mine[i : i + n]) for i in range(len(mine) - n + 1)}
+    for turn in earlier:
+        theirs = WORD.findall(turn.lower())
+        if theirs == mine or any(tuple(theirs[i : i + n]) in grams for i in range(len(theirs) - n + 1)):
+            return True
+    return False
 
 
 STOPWORD_TEXT = (
@@ -256,8 +280,10 @@ HEARD_DETECTORS: dict[str, Callable[[str, str], bool]] = {
     "parrots": parrots,
     "restates": restates,
 }
+# detectors that read the supporter's earlier turns in the dialogue (``earlier``)
+EARLIER_DETECTORS: dict[str, Callable[[str, Sequence[str]], bool]] = {"repeats_earlier": repeats_earlier}
 # the detectors that judge what a reply copied: they see the whole reply, the others its own words
-COPY_DETECTORS = frozenset({"parrots", "restates"})
+COPY_DETECTORS = frozenset({"parrots", "restates", "repeats_earlier"})
 
 DEFAULT_RULES: list[dict[str, Any]] = [
     {
@@ -321,6 +347,12 @@ RESTATE_RULE: dict[str, Any] = {
     "said": ["I know. That's what I told you.", "Right... and?"],
     "thought": ["They just told me my own story back.", "They are not adding anything, only restating me."],
 }
+REPEAT_EARLIER_RULE: dict[str, Any] = {
+    "detect": "repeats_earlier",
+    "weight": -1.0,
+    "said": ["You already said that.", "That's the same thing you said before."],
+    "thought": ["They are saying the same thing every time.", "It's like they are not hearing anything new."],
+}
 META_RULE: dict[str, Any] = {
     "detect": "meta_talk",
     "weight": -1.0,
@@ -329,7 +361,15 @@ META_RULE: dict[str, Any] = {
 }
 DETECTOR_LINES: dict[str, dict[str, list[str]]] = {
     r["detect"]: {"said": r["said"], "thought": r["thought"]}
-    for r in [*DEFAULT_RULES, REPEAT_RULE, DETAILS_RULE, PARROT_RULE, RESTATE_RULE, META_RULE]
+    for r in [
+        *DEFAULT_RULES,
+        REPEAT_RULE,
+        DETAILS_RULE,
+        PARROT_RULE,
+        RESTATE_RULE,
+        META_RULE,
+        REPEAT_EARLIER_RULE,
+    ]
 }
 DEFAULT_NEUTRAL: dict[str, list[str]] = {
     "said": ["I guess.", "Yeah. Maybe."],
@@ -348,10 +388,13 @@ class Rule:
     pattern: re.Pattern[str] | None = None
     where: str = "reply"
 
-    def fires(self, reply: str, heard: str = "") -> bool:
-        """Whether the rule fires on ``reply``; ``heard`` is the person's last message."""
+    def fires(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> bool:
+        """Whether the rule fires on ``reply``; ``heard`` is the person's last message, ``earlier`` the
+        supporter's previous turns."""
         if self.detect in HEARD_DETECTORS:
             return HEARD_DETECTORS[self.detect](reply, heard)
+        if self.detect in EARLIER_DETECTORS:
+            return EARLIER_DETECTORS[self.detect](reply, earlier)
         if self.pattern is None:
             return DETECTORS[self.detect](reply)
         first = sentences(reply)
@@ -376,7 +419,7 @@ def parse_rule(spec: Mapping[str, Any], where: str) -> Rule:
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
     detect = spec.get("detect")
-    allowed = [*DETECTORS, *HEARD_DETECTORS, "pattern"]
+    allowed = [*DETECTORS, *HEARD_DETECTORS, *EARLIER_DETECTORS, "pattern"]
     if detect not in allowed:
         raise ConfigError(f"{where}.detect: got {detect!r}; allowed: {', '.join(allowed)}")
     weight = spec.get("weight", 1.0)
@@ -436,37 +479,39 @@ class HiddenPreferenceUser(UserSimulator):
         if self.hi == self.lo:  # pragma: no cover - weights are non-zero, so hi - lo > 0
             raise ConfigError("hidden_preference: rules: weights must not all cancel")
 
-    def fired(self, reply: str, heard: str = "") -> list[Rule]:
+    def fired(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> list[Rule]:
         """The rules the reply fires, strongest (largest |weight|) first, then in config order;
-        ``heard`` is the person's last message (the ``HEARD_DETECTORS`` read it). With a ``parrots`` rule,
+        ``heard`` is the person's last message (the ``HEARD_DETECTORS`` read it), ``earlier`` the
+        supporter's previous turns (the ``EARLIER_DETECTORS`` read them). With a ``parrots`` rule,
         what the reply copied from ``heard`` is that rule's business alone: the other rules see
         :func:`own_words`, so a copy of the person's message earns none of the credit its words would
         (a feeling they named, their question, their details)."""
         own = own_words(reply, heard) if self.judges_copies else reply
-        hits = [r for r in self.rules if r.fires(reply if r.detect in COPY_DETECTORS else own, heard)]
+        hits = [
+            r for r in self.rules if r.fires(reply if r.detect in COPY_DETECTORS else own, heard, earlier)
+        ]
         return sorted(hits, key=lambda r: -abs(r.weight))
 
     def _score(self, fired: Sequence[Rule]) -> float:
         s = sum(r.weight for r in fired)
         return (s - self.lo) / (self.hi - self.lo)
 
-    def hidden_rule_score(self, reply: str, heard: str = "") -> float:
+    def hidden_rule_score(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> float:
         """``(s - lo) / (hi - lo)`` in [0, 1], ``s`` the sum of the fired rules' weights."""
-        return self._score(self.fired(reply, heard))
+        return self._score(self.fired(reply, heard, earlier))
 
     def _delta(self, fired: Sequence[Rule]) -> float:
         return self.scale * (2.0 * self._score(fired) - 1.0)
 
-    def emotion_delta(self, reply: str, heard: str = "") -> float:
+    def emotion_delta(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> float:
         """``scale * (2 * score - 1)``: -scale when only the negative rules fire, +scale for only positive."""
-        return self._delta(self.fired(reply, heard))
+        return self._delta(self.fired(reply, heard, earlier))
 
     def react_one(self, scenario: Scenario, reply: str) -> Reaction:
         """The reaction to one reply (deterministic)."""
         if not reply.strip():
             return Reaction(message="", emotion_delta=None, valid=False, raw="empty reply", scale=self.scale)
-        heard = scenario.last_user_message()
-        fired = self.fired(reply, heard)
+        fired = self.fired(reply, scenario.last_user_message(), scenario.assistant_replies())
         delta = self._delta(fired)
         # colder rules speak first: a person who felt lectured says so before anything else
         fired.sort(key=lambda r: (r.weight > 0, -abs(r.weight)))

@@ -31,6 +31,7 @@ from rapo_echo.simulators.hidden_preference import (
     parrots,
     picks_up_details,
     reflects_feeling,
+    repeats_earlier,
     repeats_itself,
     restates,
     self_talk,
@@ -74,6 +75,15 @@ NEUTRAL = "Do you have anyone to talk to?"  # a yes/no question: nothing fires
         ("This alternative is more concise, for clarity and grammar.", {"meta_talk"}),
         ("He ended it by text? The text he sent sounds cruel.", set()),  # a text message, not the text
         ("Minor changes at work can pile up. What happened?", {"open_question"}),
+        # how a policy answered ESConv seekers who opened with a bare topic ("finals"; missed before)
+        (
+            "I'm sorry for your part of the sentence. Please ensure that you use the correct grammar and "
+            "punctuation.",
+            {"meta_talk"},
+        ),
+        ("I came off them too. I'm not sure what you're asking for.", {"meta_talk"}),
+        ("There's a typo in the spelling here.", {"meta_talk"}),
+        ("Grammar school exams are a lot of pressure. How are you holding up?", {"open_question"}),
     ],
 )
 def test_detectors(reply: str, fired: set[str]) -> None:
@@ -97,6 +107,31 @@ def test_content_words_and_picks_up_details_by_hand() -> None:
     assert not picks_up_details("You feel so stressed after that, like you can't.", heard)  # stop / feeling
     assert not picks_up_details("Your warehouse job sounds hard.", "")  # nothing heard, nothing picked up
     assert picks_up_details("WAREHOUSE!", heard)  # case is ignored
+
+
+def test_repeats_earlier_by_hand() -> None:
+    before = ["I'm so sorry to hear about your loss. How are you coping?", "finals"]
+    # six words in a row of an earlier turn, case and punctuation ignored
+    assert repeats_earlier("i'm SO sorry to hear about... that. What now?", before)
+    assert not repeats_earlier("I'm so sorry to hear that.", before)  # five words in a row is not
+    assert repeats_earlier("Finals!", before)  # a short reply that is an earlier one
+    assert not repeats_earlier("Finals week?", before)  # a short reply that is not
+    assert not repeats_earlier("I'm so sorry to hear about your loss.", [])  # nothing said before
+    assert not repeats_earlier("", before)
+
+
+def test_a_reply_said_again_costs_in_the_dialogue() -> None:
+    """repeats_earlier reads the supporter's earlier turns from the scenario's messages."""
+    user = HiddenPreferenceUser(extra_rules=[{"detect": "repeats_earlier", "weight": -2.0}])
+    first = Scenario("s", [msg("user", "My gran died.")], profile={"emotion_type": "sadness"})
+    again = Scenario("s", [*first.messages, msg("assistant", WARM), msg("user", "Yes.")], first.profile)
+    # rules: -1 -1 +1 +1 -2 (lo -4, hi 2); WARM s = 2 -> +10; said again s = 0 -> 10 * (2 * 4 / 6 - 1)
+    assert user.react_one(first, WARM).emotion_delta == pytest.approx(10.0)
+    said_again = user.react_one(again, WARM)
+    assert said_again.emotion_delta == pytest.approx(10.0 / 3)
+    assert said_again.message.startswith(("You already said that.", "That's the same thing you said"))
+    assert user.react_one(again, NEUTRAL).emotion_delta == pytest.approx(10.0 / 3)  # s 0, nothing repeated
+    assert user.hidden_rule_score(WARM, "Yes.", [WARM]) == pytest.approx(4 / 6)
 
 
 def test_parrots_by_hand() -> None:
@@ -480,8 +515,8 @@ def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     user = build_simulator(cfg.rapo.simulator.name, cfg.rapo.simulator.args)
     assert isinstance(user, HiddenPreferenceUser)
-    added = ["repeats_itself", "picks_up_details", "parrots", "meta_talk", "restates"]
-    assert [r.detect for r in user.rules][-5:] == added
+    added = ["repeats_itself", "picks_up_details", "parrots", "meta_talk", "restates", "repeats_earlier"]
+    assert [r.detect for r in user.rules][-6:] == added
     assert user.hidden_rule_score(WARM + " " + WARM) < user.hidden_rule_score(WARM)
     heard = "My gran died last week and the funeral is on Monday."
     taken_up = "Losing your gran must be so hard."  # picks up "gran"
@@ -489,16 +524,19 @@ def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy
     restated = "Your gran died last week."  # four words in a row: no parrot, but their story told back
     recited = "You're a warm, emotionally supportive listener. Respond to the person in two sentences."
     # copying earns none of the warmth of taking up (weight 2): worse than saying nothing of theirs;
-    # reciting a system prompt is colder too. lo = -1 - 1 - 3 - 1 - 3 - 3 = -12, hi = 1 + 1 + 2 = 4:
-    # (s + 12) / 16
+    # reciting a system prompt is colder too. lo = -1 - 1 - 3 - 1 - 3 - 3 - 3 = -15, hi = 1 + 1 + 2 = 4:
+    # (s + 15) / 19
     score = user.hidden_rule_score
-    assert score(copied, heard) == pytest.approx(8 / 16) and score("Oh.", heard) == pytest.approx(12 / 16)
-    assert score(taken_up, heard) == pytest.approx(14 / 16) and score(recited, heard) == pytest.approx(9 / 16)
-    # a loop, a turn into editing talk or a restatement loses more than taking up their words earns
-    # (-3 each): 2 - 3 = -1, below saying nothing
-    assert score(taken_up + " " + taken_up, heard) == pytest.approx(11 / 16)
-    assert score(taken_up + " Here's a suggested alternative.", heard) == pytest.approx(11 / 16)
-    assert score(restated, heard) == pytest.approx(11 / 16)
+    assert score(copied, heard) == pytest.approx(11 / 19) and score("Oh.", heard) == pytest.approx(15 / 19)
+    assert score(taken_up, heard) == pytest.approx(17 / 19) and score(recited, heard) == pytest.approx(
+        12 / 19
+    )
+    # a loop, a turn into editing talk, a restatement or saying again what an earlier turn said loses more
+    # than taking up their words earns (-3 each): 2 - 3 = -1, below saying nothing
+    assert score(taken_up + " " + taken_up, heard) == pytest.approx(14 / 19)
+    assert score(taken_up + " Here's a suggested alternative.", heard) == pytest.approx(14 / 19)
+    assert score(restated, heard) == pytest.approx(14 / 19)
+    assert score(taken_up, heard, [taken_up]) == pytest.approx(14 / 19)
     assert cfg.rollout.max_new_tokens == 48 and cfg.rollout.temperature < 1.0 and cfg.rollout.greedy_member
 
 
@@ -512,7 +550,11 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     assert cfg.validation.keep_best and cfg.train.max_steps % cfg.train.save_every == 0
     assert cfg.validation.min_gain == 1.0  # a checkpoint must beat the best beyond one standard error
+    assert cfg.validation.turns == 2  # played on as dialogues: a reply repeated turn after turn costs
     held_out = validation_scenarios(cfg, RAPO)
     trained = load_scenarios(cfg.data.path)
     said = {m["content"] for s in trained for m in s.messages}
-    assert len(held_out) == 21 and not said & {m["content"] for s in held_out for m in s.messages}
+    assert len(held_out) == 31 and not said & {m["content"] for s in held_out for m in s.messages}
+    # ten of them open with a bare topic, as ESConv seekers often do; no training context is that terse
+    terse = [s for s in held_out if len(s.messages) == 1 and len(s.messages[0]["content"].split()) <= 4]
+    assert len(terse) == 10 and min(len(s.last_user_message().split()) for s in trained) >= 5

@@ -162,12 +162,12 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
     extra.write_text("- {detect: picks_up_details, weight: 1}\n")
     main([str(folder), "--extra-rules", str(extra)])
     assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == 0.6
-    # the quickstart's person adds repeats (-3), details (+2), parrots (-1), meta talk (-3) and restates
-    # (-3): lo = -12, hi = 4, (s + 12) / 16: a = (4 + 12) / 16 = 1, b (advice first, "i am so sorry"
-    # twice) = (-4 + 12) / 16
+    # the quickstart's person adds repeats (-3), details (+2), parrots (-1), meta talk (-3), restates
+    # (-3) and repeats_earlier (-3): lo = -15, hi = 4, (s + 15) / 19: a = (4 + 15) / 19 = 1, b (advice
+    # first, "i am so sorry" twice) = (-4 + 15) / 19
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     main([str(folder), "--config", str(quickstart)])
-    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 8 / 16) / 2, 4)
+    assert json.loads(capsys.readouterr().out)["hidden_rule_score"] == round((1 + 11 / 19) / 2, 4)
     with pytest.raises(SystemExit):
         main([str(folder), "--config", str(quickstart), "--extra-rules", str(extra)])
     other = tmp_path / "rapo.yaml"

@@ -23,7 +23,7 @@ from rapo_echo.rewards import RewardSet
 from rapo_echo.trainer import Trainer
 from rapo_echo.types import Generation, Scenario, ValidationResult, msg
 from rapo_echo.validation import paired_gain, replaces_best, validation_scenarios
-from tests.test_hidden_preference import COLD, SELF, WARM, reactions_rapo
+from tests.test_hidden_preference import COLD, NEUTRAL, SELF, WARM, reactions_rapo
 from tests.test_trainer import cfg_for, metrics
 
 HELD_OUT = [
@@ -113,9 +113,9 @@ def test_validation_leaves_training_as_it_was_and_keeps_the_best(
     """A validation that draws random numbers (a sampling simulator would) changes no training step."""
     real = GRPO.validate
 
-    def drawing(self, scenarios, max_new_tokens):
+    def drawing(self, scenarios, max_new_tokens, turns):
         random.random(), np.random.rand(), torch.rand(1)
-        return real(self, scenarios, max_new_tokens)
+        return real(self, scenarios, max_new_tokens, turns)
 
     monkeypatch.setattr(GRPO, "validate", drawing)
     steps = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1"]
@@ -155,7 +155,7 @@ def test_keep_best_final_is_the_best_validated_weights(
     from transformers import AutoModelForCausalLM
 
     given = iter(scores)
-    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: given_scores([next(given)] * len(sc)))
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores([next(given)] * len(sc)))
     run = tmp_path / "run"
     extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", "train.keep_checkpoints=5"]
     trainer = Trainer(cfg_for(tiny_folder, run, *extra, *HELD_OUT, "validation.keep_best=true"))
@@ -266,7 +266,7 @@ def test_min_gain_asks_for_a_gain_beyond_chance(
     best_step: int,
 ) -> None:
     given = iter(steps)
-    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: given_scores(next(given)))
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores(next(given)))
     run = tmp_path / "run"
     extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", *HELD_OUT]
     trainer = Trainer(
@@ -289,7 +289,7 @@ def test_a_best_saved_without_scores_is_compared_by_its_mean(
 ) -> None:
     """A run resumed from a best.json of an older version (no per-scenario scores)."""
     given = iter([[1, 1, 1], [2, 2, 2]])
-    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n: given_scores(next(given)))
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores(next(given)))
     run = tmp_path / "run"
     extra = ["model.lora.enabled=true", "train.save_every=1", *HELD_OUT, "validation.keep_best=true"]
     Trainer(cfg_for(tiny_folder, run, "train.max_steps=1", *extra)).train()
@@ -300,3 +300,88 @@ def test_a_best_saved_without_scores_is_compared_by_its_mean(
     row = lines(run)[-1]
     assert row["step"] == 2 and row["val/gain"] == pytest.approx(-0.25) and math.isnan(row["val/gain_se"])
     assert json.loads(path.read_text())["step"] == 1
+
+
+class ByTurn:
+    """Greedy replies chosen by the person's first message and the turn (how many assistant turns the
+    prompt holds); records the decoded prompts."""
+
+    def __init__(self, engine, replies: dict[str, list[str]]) -> None:
+        self.engine, self.replies, self.prompts = engine, replies, []
+
+    def generate_ids(self, prompt_ids, params):
+        tok = self.engine.tokenizer
+        out = []
+        for ids in prompt_ids:
+            text = tok.decode(ids)
+            self.prompts.append(text)
+            turn = text.count("<|im_start|>assistant") - 1  # the last one is the reply's own header
+            reply = next(r for said, r in self.replies.items() if said in text)[turn]
+            seq = tok(reply, add_special_tokens=False)["input_ids"] if reply else []
+            out.append([Generation(reply, seq, None, list(ids), "stop")])
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_rapo_validates_dialogues_of_several_turns(tiny_folder: Path) -> None:
+    """validation.turns: 3: the person's reaction is their next message; a reply said again costs
+    (repeats_earlier, weight -2); a dialogue ends at an invalid reaction (an empty reply)."""
+    replies = {
+        "gran died": [WARM, WARM, WARM],
+        "lost my job": [SELF, NEUTRAL, WARM],
+        "exam": [NEUTRAL, "", WARM],
+    }
+    algo, policy = reactions_rapo(
+        tiny_folder,
+        lambda engine: ByTurn(engine, replies),
+        "rapo.simulator.args={extra_rules: [{detect: repeats_earlier, weight: -2.0}]}",
+    )
+    held_out = [
+        Scenario("a", [msg("user", "My gran died.")], profile={"emotion_type": "sadness"}),
+        Scenario("b", [msg("user", "I lost my job.")], profile={"emotion_type": "fear"}),
+        Scenario("c", [msg("user", "My exam went badly.")], profile={"emotion_type": "anxiety"}),
+    ]
+    result = algo.validate(held_out, max_new_tokens=7, turns=3)
+    # rules: advice -1, self -1, reflects +1, open question +1, repeats_earlier -2: lo -4, hi 2, so a
+    # reply's change is 10 * (2 * (s + 4) / 6 - 1): WARM +10 (s 2), WARM said again 3.333 (s 0), SELF 0
+    # (s -1), NEUTRAL 3.333 (s 0)
+    third = 10.0 / 3
+    a, b, c = (10.0 + third + third) / 3, (0.0 + third + 10.0) / 3, third  # c ends at its empty reply
+    assert result.scores == pytest.approx([a, b, c])
+    out = result.metrics
+    assert out["val/emotion_delta"] == pytest.approx((a + b + c) / 3)
+    assert out["val/invalid"] == 1.0
+    assert out["val/turns"] == pytest.approx((3 + 3 + 1) / 3)
+    # hidden-rule score of all eight replies: a 1, 4/6, 4/6; b 3/6, 4/6, 1; c 4/6, 4/6 (the empty one)
+    assert out["val/hidden_rule_score"] == pytest.approx((2.5 + 5 * 4 / 6) / 8)
+    # the person's reaction to the first reply is their next message, in the next prompt
+    first = algo.simulator.react_one(held_out[0], WARM).message
+    gran = [p for p in policy.engine.prompts if "gran died" in p]
+    assert len(gran) == 3 and first not in gran[0] and first in gran[1] and gran[1] in gran[2]
+    assert gran[2].count(WARM) == 2  # the replies so far are the assistant turns
+    job = [p for p in policy.engine.prompts if "lost my job" in p]
+    assert SELF in job[1] and NEUTRAL in job[2]
+
+
+def test_validation_turns_need_a_simulated_person() -> None:
+    cfg = load_config(algo="grpo", overrides=[*HELD_OUT, "validation.turns=2"])
+    with pytest.raises(ConfigError, match="validation.turns: --algo grpo validates single replies"):
+        validation_scenarios(cfg, GRPO)
+
+
+def test_validation_data_may_name_several_files() -> None:
+    cfg = load_config(
+        algo="rapo",
+        overrides=[
+            "validation.data=[bundled:esconv_style_en.json, bundled:openings_terse_en.jsonl]",
+            "validation.limit=23",
+        ],
+    )
+    from rapo_echo.algorithms.rapo import RAPO
+
+    scenarios = validation_scenarios(cfg, RAPO)
+    assert len(scenarios) == 23  # the 21 ESConv-style contexts, then the first two terse openings
+    assert [s.id for s in scenarios[21:]] == ["terse-exams", "terse-argument-boyfriend"]
+    assert scenarios[21].messages == [msg("user", "exams")]

@@ -11,7 +11,8 @@ user, e.g. ``configs/quickstart.yaml``), the share of replies that repeat a run 
 (``picks_up_details``), the share that copy five of its words in a row (``parrots``), the share that
 tell the seeker's message back (``restates``: two content words theirs, half of all words), the
 share that talk about the text or the task instead of to the person (``meta_talk``) and the mean reply
-length in words.
+length in words. Each reply is scored with the seeker's last message only: a rule that reads the
+supporter's earlier turns (``repeats_earlier``) never fires here.
 
     python benchmarks/perf/hidden_rule_eval.py evals/ref-default evals/ref-quickstart
 """
