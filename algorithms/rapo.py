@@ -324,17 +324,13 @@ class RAPO(GRPO):
         deltas: list[list[float]] = [[] for _ in scenarios]
         live = list(range(len(scenarios)))
         invalid, lengths, hidden = 0, [], []
-        score = getattr(self.simulator, "hidden_rule_score", None)
         for _ in range(turns):
             samples = self.greedy_replies([current[i] for i in live], max_new_tokens)
             reactions = self.react([(s.scenario, s.text) for s in samples])
+            hidden += self.hidden_rule_scores(samples)
             going = []
             for i, s, r in zip(live, samples, reactions):
                 lengths.append(len(s.completion_ids))
-                if callable(score):
-                    hidden.append(
-                        score(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies())
-                    )
                 if not r.valid or r.emotion_delta is None:
                     invalid += 1
                     continue
@@ -733,14 +729,20 @@ class RAPO(GRPO):
             "judge/invalid_groups": float(sum(not j.valid for j in judgements)),
             "critique/len": statistics.fmean(crit) if crit else 0.0,
         }
-        score = getattr(self.simulator, "hidden_rule_score", None)
-        if callable(score) and samples:
-            # a simulator with a known ground truth: how well the replies follow its hidden rule (given
-            # what the person said last, for rules that read it)
-            out["sim/hidden_rule_score"] = statistics.fmean(
-                score(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies()) for s in samples
-            )
+        hidden = self.hidden_rule_scores(samples)
+        if hidden:  # a simulator with a known ground truth: how well the replies follow its hidden rule
+            out["sim/hidden_rule_score"] = statistics.fmean(hidden)
         return out
+
+    def hidden_rule_scores(self, samples: list[Sample]) -> list[float]:
+        """Each reply's hidden-rule score where the simulator has one (given what the person said last
+        and the supporter's earlier turns, for rules that read them); [] where it has none."""
+        score = getattr(self.simulator, "hidden_rule_score", None)
+        if not callable(score):
+            return []
+        return [
+            score(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies()) for s in samples
+        ]
 
     def _distill_metrics(self, items: list[TrainItem], corrections: list[Correction]) -> dict[str, float]:
         out = {

@@ -49,25 +49,19 @@ GROUP_CAPTURING_MODULES = (
 )
 
 
-def import_group_capturing_modules() -> list[str]:
+def import_group_capturing_modules() -> None:
     """Import :data:`GROUP_CAPTURING_MODULES` before the process group is created (those installed);
-    a no-op in a process no launcher started. Returns the modules imported now."""
+    a no-op in a process no launcher started."""
     import importlib
     import os
-    import sys
 
     if "WORLD_SIZE" not in os.environ:
-        return []
-    done = []
+        return
     for name in GROUP_CAPTURING_MODULES:
-        if name in sys.modules:
-            continue
         try:
             importlib.import_module(name)
         except ImportError:  # DeepSpeed is optional
             continue
-        done.append(name)
-    return done
 
 
 def end_process_group() -> None:

@@ -160,6 +160,11 @@ def repeats_itself(reply: str) -> bool:
 REPEAT_EARLIER_NGRAM = 6
 
 
+def word_ngrams(words: Sequence[str], n: int) -> set[tuple[str, ...]]:
+    """The runs of ``n`` words in a row of ``words``."""
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
 def repeats_earlier(reply: str, earlier: Sequence[str]) -> bool:
     """The reply says again what the supporter said before in this dialogue (``earlier``: their previous
     turns): it shares a run of ``REPEAT_EARLIER_NGRAM`` (6) words with one of them, or it is one of them
@@ -168,11 +173,10 @@ def repeats_earlier(reply: str, earlier: Sequence[str]) -> bool:
     mine = WORD.findall(reply.lower())
     if not mine:
         return False
-    n = REPEAT_EARLIER_NGRAM
-    grams = {tuple(mine[i : i + n]) for i in range(len(mine) - n + 1)}
+    grams = word_ngrams(mine, REPEAT_EARLIER_NGRAM)
     for turn in earlier:
         theirs = WORD.findall(turn.lower())
-        if theirs == mine or any(tuple(theirs[i : i + n]) in grams for i in range(len(theirs) - n + 1)):
+        if theirs == mine or grams & word_ngrams(theirs, REPEAT_EARLIER_NGRAM):
             return True
     return False
 
@@ -219,7 +223,7 @@ def _copied_spans(reply: str, heard: str) -> list[tuple[int, int]]:
     mine = [m.group() for m in found]
     if mine and set(mine) <= set(words):
         return [(0, len(reply))]
-    theirs = {tuple(words[i : i + PARROT_NGRAM]) for i in range(len(words) - PARROT_NGRAM + 1)}
+    theirs = word_ngrams(words, PARROT_NGRAM)
     copied = [False] * len(mine)
     for i in range(len(mine) - PARROT_NGRAM + 1):
         if tuple(mine[i : i + PARROT_NGRAM]) in theirs:

@@ -47,6 +47,7 @@ if __name__ == "__main__":
 
     if dist.is_initialized():  # its gloo threads would meet the interpreter's exit (a rank could abort)
         sys.exit("the process group is still alive after rapo-echo train returned")
-    if gloo_threads():  # they would meet the interpreter's exit just the same
-        sys.exit(f"gloo threads still run after the process group was destroyed: {gloo_threads()}")
+    alive = gloo_threads()  # they would meet the interpreter's exit just the same
+    if alive:
+        sys.exit(f"gloo threads still run after the process group was destroyed: {alive}")
     sys.exit(code)
