@@ -146,6 +146,20 @@ def feedback_prompt(
     return conv
 
 
+def record_rewrites(samples: list[Sample], corrections: list[Correction]) -> None:
+    """Put each rewrite into its original sample's ``info["rewrite"]`` (so ``samples.jsonl`` shows what
+    self-distillation learnt): its text, whether it was distilled (``kept``), its rank minus the
+    original's in the re-ranked group and the person's emotion change (None where not re-simulated)."""
+    for c in corrections:
+        r = c.reaction
+        samples[c.sample].info["rewrite"] = {
+            "text": c.generation.text,
+            "kept": c.kept,
+            "rank_delta": c.rank_delta,
+            "emotion_delta": r.emotion_delta if r is not None and r.valid else None,
+        }
+
+
 def _plus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a + b
 
@@ -304,6 +318,7 @@ class RAPO(GRPO):
             else:
                 corrections = self._corrections(samples, reactions, ranked)
                 items = self._distillation_items(samples, ranked, corrections, items, advantages)
+                record_rewrites(samples, corrections)
             timings["distill"] = time.perf_counter() - t0
             metrics.update(self._distill_metrics(items, corrections))
         return Rollout(samples, items, metrics, timings, {"reactions": reactions, "corrections": corrections})
@@ -319,15 +334,20 @@ class RAPO(GRPO):
         after turn costs what the person makes of it; a scenario's score is the mean emotion change over
         its replies. A dialogue ends early at a reaction the simulator could not give (counted in
         ``val/invalid``) or an empty next message; a scenario with no valid reaction has no score (None).
-        Rank rewards are not used: they compare a group's replies."""
+        Where the simulator names the rules a reply broke (``rules_broken``), ``rules`` gives per rule
+        and scenario the share of its replies that broke it. Rank rewards are not used: they compare a
+        group's replies."""
         current = list(scenarios)
         deltas: list[list[float]] = [[] for _ in scenarios]
+        broken: list[list[list[str]]] = [[] for _ in scenarios]  # per scenario, per reply
         live = list(range(len(scenarios)))
         invalid, lengths, hidden = 0, [], []
         for _ in range(turns):
             samples = self.greedy_replies([current[i] for i in live], max_new_tokens)
             reactions = self.react([(s.scenario, s.text) for s in samples])
             hidden += self.hidden_rule_scores(samples)
+            for i, names in zip(live, self.rules_broken(samples)):
+                broken[i].append(names)
             going = []
             for i, s, r in zip(live, samples, reactions):
                 lengths.append(len(s.completion_ids))
@@ -353,7 +373,11 @@ class RAPO(GRPO):
             out["val/turns"] = statistics.fmean(len(d) for d in deltas)
         if hidden:
             out["val/hidden_rule_score"] = statistics.fmean(hidden)
-        return ValidationResult(out, scores)
+        names = sorted({n for replies in broken for names in replies for n in names})
+        rules = {
+            n: [statistics.fmean(n in names for names in b) if b else None for b in broken] for n in names
+        }
+        return ValidationResult(out, scores, rules)
 
     @staticmethod
     def _groups(samples: list[Sample]) -> list[list[int]]:
@@ -742,6 +766,16 @@ class RAPO(GRPO):
             return []
         return [
             score(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies()) for s in samples
+        ]
+
+    def rules_broken(self, samples: list[Sample]) -> list[list[str]]:
+        """Per reply the negative rules it broke where the simulator names them (``rules_broken``, read
+        like ``hidden_rule_score``); [] where it does not."""
+        broken = getattr(self.simulator, "rules_broken", None)
+        if not callable(broken):
+            return []
+        return [
+            broken(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies()) for s in samples
         ]
 
     def _distill_metrics(self, items: list[TrainItem], corrections: list[Correction]) -> dict[str, float]:

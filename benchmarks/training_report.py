@@ -98,8 +98,9 @@ def summary_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
 
 def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] | None:
     """One row per run that validated on held-out scenarios (``validation.jsonl``): each validated step's
-    score, its paired gain over the best before it (``val/gain`` ± ``val/gain_se``), and the step
-    ``final/`` holds under ``validation.keep_best``; None when no run validated."""
+    score, its paired gain over the best before it (``val/gain`` ± ``val/gain_se``, and the files of
+    ``validation.data`` on which it lost beyond ``validation.subset_floor``), and the step ``final/``
+    holds under ``validation.keep_best``; None when no run validated."""
     from rapo_echo.validation import BEST_FILE, VALIDATION_FILE
 
     rows = []
@@ -118,6 +119,7 @@ def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] |
         )
         gains = ", ".join(
             f"{r['step']}: {_num(r['val/gain'])} ± {_num(r.get('val/gain_se'))}"
+            + (f" (loses on {', '.join(r['vetoed_by'])})" if r.get("vetoed_by") else "")
             for r in lines
             if "val/gain" in r
         )

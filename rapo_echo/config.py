@@ -419,7 +419,11 @@ class ValidationConfig(Strict):
     0) included, instead of the last step's. ``min_gain``: how many standard errors of the paired
     per-scenario difference a step must gain over the best to replace it (``rapo_echo/validation.py``).
     ``turns``: how many replies each held-out context is played on for (RAPO: the simulated person's
-    reaction is their next message; a context scores the mean emotion change over its replies)."""
+    reaction is their next message; a context scores the mean emotion change over its replies).
+    ``subset_floor``: with ``data`` a list of files, a step that loses more than that many standard errors
+    of the paired difference on any one file does not replace the best. ``rule_floor``: likewise for a
+    step under which a negative rule of the simulated person (the hidden-preference user) fires more often
+    than under the best."""
 
     # scenarios to validate on (a path or bundled:NAME, or a list of them); None: no validation
     data: str | list[str] | None = None
@@ -430,6 +434,12 @@ class ValidationConfig(Strict):
     # a step replaces the best when its paired gain over it exceeds min_gain standard errors (0: >= 0)
     min_gain: float = Field(0.0, ge=0)
     turns: int = Field(1, ge=1)  # replies per held-out dialogue (> 1: RAPO only)
+    # with data a list of files: a step that loses more than this many standard errors on any one file
+    # does not replace the best (None: no such check)
+    subset_floor: float | None = Field(None, ge=0)
+    # a step under which any of the simulated person's negative rules fires more often than under the
+    # best, by more than this many standard errors, does not replace the best (None: no such check)
+    rule_floor: float | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _best_needs_data(self) -> ValidationConfig:

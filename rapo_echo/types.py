@@ -126,10 +126,14 @@ class Sample:
 class ValidationResult:
     """A held-out validation of the policy (:meth:`Algorithm.validate`): ``metrics`` (``val/...``, the
     run's validation key among them) and ``scores``, the per-context score of the key, one per held-out
-    scenario in order (None where the reply could not be scored); ``validation.min_gain`` pairs them."""
+    scenario in order (None where the reply could not be scored); ``validation.min_gain`` pairs them.
+    ``rules``: where the simulated person has rules, for each negative rule fired at least once, per
+    scenario the share of its replies that fired it (None where it had no reply); ``validation.rule_floor``
+    pairs them."""
 
     metrics: dict[str, float]
     scores: list[float | None]
+    rules: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 def group_slices(groups: Sequence[int]) -> list[slice]:

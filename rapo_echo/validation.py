@@ -15,6 +15,21 @@ standard errors) the new step becomes the best when ``gain > k * gain_se``; with
 when ``gain >= 0``, so a later step wins a tie. ``k > 0`` asks for evidence before a checkpoint replaces
 the best: on a small validation set a drifting policy can score a little higher by chance.
 
+With ``validation.data`` a list of files, each file is a subset of the held-out set (its kinds of
+context: ESConv-style situations, bare-topic openings, misspelt openings) and the paired gain is also
+taken per subset. With ``validation.subset_floor = f`` a step that gains on the whole set still does not
+replace the best when on any one subset its gain is below ``-f`` standard errors of that subset's paired
+difference (``gain < -f * gain_se``; a subset with one paired scenario has no standard error and vetoes
+at any loss): a mean over many contexts can hide a policy that learnt to fail one kind of context.
+
+Where the simulated person has rules (the hidden-preference user), each validation also records, per
+negative rule and scenario, the share of the replies that broke it (``rules``). With
+``validation.rule_floor = f`` a step does not replace the best when any negative rule fires more often
+than under the best by more than ``f`` standard errors of the paired per-scenario difference (the
+rate's rise ``r`` with standard error ``se``: ``r > f * se``, as a loss of ``-r`` against the floor
+above): a step that gains on average can have learnt a new way of putting the person off on a few
+contexts (talking about their message as a text to edit), which the mean hides.
+
 Validation leaves the run's random state as it found it, so a run with validation trains the same
 steps as one without, and a resumed run the same as an uninterrupted one.
 """
@@ -27,6 +42,7 @@ import math
 import shutil
 import statistics
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +55,7 @@ from rapo_echo.errors import ConfigError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
     from rapo_echo.algorithms.base import Algorithm
     from rapo_echo.config import RunConfig
@@ -53,8 +69,17 @@ BEST_DIR = "best"
 BEST_FILE = "best.json"
 
 
-def validation_scenarios(cfg: RunConfig, algo_cls: type[Algorithm]) -> list[Scenario] | None:
-    """The held-out scenarios of ``validation.data`` (None when unset), checked before any model loads."""
+@dataclass
+class HeldOut:
+    """The held-out scenarios, and which of them each file of ``validation.data`` gave (positions)."""
+
+    scenarios: list[Scenario]
+    subsets: dict[str, range]
+
+
+def validation_scenarios(cfg: RunConfig, algo_cls: type[Algorithm]) -> HeldOut | None:
+    """The held-out scenarios of ``validation.data`` (None when unset), checked before any model loads;
+    ``validation.limit`` keeps the first scenarios over all files (a file left with none is no subset)."""
     vc = cfg.validation
     if not vc.data:
         return None
@@ -69,10 +94,16 @@ def validation_scenarios(cfg: RunConfig, algo_cls: type[Algorithm]) -> list[Scen
             "to answer them); set validation.turns: 1"
         )
     sources = [vc.data] if isinstance(vc.data, str) else list(vc.data)
-    scenarios = [s for src in sources for s in load_scenarios(src, vc.format)][: vc.limit]
+    scenarios: list[Scenario] = []
+    subsets: dict[str, range] = {}
+    for src in sources:
+        start = len(scenarios)
+        scenarios += load_scenarios(src, vc.format)
+        subsets[src] = range(start, min(len(scenarios), vc.limit or len(scenarios)))
+    scenarios = scenarios[: vc.limit]
     if not scenarios:
         raise ConfigError(f"validation.data: {vc.data} holds no scenarios")
-    return scenarios
+    return HeldOut(scenarios, {src: r for src, r in subsets.items() if len(r)})
 
 
 def paired_gain(new: list[float | None], best: list[float | None]) -> tuple[float, float, int]:
@@ -98,6 +129,48 @@ def replaces_best(gain: float, se: float, min_gain: float) -> bool:
     return math.isfinite(se) and gain > min_gain * se
 
 
+def subset_gains(
+    new: list[float | None], best: list[float | None], subsets: dict[str, range]
+) -> dict[str, dict[str, float]]:
+    """Per subset: the paired ``gain`` of ``new`` over ``best``, its ``gain_se`` and ``n`` (pairs);
+    subsets with no pair are left out."""
+    out = {}
+    for name, where in subsets.items():
+        gain, se, n = paired_gain([new[i] for i in where], [best[i] for i in where])
+        if n:
+            out[name] = {"gain": gain, "gain_se": se, "n": n}
+    return out
+
+
+def rule_rises(new: Mapping[str, Any], best: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per negative rule in either record: how much less often it fires under ``new`` than under
+    ``best`` (``gain``, negative when it fires more often), paired by scenario, with ``gain_se`` and
+    ``n``; a rule a record does not list fired on none of its scored scenarios (0 there)."""
+
+    def rates(rec: Mapping[str, Any], name: str) -> list[float | None]:
+        listed = rec.get("rules", {}).get(name)
+        return listed if listed is not None else [0.0 if x is not None else None for x in rec["scores"]]
+
+    out = {}
+    for name in sorted({*new.get("rules", {}), *best.get("rules", {})}):
+        gain, se, n = paired_gain(rates(best, name), rates(new, name))
+        if n:
+            out[name] = {"gain": gain, "gain_se": se, "n": n}
+    return out
+
+
+def vetoed_by(gains: dict[str, dict[str, float]], floor: float | None) -> list[str]:
+    """The subsets on which a step loses more than ``floor`` standard errors (``gain < -floor * se``; a
+    standard error of nan, one pair, counts as 0): any of them keeps the best. None: no floor."""
+    if floor is None:
+        return []
+    return [
+        name
+        for name, g in gains.items()
+        if g["gain"] < -floor * (g["gain_se"] if math.isfinite(g["gain_se"]) else 0.0)
+    ]
+
+
 @contextmanager
 def random_state_kept(algorithm: Algorithm) -> Iterator[None]:
     """Run the body, then put back Python's, NumPy's and torch's random state and the algorithm's own
@@ -114,10 +187,13 @@ class Validator:
     """Validates the policy on held-out scenarios and keeps the best weights (``keep_best``)."""
 
     def __init__(
-        self, cfg: RunConfig, scenarios: list[Scenario], algorithm: Algorithm, policy: Policy, run_dir: Path
+        self, cfg: RunConfig, held_out: HeldOut, algorithm: Algorithm, policy: Policy, run_dir: Path
     ) -> None:
         vc = cfg.validation
-        self.scenarios = scenarios
+        self.scenarios = held_out.scenarios
+        self.subsets = held_out.subsets
+        self.subset_floor = vc.subset_floor
+        self.rule_floor = vc.rule_floor
         self.algorithm = algorithm
         self.policy = policy
         self.key = algorithm.validation_key
@@ -154,6 +230,7 @@ class Validator:
         value = metrics.get(self.key, float("nan"))
         best = self.best()
         replace = best is None and math.isfinite(value)
+        row: dict[str, Any] = {"rules": dict(result.rules)} if result.rules else {}
         if best is not None:
             gain, se = self._gain(scores, value, best)
             metrics.update({"val/gain": gain, "val/gain_se": se})
@@ -162,12 +239,35 @@ class Validator:
                 "validation after step %d: %s = %.4f, %+.4f (standard error %.4f) over step %d",
                 step, self.key, value, gain, se, best["step"],
             )  # fmt: skip
+            if "scores" in best:
+                vetoes = self._vetoes(row, scores, best)
+                if vetoes:
+                    row["vetoed_by"] = vetoes
+                    if replace:
+                        log.info(
+                            "step %d does not replace the best (step %d): it loses beyond the floor on %s",
+                            step, best["step"], ", ".join(vetoes),
+                        )  # fmt: skip
+                    replace = False
         else:
             log.info("validation after step %d: %s = %.4f", step, self.key, value)
-        append_jsonl(self.file, [{"step": step, **metrics, "scores": scores}])
+        append_jsonl(self.file, [{"step": step, **metrics, **row, "scores": scores}])
         if self.keep_best and replace:
-            self._save_best(step, value, scores)
+            self._save_best(step, value, scores, row.get("rules", {}))
         return metrics
+
+    def _vetoes(self, row: dict[str, Any], scores: list[float | None], best: dict[str, Any]) -> list[str]:
+        """Adds the per-file gains (``subsets``) and the rules' drops in firing rate (``rule_gains``) over
+        the best to ``row``; returns the files and rules (``rule:NAME``) beyond their floors."""
+        vetoes = []
+        if len(self.subsets) > 1:
+            row["subsets"] = subset_gains(scores, best["scores"], self.subsets)
+            vetoes += vetoed_by(row["subsets"], self.subset_floor)
+        rises = rule_rises({"scores": scores, **row}, best)
+        if rises:
+            row["rule_gains"] = rises
+            vetoes += [f"rule:{name}" for name in vetoed_by(rises, self.rule_floor)]
+        return vetoes
 
     def _gain(self, scores: list[float | None], value: float, best: dict[str, Any]) -> tuple[float, float]:
         """The paired gain of ``scores`` over the best and its standard error; a best saved without
@@ -177,11 +277,13 @@ class Validator:
         gain, se, _ = paired_gain(scores, best["scores"])
         return gain, se
 
-    def _save_best(self, step: int, value: float, scores: list[float | None]) -> None:
+    def _save_best(
+        self, step: int, value: float, scores: list[float | None], rules: dict[str, list[float | None]]
+    ) -> None:
         tmp = self.best_dir.with_name(BEST_DIR + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         self.policy.save(tmp, merged=False)
-        best = {"step": step, "key": self.key, "value": value, "scores": scores}
+        best = {"step": step, "key": self.key, "value": value, "scores": scores, "rules": rules}
         (tmp / BEST_FILE).write_text(json.dumps(best) + "\n")
         replace_dir(tmp, self.best_dir)
 

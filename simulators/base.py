@@ -20,6 +20,12 @@ before it is called. The constructor receives the spec's ``args`` (``rapo.simula
 it declares parameters of these names, ``engine`` (the run's ``simulator`` role engine), ``scale``
 (``rapo.emotion_scale``) and ``seed`` (``train.seed``).
 
+A simulator with a known ground truth may also have ``hidden_rule_score(reply, heard, earlier)`` (a
+score in [0, 1], logged as ``sim/hidden_rule_score`` and ``val/hidden_rule_score``) and
+``rules_broken(reply, heard, earlier)`` (the names of the negative rules the reply fires, which
+``validation.rule_floor`` reads); ``heard`` is the person's last message, ``earlier`` the supporter's
+earlier turns. The hidden-preference user has both.
+
 Names resolve to a built-in (:data:`BUILTINS`), a plugin registered in the ``rapo_echo.simulators``
 entry-point group, or a ``module:Class`` / ``module.Class`` path.
 """

@@ -392,6 +392,11 @@ class Rule:
     pattern: re.Pattern[str] | None = None
     where: str = "reply"
 
+    @property
+    def name(self) -> str:
+        """The detector's name; a ``pattern`` rule is named by its regular expression."""
+        return self.detect if self.pattern is None else f"pattern:{self.pattern.pattern}"
+
     def fires(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> bool:
         """Whether the rule fires on ``reply``; ``heard`` is the person's last message, ``earlier`` the
         supporter's previous turns."""
@@ -503,6 +508,10 @@ class HiddenPreferenceUser(UserSimulator):
     def hidden_rule_score(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> float:
         """``(s - lo) / (hi - lo)`` in [0, 1], ``s`` the sum of the fired rules' weights."""
         return self._score(self.fired(reply, heard, earlier))
+
+    def rules_broken(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> list[str]:
+        """The names of the negative rules the reply fires (what put the person off)."""
+        return [r.name for r in self.fired(reply, heard, earlier) if r.weight < 0]
 
     def _delta(self, fired: Sequence[Rule]) -> float:
         return self.scale * (2.0 * self._score(fired) - 1.0)

@@ -274,6 +274,11 @@ def test_custom_rules_change_the_ground_truth() -> None:
     assert user.emotion_delta("That is a lot.") == pytest.approx(6.0 * (2 / 3 - 1))
     r = user.react([(SC, "I'm so sorry. You should rest.")])[0]
     assert (r.message, r.thought, r.emotion_delta) == ("Thanks.", "Kind.", 6.0)
+    # rules_broken names the negative rules only (a pattern rule by its expression)
+    assert user.rules_broken("You should rest. I'm sorry.") == ["advice_first"]
+    assert user.rules_broken("I'm so sorry. You should rest.") == []
+    neg = HiddenPreferenceUser(rules=[{**rules[0], "weight": -2}, rules[1]])
+    assert neg.rules_broken("Sorry. You should rest.") == [r"pattern:\bsorry\b"]
 
 
 def test_extra_rules_add_to_the_defaults_with_the_detectors_own_lines() -> None:
@@ -551,7 +556,8 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
     assert cfg.validation.keep_best and cfg.train.max_steps % cfg.train.save_every == 0
     assert cfg.validation.min_gain == 1.0  # a checkpoint must beat the best beyond one standard error
     assert cfg.validation.turns == 2  # played on as dialogues: a reply repeated turn after turn costs
-    held_out = validation_scenarios(cfg, RAPO)
+    held = validation_scenarios(cfg, RAPO)
+    held_out = held.scenarios
     trained = load_scenarios(cfg.data.path)
     said = {m["content"] for s in trained for m in s.messages}
     assert len(held_out) == 31 and not said & {m["content"] for s in held_out for m in s.messages}

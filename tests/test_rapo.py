@@ -3,6 +3,7 @@ rewards, advantages, self-distillation targets and masks; the SD losses against 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from types import SimpleNamespace
@@ -171,6 +172,14 @@ def test_verification_and_adv_nll_weights(tiny_folder) -> None:
     sd = [it for it in out.items if it.kind == SD]
     assert len(sd) == 1 and sd[0].weight == pytest.approx(0.5)
     assert out.metrics["sd/beat_original"] == pytest.approx(0.5)
+    # samples.jsonl shows each rewrite with its original: its text, whether it was distilled, its rank change
+    rewrites = {tag_of(s.text): s.info["rewrite"] for s in out.samples if "rewrite" in s.info}
+    assert set(rewrites) == {"meh", "bad"}
+    by_text = {tag_of(r["text"]): r for r in rewrites.values()}
+    assert by_text["fixed"]["kept"] and by_text["fixed"]["rank_delta"] == pytest.approx(-3)
+    assert not by_text["worse"]["kept"] and by_text["worse"]["rank_delta"] == pytest.approx(1)
+    assert all(isinstance(r["emotion_delta"], float) for r in rewrites.values())
+    json.dumps([s.info for s in out.samples])  # what the trainer writes
     assert len(jud.calls[-1]["prompts"]) == 1 and "Reply F" in prompt_text(jud.calls[-1]["prompts"][0])
 
 

@@ -22,7 +22,14 @@ from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
 from rapo_echo.trainer import Trainer
 from rapo_echo.types import Generation, Scenario, ValidationResult, msg
-from rapo_echo.validation import paired_gain, replaces_best, validation_scenarios
+from rapo_echo.validation import (
+    paired_gain,
+    replaces_best,
+    rule_rises,
+    subset_gains,
+    validation_scenarios,
+    vetoed_by,
+)
 from tests.test_hidden_preference import COLD, NEUTRAL, SELF, WARM, reactions_rapo
 from tests.test_trainer import cfg_for, metrics
 
@@ -103,8 +110,28 @@ def test_validation_config_errors() -> None:
     cfg = load_config(algo="rlver", overrides=HELD_OUT)
     with pytest.raises(ConfigError, match="validation.data: --algo rlver has no single-reply score"):
         validation_scenarios(cfg, RLVER)
-    assert len(validation_scenarios(load_config(overrides=HELD_OUT), GRPO)) == 3
+    held = validation_scenarios(load_config(overrides=HELD_OUT), GRPO)
+    assert len(held.scenarios) == 3 and held.subsets == {"bundled:esconv_style_en.json": range(3)}
     assert validation_scenarios(load_config(), GRPO) is None
+    with pytest.raises(ConfigError, match="subset_floor"):
+        load_config(overrides=["validation.subset_floor=-1"])
+
+
+def test_subset_gains_and_vetoes_by_hand() -> None:
+    subsets = {"a": range(3), "b": range(3, 5), "c": range(5, 6)}
+    new = [3.0, 1.0, 2.0, 0.0, 1.0, 4.0]
+    best = [1.0, 1.0, 1.0, 2.0, 2.0, 5.0]
+    gains = subset_gains(new, best, subsets)
+    # a: differences 2, 0, 1: mean 1, stdev 1, se 1/sqrt(3); b: -2, -1: mean -1.5, stdev 0.7071, se 0.5
+    assert gains["a"]["gain"] == pytest.approx(1.0) and gains["a"]["gain_se"] == pytest.approx(3**-0.5)
+    assert gains["b"]["gain"] == pytest.approx(-1.5) and gains["b"]["gain_se"] == pytest.approx(0.5)
+    assert gains["c"]["gain"] == pytest.approx(-1.0) and math.isnan(gains["c"]["gain_se"])
+    assert [g["n"] for g in gains.values()] == [3, 2, 1]
+    assert vetoed_by(gains, None) == []
+    # b loses 1.5 > 1 * 0.5 and c loses with no standard error; at a floor of 3 b's -1.5 is within 3 * 0.5
+    assert vetoed_by(gains, 1.0) == ["b", "c"]
+    assert vetoed_by(gains, 3.0) == ["c"]
+    assert subset_gains([None, 1.0], [1.0, None], {"x": range(2)}) == {}  # no pair: no subset
 
 
 def test_validation_leaves_training_as_it_was_and_keeps_the_best(
@@ -205,6 +232,7 @@ def test_report_shows_the_held_out_scores_and_the_kept_step(tmp_path: Path) -> N
         {"step": 0, "val/emotion_delta": 1.5},
         {"step": 4, "val/emotion_delta": 2.25, "val/gain": 0.75, "val/gain_se": 0.5},
         {"step": 8, "val/gain": -0.125, "val/gain_se": float("nan")},
+        {"step": 12, "val/gain": 0.5, "val/gain_se": 0.25, "vetoed_by": ["bundled:misspelt.jsonl"]},
     ]
     (run / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "final" / "best.json").write_text(
@@ -215,7 +243,12 @@ def test_report_shows_the_held_out_scores_and_the_kept_step(tmp_path: Path) -> N
     header, table = validation_table([SimpleNamespace(path=run, rows=[]), plain])
     assert header[-1] == "final/ holds step"
     assert table == [
-        ["quickstart", "val/emotion_delta: 0: 1.5, 4: 2.25, 8: –", "4: 0.75 ± 0.5, 8: -0.125 ± –", "4"]
+        [
+            "quickstart",
+            "val/emotion_delta: 0: 1.5, 4: 2.25, 8: –, 12: –",
+            "4: 0.75 ± 0.5, 8: -0.125 ± –, 12: 0.5 ± 0.25 (loses on bundled:misspelt.jsonl)",
+            "4",
+        ]
     ]
 
 
@@ -282,6 +315,91 @@ def test_min_gain_asks_for_a_gain_beyond_chance(
     best = json.loads((run / "final" / "best.json").read_text())
     assert (best["step"], best["scores"]) == (best_step, steps[best_step])
     assert trainer.best_step == (None if best_step == 3 else best_step)  # None: final/ is the last step
+
+
+@pytest.mark.parametrize(("floor", "best_step"), [(None, 2), (1.0, 1), (3.0, 2)])
+def test_subset_floor_keeps_the_best_when_a_step_loses_one_kind_of_context(
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch, floor: float | None, best_step: int
+) -> None:
+    """Sixteen held-out contexts from one file, three from another (``validation.limit=19``). Step 1 gains 1
+    everywhere (se 0); step 2 gains 3 on each of the first file's over step 1 and 0 - 2, 1 - 2, 2 - 2 on
+    the second's: overall 45/19 = 2.37, far beyond its standard error; on the second file -1, se
+    1/sqrt(3) = 0.577. A floor of 1 keeps step 1 (-1 < -0.577), a floor of 3 lets step 2 in (-1 >= -1.73)."""
+    run = tmp_path / "run"
+    first, second = "bundled:openings_misspelt_en.jsonl", "bundled:openings_terse_en.jsonl"
+    extra = [
+        "train.max_steps=2",
+        "model.lora.enabled=true",
+        "train.save_every=1",
+        f"validation.data=[{first}, {second}]",
+        "validation.limit=19",  # 16 misspelt openings and 3 terse ones
+        "validation.max_new_tokens=4",
+        "validation.keep_best=true",
+        "validation.min_gain=1",
+        *([f"validation.subset_floor={floor}"] if floor is not None else []),
+    ]
+    given = iter([[1.0] * 19, [2.0] * 19, [5.0] * 16 + [0.0, 1.0, 2.0]])
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores(next(given)))
+    Trainer(cfg_for(tiny_folder, run, *extra)).train()
+    rows = lines(run)
+    assert rows[2]["subsets"][second]["gain"] == pytest.approx(-1.0)
+    assert rows[2]["subsets"][second]["gain_se"] == pytest.approx(1 / math.sqrt(3))
+    assert rows[2]["subsets"][first]["gain"] == pytest.approx(3.0) and rows[2]["subsets"][first]["n"] == 16
+    assert rows[2].get("vetoed_by", []) == ([] if floor in (None, 3.0) else [second])
+    assert "vetoed_by" not in rows[1]
+    assert json.loads((run / "final" / "best.json").read_text())["step"] == best_step
+
+
+def test_rule_rises_by_hand() -> None:
+    best = {"scores": [1.0, 1.0, 1.0, None], "rules": {"self_talk": [0.0, 0.5, 0.0, None]}}
+    new = {"scores": [2.0, 2.0, 2.0, 2.0], "rules": {"meta_talk": [1.0, 0.5, 0.0, 0.0]}}
+    rises = rule_rises(new, best)
+    # meta_talk (absent from best: 0 where it scored): best - new = -1, -0.5, 0 over the three paired
+    # scenarios: mean -0.5, stdev 0.5, se 0.5/sqrt(3); self_talk (absent from new): 0, 0.5, 0: mean 1/6
+    assert rises["meta_talk"]["gain"] == pytest.approx(-0.5) and rises["meta_talk"]["n"] == 3
+    assert rises["meta_talk"]["gain_se"] == pytest.approx(0.5 / math.sqrt(3))
+    assert rises["self_talk"]["gain"] == pytest.approx(1 / 6)
+    assert vetoed_by(rises, 1.0) == ["meta_talk"] and vetoed_by(rises, 2.0) == []  # -0.5 >= -0.577
+    assert rule_rises({"scores": [1.0]}, {"scores": [1.0]}) == {}
+
+
+@pytest.mark.parametrize(("floor", "best_step"), [(None, 2), (1.0, 1)])
+def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_person_off(
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch, floor: float | None, best_step: int
+) -> None:
+    """Step 2 gains 1 on every context over step 1 (se 0) but talks about the person's message as a
+    text on two of four: meta_talk's rate rises by 0.5 (se 0.289) over step 1's 0."""
+    given = iter(
+        [
+            ValidationResult({"val/reward": 1.0}, [1.0] * 4, {"self_talk": [1.0, 1.0, 0.0, 0.0]}),
+            ValidationResult({"val/reward": 2.0}, [2.0] * 4),
+            ValidationResult({"val/reward": 3.0}, [3.0] * 4, {"meta_talk": [1.0, 1.0, 0.0, 0.0]}),
+        ]
+    )
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: next(given))
+    run = tmp_path / "run"
+    extra = [
+        "train.max_steps=2",
+        "model.lora.enabled=true",
+        "train.save_every=1",
+        "validation.data=bundled:esconv_style_en.json",
+        "validation.limit=4",
+        "validation.max_new_tokens=4",
+        "validation.keep_best=true",
+        "validation.min_gain=1",
+        *([f"validation.rule_floor={floor}"] if floor is not None else []),
+    ]
+    Trainer(cfg_for(tiny_folder, run, *extra)).train()
+    rows = lines(run)
+    # step 1 fires self_talk less (0.5, se 0.289): a gain, no veto, and it becomes the best
+    assert rows[1]["rule_gains"]["self_talk"]["gain"] == pytest.approx(0.5) and "vetoed_by" not in rows[1]
+    assert rows[2]["rules"] == {"meta_talk": [1.0, 1.0, 0.0, 0.0]}
+    assert rows[2]["rule_gains"]["meta_talk"]["gain"] == pytest.approx(-0.5)
+    assert rows[2]["rule_gains"]["meta_talk"]["gain_se"] == pytest.approx(0.5 / math.sqrt(3))
+    assert rows[2].get("vetoed_by") == (None if floor is None else ["rule:meta_talk"])
+    best = json.loads((run / "final" / "best.json").read_text())
+    assert best["step"] == best_step
+    assert best["rules"] == ({} if best_step == 1 else {"meta_talk": [1.0, 1.0, 0.0, 0.0]})
 
 
 def test_a_best_saved_without_scores_is_compared_by_its_mean(
@@ -356,6 +474,12 @@ def test_rapo_validates_dialogues_of_several_turns(tiny_folder: Path) -> None:
     assert out["val/turns"] == pytest.approx((3 + 3 + 1) / 3)
     # hidden-rule score of all eight replies: a 1, 4/6, 4/6; b 3/6, 4/6, 1; c 4/6, 4/6 (the empty one)
     assert out["val/hidden_rule_score"] == pytest.approx((2.5 + 5 * 4 / 6) / 8)
+    # the negative rules broken, per dialogue the share of its replies: a says WARM again twice of three,
+    # b talks about itself once of three, c breaks none (its empty reply included); other rules: absent
+    assert result.rules == {
+        "repeats_earlier": pytest.approx([2 / 3, 0.0, 0.0]),
+        "self_talk": pytest.approx([0.0, 1 / 3, 0.0]),
+    }
     # the person's reaction to the first reply is their next message, in the next prompt
     first = algo.simulator.react_one(held_out[0], WARM).message
     gran = [p for p in policy.engine.prompts if "gran died" in p]
@@ -381,7 +505,15 @@ def test_validation_data_may_name_several_files() -> None:
     )
     from rapo_echo.algorithms.rapo import RAPO
 
-    scenarios = validation_scenarios(cfg, RAPO)
+    held = validation_scenarios(cfg, RAPO)
+    scenarios = held.scenarios
     assert len(scenarios) == 23  # the 21 ESConv-style contexts, then the first two terse openings
     assert [s.id for s in scenarios[21:]] == ["terse-exams", "terse-argument-boyfriend"]
     assert scenarios[21].messages == [msg("user", "exams")]
+    # each file is a subset (validation.subset_floor); the limit cuts across them
+    assert held.subsets == {
+        "bundled:esconv_style_en.json": range(21),
+        "bundled:openings_terse_en.jsonl": range(21, 23),
+    }
+    cfg = cfg.model_copy(update={"validation": cfg.validation.model_copy(update={"limit": 5})})
+    assert validation_scenarios(cfg, RAPO).subsets == {"bundled:esconv_style_en.json": range(5)}
