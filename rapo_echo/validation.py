@@ -28,7 +28,9 @@ negative rule and scenario, the share of the replies that broke it (``rules``). 
 than under the best by more than ``f`` standard errors of the paired per-scenario difference (the
 rate's rise ``r`` with standard error ``se``: ``r > f * se``, as a loss of ``-r`` against the floor
 above): a step that gains on average can have learnt a new way of putting the person off on a few
-contexts (talking about their message as a text to edit), which the mean hides.
+contexts (talking about their message as a text to edit), which the mean hides. ``validation.floor_rules``
+limits the floor to the rules it names (a mild dislike, such as advice in the first sentence, may rise
+while a policy improves on the whole); the others' rates and gains are still recorded.
 
 Validation leaves the run's random state as it found it, so a run with validation trains the same
 steps as one without, and a resumed run the same as an uninterrupted one.
@@ -194,6 +196,16 @@ class Validator:
         self.subsets = held_out.subsets
         self.subset_floor = vc.subset_floor
         self.rule_floor = vc.rule_floor
+        self.floor_rules = vc.floor_rules
+        rules = getattr(getattr(algorithm, "simulator", None), "rules", None)
+        if self.floor_rules is not None and rules is not None:
+            negative = [r.name for r in rules if r.weight < 0]
+            unknown = [n for n in self.floor_rules if n not in negative]
+            if unknown:
+                raise ConfigError(
+                    f"validation.floor_rules: {unknown} are not negative rules of the simulated person "
+                    f"(its negative rules: {negative})"
+                )
         self.algorithm = algorithm
         self.policy = policy
         self.key = algorithm.validation_key
@@ -266,7 +278,8 @@ class Validator:
         rises = rule_rises({"scores": scores, **row}, best)
         if rises:
             row["rule_gains"] = rises
-            vetoes += [f"rule:{name}" for name in vetoed_by(rises, self.rule_floor)]
+            watched = {n: g for n, g in rises.items() if self.floor_rules is None or n in self.floor_rules}
+            vetoes += [f"rule:{name}" for name in vetoed_by(watched, self.rule_floor)]
         return vetoes
 
     def _gain(self, scores: list[float | None], value: float, best: dict[str, Any]) -> tuple[float, float]:

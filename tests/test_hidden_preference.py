@@ -563,7 +563,11 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
     assert len(held_out) == 47 and not said & {m["content"] for s in held_out for m in s.messages}
     # three files, each judged on its own: a step that loses beyond one standard error on one is refused
     assert [len(r) for r in held.subsets.values()] == [21, 10, 16] and cfg.validation.subset_floor == 1.0
-    assert cfg.validation.rule_floor == 2.0  # no dislike of the person may grow beyond two standard errors
+    # none of the quickstart's own dislikes (its extra rules) may grow beyond two standard errors; the
+    # default rules' milder ones (advice first, talking about oneself) may
+    assert cfg.validation.rule_floor == 2.0
+    extra = cfg.rapo.simulator.args["extra_rules"]
+    assert set(cfg.validation.floor_rules) == {r["detect"] for r in extra if r["weight"] < 0}
     # ten of them open with a bare topic, as ESConv seekers often do; no training context is that terse
     terse = [s for s in held_out if len(s.messages) == 1 and len(s.messages[0]["content"].split()) <= 4]
     assert len(terse) == 10 and min(len(s.last_user_message().split()) for s in trained) >= 5

@@ -8,6 +8,7 @@ import math
 import random
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from rapo_echo.config import load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
+from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
 from rapo_echo.trainer import Trainer
 from rapo_echo.types import Generation, Scenario, ValidationResult, msg
 from rapo_echo.validation import (
@@ -363,12 +365,21 @@ def test_rule_rises_by_hand() -> None:
     assert rule_rises({"scores": [1.0]}, {"scores": [1.0]}) == {}
 
 
-@pytest.mark.parametrize(("floor", "best_step"), [(None, 2), (1.0, 1)])
+@pytest.mark.parametrize(
+    ("floor", "watched", "best_step"),
+    [(None, None, 2), (1.0, None, 1), (1.0, "[meta_talk]", 1), (1.0, "[self_talk]", 2)],
+)
 def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_person_off(
-    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch, floor: float | None, best_step: int
+    tmp_path: Path,
+    tiny_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    floor: float | None,
+    watched: str | None,
+    best_step: int,
 ) -> None:
     """Step 2 gains 1 on every context over step 1 (se 0) but talks about the person's message as a
-    text on two of four: meta_talk's rate rises by 0.5 (se 0.289) over step 1's 0."""
+    text on two of four: meta_talk's rate rises by 0.5 (se 0.289) over step 1's 0. ``floor_rules``
+    without meta_talk lets step 2 in."""
     given = iter(
         [
             ValidationResult({"val/reward": 1.0}, [1.0] * 4, {"self_talk": [1.0, 1.0, 0.0, 0.0]}),
@@ -388,6 +399,7 @@ def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_perso
         "validation.keep_best=true",
         "validation.min_gain=1",
         *([f"validation.rule_floor={floor}"] if floor is not None else []),
+        *([f"validation.floor_rules={watched}"] if watched is not None else []),
     ]
     Trainer(cfg_for(tiny_folder, run, *extra)).train()
     rows = lines(run)
@@ -396,10 +408,22 @@ def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_perso
     assert rows[2]["rules"] == {"meta_talk": [1.0, 1.0, 0.0, 0.0]}
     assert rows[2]["rule_gains"]["meta_talk"]["gain"] == pytest.approx(-0.5)
     assert rows[2]["rule_gains"]["meta_talk"]["gain_se"] == pytest.approx(0.5 / math.sqrt(3))
-    assert rows[2].get("vetoed_by") == (None if floor is None else ["rule:meta_talk"])
+    assert rows[2].get("vetoed_by") == (None if best_step == 2 else ["rule:meta_talk"])
     best = json.loads((run / "final" / "best.json").read_text())
     assert best["step"] == best_step
     assert best["rules"] == ({} if best_step == 1 else {"meta_talk": [1.0, 1.0, 0.0, 0.0]})
+
+
+def test_floor_rules_must_be_negative_rules_of_the_person(tmp_path: Path, tiny_folder: Path) -> None:
+    from rapo_echo.validation import HeldOut, Validator
+
+    cfg = load_config(overrides=["validation.floor_rules=[meta_talk, reflects_feeling, typo]"])
+    person = HiddenPreferenceUser(extra_rules=[{"detect": "meta_talk", "weight": -3.0}])
+    algo = SimpleNamespace(validation_key="val/emotion_delta", simulator=person)
+    with pytest.raises(ConfigError, match=r"validation.floor_rules: \['reflects_feeling', 'typo'\] are not"):
+        Validator(cfg, HeldOut([], {}), algo, None, tmp_path)
+    cfg = load_config(overrides=["validation.floor_rules=[meta_talk, self_talk]"])
+    assert Validator(cfg, HeldOut([], {}), algo, None, tmp_path).floor_rules == ["meta_talk", "self_talk"]
 
 
 def test_a_best_saved_without_scores_is_compared_by_its_mean(
