@@ -759,24 +759,21 @@ class RAPO(GRPO):
         return out
 
     def hidden_rule_scores(self, samples: list[Sample]) -> list[float]:
-        """Each reply's hidden-rule score where the simulator has one (given what the person said last
-        and the supporter's earlier turns, for rules that read them); [] where it has none."""
-        score = getattr(self.simulator, "hidden_rule_score", None)
-        if not callable(score):
-            return []
-        return [
-            score(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies()) for s in samples
-        ]
+        """Each reply's hidden-rule score where the simulator has one; [] where it has none."""
+        return self._ground_truth("hidden_rule_score", samples)
 
     def rules_broken(self, samples: list[Sample]) -> list[list[str]]:
-        """Per reply the negative rules it broke where the simulator names them (``rules_broken``, read
-        like ``hidden_rule_score``); [] where it does not."""
-        broken = getattr(self.simulator, "rules_broken", None)
-        if not callable(broken):
+        """Per reply the negative rules it broke where the simulator names them; [] where it does not."""
+        return self._ground_truth("rules_broken", samples)
+
+    def _ground_truth(self, method: str, samples: list[Sample]) -> list[Any]:
+        """The simulator's ``method(reply, heard, earlier)`` for each reply (``heard``: the person's last
+        message, ``earlier``: the supporter's earlier turns, for rules that read them); [] where the
+        simulator has no such method (its ground truth is unknown)."""
+        fn = getattr(self.simulator, method, None)
+        if not callable(fn):
             return []
-        return [
-            broken(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies()) for s in samples
-        ]
+        return [fn(s.text, s.scenario.last_user_message(), s.scenario.assistant_replies()) for s in samples]
 
     def _distill_metrics(self, items: list[TrainItem], corrections: list[Correction]) -> dict[str, float]:
         out = {

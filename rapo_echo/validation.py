@@ -162,8 +162,9 @@ def rule_rises(new: Mapping[str, Any], best: Mapping[str, Any]) -> dict[str, dic
 
 
 def vetoed_by(gains: dict[str, dict[str, float]], floor: float | None) -> list[str]:
-    """The subsets on which a step loses more than ``floor`` standard errors (``gain < -floor * se``; a
-    standard error of nan, one pair, counts as 0): any of them keeps the best. None: no floor."""
+    """The names (files or rules) in ``gains`` on which a step loses more than ``floor`` standard errors
+    (``gain < -floor * se``; a standard error of nan, one pair, counts as 0): any of them keeps the
+    best. None: no floor."""
     if floor is None:
         return []
     return [
