@@ -57,7 +57,7 @@ from rapo_echo.errors import ConfigError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
 
     from rapo_echo.algorithms.base import Algorithm
     from rapo_echo.config import RunConfig
@@ -131,17 +131,25 @@ def replaces_best(gain: float, se: float, min_gain: float) -> bool:
     return math.isfinite(se) and gain > min_gain * se
 
 
+def _named_gains(pairs: Iterable[tuple[str, list[float | None], list[float | None]]]) -> dict[str, Any]:
+    """``{name: {"gain", "gain_se", "n"}}`` of :func:`paired_gain` for each ``(name, new, best)``; names
+    with no pair are left out."""
+    out = {}
+    for name, new, best in pairs:
+        gain, se, n = paired_gain(new, best)
+        if n:
+            out[name] = {"gain": gain, "gain_se": se, "n": n}
+    return out
+
+
 def subset_gains(
     new: list[float | None], best: list[float | None], subsets: dict[str, range]
 ) -> dict[str, dict[str, float]]:
     """Per subset: the paired ``gain`` of ``new`` over ``best``, its ``gain_se`` and ``n`` (pairs);
     subsets with no pair are left out."""
-    out = {}
-    for name, where in subsets.items():
-        gain, se, n = paired_gain([new[i] for i in where], [best[i] for i in where])
-        if n:
-            out[name] = {"gain": gain, "gain_se": se, "n": n}
-    return out
+    return _named_gains(
+        (name, [new[i] for i in where], [best[i] for i in where]) for name, where in subsets.items()
+    )
 
 
 def rule_rises(new: Mapping[str, Any], best: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -153,12 +161,8 @@ def rule_rises(new: Mapping[str, Any], best: Mapping[str, Any]) -> dict[str, dic
         listed = rec.get("rules", {}).get(name)
         return listed if listed is not None else [0.0 if x is not None else None for x in rec["scores"]]
 
-    out = {}
-    for name in sorted({*new.get("rules", {}), *best.get("rules", {})}):
-        gain, se, n = paired_gain(rates(best, name), rates(new, name))
-        if n:
-            out[name] = {"gain": gain, "gain_se": se, "n": n}
-    return out
+    names = sorted({*new.get("rules", {}), *best.get("rules", {})})
+    return _named_gains((name, rates(best, name), rates(new, name)) for name in names)
 
 
 def vetoed_by(gains: dict[str, dict[str, float]], floor: float | None) -> list[str]:
