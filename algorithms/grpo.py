@@ -124,7 +124,7 @@ class GRPO(Algorithm):
             {"val/" + k: v for k, v in stats.items() if k.startswith("reward/") and k.endswith("/mean")}
         )
         out["val/reply_len"] = stats["reply_len/mean"]
-        return ValidationResult(out, [s.reward for s in samples])
+        return ValidationResult(out, [s.reward for s in samples], replies=[[s.text] for s in samples])
 
     @staticmethod
     def pg_items(samples: list[Sample], advantages: list[float]) -> list[TrainItem]:

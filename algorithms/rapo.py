@@ -340,6 +340,7 @@ class RAPO(GRPO):
         current = list(scenarios)
         deltas: list[list[float]] = [[] for _ in scenarios]
         broken: list[list[list[str]]] = [[] for _ in scenarios]  # per scenario, per reply
+        replies: list[list[str]] = [[] for _ in scenarios]
         live = list(range(len(scenarios)))
         invalid, lengths, hidden = 0, [], []
         for _ in range(turns):
@@ -351,6 +352,7 @@ class RAPO(GRPO):
             going = []
             for i, s, r in zip(live, samples, reactions):
                 lengths.append(len(s.completion_ids))
+                replies[i].append(s.text)
                 if not r.valid or r.emotion_delta is None:
                     invalid += 1
                     continue
@@ -377,7 +379,7 @@ class RAPO(GRPO):
         rules = {
             n: [statistics.fmean(n in names for names in b) if b else None for b in broken] for n in names
         }
-        return ValidationResult(out, scores, rules)
+        return ValidationResult(out, scores, rules, replies)
 
     @staticmethod
     def _groups(samples: list[Sample]) -> list[list[int]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NoReturn
 
+from rapo_echo import variety
 from rapo_echo.errors import RapoEchoError
 
 BENCH_INSTALL = "pip install 'rapo-echo[bench]'"
@@ -38,17 +39,9 @@ def tokenize(text: str) -> list[str]:
 
 
 def distinct_n(texts: Sequence[str], n: int) -> float:
-    """Distinct-n as a fraction: distinct n-grams / total n-grams over all texts (0.0 when no n-grams)."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    seen: set[tuple[str, ...]] = set()
-    total = 0
-    for text in texts:
-        tokens = tokenize(text)
-        grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
-        total += len(grams)
-        seen.update(grams)
-    return len(seen) / total if total else 0.0
+    """Distinct-n as a fraction: distinct n-grams / total n-grams over all texts (0.0 when no n-grams),
+    counted on 13a tokens (:func:`rapo_echo.variety.distinct_n`)."""
+    return variety.distinct_n(texts, n, tokenize)
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], max_order: int) -> float:

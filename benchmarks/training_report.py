@@ -99,7 +99,7 @@ def summary_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
 def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] | None:
     """One row per run that validated on held-out scenarios (``validation.jsonl``): each validated step's
     score, its paired gain over the best before it (``val/gain`` ± ``val/gain_se``, and the files of
-    ``validation.data`` on which it lost beyond ``validation.subset_floor``), and the step ``final/``
+    ``validation.data``, rules and ``variety`` on which it lost beyond their floors), and the step ``final/``
     holds under ``validation.keep_best``; None when no run validated."""
     from rapo_echo.validation import BEST_FILE, VALIDATION_FILE
 
@@ -111,7 +111,7 @@ def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] |
         lines = [r for _, r in read_jsonl(path) if isinstance(r, dict)]
         keys = [
             k
-            for k in ("val/emotion_delta", "val/reward", "val/hidden_rule_score")
+            for k in ("val/emotion_delta", "val/reward", "val/hidden_rule_score", "val/distinct_2")
             if any(k in r for r in lines)
         ]
         scores = "; ".join(

@@ -423,7 +423,9 @@ class ValidationConfig(Strict):
     ``subset_floor``: with ``data`` a list of files, a step that loses more than that many standard errors
     of the paired difference on any one file does not replace the best. ``rule_floor``: likewise for a
     step under which a negative rule of the simulated person (the hidden-preference user) fires more often
-    than under the best; ``floor_rules`` names the rules it watches (default: all of them)."""
+    than under the best; ``floor_rules`` names the rules it watches (default: all of them).
+    ``variety_floor``: likewise for a step whose held-out replies are less varied than the best's
+    (Distinct-2, jackknife standard error over contexts)."""
 
     # scenarios to validate on (a path or bundled:NAME, or a list of them); None: no validation
     data: str | list[str] | None = None
@@ -441,6 +443,9 @@ class ValidationConfig(Strict):
     # best, by more than this many standard errors, does not replace the best (None: no such check)
     rule_floor: float | None = Field(None, ge=0)
     floor_rules: list[str] | None = None  # the rules rule_floor watches (None: every negative rule)
+    # a step whose held-out replies' Distinct-2 is below the best's by more than this many standard
+    # errors does not replace the best (None: no such check)
+    variety_floor: float | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _best_needs_data(self) -> ValidationConfig:

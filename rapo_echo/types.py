@@ -129,11 +129,13 @@ class ValidationResult:
     scenario in order (None where the reply could not be scored); ``validation.min_gain`` pairs them.
     ``rules``: where the simulated person has rules, for each negative rule fired at least once, per
     scenario the share of its replies that fired it (None where it had no reply); ``validation.rule_floor``
-    pairs them."""
+    pairs them. ``replies``: per scenario the policy's greedy replies, in order (``validation.variety_floor``
+    compares their Distinct-2)."""
 
     metrics: dict[str, float]
     scores: list[float | None]
     rules: dict[str, list[float | None]] = field(default_factory=dict)
+    replies: list[list[str]] = field(default_factory=list)
 
 
 def group_slices(groups: Sequence[int]) -> list[slice]:

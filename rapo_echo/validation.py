@@ -32,6 +32,13 @@ contexts (talking about their message as a text to edit), which the mean hides. 
 limits the floor to the rules it names (a mild dislike, such as advice in the first sentence, may rise
 while a policy improves on the whole); the others' rates and gains are still recorded.
 
+Each validation also records the policy's replies per scenario (``replies``) and their Distinct-2
+(``val/distinct_2``, percent; :mod:`rapo_echo.variety`). With ``validation.variety_floor = f`` a step
+does not replace the best when its replies' Distinct-2 is below the best's by more than ``f`` jackknife
+standard errors over the paired scenarios (``variety`` in the record): scores per context cannot see a
+policy that says much the same thing to every context, which a person meeting it in many dialogues
+would.
+
 Validation leaves the run's random state as it found it, so a run with validation trains the same
 steps as one without, and a resumed run the same as an uninterrupted one.
 """
@@ -55,6 +62,7 @@ from rapo_echo.checkpoint import rng_state, set_rng_state
 from rapo_echo.data import load_scenarios
 from rapo_echo.errors import ConfigError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
+from rapo_echo.variety import distinct_n, paired_distinct_gain
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
@@ -202,6 +210,7 @@ class Validator:
         self.subset_floor = vc.subset_floor
         self.rule_floor = vc.rule_floor
         self.floor_rules = vc.floor_rules
+        self.variety_floor = vc.variety_floor
         rules = getattr(getattr(algorithm, "simulator", None), "rules", None)
         if self.floor_rules is not None and rules is not None:
             negative = [r.name for r in rules if r.weight < 0]
@@ -248,6 +257,9 @@ class Validator:
         best = self.best()
         replace = best is None and math.isfinite(value)
         row: dict[str, Any] = {"rules": dict(result.rules)} if result.rules else {}
+        if result.replies:
+            metrics["val/distinct_2"] = 100.0 * distinct_n([t for r in result.replies for t in r], 2)
+            row["replies"] = [list(r) for r in result.replies]
         if best is not None:
             gain, se = self._gain(scores, value, best)
             metrics.update({"val/gain": gain, "val/gain_se": se})
@@ -270,12 +282,13 @@ class Validator:
             log.info("validation after step %d: %s = %.4f", step, self.key, value)
         append_jsonl(self.file, [{"step": step, **metrics, **row, "scores": scores}])
         if self.keep_best and replace:
-            self._save_best(step, value, scores, row.get("rules", {}))
+            self._save_best(step, value, scores, row.get("rules", {}), row.get("replies"))
         return metrics
 
     def _vetoes(self, row: dict[str, Any], scores: list[float | None], best: dict[str, Any]) -> list[str]:
-        """Adds the per-file gains (``subsets``) and the rules' drops in firing rate (``rule_gains``) over
-        the best to ``row``; returns the files and rules (``rule:NAME``) beyond their floors."""
+        """Adds the per-file gains (``subsets``), the rules' drops in firing rate (``rule_gains``) and the
+        change in Distinct-2 (``variety``) over the best to ``row``; returns the files, rules
+        (``rule:NAME``) and ``variety`` beyond their floors."""
         vetoes = []
         if len(self.subsets) > 1:
             row["subsets"] = subset_gains(scores, best["scores"], self.subsets)
@@ -285,6 +298,11 @@ class Validator:
             row["rule_gains"] = rises
             watched = {n: g for n, g in rises.items() if self.floor_rules is None or n in self.floor_rules}
             vetoes += [f"rule:{name}" for name in vetoed_by(watched, self.rule_floor)]
+        if row.get("replies") and best.get("replies"):
+            gain, se, n = paired_distinct_gain(row["replies"], best["replies"])
+            if n:
+                row["variety"] = {"gain": gain, "gain_se": se, "n": n}
+                vetoes += vetoed_by({"variety": row["variety"]}, self.variety_floor)
         return vetoes
 
     def _gain(self, scores: list[float | None], value: float, best: dict[str, Any]) -> tuple[float, float]:
@@ -296,12 +314,19 @@ class Validator:
         return gain, se
 
     def _save_best(
-        self, step: int, value: float, scores: list[float | None], rules: dict[str, list[float | None]]
+        self,
+        step: int,
+        value: float,
+        scores: list[float | None],
+        rules: dict[str, list[float | None]],
+        replies: list[list[str]] | None,
     ) -> None:
         tmp = self.best_dir.with_name(BEST_DIR + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         self.policy.save(tmp, merged=False)
         best = {"step": step, "key": self.key, "value": value, "scores": scores, "rules": rules}
+        if replies is not None:
+            best["replies"] = replies
         (tmp / BEST_FILE).write_text(json.dumps(best) + "\n")
         replace_dir(tmp, self.best_dir)
 

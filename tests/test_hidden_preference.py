@@ -568,6 +568,8 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
     assert cfg.validation.rule_floor == 2.0
     extra = cfg.rapo.simulator.args["extra_rules"]
     assert set(cfg.validation.floor_rules) == {r["detect"] for r in extra if r["weight"] < 0}
+    # nor may the replies grow less varied (Distinct-2) beyond one standard error
+    assert cfg.validation.variety_floor == 1.0
     # ten of them open with a bare topic, as ESConv seekers often do; no training context is that terse
     terse = [s for s in held_out if len(s.messages) == 1 and len(s.messages[0]["content"].split()) <= 4]
     assert len(terse) == 10 and min(len(s.last_user_message().split()) for s in trained) >= 5

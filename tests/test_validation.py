@@ -82,6 +82,7 @@ def test_rapo_validates_by_the_persons_emotion_change(tiny_folder: Path) -> None
     result = algo.validate(held_out, max_new_tokens=7)
     out = result.metrics
     assert result.scores == [10.0, -5.0]  # per scenario, in order
+    assert result.replies == [[WARM], [SELF]]
     # default rules: WARM reflects + asks (+10), SELF talks about itself (score 0.25: -5)
     assert out["val/emotion_delta"] == pytest.approx((10.0 - 5.0) / 2)
     assert out["val/hidden_rule_score"] == pytest.approx((1.0 + 0.25) / 2)
@@ -104,6 +105,7 @@ def test_grpo_validates_by_its_rewards(tiny_folder: Path, tmp_path: Path) -> Non
     # the combined reward is the weighted sum (question weight 0.5), averaged over the two replies
     assert out["val/reward"] == pytest.approx(by_name["length"] + 0.5 * by_name["question"])
     assert by_name["question"] == pytest.approx(0.5)  # one of the two asks
+    assert result.replies == [["How are you?"], ["ok then yes"]]
 
 
 def test_validation_config_errors() -> None:
@@ -511,6 +513,7 @@ def test_rapo_validates_dialogues_of_several_turns(tiny_folder: Path) -> None:
     assert gran[2].count(WARM) == 2  # the replies so far are the assistant turns
     job = [p for p in policy.engine.prompts if "lost my job" in p]
     assert SELF in job[1] and NEUTRAL in job[2]
+    assert result.replies == [[WARM] * 3, [SELF, NEUTRAL, WARM], [NEUTRAL, ""]]
 
 
 def test_validation_turns_need_a_simulated_person() -> None:
@@ -541,3 +544,44 @@ def test_validation_data_may_name_several_files() -> None:
     }
     cfg = cfg.model_copy(update={"validation": cfg.validation.model_copy(update={"limit": 5})})
     assert validation_scenarios(cfg, RAPO).subsets == {"bundled:esconv_style_en.json": range(5)}
+
+
+@pytest.mark.parametrize(("floor", "best_step"), [(None, 2), (1.0, 1), (2.0, 2)])
+def test_variety_floor_keeps_the_best_when_a_step_says_the_same_thing_everywhere(
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch, floor: float | None, best_step: int
+) -> None:
+    """Step 2 gains 1 on every context over step 1 (se 0) but answers three of four contexts alike:
+    Distinct-2 50 against 100, jackknife standard error 25 (rapo_echo.variety, worked in
+    tests/test_variety.py's layout): -50 < -1 * 25 is refused, -50 < -2 * 25 is not."""
+    varied = [["a b"], ["c d"], ["e f"], ["g h"]]
+    alike = [["a b"], ["a b"], ["a b"], ["c d"]]
+    given = iter(
+        [
+            ValidationResult({"val/reward": 1.0}, [1.0] * 4, replies=varied),
+            ValidationResult({"val/reward": 2.0}, [2.0] * 4, replies=varied),
+            ValidationResult({"val/reward": 3.0}, [3.0] * 4, replies=alike),
+        ]
+    )
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: next(given))
+    run = tmp_path / "run"
+    extra = [
+        "train.max_steps=2",
+        "model.lora.enabled=true",
+        "train.save_every=1",
+        "validation.data=bundled:esconv_style_en.json",
+        "validation.limit=4",
+        "validation.max_new_tokens=4",
+        "validation.keep_best=true",
+        "validation.min_gain=1",
+        *([f"validation.variety_floor={floor}"] if floor is not None else []),
+    ]
+    Trainer(cfg_for(tiny_folder, run, *extra)).train()
+    rows = lines(run)
+    assert [r["val/distinct_2"] for r in rows] == pytest.approx([100.0, 100.0, 50.0])
+    assert rows[1]["variety"] == {"gain": 0.0, "gain_se": 0.0, "n": 4} and "vetoed_by" not in rows[1]
+    assert rows[2]["replies"] == alike
+    assert rows[2]["variety"]["gain"] == pytest.approx(-50.0)
+    assert rows[2]["variety"]["gain_se"] == pytest.approx(25.0)
+    assert rows[2].get("vetoed_by") == (["variety"] if best_step == 1 else None)
+    best = json.loads((run / "final" / "best.json").read_text())
+    assert best["step"] == best_step and best["replies"] == (varied if best_step == 1 else alike)
