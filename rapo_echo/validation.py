@@ -35,9 +35,9 @@ while a policy improves on the whole); the others' rates and gains are still rec
 Each validation also records the policy's replies per scenario (``replies``) and their Distinct-2
 (``val/distinct_2``, percent; :mod:`rapo_echo.variety`). With ``validation.variety_floor = f`` a step
 does not replace the best when its replies' Distinct-2 is below the best's by more than ``f`` jackknife
-standard errors over the paired scenarios (``variety`` in the record): scores per context cannot see a
-policy that says much the same thing to every context, which a person meeting it in many dialogues
-would.
+standard errors over the paired scenarios (``variety`` in the record; a best saved by an older version,
+without replies, is not compared): scores per context cannot see a policy that says much the same thing
+to every context, which a person meeting it in many dialogues would.
 
 Validation leaves the run's random state as it found it, so a run with validation trains the same
 steps as one without, and a resumed run the same as an uninterrupted one.
