@@ -354,6 +354,33 @@ def test_subset_floor_keeps_the_best_when_a_step_loses_one_kind_of_context(
     assert json.loads((run / "final" / "best.json").read_text())["step"] == best_step
 
 
+def two_steps_validated(
+    tmp_path: Path,
+    tiny_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    given: list[ValidationResult],
+    *overrides: str,
+) -> tuple[Path, list[dict]]:
+    """A two-step run with keep_best and min_gain 1 whose validations (before step 1, after steps 1 and
+    2) return ``given`` in turn; its directory and ``validation.jsonl`` lines."""
+    results = iter(given)
+    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: next(results))
+    run = tmp_path / "run"
+    extra = [
+        "train.max_steps=2",
+        "model.lora.enabled=true",
+        "train.save_every=1",
+        "validation.data=bundled:esconv_style_en.json",
+        "validation.limit=4",
+        "validation.max_new_tokens=4",
+        "validation.keep_best=true",
+        "validation.min_gain=1",
+        *overrides,
+    ]
+    Trainer(cfg_for(tiny_folder, run, *extra)).train()
+    return run, lines(run)
+
+
 def test_rule_rises_by_hand() -> None:
     best = {"scores": [1.0, 1.0, 1.0, None], "rules": {"self_talk": [0.0, 0.5, 0.0, None]}}
     new = {"scores": [2.0, 2.0, 2.0, 2.0], "rules": {"meta_talk": [1.0, 0.5, 0.0, 0.0]}}
@@ -382,29 +409,19 @@ def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_perso
     """Step 2 gains 1 on every context over step 1 (se 0) but talks about the person's message as a
     text on two of four: meta_talk's rate rises by 0.5 (se 0.289) over step 1's 0. ``floor_rules``
     without meta_talk lets step 2 in."""
-    given = iter(
-        [
-            ValidationResult({"val/reward": 1.0}, [1.0] * 4, {"self_talk": [1.0, 1.0, 0.0, 0.0]}),
-            ValidationResult({"val/reward": 2.0}, [2.0] * 4),
-            ValidationResult({"val/reward": 3.0}, [3.0] * 4, {"meta_talk": [1.0, 1.0, 0.0, 0.0]}),
-        ]
-    )
-    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: next(given))
-    run = tmp_path / "run"
-    extra = [
-        "train.max_steps=2",
-        "model.lora.enabled=true",
-        "train.save_every=1",
-        "validation.data=bundled:esconv_style_en.json",
-        "validation.limit=4",
-        "validation.max_new_tokens=4",
-        "validation.keep_best=true",
-        "validation.min_gain=1",
+    given = [
+        ValidationResult({"val/reward": 1.0}, [1.0] * 4, {"self_talk": [1.0, 1.0, 0.0, 0.0]}),
+        ValidationResult({"val/reward": 2.0}, [2.0] * 4),
+        ValidationResult({"val/reward": 3.0}, [3.0] * 4, {"meta_talk": [1.0, 1.0, 0.0, 0.0]}),
+    ]
+    run, rows = two_steps_validated(
+        tmp_path,
+        tiny_folder,
+        monkeypatch,
+        given,
         *([f"validation.rule_floor={floor}"] if floor is not None else []),
         *([f"validation.floor_rules={watched}"] if watched is not None else []),
-    ]
-    Trainer(cfg_for(tiny_folder, run, *extra)).train()
-    rows = lines(run)
+    )
     # step 1 fires self_talk less (0.5, se 0.289): a gain, no veto, and it becomes the best
     assert rows[1]["rule_gains"]["self_talk"]["gain"] == pytest.approx(0.5) and "vetoed_by" not in rows[1]
     assert rows[2]["rules"] == {"meta_talk": [1.0, 1.0, 0.0, 0.0]}
@@ -551,32 +568,18 @@ def test_variety_floor_keeps_the_best_when_a_step_says_the_same_thing_everywhere
     tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch, floor: float | None, best_step: int
 ) -> None:
     """Step 2 gains 1 on every context over step 1 (se 0) but answers three of four contexts alike:
-    Distinct-2 50 against 100, jackknife standard error 25 (rapo_echo.variety, worked in
-    tests/test_variety.py's layout): -50 < -1 * 25 is refused, -50 < -2 * 25 is not."""
+    Distinct-2 50 against 100; leaving out one of the three alike contexts gives 66.7 against 100, the
+    fourth 33.3 against 100, so the jackknife standard error is 25: -50 < -1 * 25 is refused, -50 < -2 * 25
+    is not."""
     varied = [["a b"], ["c d"], ["e f"], ["g h"]]
     alike = [["a b"], ["a b"], ["a b"], ["c d"]]
-    given = iter(
-        [
-            ValidationResult({"val/reward": 1.0}, [1.0] * 4, replies=varied),
-            ValidationResult({"val/reward": 2.0}, [2.0] * 4, replies=varied),
-            ValidationResult({"val/reward": 3.0}, [3.0] * 4, replies=alike),
-        ]
-    )
-    monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: next(given))
-    run = tmp_path / "run"
-    extra = [
-        "train.max_steps=2",
-        "model.lora.enabled=true",
-        "train.save_every=1",
-        "validation.data=bundled:esconv_style_en.json",
-        "validation.limit=4",
-        "validation.max_new_tokens=4",
-        "validation.keep_best=true",
-        "validation.min_gain=1",
-        *([f"validation.variety_floor={floor}"] if floor is not None else []),
+    given = [
+        ValidationResult({"val/reward": 1.0}, [1.0] * 4, replies=varied),
+        ValidationResult({"val/reward": 2.0}, [2.0] * 4, replies=varied),
+        ValidationResult({"val/reward": 3.0}, [3.0] * 4, replies=alike),
     ]
-    Trainer(cfg_for(tiny_folder, run, *extra)).train()
-    rows = lines(run)
+    floors = [f"validation.variety_floor={floor}"] if floor is not None else []
+    run, rows = two_steps_validated(tmp_path, tiny_folder, monkeypatch, given, *floors)
     assert [r["val/distinct_2"] for r in rows] == pytest.approx([100.0, 100.0, 50.0])
     assert rows[1]["variety"] == {"gain": 0.0, "gain_se": 0.0, "n": 4} and "vetoed_by" not in rows[1]
     assert rows[2]["replies"] == alike
