@@ -38,20 +38,16 @@ def distinct_n(texts: Sequence[str], n: int, tokenize: Callable[[str], list[str]
     """Distinct-n as a fraction: distinct ``n``-grams / all ``n``-grams over all ``texts`` (0.0 when none)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    seen: set[tuple[str, ...]] = set()
-    total = 0
-    for text in texts:
-        grams = ngrams(tokenize(text), n)
-        total += len(grams)
-        seen.update(grams)
-    return len(seen) / total if total else 0.0
+    return _Corpus([texts], n, tokenize).distinct()
 
 
 class _Corpus:
     """Per-context n-gram sets and counts, for Distinct-n of the whole and of the whole less one context."""
 
-    def __init__(self, contexts: Sequence[Sequence[str]], n: int) -> None:
-        grams = [[g for text in replies for g in ngrams(words(text), n)] for replies in contexts]
+    def __init__(
+        self, contexts: Sequence[Sequence[str]], n: int, tokenize: Callable[[str], list[str]] = words
+    ) -> None:
+        grams = [[g for text in replies for g in ngrams(tokenize(text), n)] for replies in contexts]
         self.sets = [set(g) for g in grams]
         self.totals = [len(g) for g in grams]
         self.holders = Counter(g for s in self.sets for g in s)  # how many contexts hold each n-gram
