@@ -553,7 +553,9 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
     from rapo_echo.validation import validation_scenarios
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
-    assert cfg.validation.keep_best and cfg.train.max_steps % cfg.train.save_every == 0
+    assert cfg.validation.keep_best
+    # four steps, validated once: step 8s that validation preferred lost ESConv cases (README "Results")
+    assert cfg.train.max_steps == cfg.train.save_every == 4
     assert cfg.validation.min_gain == 1.0  # a checkpoint must beat the best beyond one standard error
     assert cfg.validation.turns == 2  # played on as dialogues: a reply repeated turn after turn costs
     held = validation_scenarios(cfg, RAPO)
