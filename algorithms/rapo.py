@@ -1,4 +1,4 @@
-"""RAPO: reaction-aware policy optimization (research/rapo.md section 2).
+"""RAPO: reaction-aware policy optimization (docs/algorithms/rapo.md).
 
 For each context the policy samples a group of replies; a simulated user reacts to each ("echo");
 a generative judge ranks the group from those reactions and critiques each reply. Training is

@@ -1,4 +1,4 @@
-"""RLVER: reinforcement learning with verifiable emotion rewards (arXiv 2507.03112; research/rlver.md).
+"""RLVER: reinforcement learning with verifiable emotion rewards (arXiv 2507.03112; docs/algorithms/rlver.md).
 
 For each user profile the policy holds ``rollout.group_size`` whole dialogues with a SAGE-style
 simulated user (:mod:`rapo_echo.simulators.sage`, ``rlver`` preset by default): the user opens (the

@@ -8,7 +8,7 @@ measured or published, the line between them is a rule of thumb (larger models w
   a verifiable reward within 12 GRPO steps; 1e-5 does not (``benchmarks/perf/sweep_defaults.py``,
   ``benchmarks/README.md``);
 * 7-8B models: full-parameter RL runs use about 1e-6 (RLVER's released recipe, Critique-GRPO;
-  ``research/rlver.md``, ``research/rapo.md``), which the formula reaches at 13.5B parameters and keeps
+  docs/algorithms/rlver.md, docs/algorithms/rapo.md), which the formula reaches at 13.5B parameters and keeps
   as its floor.
 
 So 1.5B parameters get 9e-6 (LoRA 9e-5), 7B 1.9e-6 (LoRA 1.9e-5). The value used and the count it came

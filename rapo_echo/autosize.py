@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-CPU_MICRO_BATCH = 8  # measured best on the shared CPU workload (README, "Performance")
+CPU_MICRO_BATCH = 8  # measured best on the shared CPU workload (docs/results.md, "Performance")
 CPU_ROLLOUT_BATCH = 64
 TRAIN_SHARE = 0.45
 ROLLOUT_SHARE = 0.3

@@ -4,7 +4,7 @@ rapo-echo micro-batches itself with exact loss normalisation and has no dataload
 with ``gradient_accumulation_steps: 1`` and is told at each backward whether it is the last
 micro-batch of an optimizer step (the engine then reduces, clips, steps and zeroes gradients
 itself). Under ZeRO-3 the partitioned parameters are gathered for generation. Written against
-accelerate 1.15 / DeepSpeed 0.19; no GPU was available to run it here (see README, "Known limits").
+accelerate 1.15 / DeepSpeed 0.19; no GPU was available to run it here (see docs/limits.md).
 """
 
 from __future__ import annotations

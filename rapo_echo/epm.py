@@ -1,6 +1,6 @@
 """The Empathy Physics Model (EPM) and its quality index EPM-Q, as pure functions.
 
-Reimplemented from the formulas (research/echo_n1.md section 3; EMPA, arXiv 2603.00552, and the
+Reimplemented from the formulas (docs/benchmarks.md, EPM; EMPA, arXiv 2603.00552, and the
 benchmark's published code), never from its source. A dialogue is a path in C/A/P space (cognitive:
 being understood, affective: being resonated with, proactive/motivational: being affirmed):
 

@@ -13,7 +13,7 @@ the two replies as ``{reply}`` and ``{reference}``; each example is shown in bot
 with the placeholders replaced by ``Reply A`` / ``Reply B`` and the verdict flipped, so the judge cannot
 learn a position. With ``needs`` the example also trains the need analysis (one continuation per axis).
 
-Negatives for the humanlike judge (Echo-N1's augmentations, research/echo_n1.md 1.1), made from the
+Negatives for the humanlike judge (Echo-N1's augmentations, docs/judges.md), made from the
 examples labelled ``human`` that have a dialogue: ``shuffle`` (the dialogue's turns in another order,
 so the reply no longer follows from it) and ``swap`` (the reply moved into another example's dialogue);
 both are labelled ``AI``: a reply that does not fit its conversation was not written in it.

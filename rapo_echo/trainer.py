@@ -1,4 +1,4 @@
-"""The training loop shared by every algorithm (DESIGN.md, "The training loop").
+"""The training loop shared by every algorithm (docs/architecture.md, "One training step").
 
 scenarios -> ``algorithm.rollout`` -> reference / old log-probs -> micro-batched loss -> optimizer
 step through ``accelerate`` -> metrics, samples, periodic atomic checkpoint. Resuming restores the

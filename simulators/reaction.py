@@ -1,6 +1,6 @@
 """One-step reaction simulator ("echo"): how the person reacts to one candidate supporter reply.
 
-RAPO judges replies by their consequence (research/rapo.md section 2.2): for each (context, candidate
+RAPO judges replies by their consequence (docs/algorithms/rapo.md): for each (context, candidate
 reply) the simulator plays the person behind the hidden profile and returns what they say next, how
 their feelings changed and a short inner thought. Every stage is one batched engine call.
 

@@ -452,7 +452,7 @@ def test_rapo_counts_a_plugins_invalid_reactions(tiny_folder) -> None:
 
 # The suite's hidden rule: the person warms up when asked something and closes off at advice in the first
 # sentence. The default rules (four detectors) need more steps than a suite test can afford at this size
-# (see the learning benchmark in README "Performance"); this one is learnt within 8 steps.
+# (see the learning benchmark in docs/results.md); this one is learnt within 8 steps.
 ASKED_RULES = [
     {"detect": "pattern", "pattern": r"\?", "weight": 1.0, "said": "Well... since you ask, it's been hard.",
      "thought": "They want to hear about it."},
@@ -511,7 +511,7 @@ def test_teacher_prompt_in_the_system_message_answers_the_person_directly() -> N
 def test_quickstart_person_dislikes_loops_and_parroting_and_training_sees_greedy_replies() -> None:
     """The quickstart's person is put off by a reply that repeats itself, copies their words back or
     recites a prompt, and warms to one that takes up what they said; its replies are sampled near how the
-    policy is evaluated (README "Results": greedy, 48 tokens), one of each group greedily, where loops
+    policy is evaluated (docs/results.md: greedy, 48 tokens), one of each group greedily, where loops
     happen."""
     from pathlib import Path
 
@@ -554,7 +554,7 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     assert cfg.validation.keep_best
-    # four steps, validated once: step 8s that validation preferred lost ESConv cases (README "Results")
+    # four steps, validated once: step 8s that validation preferred lost ESConv cases (docs/results.md)
     assert cfg.train.max_steps == cfg.train.save_every == 4
     assert cfg.validation.min_gain == 1.0  # a checkpoint must beat the best beyond one standard error
     assert cfg.validation.turns == 2  # played on as dialogues: a reply repeated turn after turn costs

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How RAPO's group judge turns label probabilities into ranks (``rapo.judge.ties``), measured on real
-groups judged by the embedded model. Prints one JSON object (and writes it with ``--out``); the README's
-RAPO section quotes it.
+groups judged by the embedded model. Prints one JSON object (and writes it with ``--out``);
+docs/algorithms/rapo.md quotes it.
 
 Groups: the bundled English scenarios, ``--group-size`` replies each sampled by the embedded model
 (temperature 1), each seen through the reaction simulator (the embedded model too), as in a RAPO step.

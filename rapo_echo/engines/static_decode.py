@@ -34,7 +34,7 @@ POOL_SIZE = 2  # buffer sets (shapes) kept per engine
 
 def resolve_decode(mode: str, device: torch.device | str) -> str:
     """``auto``: ``compiled`` on CUDA, ``dynamic`` elsewhere (on CPU the static cache and the compiled
-    step measured no faster than the dynamic loop, which drops finished rows; see the README)."""
+    step measured no faster than the dynamic loop, which drops finished rows; see docs/scaling.md)."""
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode {mode!r}; allowed: {', '.join(DECODE_MODES)}")
     if mode != "auto":

@@ -1,4 +1,4 @@
-"""Every generative judge lives here (DESIGN.md, "The three roles").
+"""Every generative judge lives here (docs/architecture.md, "The three roles").
 
 * :mod:`.base` -- what every judge shares: label-token probabilities when the engine exposes
   log-probs, parsed text otherwise, retries; an unparseable reply is invalid, never 0.

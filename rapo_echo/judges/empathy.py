@@ -1,5 +1,5 @@
 """Echo-N1's empathy judge: profile the person's needs, then compare a reply with a reference reply
-(research/echo_n1.md section 1.2).
+(docs/algorithms/echo_n1.md).
 
 1. **Need analysis** (once per scenario, one batched call): what the person needs right now on three
    axes, cognitive (to understand, or be understood accurately), affective (to have their feelings

@@ -1,5 +1,5 @@
 """RAPO's generative group judge (GRM): ranks a group of candidate replies by the person's reactions
-and writes a short critique of each (research/rapo.md section 2.3).
+and writes a short critique of each (docs/algorithms/rapo.md).
 
 The judge sees the context (and, with ``show_profile``, the hidden profile) and the group's
 ``reply -> reaction`` pairs, anonymised as ``A``, ``B``, ... and, with ``shuffle``, presented in a
@@ -11,7 +11,7 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
   How the ranks come out of those probabilities is ``ties`` (:data:`TIE_RULES`):
 
   - ``chained``: rank by P(best); neighbours closer than ``tie_eps`` tie, chained, so one block can
-    span many times ``tie_eps`` (the rule before the study in the README, section RAPO);
+    span many times ``tie_eps`` (the rule before the study in docs/algorithms/rapo.md);
   - ``leader``: rank by P(best); a tie block holds the scores closer than ``tie_eps`` to its best one;
   - ``none``: rank by P(best); only equal probabilities tie;
   - ``sequential`` (listwise, Plackett-Luce style selection): the most likely best reply takes rank 1,

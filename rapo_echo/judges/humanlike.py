@@ -1,5 +1,5 @@
 """Echo-N1's humanlike judge: does a reply read as written by a human, or by an AI assistant?
-(research/echo_n1.md section 1.1)
+(docs/algorithms/echo_n1.md)
 
 * Context-aware (default): the judge sees the dialogue so far and the reply, so a reply that does not
   fit its conversation (a foreign or shuffled context) counts as not human; context-free

@@ -1,4 +1,4 @@
-"""Echo-N1's reward plugins (research/echo_n1.md section 1): ``humanlike``, ``empathy`` and their
+"""Echo-N1's reward plugins (docs/algorithms/echo_n1.md): ``humanlike``, ``empathy`` and their
 combination ``echo_n1``. Each judges through the run's ``judge`` engine (``rapo_echo.judges``).
 
 * ``humanlike``: P(the reply reads as written by a human), context-aware by default.
@@ -108,7 +108,7 @@ class HumanlikeReward:
 
 
 class EmpathyReward:
-    """Reference-anchored empathy reward (see the module docstring; switches in the README)."""
+    """Reference-anchored empathy reward (the module docstring; switches in docs/algorithms/echo_n1.md)."""
 
     name = "empathy"
 
