@@ -12,9 +12,9 @@ import re
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.sotopia import Sotopia
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.group import Candidate, GroupJudge
-from rapo_echo.judges.labels import judge_labels
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import judge_labels
 from rapo_echo.rewards import RewardContext
 from rapo_echo.rewards.judge import JudgeReward
 from rapo_echo.simulators.esconv_seeker import (

@@ -98,8 +98,8 @@ def judge_all(
     """Every rule's ranks from two complementary presentations of each group, with the fewest engine
     calls: the P(best) rules share one call (both presentations), ``sequential`` runs its rounds for both
     presentations together, ``pairwise`` asks every ordered pair once (the halves are its two orders)."""
-    from rapo_echo.algorithms.rank_rewards import average_ranks
     from rapo_echo.judges.group import GroupJudge, pairwise_scores, ranks_from_p_best
+    from rapo_echo.llm.ranks import average_ranks
 
     rng = random.Random(seed)
     orders = [rng.sample(range(len(g)), len(g)) for g in groups]  # the same shuffles for every rule

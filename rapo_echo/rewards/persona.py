@@ -21,11 +21,10 @@ from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.base import generate_parsed
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.judges.verdict import field_line
+from rapo_echo.llm.answers import field_line, generate_parsed
+from rapo_echo.llm.dialogue import render_dialogue
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.prompting import PERSONA_KEY, PERSONA_PROMPT_KEY
-from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.rewards.references import scenario_key
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
