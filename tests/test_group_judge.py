@@ -24,7 +24,7 @@ from rapo_echo.judges.group import (
 )
 from rapo_echo.llm.answers import RETRY_TEMPERATURE, generate_parsed
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.simulators.reaction import Reaction
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 _SHOWN = re.compile(r"^<<<REPLY ([A-Z]) [0-9A-F]{8}>>>\n(.*?)\n<<<END REPLY \1 [0-9A-F]{8}>>>$", re.M | re.S)

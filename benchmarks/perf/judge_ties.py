@@ -191,8 +191,8 @@ def main() -> None:
     from rapo_echo.data import load_scenarios
     from rapo_echo.engines.hf import HFEngine
     from rapo_echo.judges.group import Candidate
+    from rapo_echo.llm.reaction import Reaction
     from rapo_echo.models import resolve
-    from rapo_echo.simulators.reaction import Reaction
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)

@@ -55,8 +55,7 @@ from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.llm.ranks import average_ranks
-from rapo_echo.llm.reaction import render_profile
-from rapo_echo.simulators.reaction import Reaction
+from rapo_echo.llm.reaction import Reaction, render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 log = logging.getLogger(__name__)
