@@ -21,12 +21,11 @@ from collections.abc import Mapping, Sequence
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.llm.answers import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
-from rapo_echo.llm.dialogue import render_dialogue
+from rapo_echo.llm.dialogue import clean_reply, render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import read_label_probabilities
 from rapo_echo.llm.reaction import Reaction, render_profile
 from rapo_echo.simulators.base import UserSimulator
-from rapo_echo.simulators.esconv_seeker import clean_reply
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 PARAGRAPH_STOP = ("\n\n",)  # a message or thought is one short paragraph
