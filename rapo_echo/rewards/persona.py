@@ -9,6 +9,10 @@ a dialogue that grew gets a new one. One batched engine call per step for the sc
 three prompts per scenario, each continuing one field (``Traits:``, ``Needs:``, ``Preferred style:``)
 for one line; an empty or garbled field is retried, then the scenario gets no persona this step
 (counted in ``stats``, tried again next step).
+
+It annotates scenarios rather than simulating a user, and it lives beside the other per-scenario
+annotation the Echo-N1 rewards read (:mod:`.references`, whose cache key it shares): above the judges and
+the simulators, so it may use either, and imported by the trainer.
 """
 
 from __future__ import annotations
