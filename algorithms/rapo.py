@@ -18,13 +18,15 @@ import torch
 
 from rapo_echo.algorithms.base import SD, AlgoContext, MicroBatch, Rollout, TrainItem
 from rapo_echo.algorithms.grpo import GRPO, advantage_stats, reward_stats
-from rapo_echo.algorithms.rank_rewards import average_ranks, gopo_advantages, linear_rank_rewards, mix_emotion
+from rapo_echo.algorithms.rank_rewards import gopo_advantages, linear_rank_rewards, mix_emotion
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.judges.group import Candidate, GroupJudge, GroupJudgement
 from rapo_echo.judges.reactions import ReactionJudge
+from rapo_echo.llm.ranks import average_ranks
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
-from rapo_echo.simulators.base import Reaction, build_simulator, checked_reactions
+from rapo_echo.simulators.base import build_simulator, checked_reactions
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, ValidationResult, msg
 
 RANK = "rank"  # the name of the rank reward in Sample.rewards

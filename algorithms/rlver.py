@@ -39,16 +39,10 @@ from rapo_echo.algorithms.core import aggregate, gae_advantages, masked_whiten, 
 from rapo_echo.algorithms.grpo import advantage_stats, reward_stats
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import RLVER_SYSTEM_PROMPT
+from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.policy import pad_left_aligned
 from rapo_echo.prompting import THINK_CLOSE, split_thinking
-from rapo_echo.simulators.sage import (
-    EMOTION_MAX,
-    SageDialogue,
-    SageProfile,
-    SageSimulator,
-    final_reward,
-    preset,
-)
+from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, final_reward, preset
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
 EMOTION = "emotion"  # the name of the emotion reward in Sample.rewards

@@ -37,7 +37,7 @@ class EvalSettings:
     judge_max_new_tokens: int = 256
     simulator_max_new_tokens: int | None = None  # None: the benchmark's own (SAGE 512, else max_new_tokens)
     judge_retries: int = 2
-    judge_logprobs: str = "auto"  # auto | always | never (see rapo_echo.judges.base.wants_logprobs)
+    judge_logprobs: str = "auto"  # auto | always | never (see rapo_echo.llm.answers.wants_logprobs)
     seed: int | None = 0
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     batch_size: int = 8

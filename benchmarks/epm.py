@@ -50,7 +50,7 @@ from rapo_echo.epm import (
 )
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.epm import EpmForm, EpmJudge
-from rapo_echo.judges.labels import judge_labels
+from rapo_echo.llm.labels import judge_labels
 from rapo_echo.prompting import policy_conversation
 from rapo_echo.simulators.epm_director import (
     ACTIONS,

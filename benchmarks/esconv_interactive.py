@@ -21,14 +21,14 @@ from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, m
 from rapo_echo.benchmarks.esconv_data import EsconvConversation, read_esconv
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.judges.labels import judge_labels
+from rapo_echo.llm.dialogue import clean_reply
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import judge_labels
 from rapo_echo.simulators.esconv_seeker import (
     CRITIC_LABELS,
     SEEKER,
     SUPPORTER,
     case_fence,
-    clean_reply,
     critic_prompt,
     parse_critic,
     seeker_prompt,

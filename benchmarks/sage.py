@@ -28,15 +28,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.data.sage_profiles import load_profiles
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.simulators.sage import (
-    PROMPT_VERSION,
-    SageDialogue,
-    SageSimulator,
-    load_profiles,
-    preset,
-)
+from rapo_echo.simulators.sage import PROMPT_VERSION, SageDialogue, SageSimulator, preset
 from rapo_echo.types import Conversation, msg
 
 DEFAULT_MAX_TURNS = 10

@@ -22,8 +22,8 @@ from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS, evaluator_prompt, over
 from rapo_echo.benchmarks.sotopia_profiles import SotopiaPair, load_sotopia
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.base import generate_parsed
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.answers import generate_parsed
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.simulators.sotopia_agent import Turn, agent_fence, agent_prompt, parse_action
 
 DEFAULT_MAX_TURNS = 20

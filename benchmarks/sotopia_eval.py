@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.simulators.sotopia_agent import (
     AgentProfile,
     EnvironmentProfile,

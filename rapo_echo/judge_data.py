@@ -30,10 +30,10 @@ from rapo_echo.data.files import Record, expect_object, get_str, open_source, re
 from rapo_echo.data.scenario_file import ROLES
 from rapo_echo.errors import DataError
 from rapo_echo.judges.empathy import AXES, EmpathyJudge, NeedAnalysis
-from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.humanlike import LABELS as HUMANLIKE_LABELS
 from rapo_echo.judges.humanlike import HumanlikeJudge
 from rapo_echo.judges.verdict import answer_text
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, Message, Scenario, msg
 
 TASKS = ("humanlike", "empathy")

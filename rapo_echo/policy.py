@@ -17,6 +17,7 @@ from torch import nn
 from rapo_echo.autosize import CPU_ROLLOUT_BATCH
 from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.engines.hf import HFEngine, left_pad
+from rapo_echo.errors import RapoEchoError
 from rapo_echo.logprobs import (
     check_logit_transform,
     chunked_gather_logprobs,
@@ -489,3 +490,48 @@ class Policy:
             save_file(
                 {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / VALUE_HEAD_FILE)
             )
+
+    def load(self, folder: str | Path) -> None:
+        """Load the weights a checkpoint folder holds into this policy: the adapter under LoRA, all weights
+        otherwise, and the value head when this policy has one."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        if self.is_lora:
+            from peft import set_peft_model_state_dict
+
+            path = folder / "adapter_model.safetensors"
+            if not path.is_file():
+                raise RapoEchoError(f"checkpoint {folder} holds no adapter_model.safetensors")
+            set_peft_model_state_dict(self.lm, load_file(str(path)))
+            self._load_value_head(folder)
+            return
+        self._load_value_head(folder)
+        files = sorted(f for f in folder.glob("*.safetensors") if f.name != VALUE_HEAD_FILE)
+        if not files:
+            raise RapoEchoError(f"checkpoint {folder} holds no *.safetensors weights")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        missing, unexpected = self.lm.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.lm.config, "tie_word_embeddings", False) else set()
+        missing = [m for m in missing if m not in tied]
+        if missing or unexpected:
+            raise RapoEchoError(
+                f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
+
+    def _load_value_head(self, folder: Path) -> None:
+        """Restore a PPO value head saved beside the checkpoint's weights."""
+        head = self.scorer.value_head
+        if head is None:
+            return
+        from safetensors.torch import load_file
+
+        path = folder / VALUE_HEAD_FILE
+        if not path.is_file():
+            raise RapoEchoError(
+                f"checkpoint {folder} holds no {VALUE_HEAD_FILE}, but this run trains a value head"
+            )
+        head.load_state_dict(load_file(str(path)))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rapo_echo.errors import ConfigError
 from rapo_echo.types import Conversation, Scenario, msg
 
-# Persona inference (rapo_echo.simulators.persona) writes the inferred persona summary into a
+# Persona inference (rapo_echo.rewards.persona) writes the inferred persona summary into a
 # scenario's ``meta[PERSONA_KEY]``, and sets ``meta[PERSONA_PROMPT_KEY]`` when it goes to the policy.
 PERSONA_KEY = "persona"
 PERSONA_PROMPT_KEY = "persona_in_prompt"

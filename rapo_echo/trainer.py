@@ -59,10 +59,10 @@ from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl
 from rapo_echo.models import autocast_dtype
 from rapo_echo.monitor import RewardHackingMonitor
-from rapo_echo.policy import VALUE_HEAD_FILE, Policy, pad_left_aligned
+from rapo_echo.policy import Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
+from rapo_echo.rewards.persona import PersonaInference
 from rapo_echo.rundir import check_run_dir, lock_run_dir
-from rapo_echo.simulators.persona import PersonaInference
 from rapo_echo.validation import BEST_FILE, Validator, validation_scenarios
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ class Trainer:
         if self.deepspeed:
             self.accelerator.load_state(str(ckpt / "accelerate"))
         else:
-            load_model_weights(self.policy, ckpt / "model")
+            self.policy.load(ckpt / "model")
             self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
         self.scheduler.load_state_dict(load_torch(ckpt / "scheduler.pt"))
         self.stream.load_state_dict(state["data"])
@@ -940,51 +940,6 @@ class _nullcontext:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def load_model_weights(policy: Policy, folder: Path) -> None:
-    """Load checkpoint weights into the policy (the adapter under LoRA, all weights otherwise)."""
-    from safetensors.torch import load_file
-
-    if policy.is_lora:
-        from peft import set_peft_model_state_dict
-
-        path = folder / "adapter_model.safetensors"
-        if not path.is_file():
-            raise RapoEchoError(f"checkpoint {folder} holds no adapter_model.safetensors")
-        set_peft_model_state_dict(policy.lm, load_file(str(path)))
-        _load_value_head(policy, folder)
-        return
-    _load_value_head(policy, folder)
-    files = sorted(f for f in folder.glob("*.safetensors") if f.name != VALUE_HEAD_FILE)
-    if not files:
-        raise RapoEchoError(f"checkpoint {folder} holds no *.safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    missing, unexpected = policy.lm.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(policy.lm.config, "tie_word_embeddings", False) else set()
-    missing = [m for m in missing if m not in tied]
-    if missing or unexpected:
-        raise RapoEchoError(
-            f"checkpoint {folder} does not match the model: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}"
-        )
-
-
-def _load_value_head(policy: Policy, folder: Path) -> None:
-    """Restore a PPO value head saved beside the checkpoint's weights."""
-    head = policy.scorer.value_head
-    if head is None:
-        return
-    from safetensors.torch import load_file
-
-    path = folder / VALUE_HEAD_FILE
-    if not path.is_file():
-        raise RapoEchoError(
-            f"checkpoint {folder} holds no {VALUE_HEAD_FILE}, but this run trains a value head"
-        )
-    head.load_state_dict(load_file(str(path)))
 
 
 def run_training(cfg: RunConfig, *, resume: bool = False) -> Trainer:

@@ -344,12 +344,10 @@ class Validator:
     def restore_best(self, step: int) -> int | None:
         """With ``keep_best``: load the best weights into the policy when they are not the current
         step's; returns their step (None when the current weights stay)."""
-        from rapo_echo.trainer import load_model_weights
-
         best = self.best() if self.keep_best else None
         if best is None or best["step"] == step:
             return None
-        load_model_weights(self.policy, self.best_dir)
+        self.policy.load(self.best_dir)
         log.info(
             "final/ holds the best-validated model, step %d (%s = %.4f), not step %d",
             best["step"],

@@ -36,10 +36,10 @@ import inspect
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rapo_echo.errors import ConfigError
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.plugins import resolve_object
 from rapo_echo.types import Scenario
 
@@ -52,19 +52,6 @@ BUILTINS = {
 }
 MARKER = "rapo_echo_simulator"  # the class attribute that declares a simulator plugin
 INJECTED = ("engine", "scale", "seed", "rng")  # constructor parameters the library fills in
-
-
-@dataclass
-class Reaction:
-    """The simulated person's reaction to one supporter reply."""
-
-    message: str  # what the person says next (the "echo")
-    emotion_delta: float | None  # change of the person's emotional state, in [-scale, +scale]
-    thought: str = ""  # a short inner thought the person would not say aloud (optional)
-    valid: bool = True
-    raw: str = ""  # raw text(s) for logging
-    attempts: int = 1
-    scale: float = 10.0  # the range of ``emotion_delta``, so readers can interpret it
 
 
 class UserSimulator:

@@ -15,8 +15,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.simulators.epm_user import PersonaCard, Turn, render_dialogue
+from rapo_echo.llm.dialogue import render_dialogue, turn_messages
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.simulators.epm_user import USER, PersonaCard, Turn
 from rapo_echo.types import Conversation, msg
 
 ACTIONS = ("story", "memory", "wait", "end")
@@ -65,10 +66,11 @@ def director_prompt(
     ]
     plan = "\n".join(titles) or "(no stages)"
     left = len(card.memories) - state.memories_released
+    dialogue = render_dialogue(turn_messages(turns, USER), card.name, "Companion")
     body = (
         f"The person is {card.name}. Their story, in stages:\n{fence.block('PLAN', plan)}\n"
         f"Memories not yet used: {left}.\n\n"
-        f"The conversation so far:\n{fence.block('DIALOGUE', render_dialogue(turns, card.name))}\n\n"
+        f"The conversation so far:\n{fence.block('DIALOGUE', dialogue)}\n\n"
         f"{status}\n\nWhat should the person do next? Answer with one word: story (reveal the next stage), "
         "memory, wait or end."
     )

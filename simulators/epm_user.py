@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.dialogue import render_dialogue, turn_messages
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, msg
 
 USER = "user"
@@ -59,11 +60,6 @@ class PersonaCard:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def render_dialogue(turns: Sequence[Turn], name: str) -> str:
-    """``Name: text`` / ``Companion: text`` lines."""
-    return "\n".join(f"{name if who == USER else 'Companion'}: {text}" for who, text in turns)
-
-
 def user_prompt(
     card: PersonaCard,
     turns: Sequence[Turn],
@@ -77,7 +73,8 @@ def user_prompt(
     fence = Fence(rng=rng)
     body = f"Your card:\n{fence.block('CARD', card.card)}\n\n"
     if turns:
-        body += f"The conversation so far:\n{fence.block('DIALOGUE', render_dialogue(turns, card.name))}\n\n"
+        dialogue = render_dialogue(turn_messages(turns, USER), card.name, "Companion")
+        body += f"The conversation so far:\n{fence.block('DIALOGUE', dialogue)}\n\n"
     else:
         opening = f" about {card.opening}" if card.opening else ""
         body += f"Nothing has been said yet: you start the conversation{opening}.\n\n"

@@ -10,11 +10,10 @@ simulator's replies; the episode loop lives in :mod:`rapo_echo.benchmarks.esconv
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, msg
 
 SEEKER = "seeker"
@@ -43,8 +42,6 @@ CRITIC_QUESTION = (
     "The Patient's issue:\n{case}\n\nThe conversation:\n{dialogue}\n\n"
     "Question: Has the Patient's issue been solved? Answer with one word."
 )
-
-_ROLE_TAG = re.compile(r"\b(?:Therapist|Patient|Supporter|Seeker|assistant|user)\s*:", re.I)
 
 
 @dataclass(frozen=True)
@@ -113,16 +110,3 @@ def parse_critic(text: str) -> str | None:
     lowered = text.lower()
     hits = [(lowered.find(label), label) for label in CRITIC_LABELS if label in lowered]
     return min(hits)[1] if hits else None
-
-
-def clean_reply(text: str) -> str:
-    """A role-play reply cut where the model starts writing the other side (``Therapist:`` ...), with a
-    leading role tag of its own removed and whitespace stripped."""
-    text = text.strip()
-    first = _ROLE_TAG.match(text)
-    if first:
-        text = text[first.end() :].strip()
-    later = _ROLE_TAG.search(text)
-    if later:
-        text = text[: later.start()]
-    return text.strip()

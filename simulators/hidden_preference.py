@@ -48,8 +48,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.rewards.builtin import repeated_ngram_fraction
-from rapo_echo.simulators.base import Reaction, UserSimulator
+from rapo_echo.llm.reaction import Reaction
+from rapo_echo.simulators.base import UserSimulator
+from rapo_echo.text import repeated_ngram_fraction
 from rapo_echo.types import Scenario
 
 FEELING_WORDS = (

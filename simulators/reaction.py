@@ -18,48 +18,19 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judges.base import (
-    Parsed,
-    check_logprobs_mode,
-    generate_parsed,
-    read_label_probabilities,
-    wants_logprobs,
-)
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.rewards.judge import render_dialogue
-from rapo_echo.simulators.base import Reaction, UserSimulator
-from rapo_echo.simulators.esconv_seeker import clean_reply
+from rapo_echo.llm.answers import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
+from rapo_echo.llm.dialogue import clean_reply, render_dialogue
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import read_label_probabilities
+from rapo_echo.llm.reaction import Reaction, render_profile
+from rapo_echo.simulators.base import UserSimulator
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 PARAGRAPH_STOP = ("\n\n",)  # a message or thought is one short paragraph
 EMOTION_LABELS = ("1", "2", "3", "4", "5", "6", "7")
 EMOTION_PREFIX = "Answer: "  # "...: " then a digit tokenises as ':', ' ', digit: digits are single tokens
-PROFILE_FIELDS = {
-    "persona": "Who you are",
-    "emotion_type": "Main emotion",
-    "problem_type": "Problem",
-    "situation": "Situation",
-    "need": "What you need from the supporter (unspoken)",
-}
-
-
-def render_profile(profile: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
-    """The hidden profile as ``- Label: value`` lines: known fields first (in a fixed order, with readable
-    labels), then any other non-empty field under its own name; '' when nothing is set."""
-    labels = PROFILE_FIELDS if labels is None else labels
-    keys = [k for k in labels if k in profile] + [k for k in profile if k not in labels]
-    lines = []
-    for key in keys:
-        value = profile[key]
-        if value is None or (isinstance(value, str) and not value.strip()):
-            continue
-        lines.append(f"- {labels.get(key, key)}: {str(value).strip()}")
-    return "\n".join(lines)
-
-
 def emotion_delta(probs: Mapping[str, float], scale: float) -> float:
     """Expected 7-point label mapped linearly onto ``[-scale, +scale]``.
 

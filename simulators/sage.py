@@ -18,7 +18,7 @@ and count -- it is never turned into a number. Presets: ``sage`` (SAGE's evaluat
 30, no clamp, stop at <= 0, 8 turns, no hinting at needs).
 
 Untrusted text (persona, background, intention, dialogue) enters prompts only in fenced blocks
-(:mod:`rapo_echo.judges.fencing`); each prompt's marker comes from a ``random.Random`` seeded with the
+(:mod:`rapo_echo.llm.fencing`); each prompt's marker comes from a ``random.Random`` seeded with the
 simulator's seed, the dialogue's fence key, the turn and the call, so a deterministic simulator LLM
 reruns identically however the dialogues are batched. The prompts are our own English wording of
 SAGE's two calls (``PROMPT_VERSION`` names them).
@@ -26,18 +26,18 @@ SAGE's two calls (``PROMPT_VERSION`` names them).
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.errors import DataError
-from rapo_echo.judges.base import generate_parsed, wants_logprobs
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.answers import generate_parsed, wants_logprobs
+from rapo_echo.llm.dialogue import render_dialogue
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, SamplingParams, msg
 
 PROMPT_VERSION = "rapo-echo-sage-en-1"
@@ -55,12 +55,6 @@ TIER_BEHAVIOUR = {
 # The change options read from label probabilities (``emotion_readout: logprobs``): SAGE's simulators
 # almost always answer one of these (rlver.md 1.2).
 CHANGE_OPTIONS = {"-10": -10.0, "-5": -5.0, "0": 0.0, "+5": 5.0, "+10": 10.0}
-GOAL = (
-    "This is a heart-to-heart talk: you confide in the supporter about what happened to you, starting "
-    "from the topics in your background and going deeper. You confide in line with your hidden "
-    "intention but never reveal it. You answer according to your current emotion, and you talk about "
-    "concrete events rather than abstract feelings."
-)
 END_REASONS = ("max_turns", "goodbye", "emotion_high", "emotion_low", "invalid", "token_budget")
 
 
@@ -258,100 +252,10 @@ def analysis_before_change(text: str) -> str | None:
     return head or None
 
 
-# ---------------------------------------------------------------------------- profiles
-
-
-@dataclass(frozen=True)
-class SageProfile:
-    """Who the simulated user is. ``first_talk`` is a preset opening message (SAGE's test set)."""
-
-    persona: str
-    background: str
-    hidden_intention: str = ""
-    first_talk: str | None = None
-    goal: str = GOAL
-    id: str | None = None
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], where: str = "profile") -> SageProfile:
-        """Accepts RLVER / SAGE profile rows (``player``, ``scene``, ``task``, ``first_talk``), rapo-echo
-        scenario profiles (``persona``, ``situation``, ``need``, ...) or a whole scenario mapping
-        (``profile`` plus ``messages`` / ``opening``, whose last user message is the first talk)."""
-        if not isinstance(data, Mapping):
-            raise DataError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        ident = data.get("id")
-        first = data.get("first_talk") or data.get("opening")
-        if isinstance(data.get("profile"), Mapping):
-            messages = data.get("messages") or []
-            users = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
-            first = first or (users[-1] if users else None)
-            data = {**data["profile"], **({"first_talk": first} if first else {})}
-        for key in ("player", "persona", "scene", "situation", "background", "task", "need", "first_talk"):
-            if data.get(key) is not None and not isinstance(data[key], str):
-                raise DataError(f"{where}: {key}: got {type(data[key]).__name__}; expected a string")
-        persona = data.get("player") or data.get("persona")
-        background = data.get("scene") or data.get("situation") or data.get("background")
-        extra = [f"{k.replace('_', ' ')}: {data[k]}" for k in ("emotion_type", "problem_type") if data.get(k)]
-        if extra:
-            background = "\n".join([background or "", *extra]).strip()
-        if not persona and not background:
-            raise DataError(
-                f"{where}: needs a persona ('player' or 'persona') or a background ('scene' or 'situation'); "
-                f"got keys {sorted(data)}"
-            )
-        intention = data.get("task") or data.get("need") or data.get("hidden_intention") or ""
-        return cls(
-            persona=str(persona or "(not given)"),
-            background=str(background or "(not given)"),
-            hidden_intention=str(intention),
-            first_talk=str(first) if first else None,
-            goal=str(data.get("goal") or GOAL),
-            id=str(ident) if ident is not None else None,
-        )
-
-    @classmethod
-    def from_label(cls, label: Any, where: str = "label") -> SageProfile:
-        """From an OpenRLHF label: a JSON string (or already decoded mapping) of a profile."""
-        if isinstance(label, str):
-            try:
-                label = json.loads(label)
-            except ValueError as exc:
-                raise DataError(f"{where}: not a JSON profile ({exc}): {label[:120]!r}") from exc
-        return cls.from_mapping(label, where)
-
-
-BUNDLED_PROFILES = "sage_profiles_en.jsonl"
-
-
-def load_profiles(path: str | os.PathLike[str] | None = None) -> list[SageProfile]:
-    """Profiles from a JSON / JSONL file (RLVER / SAGE rows or ours); ``None`` = our bundled English
-    profiles. Every profile gets an id (its own, else ``<file stem>-<line>``); errors name file and line."""
-    from rapo_echo.data.files import BUNDLED_PREFIX, open_source, read_records
-
-    src = open_source(BUNDLED_PREFIX + BUNDLED_PROFILES if path is None else path)
-    out = []
-    for i, record in enumerate(read_records(src)):
-        profile = SageProfile.from_mapping(record.data, record.where)
-        out.append(profile if profile.id else replace(profile, id=f"{src.stem}-{i + 1}"))
-    if not out:
-        raise DataError(f"{src.name}: holds no profiles")
-    ids = [p.id for p in out]
-    if len(set(ids)) != len(ids):
-        raise DataError(
-            f"{src.name}: profile ids are not unique ({next(i for i in ids if ids.count(i) > 1)!r})"
-        )
-    return out
-
-
 # ---------------------------------------------------------------------------- prompts
 
-SPEAKERS = {"user": "You", "assistant": "Supporter"}
-
-
-def render_dialogue(history: Sequence[Mapping[str, str]]) -> str:
-    """The dialogue from the user's side: ``You:`` for the user, ``Supporter:`` for the policy."""
-    lines = [f"{SPEAKERS[m['role']]}: {m['content']}" for m in history if m["role"] in SPEAKERS]
-    return "\n".join(lines) or "(nothing yet)"
+# The dialogue from the user's side: ``You:`` for the user, ``Supporter:`` for the policy.
+AS_USER = {"user": "You", "assistant": "Supporter", "empty": "(nothing yet)"}
 
 
 def _character(profile: SageProfile, fence: Fence) -> str:
@@ -375,7 +279,7 @@ def analysis_prompt(
         f"{_character(profile, fence)}\n\n"
         f"The character's emotion right now: {emotion:g}\n\n"
         "The conversation (the last line is the supporter's newest reply):\n"
-        f"{fence.block('DIALOGUE', render_dialogue(history))}\n\n"
+        f"{fence.block('DIALOGUE', render_dialogue(history, **AS_USER))}\n\n"
         "Think as the character, with their temperament and the reactions the background describes. "
         "Answer in exactly this format:\n"
         "Content: what the supporter means to say\n"
@@ -416,8 +320,8 @@ def reply_prompt(
     else:
         earlier, latest = history[:-2], history[-2:]
         situation = (
-            f"Earlier in the conversation:\n{fence.block('EARLIER', render_dialogue(earlier))}\n\n"
-            f"The latest exchange:\n{fence.block('LATEST', render_dialogue(latest))}\n\n"
+            f"Earlier in the conversation:\n{fence.block('EARLIER', render_dialogue(earlier, **AS_USER))}\n\n"
+            f"The latest exchange:\n{fence.block('LATEST', render_dialogue(latest, **AS_USER))}\n\n"
             "How the supporter's last reply made you feel:\n"
             f"{fence.block('FEELING', feeling or '(no analysis)')}"
         )

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, msg
 
 ACTION_TYPES = ("none", "speak", "non-verbal communication", "action", "leave")

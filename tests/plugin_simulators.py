@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rapo_echo.simulators.base import Reaction, UserSimulator
+from rapo_echo.llm.reaction import Reaction
+from rapo_echo.simulators.base import UserSimulator
 
 CONSTRUCTED: list[str] = []
 

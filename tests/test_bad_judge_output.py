@@ -15,11 +15,12 @@ import pytest
 
 from rapo_echo.engines.openai_engine import OpenAIEngine, content_text
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
-from rapo_echo.judges.base import read_label_probabilities, usable_probabilities
 from rapo_echo.judges.group import Candidate, GroupJudge
+from rapo_echo.llm.labels import read_label_probabilities, usable_probabilities
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.rewards import RewardContext
 from rapo_echo.rewards.judge import JudgeReward
-from rapo_echo.simulators.reaction import Reaction, ReactionSimulator
+from rapo_echo.simulators.reaction import ReactionSimulator
 from rapo_echo.types import Sample, Scenario, msg
 
 URL = "http://judge.test:8000/v1"

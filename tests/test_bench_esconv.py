@@ -16,14 +16,15 @@ from rapo_echo.benchmarks.esconv_reference import EsconvReference
 from rapo_echo.benchmarks.text_metrics import reference_metrics
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.judges.labels import judge_labels, parse_with_retries
+from rapo_echo.llm.answers import parse_with_retries
+from rapo_echo.llm.dialogue import clean_reply
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import judge_labels
 from rapo_echo.simulators.esconv_seeker import (
     CRITIC_LABELS,
     SEEKER,
     SUPPORTER,
     SeekerProfile,
-    clean_reply,
     critic_prompt,
     parse_critic,
     seeker_prompt,

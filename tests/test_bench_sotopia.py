@@ -22,7 +22,7 @@ from rapo_echo.benchmarks.sotopia_eval import (
 from rapo_echo.benchmarks.sotopia_profiles import SOTOPIA_HARD_ENV_IDS, bundled_scenarios_path, load_sotopia
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.simulators.sotopia_agent import (
     AgentAction,
     AgentProfile,

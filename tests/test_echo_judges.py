@@ -18,9 +18,10 @@ from rapo_echo.judges.empathy import (
     presentation_outcome,
     process_factor,
 )
-from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.humanlike import HumanlikeJudge
-from rapo_echo.judges.verdict import Verdict, answer_text, expected, field_line, parse_verdict, reasoning_of
+from rapo_echo.judges.verdict import Verdict, answer_text, expected, parse_verdict, reasoning_of
+from rapo_echo.llm.answers import field_line
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Scenario, msg
 
 CONTEXT = [msg("user", "ugh my flight got cancelled again"), msg("assistant", "no way, which airline?")]

@@ -1,4 +1,4 @@
-"""Fenced blocks for untrusted text (rapo_echo/judges/fencing.py)."""
+"""Fenced blocks for untrusted text (rapo_echo/llm/fencing.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from rapo_echo.judges.fencing import REDACTED, Fence, new_marker
+from rapo_echo.llm.fencing import REDACTED, Fence, new_marker
 
 
 def test_block_wraps_text_between_marked_lines() -> None:

@@ -11,8 +11,6 @@ import re
 import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.judges.base import RETRY_TEMPERATURE, generate_parsed
-from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.group import (
     BEST_PREFIX,
     CRITIQUE_PREFIX,
@@ -24,7 +22,9 @@ from rapo_echo.judges.group import (
     parse_ranking,
     ranks_from_p_best,
 )
-from rapo_echo.simulators.reaction import Reaction
+from rapo_echo.llm.answers import RETRY_TEMPERATURE, generate_parsed
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 _SHOWN = re.compile(r"^<<<REPLY ([A-Z]) [0-9A-F]{8}>>>\n(.*?)\n<<<END REPLY \1 [0-9A-F]{8}>>>$", re.M | re.S)
@@ -457,7 +457,7 @@ class RecordingEngine(ScriptedEngine):
 
 
 def test_first_attempt_is_greedy_and_retries_sample():
-    # a greedy retry would repeat the failed answer, so retries (judges.base.retry_sampling)
+    # a greedy retry would repeat the failed answer, so retries (llm.answers.retry_sampling)
     # sample at RETRY_TEMPERATURE; critiques stop at the first blank line
     answers = iter(["no ranking here", "Ranking: A > B", "   ", "they felt heard.", "too blunt."])
     engine = RecordingEngine(fn=lambda p: next(answers))

@@ -13,9 +13,9 @@ from rapo_echo.config import load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.group import Candidate
 from rapo_echo.judges.reactions import ReactionJudge
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
-from rapo_echo.simulators.base import Reaction
 from rapo_echo.simulators.hidden_preference import (
     DEFAULT_RULES,
     DETAILS_RULE,

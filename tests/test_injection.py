@@ -12,9 +12,10 @@ import re
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.sotopia import Sotopia
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.group import Candidate, GroupJudge
-from rapo_echo.judges.labels import judge_labels
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import judge_labels
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.rewards import RewardContext
 from rapo_echo.rewards.judge import JudgeReward
 from rapo_echo.simulators.esconv_seeker import (
@@ -24,7 +25,7 @@ from rapo_echo.simulators.esconv_seeker import (
     SeekerProfile,
     critic_prompt,
 )
-from rapo_echo.simulators.reaction import Reaction, ReactionSimulator
+from rapo_echo.simulators.reaction import ReactionSimulator
 from rapo_echo.types import Sample, SamplingParams, Scenario, msg
 
 

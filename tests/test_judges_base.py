@@ -1,12 +1,11 @@
-"""What every judge shares (rapo_echo/judges/base.py): one retry mechanism for every judge and simulator."""
+"""What judges and simulators share (rapo_echo/llm/answers.py, labels.py): one retry mechanism for all."""
 
 from __future__ import annotations
 
 import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.judges.base import RETRY_TEMPERATURE, generate_parsed, retry_sampling
-from rapo_echo.judges.labels import parse_with_retries
+from rapo_echo.llm.answers import RETRY_TEMPERATURE, generate_parsed, parse_with_retries, retry_sampling
 from rapo_echo.types import SamplingParams, msg
 
 
@@ -51,7 +50,7 @@ def test_explicit_retry_params_win():
 
 
 def test_benchmark_call_form_is_the_same_mechanism():
-    # judges/labels.parse_with_retries (the benchmarks' form) retries exactly as generate_parsed does
+    # llm/answers.parse_with_retries (the benchmarks' form) retries exactly as generate_parsed does
     engine = RecordingEngine(replies=["no", "no", "no"])
     (out,) = parse_with_retries(
         engine, [[msg("user", "x")]], digit, SamplingParams(temperature=0.0, seed=1), 2

@@ -23,9 +23,9 @@ import pytest
 
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import load_config
+from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError, DataError, RapoEchoError
-from rapo_echo.simulators.sage import SageProfile
 from rapo_echo.types import msg
 
 ROOT = Path(__file__).resolve().parents[1]

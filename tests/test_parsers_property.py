@@ -18,13 +18,16 @@ from hypothesis import strategies as st
 from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS, dimension_key, parse_reply, parse_scores
 from rapo_echo.engines.openai_engine import content_text, option_logprob
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.judges.base import parse_answer_line, usable_probabilities
-from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.group import CRITIQUE_PREFIX, Candidate, GroupJudge, clean_critique, parse_ranking
+from rapo_echo.llm.answers import parse_answer_line
+from rapo_echo.llm.dialogue import clean_reply
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import usable_probabilities
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.rewards import RewardContext
 from rapo_echo.rewards.judge import JudgeReward
-from rapo_echo.simulators.esconv_seeker import CRITIC_LABELS, clean_reply, parse_critic
-from rapo_echo.simulators.reaction import Reaction, ReactionSimulator, parse_fields
+from rapo_echo.simulators.esconv_seeker import CRITIC_LABELS, parse_critic
+from rapo_echo.simulators.reaction import ReactionSimulator, parse_fields
 from rapo_echo.simulators.sotopia_agent import ACTION_TYPES, parse_action
 from rapo_echo.types import Sample, Scenario, msg
 

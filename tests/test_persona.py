@@ -11,9 +11,9 @@ import pytest
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.empathy import EmpathyJudge
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.prompting import PERSONA_KEY, PERSONA_NOTE, policy_conversation
-from rapo_echo.simulators.persona import PersonaInference, PersonaSummary
+from rapo_echo.rewards.persona import PersonaInference, PersonaSummary
 from rapo_echo.types import Scenario, msg
 
 RULES = [

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rapo_echo.algorithms.rank_rewards import (
-    average_ranks,
-    gopo_advantages,
-    linear_rank_rewards,
-    mix_emotion,
-    rank_of_extra,
-)
+from rapo_echo.algorithms.rank_rewards import gopo_advantages, linear_rank_rewards, mix_emotion, rank_of_extra
+from rapo_echo.llm.ranks import average_ranks
 
 
 def approx(values):

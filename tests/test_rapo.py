@@ -200,7 +200,7 @@ def test_selection_rules() -> None:
 
 
 def test_teacher_prompt_carries_reply_reaction_and_critique() -> None:
-    from rapo_echo.simulators.reaction import Reaction
+    from rapo_echo.llm.reaction import Reaction
 
     conv = [msg("system", "S"), msg("user", "I lost my job.")]
     out = teacher_prompt(

@@ -8,13 +8,13 @@ import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import CapabilityError
+from rapo_echo.llm.reaction import render_profile
 from rapo_echo.simulators.reaction import (
     EMOTION_LABELS,
     EMOTION_PREFIX,
     ReactionSimulator,
     emotion_delta,
     parse_fields,
-    render_profile,
 )
 from rapo_echo.types import Conversation, Scenario, msg
 

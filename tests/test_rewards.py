@@ -13,8 +13,9 @@ from rapo_echo import plugins
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError
 from rapo_echo.rewards import RewardContext, RewardOutput, RewardSet, build_reward
-from rapo_echo.rewards.builtin import FormatReward, LengthReward, QuestionReward, repeated_ngram_fraction
+from rapo_echo.rewards.builtin import FormatReward, LengthReward, QuestionReward
 from rapo_echo.rewards.judge import JudgeReward
+from rapo_echo.text import repeated_ngram_fraction
 from rapo_echo.types import Sample, Scenario, msg
 
 

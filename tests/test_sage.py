@@ -8,18 +8,16 @@ import re
 
 import pytest
 
+from rapo_echo.data.sage_profiles import BUNDLED_PROFILES, SageProfile, load_profiles
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import DataError
 from rapo_echo.simulators.sage import (
-    BUNDLED_PROFILES,
-    SageProfile,
     SageSettings,
     SageSimulator,
     analysis_before_change,
     clamp_delta,
     end_reason,
     final_reward,
-    load_profiles,
     parse_change,
     parse_fields,
     parse_plain_reply,

@@ -10,9 +10,10 @@ import pytest
 
 from rapo_echo import plugins
 from rapo_echo.errors import ConfigError
+from rapo_echo.llm.reaction import Reaction
 from rapo_echo.rewards import RewardContext, build_reward
 from rapo_echo.simulators import base
-from rapo_echo.simulators.base import Reaction, build_simulator, checked_reactions
+from rapo_echo.simulators.base import build_simulator, checked_reactions
 from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
 from rapo_echo.simulators.reaction import ReactionSimulator
 from rapo_echo.types import Sample, Scenario, msg

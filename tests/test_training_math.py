@@ -272,8 +272,8 @@ def test_token_kl_teacher_does_not_inflate_the_copied_reply(smol_engine) -> None
 
     from rapo_echo.algorithms.rapo import feedback_prompt, teacher_prompt
     from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+    from rapo_echo.llm.reaction import Reaction
     from rapo_echo.prompting import policy_conversation
-    from rapo_echo.simulators.reaction import Reaction
     from rapo_echo.types import Scenario, msg
 
     scenario = Scenario("x", [msg("user", "I failed my exam and my parents are furious with me.")])

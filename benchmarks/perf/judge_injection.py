@@ -42,10 +42,10 @@ def main() -> None:
     from rapo_echo.data import load_scenarios
     from rapo_echo.engines.hf import HFEngine
     from rapo_echo.judges.group import Candidate, GroupJudge
+    from rapo_echo.llm.reaction import Reaction
     from rapo_echo.models import resolve
     from rapo_echo.rewards import RewardContext
     from rapo_echo.rewards.judge import JudgeReward
-    from rapo_echo.simulators.reaction import Reaction
     from rapo_echo.types import Sample, Scenario, msg
 
     engine = HFEngine.from_spec(resolve("default").path, device="cpu")

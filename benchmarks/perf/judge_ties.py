@@ -98,8 +98,8 @@ def judge_all(
     """Every rule's ranks from two complementary presentations of each group, with the fewest engine
     calls: the P(best) rules share one call (both presentations), ``sequential`` runs its rounds for both
     presentations together, ``pairwise`` asks every ordered pair once (the halves are its two orders)."""
-    from rapo_echo.algorithms.rank_rewards import average_ranks
     from rapo_echo.judges.group import GroupJudge, pairwise_scores, ranks_from_p_best
+    from rapo_echo.llm.ranks import average_ranks
 
     rng = random.Random(seed)
     orders = [rng.sample(range(len(g)), len(g)) for g in groups]  # the same shuffles for every rule
@@ -191,8 +191,8 @@ def main() -> None:
     from rapo_echo.data import load_scenarios
     from rapo_echo.engines.hf import HFEngine
     from rapo_echo.judges.group import Candidate
+    from rapo_echo.llm.reaction import Reaction
     from rapo_echo.models import resolve
-    from rapo_echo.simulators.reaction import Reaction
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)

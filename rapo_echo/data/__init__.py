@@ -37,6 +37,7 @@ from rapo_echo.data.files import (
     open_source,
     read_records,
 )
+from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.data.scenario_file import SUPPORT_NEEDS, parse_scenarios
 from rapo_echo.data.stream import ScenarioStream
 from rapo_echo.errors import DataError
@@ -153,8 +154,6 @@ def _resolve_format(src: Source, fmt: str) -> str:
 
 def _profile_scenarios(src: Source) -> list[Scenario]:
     """One scenario per simulated-user profile (validated by the simulator's profile reader)."""
-    from rapo_echo.simulators.sage import SageProfile
-
     out = []
     for i, record in enumerate(read_records(src)):
         row = expect_object(record)

@@ -1,10 +1,11 @@
 """Every generative judge lives here (docs/architecture.md, "The three roles").
 
-* :mod:`.base` -- what every judge shares: label-token probabilities when the engine exposes
-  log-probs, parsed text otherwise, retries; an unparseable reply is invalid, never 0.
-* :mod:`.fencing` -- untrusted text (dialogue, replies, reactions, references, profiles) goes into
-  prompts only inside fenced blocks with a per-call marker.
-* :mod:`.labels` -- label verdicts for the benchmarks' critics and evaluators.
+What every judge shares (fencing, answer parsing and retries, label probabilities, dialogue rendering)
+is in :mod:`rapo_echo.llm`, below the judges, the simulators and the rewards.
+
+* :mod:`.verdict` -- the Echo-N1 judges' answer format (``Reasoning:`` then ``Verdict: LABEL``).
+* :mod:`.humanlike`, :mod:`.empathy` -- Echo-N1's two generative reward models.
+* :mod:`.reactions` -- ranks a group of replies from the person's emotion changes.
 * :mod:`.group` -- RAPO's group judge: ranks a group of replies from the person's reactions and
   critiques them.
 * :mod:`.epm` -- the EPM benchmark's rater: the IEDR form (initial deficit) and the per-turn MDEP form.

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judges.base import check_logprobs_mode, generate_parsed
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, field_line, label_probability
+from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_probability
+from rapo_echo.llm.answers import check_logprobs_mode, field_line, generate_parsed
+from rapo_echo.llm.dialogue import render_dialogue
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.reaction import render_profile
 from rapo_echo.prompting import PERSONA_KEY
-from rapo_echo.rewards.judge import render_dialogue
-from rapo_echo.simulators.reaction import render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 AXES = ("cognitive", "affective", "proactive")

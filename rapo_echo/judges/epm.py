@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.epm import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
 from rapo_echo.errors import CapabilityError
-from rapo_echo.judges.base import wants_logprobs
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.judges.labels import parse_with_retries
+from rapo_echo.llm.answers import parse_with_retries, wants_logprobs
+from rapo_echo.llm.dialogue import render_dialogue, turn_messages
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, SamplingParams, msg
 
 Turn = tuple[str, str]  # (speaker, text); speaker "user" or "companion"
@@ -78,11 +78,6 @@ class EpmForm:
     attempts: int
     mode: str  # "logprobs" or "text"
     probs: dict[str, dict[str, float]] | None = None
-
-
-def render_turns(turns: Sequence[Turn], name: str) -> str:
-    """``Name: text`` / ``Companion: text`` lines."""
-    return "\n".join(f"{name if who == 'user' else 'Companion'}: {text}" for who, text in turns)
 
 
 def iedr_instructions() -> str:
@@ -177,11 +172,13 @@ class EpmJudge:
         fence: Fence,
     ) -> Conversation:
         """The MDEP prompt: card, earlier turns (context), the latest exchange(s) to rate."""
-        context = render_turns(earlier, name) or "(none: the conversation has just begun)"
+        just_begun = "(none: the conversation has just begun)"
+        context = render_dialogue(turn_messages(earlier), name, "Companion", just_begun)
+        shown = render_dialogue(turn_messages(latest), name, "Companion")
         body = (
             f"The person's card:\n{fence.block('CARD', card)}\n\n"
             f"Earlier conversation:\n{fence.block('EARLIER', context)}\n\n"
-            f"Latest exchange:\n{fence.block('LATEST', render_turns(latest, name))}\n\n"
+            f"Latest exchange:\n{fence.block('LATEST', shown)}\n\n"
             f"{mdep_instructions()}\n\n"
         )
         if question is None:

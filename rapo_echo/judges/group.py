@@ -28,7 +28,7 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
 * Critiques: one batched generation, one prompt per (group, candidate), contrasting the candidate with
   the group's best one.
 * Untrusted text (context, profile, replies, reactions, thoughts) reaches the prompts only in fenced
-  blocks (:mod:`rapo_echo.judges.fencing`; one marker per call, drawn from ``rng``, so a group's prompts
+  blocks (:mod:`rapo_echo.llm.fencing`; one marker per call, drawn from ``rng``, so a group's prompts
   keep their shared prefix), and a text answer is parsed from the judge's own words only.
 """
 
@@ -43,19 +43,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from rapo_echo.algorithms.rank_rewards import average_ranks
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judges.base import (
+from rapo_echo.llm.answers import (
     Parsed,
     check_logprobs_mode,
     describe_engine,
     generate_parsed,
-    usable_probabilities,
     wants_logprobs,
 )
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.rewards.judge import render_dialogue
-from rapo_echo.simulators.reaction import Reaction, render_profile
+from rapo_echo.llm.dialogue import render_dialogue
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import usable_probabilities
+from rapo_echo.llm.ranks import average_ranks
+from rapo_echo.llm.reaction import Reaction, render_profile
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 log = logging.getLogger(__name__)
@@ -439,7 +439,7 @@ class GroupJudge:
     ) -> list[list[float] | None]:
         """One batched ``choice_logprobs`` call: for each ``(group, presentation order)`` job, P(best) of
         each shown candidate, in presentation order; None where the label log-probs are unusable
-        (:func:`~rapo_echo.judges.base.usable_probabilities`)."""
+        (:func:`~rapo_echo.llm.labels.usable_probabilities`)."""
         if not jobs:
             return []
         width = max(len(order) for _, order in jobs)

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judges.base import check_logprobs_mode
-from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_probability
-from rapo_echo.rewards.judge import render_dialogue
+from rapo_echo.llm.answers import check_logprobs_mode
+from rapo_echo.llm.dialogue import render_dialogue
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, msg
 
 HUMAN, AI = "human", "AI"

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from rapo_echo.algorithms.rank_rewards import average_ranks
 from rapo_echo.judges.group import CRITIQUE_PREFIX, Candidate, GroupJudgement
+from rapo_echo.llm.ranks import average_ranks
 from rapo_echo.types import Scenario
 
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rapo_echo.engines.base import ChatEngine, generate_texts
-from rapo_echo.judges.base import wants_logprobs
-from rapo_echo.judges.labels import judge_labels
+from rapo_echo.llm.answers import wants_logprobs
+from rapo_echo.llm.labels import judge_labels
 from rapo_echo.types import Conversation, SamplingParams, msg
 
 REASONING_PREFIX = "Reasoning:"
@@ -75,14 +75,6 @@ def parse_verdict(text: str, labels: Sequence[str], prefix: str = VERDICT_PREFIX
         return by_lower[hits[-1].lower()]
     bare = re.fullmatch(rf"{label_re}[\s.!*_`\"']*", text, re.I)
     return by_lower[bare.group(1).lower()] if bare else None
-
-
-def field_line(text: str) -> str | None:
-    """The first line of a field continuation (e.g. after ``Cognitive need:``), whitespace normalised;
-    None when it has fewer than two words with letters (empty, punctuation, a lone label)."""
-    line = " ".join(text.strip().split("\n", 1)[0].split()).strip(" \"'*`")
-    words = [w for w in line.split() if re.search(r"[A-Za-z]", w)]
-    return line if len(words) >= 2 else None
 
 
 def _options(labels: Sequence[str]) -> dict[str, str]:

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.chat_template import ChatMarkers, render_prompt
+from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
-from rapo_echo.simulators.sage import SageDialogue, SageProfile, SageSettings, SageSimulator
+from rapo_echo.simulators.sage import SageDialogue, SageSettings, SageSimulator
 from rapo_echo.types import Conversation, msg
 
 AGENT_SETTINGS = "rlver_agent.json"

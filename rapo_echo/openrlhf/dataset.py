@@ -81,7 +81,7 @@ def write_profiles(profiles: list[dict[str, Any]], path: str | Path, *, system_p
     """Write an RLVER agent dataset from simulated-user profiles (RLVER / SAGE rows or our scenario
     profiles): the label is the profile JSON; the prompt is the system prompt plus the preset first
     talk when the profile has one (the agent builds the real first observation itself)."""
-    from rapo_echo.simulators.sage import SageProfile
+    from rapo_echo.data.sage_profiles import SageProfile
 
     if not profiles:
         raise DataError(f"{path}: no profiles to write")

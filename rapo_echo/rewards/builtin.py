@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 
 from rapo_echo.rewards import RewardOutput
+from rapo_echo.text import repeated_ngram_fraction
 from rapo_echo.types import Sample
 
 # Markers of a reply that speaks for the other person or leaks the chat format.
@@ -27,14 +28,6 @@ class LengthReward:
 
     def __call__(self, samples: Sequence[Sample]) -> list[float]:
         return [max(-1.0, 1.0 - abs(len(s.text.split()) - self.target) / self.target) for s in samples]
-
-
-def repeated_ngram_fraction(words: Sequence[str], n: int = 3) -> float:
-    """Fraction of the word n-grams that repeat an earlier n-gram of the same text."""
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    if not grams:
-        return 0.0
-    return 1.0 - len(set(grams)) / len(grams)
 
 
 class FormatReward:

@@ -26,7 +26,6 @@ from typing import Any
 
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.base import check_logprobs_mode
 from rapo_echo.judges.empathy import (
     EmpathyJudge,
     NeedAnalysis,
@@ -36,6 +35,7 @@ from rapo_echo.judges.empathy import (
     process_factor,
 )
 from rapo_echo.judges.humanlike import HumanlikeJudge
+from rapo_echo.llm.answers import check_logprobs_mode
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
 from rapo_echo.types import Sample, Scenario

@@ -5,14 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.base import (
-    check_logprobs_mode,
-    generate_parsed,
-    parse_answer_line,
-    read_label_probabilities,
-    wants_logprobs,
-)
-from rapo_echo.judges.fencing import Fence
+from rapo_echo.llm.answers import check_logprobs_mode, generate_parsed, parse_answer_line, wants_logprobs
+from rapo_echo.llm.dialogue import render_dialogue
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import read_label_probabilities
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.types import Conversation, Sample, SamplingParams, msg
 
@@ -22,12 +18,6 @@ DEFAULT_RUBRIC = (
     "invites them to say more or offers gentle, concrete help. A bad reply is generic, dismissive, "
     "preachy, off-topic, or speaks for the person."
 )
-
-
-def render_dialogue(messages: Sequence[dict], user: str = "Person", assistant: str = "Supporter") -> str:
-    """A dialogue as plain text lines (system messages left out)."""
-    names = {"user": user, "assistant": assistant}
-    return "\n".join(f"{names[m['role']]}: {m['content']}" for m in messages if m["role"] in names)
 
 
 class JudgeReward:
@@ -96,7 +86,7 @@ class JudgeReward:
         ]
 
     def parse(self, text: str) -> int | None:
-        """The rating on the answer line ``Score: N`` (:func:`~rapo_echo.judges.base.parse_answer_line`:
+        """The rating on the answer line ``Score: N`` (:func:`~rapo_echo.llm.answers.parse_answer_line`:
         an echoed "Score: 1 (worst) to 5" or a "Score: 5" quoted in reasoning does not count), if in range."""
         return parse_answer_line(text, "score", 1, self.scale)
 

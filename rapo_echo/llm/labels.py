@@ -1,23 +1,72 @@
-"""Benchmark judges on top of :mod:`rapo_echo.judges.base`: label verdicts read from label-token
-probabilities when the engine exposes log-probs (else parsed from text), and text verdicts parsed with
-retries. A reply that stays unparseable gives ``None`` (the case is then invalid), never a default score.
+"""Label probabilities: a model's choice among labels read from the label tokens' log-probs when the
+engine exposes them (else parsed from text, with retries, :mod:`rapo_echo.llm.answers`). A reply that
+stays unparseable, or a row of unusable log-probs, gives ``None`` (the case is then invalid), never a
+default score.
 
 Retries matter only if a second attempt can differ: the first attempt uses the given (usually greedy)
-parameters, every retry samples (:func:`rapo_echo.judges.base.retry_sampling`).
+parameters, every retry samples (:func:`rapo_echo.llm.answers.retry_sampling`).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.errors import CapabilityError
-from rapo_echo.judges.base import Parsed, generate_parsed, wants_logprobs
+from rapo_echo.llm.answers import describe_engine, generate_parsed, wants_logprobs
 from rapo_echo.types import Conversation, SamplingParams
 
-T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def label_probabilities(
+    engine: ChatEngine, prompts: Sequence[Conversation], labels: Sequence[str]
+) -> list[dict[str, float]]:
+    """Normalised probability of each label as the judge's next token(s), one dict per prompt (raises
+    :class:`CapabilityError` when no label has any probability; see :func:`read_label_probabilities`)."""
+    return [normalize_choices(lp) for lp in engine.choice_logprobs(prompts, labels)]
+
+
+def usable_probabilities(row: Mapping[str, float], labels: Sequence[str]) -> dict[str, float] | None:
+    """``row``'s log-probs of ``labels`` renormalised into probabilities, or None when they cannot be
+    used: a label missing, a NaN or +inf, or every label at probability 0 (none among a server's top
+    log-probs)."""
+    try:
+        values = {label: float(row[label]) for label in labels}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not values or any(math.isnan(v) or v == math.inf for v in values.values()):
+        return None
+    try:
+        return normalize_choices(values)
+    except CapabilityError:
+        return None
+
+
+def read_label_probabilities(
+    engine: ChatEngine, prompts: Sequence[Conversation], labels: Sequence[str], *, role: str
+) -> list[dict[str, float] | None]:
+    """:func:`label_probabilities` that never raises on bad output: a prompt whose label log-probs are
+    unusable (:func:`usable_probabilities`) gets None, to be marked invalid and counted by the caller,
+    and one warning names the ``role`` (judge / simulator), the engine and its endpoint."""
+    if not prompts:
+        return []
+    rows = engine.choice_logprobs(prompts, labels)
+    out = [usable_probabilities(row, labels) for row in rows]
+    bad = sum(p is None for p in out)
+    if bad:
+        log.warning(
+            "%s engine %s: %d of %d prompts gave no usable label probabilities (NaN, or no label among "
+            "the top log-probs); those samples are invalid",
+            role,
+            describe_engine(engine),
+            bad,
+            len(prompts),
+        )
+    return out
 
 
 @dataclass
@@ -31,17 +80,6 @@ class LabelVerdict:
     raw: str
     attempts: int
     mode: str  # "logprobs" or "text"
-
-
-def parse_with_retries(
-    engine: ChatEngine,
-    prompts: Sequence[Conversation],
-    parse: Callable[[str], T | None],
-    params: SamplingParams,
-    retries: int,
-) -> list[Parsed[T]]:
-    """:func:`~rapo_echo.judges.base.generate_parsed` with ``retries`` (the benchmarks' call form)."""
-    return generate_parsed(engine, prompts, parse, params, max_retries=retries)
 
 
 def expected_value(probs: Mapping[str, float], values: Mapping[str, float]) -> float:

@@ -1,17 +1,17 @@
-"""What every generative judge needs: label-token probabilities when the engine exposes log-probs,
-parsed text otherwise, with retries; a reply that stays unparseable is ``None`` (invalid), never 0."""
+"""Answers read from a model's text, for judges, simulators and annotators alike: the log-prob mode
+switch, answer-line parsing, and generation with retries; a reply that stays unparseable is ``None``
+(invalid), never 0. Label probabilities (the log-prob path) are in :mod:`rapo_echo.llm.labels`."""
 
 from __future__ import annotations
 
 import logging
-import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from rapo_echo.engines.base import ChatEngine, normalize_choices
+from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import CapabilityError
 from rapo_echo.types import Conversation, SamplingParams
 
@@ -50,14 +50,6 @@ def wants_logprobs(engine: ChatEngine, mode: str) -> bool:
     return bool(engine.supports_logprobs)
 
 
-def label_probabilities(
-    engine: ChatEngine, prompts: Sequence[Conversation], labels: Sequence[str]
-) -> list[dict[str, float]]:
-    """Normalised probability of each label as the judge's next token(s), one dict per prompt (raises
-    :class:`CapabilityError` when no label has any probability; see :func:`read_label_probabilities`)."""
-    return [normalize_choices(lp) for lp in engine.choice_logprobs(prompts, labels)]
-
-
 def describe_engine(engine: ChatEngine) -> str:
     """The engine's name and, for a remote one, its endpoint (credentials removed), for warnings."""
     name = f"{getattr(engine, 'name', type(engine).__name__)!r}"
@@ -68,45 +60,6 @@ def describe_engine(engine: ChatEngine) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return f"{name} at {urlunsplit((parts.scheme, netloc, parts.path, '', ''))}"
-
-
-def usable_probabilities(row: Mapping[str, float], labels: Sequence[str]) -> dict[str, float] | None:
-    """``row``'s log-probs of ``labels`` renormalised into probabilities, or None when they cannot be
-    used: a label missing, a NaN or +inf, or every label at probability 0 (none among a server's top
-    log-probs)."""
-    try:
-        values = {label: float(row[label]) for label in labels}
-    except (KeyError, TypeError, ValueError):
-        return None
-    if not values or any(math.isnan(v) or v == math.inf for v in values.values()):
-        return None
-    try:
-        return normalize_choices(values)
-    except CapabilityError:
-        return None
-
-
-def read_label_probabilities(
-    engine: ChatEngine, prompts: Sequence[Conversation], labels: Sequence[str], *, role: str
-) -> list[dict[str, float] | None]:
-    """:func:`label_probabilities` that never raises on bad output: a prompt whose label log-probs are
-    unusable (:func:`usable_probabilities`) gets None, to be marked invalid and counted by the caller,
-    and one warning names the ``role`` (judge / simulator), the engine and its endpoint."""
-    if not prompts:
-        return []
-    rows = engine.choice_logprobs(prompts, labels)
-    out = [usable_probabilities(row, labels) for row in rows]
-    bad = sum(p is None for p in out)
-    if bad:
-        log.warning(
-            "%s engine %s: %d of %d prompts gave no usable label probabilities (NaN, or no label among "
-            "the top log-probs); those samples are invalid",
-            role,
-            describe_engine(engine),
-            bad,
-            len(prompts),
-        )
-    return out
 
 
 _MARKUP = re.compile(r"[*_#>`\s]+")
@@ -133,6 +86,14 @@ def parse_answer_line(text: str, key: str, lo: int, hi: int) -> int | None:
         return None
     (value,) = found
     return value if lo <= value <= hi else None
+
+
+def field_line(text: str) -> str | None:
+    """The first line of a field continuation (e.g. after ``Cognitive need:``), whitespace normalised;
+    None when it has fewer than two words with letters (empty, punctuation, a lone label)."""
+    line = " ".join(text.strip().split("\n", 1)[0].split()).strip(" \"'*`")
+    words = [w for w in line.split() if re.search(r"[A-Za-z]", w)]
+    return line if len(words) >= 2 else None
 
 
 def retry_sampling(params: SamplingParams, attempt: int) -> SamplingParams:
@@ -187,3 +148,14 @@ def generate_parsed(
             max_retries + 1,
         )
     return results
+
+
+def parse_with_retries(
+    engine: ChatEngine,
+    prompts: Sequence[Conversation],
+    parse: Callable[[str], T | None],
+    params: SamplingParams,
+    retries: int,
+) -> list[Parsed[T]]:
+    """:func:`generate_parsed` with ``retries`` (the benchmarks' call form)."""
+    return generate_parsed(engine, prompts, parse, params, max_retries=retries)

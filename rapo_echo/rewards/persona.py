@@ -9,6 +9,10 @@ a dialogue that grew gets a new one. One batched engine call per step for the sc
 three prompts per scenario, each continuing one field (``Traits:``, ``Needs:``, ``Preferred style:``)
 for one line; an empty or garbled field is retried, then the scenario gets no persona this step
 (counted in ``stats``, tried again next step).
+
+It annotates scenarios rather than simulating a user, and it lives beside the other per-scenario
+annotation the Echo-N1 rewards read (:mod:`.references`, whose cache key it shares): above the judges and
+the simulators, so it may use either, and imported by the trainer.
 """
 
 from __future__ import annotations
@@ -21,11 +25,10 @@ from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.base import generate_parsed
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.judges.verdict import field_line
+from rapo_echo.llm.answers import field_line, generate_parsed
+from rapo_echo.llm.dialogue import render_dialogue
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.prompting import PERSONA_KEY, PERSONA_PROMPT_KEY
-from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.rewards.references import scenario_key
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
