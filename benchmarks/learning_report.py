@@ -1,6 +1,6 @@
 """The learning benchmark in the report: the arms' curves side by side, seeds as bands.
 
-``benchmarks/perf/bench_learning.py --algo rapo --runs DIR`` writes ``DIR/learning.json``; the report
+``studies/bench_learning.py --algo rapo --runs DIR`` writes ``DIR/learning.json``; the report
 finds it in any folder it is given and draws, per measure (the hidden-rule score first, then the
 simulated emotion change and how often a rewrite beat its original), one line per arm (the mean over
 seeds) inside a band from the lowest to the highest seed.

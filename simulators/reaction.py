@@ -31,7 +31,7 @@ from rapo_echo.judges.base import (
 from rapo_echo.judges.fencing import Fence
 from rapo_echo.rewards.judge import render_dialogue
 from rapo_echo.simulators.base import Reaction, UserSimulator
-from rapo_echo.simulators.esconv_seeker import clean_reply
+from rapo_echo.simulators.replies import clean_reply
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 PARAGRAPH_STOP = ("\n\n",)  # a message or thought is one short paragraph

@@ -10,25 +10,25 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.benchmarks.base import Case, EvalSettings, Roles
-from rapo_echo.benchmarks.esconv_data import read_esconv
-from rapo_echo.benchmarks.esconv_interactive import EsconvInteractive
-from rapo_echo.benchmarks.esconv_reference import EsconvReference
-from rapo_echo.benchmarks.text_metrics import reference_metrics
-from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
-from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.fencing import Fence
-from rapo_echo.judges.labels import judge_labels, parse_with_retries
-from rapo_echo.simulators.esconv_seeker import (
+from rapo_echo.benchmarks.esconv.data import read_esconv
+from rapo_echo.benchmarks.esconv.interactive import EsconvInteractive
+from rapo_echo.benchmarks.esconv.reference import EsconvReference
+from rapo_echo.benchmarks.esconv.seeker import (
     CRITIC_LABELS,
     SEEKER,
     SUPPORTER,
     SeekerProfile,
-    clean_reply,
     critic_prompt,
     parse_critic,
     seeker_prompt,
     supporter_prompt,
 )
+from rapo_echo.benchmarks.text_metrics import reference_metrics
+from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
+from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.fencing import Fence
+from rapo_echo.judges.labels import judge_labels, parse_with_retries
+from rapo_echo.simulators.replies import clean_reply
 from rapo_echo.types import SamplingParams
 from tests.conftest import shared_data
 
@@ -195,7 +195,7 @@ def make_cases(n: int) -> list[Case]:
 
 
 def _conv(i: int):
-    from rapo_echo.benchmarks.esconv_data import EsconvConversation
+    from rapo_echo.benchmarks.esconv.data import EsconvConversation
 
     return EsconvConversation(f"c{i}", SeekerProfile("anxiety", "job crisis", f"case {i} situation"), [])
 

@@ -7,7 +7,9 @@
 * :mod:`.labels` -- label verdicts for the benchmarks' critics and evaluators.
 * :mod:`.group` -- RAPO's group judge: ranks a group of replies from the person's reactions and
   critiques them.
-* :mod:`.epm` -- the EPM benchmark's rater: the IEDR form (initial deficit) and the per-turn MDEP form.
+* :mod:`.training_data` / :mod:`.training` -- fine-tuning a judge on labelled verdict examples
+  (the ``train-judge`` command). The EPM benchmark's rater lives with its benchmark
+  (:mod:`rapo_echo.benchmarks.epm.judge`).
 
 Modules are imported by name (nothing is re-exported here) so that loading one judge stays light.
 """

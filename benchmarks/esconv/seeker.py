@@ -4,13 +4,13 @@ PPDPP (Deng et al. 2023, github.com/dengyang17/PPDPP ``prompt.py`` / ``env.py``)
 emotional-support system against an LLM "patient" seeded with an ESConv case: the patient opens with
 the case's situation, system and patient then alternate, and after every patient turn a critic LLM
 answers "has the patient's issue been solved?" with one of four verdicts mapped to -1 / -0.5 / 0.5 / 1.
-This module builds those three prompts as chat conversations (our wording, same content) and cleans the
-simulator's replies; the episode loop lives in :mod:`rapo_echo.benchmarks.esconv_interactive`.
+This module builds those three prompts as chat conversations (our wording, same content); the simulator's
+replies are cleaned with :func:`rapo_echo.simulators.replies.clean_reply` and the episode loop lives in
+:mod:`rapo_echo.benchmarks.esconv.interactive`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,9 +43,6 @@ CRITIC_QUESTION = (
     "The Patient's issue:\n{case}\n\nThe conversation:\n{dialogue}\n\n"
     "Question: Has the Patient's issue been solved? Answer with one word."
 )
-
-_ROLE_TAG = re.compile(r"\b(?:Therapist|Patient|Supporter|Seeker|assistant|user)\s*:", re.I)
-
 
 @dataclass(frozen=True)
 class SeekerProfile:
@@ -113,16 +110,3 @@ def parse_critic(text: str) -> str | None:
     lowered = text.lower()
     hits = [(lowered.find(label), label) for label in CRITIC_LABELS if label in lowered]
     return min(hits)[1] if hits else None
-
-
-def clean_reply(text: str) -> str:
-    """A role-play reply cut where the model starts writing the other side (``Therapist:`` ...), with a
-    leading role tag of its own removed and whitespace stripped."""
-    text = text.strip()
-    first = _ROLE_TAG.match(text)
-    if first:
-        text = text[first.end() :].strip()
-    later = _ROLE_TAG.search(text)
-    if later:
-        text = text[: later.start()]
-    return text.strip()

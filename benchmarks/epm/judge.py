@@ -1,8 +1,8 @@
 """The EPM judge: fills the IEDR form once per case (the initial deficit P0) and the MDEP form after
 every evaluated turn (progress and regress per C/A/P axis -> the step vector v_t).
 
-The forms and their mappings are in :mod:`rapo_echo.epm`; this module writes the prompts (our own
-wording of the published method, calibrated to be strict) and reads the levels back:
+The forms and their mappings are in :mod:`rapo_echo.benchmarks.epm.vectors`; this module writes the
+prompts (our own wording of the published method, calibrated to be strict) and reads the levels back:
 
 * Log-prob mode (the engine exposes log-probs; ``use_logprobs`` auto/always): one prompt per
   indicator asking for one digit; the level is the most probable of the options ``0``, ``1``, ... as
@@ -25,8 +25,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rapo_echo.benchmarks.epm.vectors import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
 from rapo_echo.engines.base import ChatEngine, normalize_choices
-from rapo_echo.epm import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
 from rapo_echo.errors import CapabilityError
 from rapo_echo.judges.base import wants_logprobs
 from rapo_echo.judges.fencing import Fence

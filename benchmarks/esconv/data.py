@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.benchmarks.esconv.seeker import SEEKER, SUPPORTER, SeekerProfile
 from rapo_echo.errors import DataError
 from rapo_echo.jsonl import loads, read_utf8
-from rapo_echo.simulators.esconv_seeker import SEEKER, SUPPORTER, SeekerProfile
 
 SPEAKERS = {
     "seeker": SEEKER,

@@ -15,8 +15,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rapo_echo.benchmarks.epm.user import PersonaCard, Turn, render_dialogue
 from rapo_echo.judges.fencing import Fence
-from rapo_echo.simulators.epm_user import PersonaCard, Turn, render_dialogue
 from rapo_echo.types import Conversation, msg
 
 ACTIONS = ("story", "memory", "wait", "end")
