@@ -88,13 +88,13 @@ def test_reader_accepts_raw_failed_and_hf_schemas(tmp_path):
 def test_reader_errors_name_file_line_and_field(tmp_path):
     bad_speaker = {**CONV, "dialog": [{"speaker": "bot", "text": "x"}]}
     path = write_jsonl(tmp_path / "bad.jsonl", [CONV, bad_speaker])
-    with pytest.raises(DataError, match=r"bad\.jsonl:2: dialog\[0\]\.speaker is 'bot'"):
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: dialog\[0\]\.speaker: got 'bot'"):
         read_esconv(path)
     no_situation = {k: v for k, v in CONV.items() if k != "situation"}
-    with pytest.raises(DataError, match=r"x\.jsonl:1: field 'situation' is missing"):
+    with pytest.raises(DataError, match=r"x\.jsonl:1: situation: missing"):
         read_esconv(write_jsonl(tmp_path / "x.jsonl", [no_situation]))
     (tmp_path / "broken.jsonl").write_text(json.dumps(CONV) + "\n{oops\n")
-    with pytest.raises(DataError, match=r"broken\.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"broken\.jsonl:2: invalid JSON"):
         read_esconv(tmp_path / "broken.jsonl")
     with pytest.raises(DataError, match="not found"):
         read_esconv(tmp_path / "missing.jsonl")

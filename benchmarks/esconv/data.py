@@ -1,37 +1,22 @@
-"""Read whole ESConv conversations from any of the published schemas.
+"""Whole ESConv conversations for the ESConv benchmarks, read by the one ESConv parser.
 
-Accepted files (see shared/data/esconv/PROVENANCE.md):
-
-* raw ``ESConv.json``: a JSON list of conversations with ``dialog`` items ``{speaker: seeker|supporter,
-  content, annotation}``;
-* ``FailedESConv.json``: the same with speakers ``speaker`` / ``listener``;
-* the reformatted schema (PPDPP ``esc-*.txt``, thu-coai ``_reformat``): one JSON object per line with
-  ``dialog`` items ``{speaker: usr|sys, text, strategy}``;
-* Hugging Face ``thu-coai/esconv`` rows: one JSON object per line whose ``text`` field holds such a
-  conversation as a JSON string.
-
-Consecutive utterances of one speaker are merged into one turn (joined by a space), so turns alternate.
+Every accepted file (raw ``ESConv.json``, ``FailedESConv.json``, the reformatted PPDPP / thu-coai
+schema, Hugging Face ``thu-coai/esconv`` rows; see shared/data/esconv/PROVENANCE.md) is parsed by
+:func:`rapo_echo.data.load_dialogues`, the reader training uses too. The benchmark's view of a
+conversation: whitespace inside each utterance and the situation squashed to single spaces, and
+consecutive utterances of one speaker merged into one turn joined by a space, so turns alternate.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.esconv.seeker import SEEKER, SUPPORTER, SeekerProfile
-from rapo_echo.errors import DataError
-from rapo_echo.jsonl import loads, read_utf8
+from rapo_echo.data import Dialogue, load_dialogues
 
-SPEAKERS = {
-    "seeker": SEEKER,
-    "usr": SEEKER,
-    "speaker": SEEKER,
-    "supporter": SUPPORTER,
-    "sys": SUPPORTER,
-    "listener": SUPPORTER,
-}
+SPEAKERS = {"user": SEEKER, "assistant": SUPPORTER}  # Dialogue roles -> the benchmark's speakers
 
 
 @dataclass
@@ -46,62 +31,16 @@ class EsconvConversation:
 
 def read_esconv(path: str | Path) -> list[EsconvConversation]:
     """Every conversation in an ESConv-format file (JSON list or JSON lines), ids ``<stem>-<index>``."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: ESConv file not found")
-    text = read_utf8(path, "ESConv file")
-    items: list[tuple[str, Any]]
-    if text.lstrip().startswith("["):
-        data = loads(text, str(path))
-        items = [(f"{path}: item {i}", obj) for i, obj in enumerate(data)]
-    else:
-        items = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                items.append((f"{path}:{lineno}", loads(line, f"{path}:{lineno}")))
-    convs = [conversation_from_json(obj, where, f"{path.stem}-{i}") for i, (where, obj) in enumerate(items)]
-    if not convs:
-        raise DataError(f"{path}: no conversations found")
-    return convs
+    return [conversation(d) for d in load_dialogues(path)]
 
 
-def conversation_from_json(obj: Any, where: str, conv_id: str) -> EsconvConversation:
-    """One conversation from its JSON object (any accepted schema); ``where`` names it in errors."""
-    if isinstance(obj, dict) and isinstance(obj.get("text"), str) and "dialog" not in obj:
-        try:
-            obj = json.loads(obj["text"])  # a Hugging Face thu-coai/esconv row
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: field 'text' is not a JSON conversation ({exc})") from exc
-    if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object (one conversation), got {type(obj).__name__}")
-    for key in ("emotion_type", "problem_type", "situation"):
-        if not isinstance(obj.get(key), str):
-            raise DataError(f"{where}: field '{key}' is missing or not a string")
-    dialog = obj.get("dialog")
-    if not isinstance(dialog, list) or not dialog:
-        raise DataError(f"{where}: field 'dialog' must be a non-empty list of utterances")
-    turns: list[tuple[str, str]] = []
-    for j, utt in enumerate(dialog):
-        if not isinstance(utt, dict):
-            raise DataError(f"{where}: dialog[{j}] is not an object")
-        speaker = SPEAKERS.get(str(utt.get("speaker", "")).lower())
-        if speaker is None:
-            raise DataError(
-                f"{where}: dialog[{j}].speaker is {utt.get('speaker')!r}; "
-                f"expected one of {', '.join(SPEAKERS)}"
-            )
-        content = utt.get("content", utt.get("text"))
-        if not isinstance(content, str):
-            raise DataError(f"{where}: dialog[{j}] has no 'content' or 'text' string")
-        content = " ".join(content.split())
-        if not content:
-            continue
-        if turns and turns[-1][0] == speaker:
-            turns[-1] = (speaker, f"{turns[-1][1]} {content}")
-        else:
-            turns.append((speaker, content))
-    profile = SeekerProfile(obj["emotion_type"], obj["problem_type"], " ".join(obj["situation"].split()))
-    meta = {"source": where}
-    if isinstance(obj.get("experience_type"), str):
-        meta["experience_type"] = obj["experience_type"]
-    return EsconvConversation(conv_id, profile, turns, meta)
+def conversation(dialogue: Dialogue) -> EsconvConversation:
+    """The benchmark's view of one parsed conversation (``meta``: ``source`` = where it was read,
+    ``experience_type`` when the file has one)."""
+    turns = [(SPEAKERS[t.role], t.content) for t in dialogue.turns(sep=" ", squash_whitespace=True)]
+    p = dialogue.profile
+    profile = SeekerProfile(p["emotion_type"], p["problem_type"], " ".join(p["situation"].split()))
+    meta = {"source": dialogue.where}
+    if "experience_type" in p:
+        meta["experience_type"] = p["experience_type"]
+    return EsconvConversation(dialogue.id, profile, turns, meta)
