@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rapo_echo.benchmarks.epm.user import Turn, render_dialogue
 from rapo_echo.benchmarks.epm.vectors import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
 from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.errors import CapabilityError
@@ -32,8 +33,6 @@ from rapo_echo.judges.base import wants_logprobs
 from rapo_echo.judges.fencing import Fence
 from rapo_echo.judges.labels import parse_with_retries
 from rapo_echo.types import Conversation, SamplingParams, msg
-
-Turn = tuple[str, str]  # (speaker, text); speaker "user" or "companion"
 
 SYSTEM = (
     "You are a strict clinical rater of empathic conversations. A person talks with a companion. You "
@@ -78,11 +77,6 @@ class EpmForm:
     attempts: int
     mode: str  # "logprobs" or "text"
     probs: dict[str, dict[str, float]] | None = None
-
-
-def render_turns(turns: Sequence[Turn], name: str) -> str:
-    """``Name: text`` / ``Companion: text`` lines."""
-    return "\n".join(f"{name if who == 'user' else 'Companion'}: {text}" for who, text in turns)
 
 
 def iedr_instructions() -> str:
@@ -177,11 +171,11 @@ class EpmJudge:
         fence: Fence,
     ) -> Conversation:
         """The MDEP prompt: card, earlier turns (context), the latest exchange(s) to rate."""
-        context = render_turns(earlier, name) or "(none: the conversation has just begun)"
+        context = render_dialogue(earlier, name) or "(none: the conversation has just begun)"
         body = (
             f"The person's card:\n{fence.block('CARD', card)}\n\n"
             f"Earlier conversation:\n{fence.block('EARLIER', context)}\n\n"
-            f"Latest exchange:\n{fence.block('LATEST', render_turns(latest, name))}\n\n"
+            f"Latest exchange:\n{fence.block('LATEST', render_dialogue(latest, name))}\n\n"
             f"{mdep_instructions()}\n\n"
         )
         if question is None:
