@@ -24,6 +24,7 @@ from rapo_echo.benchmarks.esconv.seeker import (
     supporter_prompt,
 )
 from rapo_echo.benchmarks.text_metrics import reference_metrics
+from rapo_echo.data import load_dialogues
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.judges.fencing import Fence
@@ -107,6 +108,32 @@ def test_reader_on_the_real_ppdpp_and_failed_files():
     failed = read_esconv(shared_data("esconv", "FailedESConv.json"))
     assert len(failed) == 196 and failed[0].meta.get("experience_type")
 
+
+
+def test_training_and_benchmark_read_one_parse_joined_their_own_way(tmp_path):
+    """One parser: training's turns keep the text as written and join with a newline; the benchmark's
+    squash whitespace and join with a space; the turns, roles and ids are the same."""
+    conv = {**CONV, "dialog": [
+        {"speaker": "usr", "text": "Not  good."},
+        {"speaker": "usr", "text": " I lost\tmy job. "},
+        {"speaker": "sys", "text": "I am sorry."},
+    ]}
+    path = write_jsonl(tmp_path / "esc.jsonl", [conv])
+    (dialogue,) = load_dialogues(path)
+    (bench,) = read_esconv(path)
+    assert [t.content for t in dialogue.turns()] == ["Not  good.\nI lost\tmy job.", "I am sorry."]
+    assert bench.turns == [(SEEKER, "Not good. I lost my job."), (SUPPORTER, "I am sorry.")]
+    assert bench.id == dialogue.id == "esc-0" and bench.meta["source"] == dialogue.where == f"{path}:1"
+
+
+@pytest.mark.parametrize("name", ["ppdpp_esc-test.jsonl", "FailedESConv.json"])
+def test_benchmark_turns_are_the_training_turns_squashed(name):
+    path = shared_data("esconv", name)
+    dialogues, convs = load_dialogues(path), read_esconv(path)
+    assert [c.id for c in convs] == [d.id for d in dialogues]
+    for d, c in zip(dialogues, convs):
+        squashed = [(t.role, " ".join(t.content.split())) for t in d.turns()]
+        assert [(SEEKER if r == "user" else SUPPORTER, t) for r, t in squashed] == c.turns
 
 # ---------------------------------------------------------------------- prompts and parsing
 PROFILE = SeekerProfile("sadness", "breakup with partner", "My partner left me.")
