@@ -1,2 +1,3 @@
-"""Benchmarks: ESConv interactive (PPDPP) and reference-based, SOTOPIA; the runner, the ``eval`` / ``report``
-CLI and the HTML report. See README.md in this folder."""
+"""Benchmarks, one package each: :mod:`.esconv` (interactive PPDPP and reference-based), :mod:`.sotopia`,
+:mod:`.sage`, :mod:`.epm`; shared here: the runner, the ``eval`` / ``report`` CLI, results, the HTML report
+and its plots; :mod:`.perf` holds the performance benchmarks. See README.md in this folder."""

@@ -42,7 +42,7 @@ class EvalSettings:
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     batch_size: int = 8
     subset: str = "all"  # SOTOPIA: all | hard
-    epm: dict[str, Any] = field(default_factory=dict)  # EPM: EpmConfig overrides (rapo_echo.epm)
+    epm: dict[str, Any] = field(default_factory=dict)  # EPM: EpmConfig overrides (benchmarks/epm/vectors.py)
 
     def __post_init__(self) -> None:
         if self.max_turns is not None and self.max_turns < 1:

@@ -96,7 +96,7 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="epm: override an EPM constant (rapo_echo.epm.EpmConfig), e.g. --epm alpha=0.05",
+        help="epm: override an EPM constant (benchmarks/epm/vectors.py EpmConfig), e.g. --epm alpha=0.05",
     )
     ev.add_argument(
         "--recompute",
@@ -181,7 +181,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if args.recompute:
         if args.benchmark != "epm":
             raise ConfigError("--recompute works with --benchmark epm only")
-        from rapo_echo.benchmarks.epm_recompute import recompute
+        from rapo_echo.benchmarks.epm.recompute import recompute
 
         summary = recompute(args.recompute, args.output, epm_overrides(args.epm))
         print(json.dumps(summary, indent=2))
@@ -215,7 +215,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def run_transcripts_command(args: argparse.Namespace) -> int:
     """``eval --benchmark sage --transcripts DIR``: score released SAGE result files, print a table."""
-    from rapo_echo.benchmarks.sage import score_transcripts
+    from rapo_echo.benchmarks.sage.run import score_transcripts
     from rapo_echo.errors import ConfigError
 
     if args.benchmark != "sage":

@@ -1,6 +1,6 @@
 """The learning benchmark in the report: the arms' curves side by side, seeds as bands.
 
-``benchmarks/perf/bench_learning.py --algo rapo --runs DIR`` writes ``DIR/learning.json``; the report
+``studies/bench_learning.py --algo rapo --runs DIR`` writes ``DIR/learning.json``; the report
 finds it in any folder it is given and draws, per measure (the hidden-rule score first, then the
 simulated emotion change and how often a rewrite beat its original), one line per arm (the mean over
 seeds) inside a band from the lowest to the highest seed.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rapo_echo.benchmarks.plots import _png, _pyplot
+from rapo_echo.benchmarks.plots import png_base64, pyplot
 
 LEARNING_FILE = "learning.json"
 # (key in an arm's result, panel title), drawn in this order when some arm has it.
@@ -74,7 +74,7 @@ def learning_figure(result: dict[str, Any]) -> bytes:
     """The arms' curves as a PNG: one panel per measure, a line per arm, seeds as a min-max band."""
     arms = result.get("arms", {})
     panels = [(k, t) for k, t in PANELS if any(k in a for a in arms.values())]
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.3), squeeze=False)
     for ax, (key, title) in zip(axes.flat, panels):
         for arm, data in arms.items():
@@ -91,7 +91,7 @@ def learning_figure(result: dict[str, Any]) -> bytes:
     seeds = ", ".join(str(s) for s in result.get("seeds", []))
     fig.suptitle(f"{result.get('bench', 'learning')}: mean over seeds {seeds}, band = min..max", fontsize=9)
     fig.tight_layout()
-    return base64.b64decode(_png(fig))
+    return base64.b64decode(png_base64(fig))
 
 
 def learning_html(found: Sequence[tuple[Path, dict[str, Any]]]) -> str:

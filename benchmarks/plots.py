@@ -1,4 +1,5 @@
-"""Report figures as base64 PNG strings (matplotlib, Agg backend): training curves, metric bars."""
+"""Report figures as base64 PNG strings (matplotlib, Agg backend): training curves, metric bars; the
+benchmarks' own figures (EPM trajectories, SOTOPIA dimensions) live in their report modules."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ HIDDEN_WHEN_FLAT = ("reward/mean",)
 MAX_CURVES = 18
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (a clear error when matplotlib is missing)."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -53,10 +55,11 @@ def _pyplot() -> Any:
     return plt
 
 
-def _png(fig: Any) -> str:
+def png_base64(fig: Any) -> str:
+    """The figure as a base64 PNG string; the figure is closed."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -93,7 +96,7 @@ def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, 
     if not keys:
         return None, []
     shown, left_out = keys[:MAX_CURVES], keys[MAX_CURVES:]
-    plt = _pyplot()
+    plt = pyplot()
     cols = min(3, len(shown))
     nrows = math.ceil(len(shown) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
@@ -117,14 +120,14 @@ def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, 
     if len(runs) > 1:
         axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
-    return _png(fig), left_out
+    return png_base64(fig), left_out
 
 
 def grouped_bars(
     title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]], *, ylabel: str = ""
 ) -> str:
     """Bars for each group (x axis), one colour per series (e.g. per policy); None values are left out."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5), 3.2))
     width = 0.8 / max(1, len(series))
     for k, (name, values) in enumerate(series.items()):
@@ -140,40 +143,4 @@ def grouped_bars(
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return _png(fig)
-
-
-OUTCOME_COLOURS = {"success": "#2a9d4b", "failure": "#c0392b", "other": "#7f7f7f"}
-
-
-def trajectory_projections(
-    title: str, paths: Sequence[tuple[str, Sequence[Sequence[float]], str]], *, max_paths: int = 40
-) -> str:
-    """EPM trajectories in C/A/P space as three 2-D projections (C-A, C-P, A-P). Each path is
-    ``(label, points, outcome)`` with points ``(C, A, P)`` from P0 to the end and outcome ``success`` /
-    ``failure`` / anything else (grey); a circle marks the start, a cross the end, and the dashed lines
-    the origin (every need met)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13.0, 4.2))
-    shown = list(paths)[:max_paths]
-    for ax, (i, j, name) in zip(axes, ((0, 1, "C - A"), (0, 2, "C - P"), (1, 2, "A - P"))):
-        for _, points, outcome in shown:
-            colour = OUTCOME_COLOURS.get(outcome, OUTCOME_COLOURS["other"])
-            xs, ys = [p[i] for p in points], [p[j] for p in points]
-            ax.plot(xs, ys, color=colour, linewidth=1.0, alpha=0.7)
-            ax.plot(xs[:1], ys[:1], "o", color=colour, markersize=3)
-            ax.plot(xs[-1:], ys[-1:], "x", color=colour, markersize=5)
-        ax.axhline(0, color="black", linewidth=0.6, linestyle="--")
-        ax.axvline(0, color="black", linewidth=0.6, linestyle="--")
-        ax.set_xlabel(name.split(" - ")[0], fontsize=8)
-        ax.set_ylabel(name.split(" - ")[1], fontsize=8)
-        ax.set_title(name, fontsize=9)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], color=c, label=k) for k, c in OUTCOME_COLOURS.items()]
-    axes[2].legend(handles=handles, fontsize=7, loc="best")
-    fig.suptitle(
-        title + (f" (first {max_paths} of {len(paths)})" if len(paths) > max_paths else ""), fontsize=10
-    )
-    fig.tight_layout()
-    return _png(fig)
+    return png_base64(fig)

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rapo_echo.benchmarks.epm_report import epm_section, epmq_table
+from rapo_echo.benchmarks.epm.report import epm_section, epmq_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
 from rapo_echo.benchmarks.paired import paired_success
 from rapo_echo.benchmarks.plots import grouped_bars, training_curves
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
 from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
-from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS
+from rapo_echo.benchmarks.sotopia.report import dimensions_figure
 from rapo_echo.benchmarks.training_report import read_samples, samples_html, summary_table, validation_table
 from rapo_echo.errors import DataError
 from rapo_echo.jsonl import read_jsonl
@@ -221,12 +221,8 @@ def _img(png: str, alt: str) -> str:
 
 
 def _figures(evals: Sequence[EvalResult]) -> list[str]:
-    out = []
-    sotopia = [e for e in evals if e.benchmark == "sotopia" and e.summary["metrics"]]
-    if sotopia:
-        dims = [*DIMENSIONS, "overall"]
-        series = {e.label: [e.summary["metrics"].get(d) for d in dims] for e in sotopia}
-        out.append(_img(grouped_bars("SOTOPIA: score per dimension", dims, series), "SOTOPIA dimensions"))
+    sotopia = dimensions_figure(evals, _img)
+    out = [sotopia] if sotopia else []
     for bench in dict.fromkeys(e.benchmark for e in evals):
         if bench == "sotopia":
             continue

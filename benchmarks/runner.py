@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles
-from rapo_echo.benchmarks.epm import Epm
-from rapo_echo.benchmarks.esconv_interactive import EsconvInteractive
-from rapo_echo.benchmarks.esconv_reference import EsconvReference
+from rapo_echo.benchmarks.epm.run import Epm
+from rapo_echo.benchmarks.esconv.interactive import EsconvInteractive
+from rapo_echo.benchmarks.esconv.reference import EsconvReference
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
     RESULTS_FILE,
@@ -28,8 +28,8 @@ from rapo_echo.benchmarks.results import (
     read_records,
     write_json_atomic,
 )
-from rapo_echo.benchmarks.sage import Sage
-from rapo_echo.benchmarks.sotopia import Sotopia
+from rapo_echo.benchmarks.sage.run import Sage
+from rapo_echo.benchmarks.sotopia.run import Sotopia
 from rapo_echo.config import redacted
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.rundir import DirLock, check_writable

@@ -18,7 +18,7 @@ COMMAND_MODULES = (
     "rapo_echo.chat",
     "rapo_echo.serve",
     "rapo_echo.train_cli",
-    "rapo_echo.judge_training",
+    "rapo_echo.judges.training",
     "rapo_echo.benchmarks.cli",
     "rapo_echo.openrlhf.cli",
 )

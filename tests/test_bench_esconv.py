@@ -10,17 +10,10 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.benchmarks.base import Case, EvalSettings, Roles
-from rapo_echo.benchmarks.esconv_data import read_esconv
-from rapo_echo.benchmarks.esconv_interactive import EsconvInteractive
-from rapo_echo.benchmarks.esconv_reference import EsconvReference
-from rapo_echo.benchmarks.text_metrics import reference_metrics
-from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
-from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.llm.answers import parse_with_retries
-from rapo_echo.llm.dialogue import clean_reply
-from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.labels import judge_labels
-from rapo_echo.simulators.esconv_seeker import (
+from rapo_echo.benchmarks.esconv.data import read_esconv
+from rapo_echo.benchmarks.esconv.interactive import EsconvInteractive
+from rapo_echo.benchmarks.esconv.reference import EsconvReference
+from rapo_echo.benchmarks.esconv.seeker import (
     CRITIC_LABELS,
     SEEKER,
     SUPPORTER,
@@ -30,6 +23,14 @@ from rapo_echo.simulators.esconv_seeker import (
     seeker_prompt,
     supporter_prompt,
 )
+from rapo_echo.benchmarks.text_metrics import reference_metrics
+from rapo_echo.data import load_dialogues
+from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
+from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.llm.answers import parse_with_retries
+from rapo_echo.llm.dialogue import clean_reply
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import judge_labels
 from rapo_echo.types import SamplingParams
 from tests.conftest import shared_data
 
@@ -89,13 +90,13 @@ def test_reader_accepts_raw_failed_and_hf_schemas(tmp_path):
 def test_reader_errors_name_file_line_and_field(tmp_path):
     bad_speaker = {**CONV, "dialog": [{"speaker": "bot", "text": "x"}]}
     path = write_jsonl(tmp_path / "bad.jsonl", [CONV, bad_speaker])
-    with pytest.raises(DataError, match=r"bad\.jsonl:2: dialog\[0\]\.speaker is 'bot'"):
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: dialog\[0\]\.speaker: got 'bot'"):
         read_esconv(path)
     no_situation = {k: v for k, v in CONV.items() if k != "situation"}
-    with pytest.raises(DataError, match=r"x\.jsonl:1: field 'situation' is missing"):
+    with pytest.raises(DataError, match=r"x\.jsonl:1: situation: missing"):
         read_esconv(write_jsonl(tmp_path / "x.jsonl", [no_situation]))
     (tmp_path / "broken.jsonl").write_text(json.dumps(CONV) + "\n{oops\n")
-    with pytest.raises(DataError, match=r"broken\.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"broken\.jsonl:2: invalid JSON"):
         read_esconv(tmp_path / "broken.jsonl")
     with pytest.raises(DataError, match="not found"):
         read_esconv(tmp_path / "missing.jsonl")
@@ -108,6 +109,32 @@ def test_reader_on_the_real_ppdpp_and_failed_files():
     failed = read_esconv(shared_data("esconv", "FailedESConv.json"))
     assert len(failed) == 196 and failed[0].meta.get("experience_type")
 
+
+
+def test_training_and_benchmark_read_one_parse_joined_their_own_way(tmp_path):
+    """One parser: training's turns keep the text as written and join with a newline; the benchmark's
+    squash whitespace and join with a space; the turns, roles and ids are the same."""
+    conv = {**CONV, "dialog": [
+        {"speaker": "usr", "text": "Not  good."},
+        {"speaker": "usr", "text": " I lost\tmy job. "},
+        {"speaker": "sys", "text": "I am sorry."},
+    ]}
+    path = write_jsonl(tmp_path / "esc.jsonl", [conv])
+    (dialogue,) = load_dialogues(path)
+    (bench,) = read_esconv(path)
+    assert [t.content for t in dialogue.turns()] == ["Not  good.\nI lost\tmy job.", "I am sorry."]
+    assert bench.turns == [(SEEKER, "Not good. I lost my job."), (SUPPORTER, "I am sorry.")]
+    assert bench.id == dialogue.id == "esc-0" and bench.meta["source"] == dialogue.where == f"{path}:1"
+
+
+@pytest.mark.parametrize("name", ["ppdpp_esc-test.jsonl", "FailedESConv.json"])
+def test_benchmark_turns_are_the_training_turns_squashed(name):
+    path = shared_data("esconv", name)
+    dialogues, convs = load_dialogues(path), read_esconv(path)
+    assert [c.id for c in convs] == [d.id for d in dialogues]
+    for d, c in zip(dialogues, convs):
+        squashed = [(t.role, " ".join(t.content.split())) for t in d.turns()]
+        assert [(SEEKER if r == "user" else SUPPORTER, t) for r, t in squashed] == c.turns
 
 # ---------------------------------------------------------------------- prompts and parsing
 PROFILE = SeekerProfile("sadness", "breakup with partner", "My partner left me.")
@@ -196,7 +223,7 @@ def make_cases(n: int) -> list[Case]:
 
 
 def _conv(i: int):
-    from rapo_echo.benchmarks.esconv_data import EsconvConversation
+    from rapo_echo.benchmarks.esconv.data import EsconvConversation
 
     return EsconvConversation(f"c{i}", SeekerProfile("anxiety", "job crisis", f"case {i} situation"), [])
 

@@ -19,7 +19,7 @@ from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.report import build_report
 from rapo_echo.benchmarks.results import read_records
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
-from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS
+from rapo_echo.benchmarks.sotopia.evaluator import DIMENSIONS
 from tests.conftest import shared_data
 
 pytestmark = pytest.mark.integration

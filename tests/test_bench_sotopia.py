@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
-from rapo_echo.benchmarks.sotopia import Sotopia, termination
-from rapo_echo.benchmarks.sotopia_eval import (
+from rapo_echo.benchmarks.sotopia.agent import (
+    AgentAction,
+    AgentProfile,
+    AgentTurn,
+    EnvironmentProfile,
+    agent_prompt,
+    background,
+    parse_action,
+)
+from rapo_echo.benchmarks.sotopia.evaluator import (
     DIMENSIONS,
     REPLY_PREFIX,
     dimension_key,
@@ -19,19 +27,11 @@ from rapo_echo.benchmarks.sotopia_eval import (
     parse_reply,
     parse_scores,
 )
-from rapo_echo.benchmarks.sotopia_profiles import SOTOPIA_HARD_ENV_IDS, bundled_scenarios_path, load_sotopia
+from rapo_echo.benchmarks.sotopia.profiles import SOTOPIA_HARD_ENV_IDS, bundled_scenarios_path, load_sotopia
+from rapo_echo.benchmarks.sotopia.run import Sotopia, termination
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.simulators.sotopia_agent import (
-    AgentAction,
-    AgentProfile,
-    EnvironmentProfile,
-    Turn,
-    agent_prompt,
-    background,
-    parse_action,
-)
 from tests.conftest import shared_data
 
 ALICE = AgentProfile(
@@ -183,8 +183,8 @@ def test_partner_background_follows_the_relationship(relationship, shows, hides)
 
 def test_agent_prompt_shows_own_secret_and_goal_only():
     history = [
-        Turn(0, 0, AgentAction("speak", "Hi Bob!")),
-        Turn(1, 1, AgentAction("non-verbal communication", "waves")),
+        AgentTurn(0, 0, AgentAction("speak", "Hi Bob!")),
+        AgentTurn(1, 1, AgentAction("non-verbal communication", "waves")),
     ]
     fence = Fence("ABCDEF12")
     text = agent_prompt(ENV, (ALICE, BOB), 1, history, 2, fence)[0]["content"]
@@ -241,8 +241,8 @@ def test_parse_action_reads_the_gpt4_outputs_of_sotopias_examples():
 
 
 # ---------------------------------------------------------------------- episode rules
-def turns(*types: str) -> list[Turn]:
-    return [Turn(i, i % 2, AgentAction(t, "x" if t == "speak" else "")) for i, t in enumerate(types)]
+def turns(*types: str) -> list[AgentTurn]:
+    return [AgentTurn(i, i % 2, AgentAction(t, "x" if t == "speak" else "")) for i, t in enumerate(types)]
 
 
 def test_termination_rules():
@@ -352,7 +352,7 @@ def test_hard_subset_and_summary():
 
 # ---------------------------------------------------------------------- evaluator
 def test_evaluator_prompt_is_omniscient_and_primes_the_format():
-    prompt = evaluator_prompt(ENV, (ALICE, BOB), [Turn(0, 0, AgentAction("speak", "Hi"))], evaluated=1)
+    prompt = evaluator_prompt(ENV, (ALICE, BOB), [AgentTurn(0, 0, AgentAction("speak", "Hi"))], evaluated=1)
     text = prompt[1]["content"]
     assert (
         "afraid of dogs" in text and "owes money" in text and "Lend wisely." in text and "Borrow 500" in text

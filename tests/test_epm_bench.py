@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
-from rapo_echo.benchmarks.epm_data import load_empa_cases, load_epm_cases
-from rapo_echo.benchmarks.epm_recompute import published_success, recompute
+from rapo_echo.benchmarks.epm.data import load_empa_cases, load_epm_cases
+from rapo_echo.benchmarks.epm.director import DirectorState, apply_action, parse_action
+from rapo_echo.benchmarks.epm.judge import EpmJudge, parse_iedr, parse_mdep
+from rapo_echo.benchmarks.epm.recompute import published_success, recompute
+from rapo_echo.benchmarks.epm.user import PersonaCard, Stage, clean_user_reply, user_prompt
+from rapo_echo.benchmarks.epm.vectors import INDEX_KEYS, EpmConfig, epmq
 from rapo_echo.benchmarks.results import read_records
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
-from rapo_echo.epm import INDEX_KEYS, EpmConfig, epmq
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.epm import EpmJudge, parse_iedr, parse_mdep
-from rapo_echo.simulators.epm_director import DirectorState, apply_action, parse_action
-from rapo_echo.simulators.epm_user import PersonaCard, Stage, clean_user_reply, user_prompt
 from rapo_echo.types import SamplingParams
 
 IEDR_TEXT = "C.1: 2\nC.2: 2\nC.3: 2\nA.1: 1\nA.2: 1\nA.3: 1\nP.1: 1\nP.2: 1\nP.3: 1"
@@ -284,7 +284,7 @@ def test_bad_epm_settings_fail_before_any_case_runs(tmp_path):
 
 
 def test_bundled_cards_cover_every_axis_and_difficulty():
-    from rapo_echo.epm import difficulty, dominant_axis, initial_deficit, norm
+    from rapo_echo.benchmarks.epm.vectors import difficulty, dominant_axis, initial_deficit, norm
 
     cards = load_epm_cases()
     assert len(cards) >= 12 and len({c.id for c in cards}) == len(cards)
@@ -298,7 +298,7 @@ def test_bundled_cards_cover_every_axis_and_difficulty():
 
 
 def test_our_format_errors_name_the_file_line_and_field(tmp_path):
-    good = json.loads((Path(__file__).parents[1] / "benchmarks" / "data" / "epm_en.json").read_text())[0]
+    good = json.loads((Path(__file__).parents[1] / "benchmarks" / "epm" / "epm_en.json").read_text())[0]
     path = tmp_path / "cards.json"
     path.write_text(json.dumps([good, {**good, "id": "x", "threshold": "extreme"}], indent=2))
     with pytest.raises(DataError, match=r"cards\.json:\d+ \(list index 1\): threshold: got 'extreme'"):

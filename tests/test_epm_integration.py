@@ -8,9 +8,9 @@ import json
 import pytest
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
+from rapo_echo.benchmarks.epm.vectors import INDEX_KEYS
 from rapo_echo.benchmarks.results import read_records
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
-from rapo_echo.epm import INDEX_KEYS
 
 pytestmark = pytest.mark.integration
 

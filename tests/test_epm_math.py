@@ -1,4 +1,4 @@
-"""EPM and EPM-Q formulas against numbers worked out by hand (rapo_echo/epm.py)."""
+"""EPM and EPM-Q formulas against numbers worked out by hand (benchmarks/epm/vectors.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rapo_echo.epm import (
+from rapo_echo.benchmarks.epm.vectors import (
     EpmConfig,
     Point,
     advance,

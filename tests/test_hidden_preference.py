@@ -466,10 +466,10 @@ ASKED_RULES = [
 def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> None:
     """RAPO (ranks from the hidden-preference user's reactions + self-distillation of critique-guided
     rewrites) raises the hidden-rule score of the embedded model's replies within 8 seeded CPU steps:
-    the learning benchmark's RAPO arm (benchmarks/perf/bench_learning.py --algo rapo), 8 steps, lr 2e-3,
+    the learning benchmark's RAPO arm (studies/bench_learning.py --algo rapo), 8 steps, lr 2e-3,
     with the rule above."""
-    from rapo_echo.benchmarks.perf.bench_learning import hidden_scores_per_step, rapo_learning_config
     from rapo_echo.trainer import Trainer
+    from studies.bench_learning import hidden_scores_per_step, rapo_learning_config
 
     run = tmp_path / "run"
     cfg = rapo_learning_config(

@@ -10,7 +10,14 @@ import random
 import re
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
-from rapo_echo.benchmarks.sotopia import Sotopia
+from rapo_echo.benchmarks.esconv.seeker import (
+    CRITIC_LABELS,
+    SEEKER,
+    SUPPORTER,
+    SeekerProfile,
+    critic_prompt,
+)
+from rapo_echo.benchmarks.sotopia.run import Sotopia
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.judges.group import Candidate, GroupJudge
 from rapo_echo.llm.fencing import Fence
@@ -18,13 +25,6 @@ from rapo_echo.llm.labels import judge_labels
 from rapo_echo.llm.reaction import Reaction
 from rapo_echo.rewards import RewardContext
 from rapo_echo.rewards.judge import JudgeReward
-from rapo_echo.simulators.esconv_seeker import (
-    CRITIC_LABELS,
-    SEEKER,
-    SUPPORTER,
-    SeekerProfile,
-    critic_prompt,
-)
 from rapo_echo.simulators.reaction import ReactionSimulator
 from rapo_echo.types import Sample, SamplingParams, Scenario, msg
 
@@ -122,7 +122,7 @@ def test_esconv_critic_verdict_comes_from_its_own_answer():
         echoing("better"),
         [critic_prompt(profile, turns, fence)],
         CRITIC_LABELS,
-        lambda text: __import__("rapo_echo.simulators.esconv_seeker", fromlist=["x"]).parse_critic(
+        lambda text: __import__("rapo_echo.benchmarks.esconv.seeker", fromlist=["x"]).parse_critic(
             fence.own_words(text)
         ),
         SamplingParams(),

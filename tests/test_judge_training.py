@@ -12,7 +12,7 @@ import pytest
 
 from rapo_echo.data import bundled_file
 from rapo_echo.errors import DataError
-from rapo_echo.judge_data import load_examples, negatives, pairs, split
+from rapo_echo.judges.training_data import load_examples, negatives, pairs, split
 from rapo_echo.judges.verdict import parse_verdict, reasoning_of
 from rapo_echo.types import msg
 
@@ -139,7 +139,7 @@ def test_reasoning_required_when_training_with_it(tmp_path: Path) -> None:
 def test_sft_loss_by_hand() -> None:
     import torch
 
-    from rapo_echo.judge_training import sft_loss
+    from rapo_echo.judges.training import sft_loss
 
     logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -9.0, -9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -153,8 +153,8 @@ def test_accuracy_reads_verdicts_like_the_rewards() -> None:
     import math
 
     from rapo_echo.engines.scripted import ScriptedEngine
-    from rapo_echo.judge_data import JudgePair
-    from rapo_echo.judge_training import accuracy
+    from rapo_echo.judges.training import accuracy
+    from rapo_echo.judges.training_data import JudgePair
 
     def item(task: str, reply: str, gold: str, labels: tuple[str, ...]) -> JudgePair:
         return JudgePair(task, [msg("user", reply)], "", gold, labels)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.benchmarks.learning_report import bands, find_learning, learning_figure
-from rapo_echo.benchmarks.perf.bench_learning import ARMS, rapo_learning_config, summarise
 from rapo_echo.benchmarks.plots import curve_keys
 from rapo_echo.benchmarks.report import TrainingRun, build_report
 from rapo_echo.benchmarks.training_report import summary_table
+from studies.bench_learning import ARMS, rapo_learning_config, summarise
 
 RAPO_ROWS = [
     {
@@ -112,7 +112,7 @@ def test_report_draws_the_learning_benchmark(tmp_path: Path) -> None:
 
 
 def test_sweep_settings_and_reward_specs() -> None:
-    from rapo_echo.benchmarks.perf.sweep_defaults import reward_spec, setting_overrides
+    from studies.sweep_defaults import reward_spec, setting_overrides
 
     assert reward_spec("question") == {"name": "question", "weight": 1.0, "args": {}}
     assert reward_spec("length:target=12") == {"name": "length", "weight": 1.0, "args": {"target": 12}}
@@ -124,7 +124,7 @@ def test_sweep_settings_and_reward_specs() -> None:
 
 
 def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, capsys) -> None:
-    from rapo_echo.benchmarks.perf.hidden_rule_eval import main
+    from studies.hidden_rule_eval import main
 
     folder = tmp_path / "ref"
     folder.mkdir()
@@ -188,8 +188,8 @@ def test_hidden_rule_eval_scores_evaluation_replies_by_hand(tmp_path: Path, caps
 
 
 def test_learning_benchmark_scores_samples_against_what_the_person_said(tmp_path: Path) -> None:
-    from rapo_echo.benchmarks.perf.bench_learning import hidden_scores_per_step
     from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
+    from studies.bench_learning import hidden_scores_per_step
 
     prompt = [{"role": "user", "content": "My gran died."}, {"role": "assistant", "content": "Oh no."},
               {"role": "user", "content": "The funeral is on Monday."}]  # fmt: skip

@@ -15,7 +15,9 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS, dimension_key, parse_reply, parse_scores
+from rapo_echo.benchmarks.esconv.seeker import CRITIC_LABELS, parse_critic
+from rapo_echo.benchmarks.sotopia.agent import ACTION_TYPES, parse_action
+from rapo_echo.benchmarks.sotopia.evaluator import DIMENSIONS, dimension_key, parse_reply, parse_scores
 from rapo_echo.engines.openai_engine import content_text, option_logprob
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.judges.group import CRITIQUE_PREFIX, Candidate, GroupJudge, clean_critique, parse_ranking
@@ -26,9 +28,7 @@ from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.llm.reaction import Reaction
 from rapo_echo.rewards import RewardContext
 from rapo_echo.rewards.judge import JudgeReward
-from rapo_echo.simulators.esconv_seeker import CRITIC_LABELS, parse_critic
 from rapo_echo.simulators.reaction import ReactionSimulator, parse_fields
-from rapo_echo.simulators.sotopia_agent import ACTION_TYPES, parse_action
 from rapo_echo.types import Sample, Scenario, msg
 
 

@@ -245,7 +245,7 @@ def test_refuses_to_overwrite_a_run(tmp_path: Path, tiny_folder: Path) -> None:
 def test_grpo_learns_to_ask_questions_on_the_embedded_model(tmp_path: Path) -> None:
     """Proof that it learns: with the verifiable reward 'the reply asks a question', GRPO (LoRA) on
     SmolLM2-135M raises the mean reward clearly within a few seeded CPU steps."""
-    from rapo_echo.benchmarks.perf.bench_learning import learning_config
+    from studies.bench_learning import learning_config
 
     run = tmp_path / "run"
     cfg = learning_config(run, steps=8)

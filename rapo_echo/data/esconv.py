@@ -10,7 +10,21 @@ Schemas (see shared/data/esconv/PROVENANCE.md):
   dialog: [{text, speaker: usr | sys, strategy?}]}`` (no survey scores, no feedback).
 
 Seeker utterances become ``user`` messages and supporter ones ``assistant`` messages; consecutive
-utterances of one speaker are merged into one turn, joined with a newline.
+utterances of one speaker are merged into one turn (:meth:`Dialogue.turns`: joined with a newline for
+training; the benchmarks ask for a space and squashed whitespace).
+
+This is the one ESConv parser: training data (:func:`dialogue_scenarios`) and the benchmarks
+(``rapo_echo.benchmarks.esconv.data``) both read through it. To read whole conversations, call
+:func:`rapo_echo.data.load_dialogues` (``fmt="auto"`` tells the schema from the first record) and use:
+
+* :class:`Dialogue` -- ``id`` (``<file stem>-<index>``), ``where`` (the record's ``file:line``),
+  ``source``, ``profile`` (``emotion_type``, ``problem_type``, ``situation``, plus ``experience_type``
+  and the seeker's ``initial_emotion_intensity`` / ``final_emotion_intensity`` survey ratings when the
+  file has them), ``utterances`` (each non-empty utterance, stripped, with its ``dialog`` index,
+  strategy and the seeker's in-chat ``feedback`` rating 1-5);
+* :meth:`Dialogue.turns` -- alternating merged turns; :meth:`Dialogue.feedback` -- the ratings in order.
+
+Other survey fields are not kept; ratings are validated as integers 1-5 (or digit strings).
 """
 
 from __future__ import annotations
@@ -59,16 +73,23 @@ class Dialogue:
     file: str
     profile: dict[str, Any]
     utterances: list[Utterance]
+    where: str = ""  # the record's location, ``file:line`` (for messages)
 
-    def turns(self) -> list[Turn]:
-        """The utterances with consecutive ones of the same speaker merged (joined by a newline)."""
+    def turns(self, sep: str = "\n", squash_whitespace: bool = False) -> list[Turn]:
+        """The utterances with consecutive ones of the same speaker merged, joined by ``sep``.
+
+        ``squash_whitespace``: every run of whitespace inside an utterance becomes one space first
+        (training keeps the text as written and joins with a newline; the ESConv benchmark squashes and
+        joins with a space).
+        """
         out: list[Turn] = []
         for u in self.utterances:
+            content = " ".join(u.content.split()) if squash_whitespace else u.content
             if out and out[-1].role == u.role:
                 t = out[-1]
-                t.content, t.last = f"{t.content}\n{u.content}", u.index
+                t.content, t.last = f"{t.content}{sep}{content}", u.index
             else:
-                out.append(Turn(u.role, u.content, u.index, u.index))
+                out.append(Turn(u.role, content, u.index, u.index))
             if u.strategy and u.strategy not in out[-1].strategies:
                 out[-1].strategies.append(u.strategy)
         return out
@@ -108,7 +129,7 @@ def esconv_dialogue(obj: dict[str, Any], *, where: str, index: int, stem: str, f
         if content.strip():
             utterances.append(Utterance(role, content.strip(), i, strategy, feedback))
     source = "failed_esconv" if labels & {"speaker", "listener"} else "esconv"
-    return Dialogue(f"{stem}-{index}", index, source, file, profile, utterances)
+    return Dialogue(f"{stem}-{index}", index, source, file, profile, utterances, where)
 
 
 def reformatted_dialogue(
@@ -123,7 +144,7 @@ def reformatted_dialogue(
         strategy = get_str(u, "strategy", where, path=f"{path}dialog[{i}].", required=False)
         if text.strip():
             utterances.append(Utterance(role, text.strip(), i, strategy))
-    return Dialogue(f"{stem}-{index}", index, source, file, profile, utterances)
+    return Dialogue(f"{stem}-{index}", index, source, file, profile, utterances, where)
 
 
 def _profile(obj: dict[str, Any], where: str, path: str = "") -> dict[str, Any]:

@@ -8,7 +8,9 @@ is in :mod:`rapo_echo.llm`, below the judges, the simulators and the rewards.
 * :mod:`.reactions` -- ranks a group of replies from the person's emotion changes.
 * :mod:`.group` -- RAPO's group judge: ranks a group of replies from the person's reactions and
   critiques them.
-* :mod:`.epm` -- the EPM benchmark's rater: the IEDR form (initial deficit) and the per-turn MDEP form.
+* :mod:`.training_data` / :mod:`.training` -- fine-tuning a judge on labelled verdict examples
+  (the ``train-judge`` command). The EPM benchmark's rater lives with its benchmark
+  (:mod:`rapo_echo.benchmarks.epm.judge`).
 
 Modules are imported by name (nothing is re-exported here) so that loading one judge stays light.
 """

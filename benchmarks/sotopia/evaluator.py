@@ -19,15 +19,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from rapo_echo.llm.fencing import Fence
-from rapo_echo.simulators.sotopia_agent import (
+from rapo_echo.benchmarks.sotopia.agent import (
     AgentProfile,
+    AgentTurn,
     EnvironmentProfile,
-    Turn,
     background,
     episode_blocks,
     inline,
 )
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, msg
 
 DIMENSIONS: dict[str, tuple[int, int]] = {
@@ -90,7 +90,7 @@ def overall(scores: dict[str, float]) -> float:
 def evaluator_prompt(
     env: EnvironmentProfile,
     agents: Sequence[AgentProfile],
-    history: Sequence[Turn],
+    history: Sequence[AgentTurn],
     evaluated: int,
     fence: Fence | None = None,
 ) -> Conversation:

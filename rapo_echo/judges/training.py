@@ -1,5 +1,5 @@
 """``rapo-echo train-judge``: supervised fine-tuning (LoRA or full) of a generative judge on reasoning +
-verdict examples (:mod:`rapo_echo.judge_data`), with the held-out accuracy before and after.
+verdict examples (:mod:`rapo_echo.judges.training_data`), with the held-out accuracy before and after.
 
 The judge learns exactly the prompts it sees at training time of the policy (the humanlike and
 empathy judges' own prompt builders, with fresh fence markers per example), and the answer lines it
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.judge_data import NEGATIVES, TASKS, JudgePair, load_examples, negatives, pairs, split
+from rapo_echo.judges.training_data import NEGATIVES, TASKS, JudgePair, load_examples, negatives, pairs, split
 
 log = logging.getLogger(__name__)
 REPORT = "judge_training.json"

@@ -15,9 +15,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rapo_echo.benchmarks.epm.user import USER, PersonaCard, Turn
 from rapo_echo.llm.dialogue import render_dialogue, turn_messages
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.simulators.epm_user import USER, PersonaCard, Turn
 from rapo_echo.types import Conversation, msg
 
 ACTIONS = ("story", "memory", "wait", "end")

@@ -18,8 +18,8 @@ advantages, no KL); what differs is the learning signal:
 
 The score is the hidden-rule score (in [0, 1]) of the policy's sampled replies, per step.
 
-    python benchmarks/perf/bench_learning.py [--steps 20] [--out FILE]
-    python benchmarks/perf/bench_learning.py --algo rapo --steps 12 --seeds 0 1 2 \\
+    python studies/bench_learning.py [--steps 20] [--out FILE]
+    python studies/bench_learning.py --algo rapo --steps 12 --seeds 0 1 2 \\
         --runs runs/learning --plot learning.png --out learning.jsonl
 """
 

@@ -4,7 +4,7 @@ A card holds who the person is (outer persona and inner core), their empathy thr
 means generic comfort leaves them cold), what they want to talk about, what kind of understanding
 they hope for, their need priorities for cognitive / affective / proactive empathy, background and
 current situation, a story in stages (released one at a time by the director,
-:mod:`rapo_echo.simulators.epm_director`) and memories. The simulator LLM plays the person: it sees its
+:mod:`rapo_echo.benchmarks.epm.director`) and memories. The simulator LLM plays the person: it sees its
 card, the dialogue so far and the director's note for this turn, all inside fenced blocks, and writes
 the person's next message.
 """

@@ -2,7 +2,7 @@
 (candidate as ``Reply A``, then as ``Reply B``); prints one JSON line with how often each label won and
 the mean label probabilities. An unbiased judge's label counts do not depend on the order.
 
-    python benchmarks/perf/echo_position_bias.py --judge default
+    python studies/echo_position_bias.py --judge default
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import statistics
 
 from rapo_echo.data import bundled_file
 from rapo_echo.engines.hf import HFEngine
-from rapo_echo.judge_data import load_examples
 from rapo_echo.judges.empathy import EmpathyJudge
+from rapo_echo.judges.training_data import load_examples
 from rapo_echo.models import resolve
 from rapo_echo.types import Scenario
 

@@ -20,7 +20,7 @@ one way and the other way round. Per rule:
 * ``vs_pairwise_tau_b``: Kendall tau-b with the full pairwise ranking (both orders);
 * ``prompts_per_group``, ``calls``, ``seconds``: the judge's cost.
 
-    python benchmarks/perf/judge_ties.py [--scenarios 16] [--group-size 8] [--out FILE]
+    python studies/judge_ties.py [--scenarios 16] [--group-size 8] [--out FILE]
 """
 
 from __future__ import annotations

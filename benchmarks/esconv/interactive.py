@@ -18,13 +18,8 @@ from functools import partial
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
-from rapo_echo.benchmarks.esconv_data import EsconvConversation, read_esconv
-from rapo_echo.engines.base import generate_texts
-from rapo_echo.errors import ConfigError
-from rapo_echo.llm.dialogue import clean_reply
-from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.labels import judge_labels
-from rapo_echo.simulators.esconv_seeker import (
+from rapo_echo.benchmarks.esconv.data import EsconvConversation, read_esconv
+from rapo_echo.benchmarks.esconv.seeker import (
     CRITIC_LABELS,
     SEEKER,
     SUPPORTER,
@@ -34,6 +29,11 @@ from rapo_echo.simulators.esconv_seeker import (
     seeker_prompt,
     supporter_prompt,
 )
+from rapo_echo.engines.base import generate_texts
+from rapo_echo.errors import ConfigError
+from rapo_echo.llm.dialogue import clean_reply
+from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import judge_labels
 
 DEFAULT_MAX_TURNS = 8
 SUCCESS_THRESHOLD = 0.5

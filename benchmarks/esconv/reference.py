@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record
-from rapo_echo.benchmarks.esconv_data import read_esconv
-from rapo_echo.benchmarks.esconv_interactive import require_data
+from rapo_echo.benchmarks.esconv.data import read_esconv
+from rapo_echo.benchmarks.esconv.interactive import require_data
+from rapo_echo.benchmarks.esconv.seeker import SUPPORTER, supporter_prompt
 from rapo_echo.benchmarks.text_metrics import reference_metrics, rouge_l
 from rapo_echo.engines.base import generate_texts
-from rapo_echo.simulators.esconv_seeker import SUPPORTER, supporter_prompt
 
 
 class EsconvReference:

@@ -89,7 +89,7 @@ class AgentAction:
 
 
 @dataclass
-class Turn:
+class AgentTurn:
     """An action taken by agent ``agent`` (0 or 1) at turn number ``number``."""
 
     number: int
@@ -129,7 +129,7 @@ def background(profile: AgentProfile, *, own: bool, relationship: str) -> str:
     return facts + personality
 
 
-def history_text(history: Sequence[Turn], names: Sequence[str]) -> str:
+def history_text(history: Sequence[AgentTurn], names: Sequence[str]) -> str:
     """The episode so far, one ``Turn #k: ...`` line per action."""
     return "\n".join(f"Turn #{t.number}: {t.action.describe(names[t.agent])}" for t in history)
 
@@ -144,7 +144,7 @@ def episode_blocks(
     names: Sequence[str],
     backgrounds: Sequence[str],
     goals: Sequence[str],
-    history: Sequence[Turn],
+    history: Sequence[AgentTurn],
     fence: Fence,
     empty: str,
 ) -> str:
@@ -171,7 +171,7 @@ def agent_prompt(
     env: EnvironmentProfile,
     agents: Sequence[AgentProfile],
     me: int,
-    history: Sequence[Turn],
+    history: Sequence[AgentTurn],
     turn: int,
     fence: Fence | None = None,
 ) -> Conversation:

@@ -12,8 +12,9 @@ six ``{C,A,P}_{Prog,Neg}_level``), ``epm_params`` (alpha and the thresholds) and
 
 * ``stored`` (default): the file's own per-step values (rounded as stored) and thresholds, which is
   what the published EPM-Q tables were computed from;
-* ``levels``: everything again from P0 and the MDEP levels with :mod:`rapo_echo.epm`'s formulas
-  (v_t from the levels, dE, alignment, E_total, |P_t|, projection, thresholds from the file's alpha);
+* ``levels``: everything again from P0 and the MDEP levels with the formulas of
+  :mod:`rapo_echo.benchmarks.epm.vectors` (v_t from the levels, dE, alignment, E_total, |P_t|,
+  projection, thresholds from the file's alpha);
   each record's ``info.checks`` counts where that disagrees with what the file stores.
 
 Either way the success/failure rules are replayed along the trajectory (``metrics.success``) and the
@@ -31,10 +32,8 @@ from typing import Any
 
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.benchmarks.base import Case, Record, make_record
-from rapo_echo.benchmarks.epm import Epm, case_labels, case_metrics
-from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, write_json_atomic
-from rapo_echo.benchmarks.runner import write_summary
-from rapo_echo.epm import (
+from rapo_echo.benchmarks.epm.run import Epm, case_labels, case_metrics
+from rapo_echo.benchmarks.epm.vectors import (
     MDEP_KEYS,
     EpmConfig,
     Point,
@@ -47,6 +46,8 @@ from rapo_echo.epm import (
     step_vector,
     thresholds,
 )
+from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, write_json_atomic
+from rapo_echo.benchmarks.runner import write_summary
 from rapo_echo.errors import DataError
 
 

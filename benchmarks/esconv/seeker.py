@@ -4,8 +4,9 @@ PPDPP (Deng et al. 2023, github.com/dengyang17/PPDPP ``prompt.py`` / ``env.py``)
 emotional-support system against an LLM "patient" seeded with an ESConv case: the patient opens with
 the case's situation, system and patient then alternate, and after every patient turn a critic LLM
 answers "has the patient's issue been solved?" with one of four verdicts mapped to -1 / -0.5 / 0.5 / 1.
-This module builds those three prompts as chat conversations (our wording, same content) and cleans the
-simulator's replies; the episode loop lives in :mod:`rapo_echo.benchmarks.esconv_interactive`.
+This module builds those three prompts as chat conversations (our wording, same content); the simulator's
+replies are cleaned with :func:`rapo_echo.llm.dialogue.clean_reply` and the episode loop lives in
+:mod:`rapo_echo.benchmarks.esconv.interactive`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ CRITIC_QUESTION = (
     "The Patient's issue:\n{case}\n\nThe conversation:\n{dialogue}\n\n"
     "Question: Has the Patient's issue been solved? Answer with one word."
 )
-
 
 @dataclass(frozen=True)
 class SeekerProfile:

@@ -446,7 +446,7 @@ def regression(points: Sequence[Point], turn: int, cfg: EpmConfig) -> bool:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class TrajectoryVerdict:
     """How a dialogue ends: ``success`` (geometric / positional) or ``failure`` (collapse /
     stagnation+regression) at ``turn``."""
 
@@ -455,19 +455,19 @@ class Verdict:
     turn: int
 
 
-def verdict(points: Sequence[Point], turn: int, th: Thresholds, cfg: EpmConfig) -> Verdict | None:
+def verdict(points: Sequence[Point], turn: int, th: Thresholds, cfg: EpmConfig) -> TrajectoryVerdict | None:
     """The verdict after the evaluation at ``turn`` (success is checked first), or None."""
     kind = success_kind(points[-1], turn, th, cfg)
     if kind is not None:
-        return Verdict("success", kind, turn)
+        return TrajectoryVerdict("success", kind, turn)
     if directional_collapse(points, turn, cfg):
-        return Verdict("failure", "collapse", turn)
+        return TrajectoryVerdict("failure", "collapse", turn)
     if stagnation(points, turn, cfg) and regression(points, turn, cfg):
-        return Verdict("failure", "stagnation+regression", turn)
+        return TrajectoryVerdict("failure", "stagnation+regression", turn)
     return None
 
 
-def first_verdict(points: Sequence[Point], th: Thresholds, cfg: EpmConfig) -> Verdict | None:
+def first_verdict(points: Sequence[Point], th: Thresholds, cfg: EpmConfig) -> TrajectoryVerdict | None:
     """The first verdict along a finished trajectory (replaying the rules turn by turn)."""
     for i in range(1, len(points)):
         v = verdict(points[: i + 1], points[i].turn, th, cfg)

@@ -8,7 +8,7 @@ or ``reactions`` for the judge without a model) ranks every group from the repli
 the pairs of a group whose hidden-rule scores differ, agreement is the fraction the judge orders the
 same way (a tie counts half); 0.5 is chance, 1.0 is the rule itself. One JSON line.
 
-    python benchmarks/perf/judge_agreement.py --judge default --group-size 4 --max-new-tokens 24
+    python studies/judge_agreement.py --judge default --group-size 4 --max-new-tokens 24
 """
 
 from __future__ import annotations

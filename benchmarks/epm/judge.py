@@ -1,8 +1,8 @@
 """The EPM judge: fills the IEDR form once per case (the initial deficit P0) and the MDEP form after
 every evaluated turn (progress and regress per C/A/P axis -> the step vector v_t).
 
-The forms and their mappings are in :mod:`rapo_echo.epm`; this module writes the prompts (our own
-wording of the published method, calibrated to be strict) and reads the levels back:
+The forms and their mappings are in :mod:`rapo_echo.benchmarks.epm.vectors`; this module writes the
+prompts (our own wording of the published method, calibrated to be strict) and reads the levels back:
 
 * Log-prob mode (the engine exposes log-probs; ``use_logprobs`` auto/always): one prompt per
   indicator asking for one digit; the level is the most probable of the options ``0``, ``1``, ... as
@@ -25,15 +25,14 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rapo_echo.benchmarks.epm.user import Turn
+from rapo_echo.benchmarks.epm.vectors import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
 from rapo_echo.engines.base import ChatEngine, normalize_choices
-from rapo_echo.epm import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
 from rapo_echo.errors import CapabilityError
 from rapo_echo.llm.answers import parse_with_retries, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue, turn_messages
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, SamplingParams, msg
-
-Turn = tuple[str, str]  # (speaker, text); speaker "user" or "companion"
 
 SYSTEM = (
     "You are a strict clinical rater of empathic conversations. A person talks with a companion. You "

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.benchmarks.sotopia.agent import RELATIONSHIPS, AgentProfile, EnvironmentProfile
 from rapo_echo.errors import DataError
 from rapo_echo.jsonl import loads, read_utf8
-from rapo_echo.simulators.sotopia_agent import RELATIONSHIPS, AgentProfile, EnvironmentProfile
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SotopiaPair:
 
 def bundled_scenarios_path() -> Path:
     """Our English SOTOPIA-style scenarios shipped with the package."""
-    return Path(__file__).resolve().parent / "data" / "sotopia_en.json"
+    return Path(__file__).resolve().parent / "sotopia_en.json"
 
 
 def load_sotopia(path: str | Path | None = None) -> list[SotopiaPair]:

@@ -4,17 +4,17 @@ carry that point back to the origin.
 
 Per case: the judge fills the IEDR form once (or the case's own levels are used: ``iedr_source``),
 giving P0. Each turn, one batched engine call per role over every active case: the simulated user
-speaks (:mod:`rapo_echo.simulators.epm_user`), the policy replies, the judge fills the MDEP form for
+speaks (:mod:`rapo_echo.benchmarks.epm.user`), the policy replies, the judge fills the MDEP form for
 the latest exchange (every ``eval_interval`` turns), the step vector moves P_t, and the rules of
-:mod:`rapo_echo.epm` give a verdict (none before ``min_turns``); then the director
-(:mod:`rapo_echo.simulators.epm_director`, on the simulator's engine) releases a story stage or a
+:mod:`rapo_echo.benchmarks.epm.vectors` give a verdict (none before ``min_turns``); then the director
+(:mod:`rapo_echo.benchmarks.epm.director`, on the simulator's engine) releases a story stage or a
 memory, waits, or ends the conversation. Without a verdict the dialogue ends at ``max_turns``
 (``--max-turns``, default 45) as a timeout. A judge form that stays unparseable after the retries ends
 the case as invalid: counted, excluded from the metrics.
 
 Reported over valid cases: success rate, the nine EPM-Q indices, Outcome / Efficiency / Stability and
 EPM-Q, how dialogues ended, success by dominant axis and difficulty. ``--recompute DIR`` (see
-:mod:`rapo_echo.benchmarks.epm_recompute`) fills the same records from published result files.
+:mod:`rapo_echo.benchmarks.epm.recompute`) fills the same records from published result files.
 """
 
 from __future__ import annotations
@@ -26,14 +26,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
-from rapo_echo.benchmarks.epm_data import load_epm_cases
-from rapo_echo.engines.base import generate_texts
-from rapo_echo.epm import (
+from rapo_echo.benchmarks.epm.data import load_epm_cases
+from rapo_echo.benchmarks.epm.director import (
+    ACTIONS,
+    DirectorState,
+    apply_action,
+    director_prompt,
+    parse_action,
+    scheduled_action,
+)
+from rapo_echo.benchmarks.epm.judge import EpmForm, EpmJudge
+from rapo_echo.benchmarks.epm.user import COMPANION, USER, PersonaCard, Turn, clean_user_reply, user_prompt
+from rapo_echo.benchmarks.epm.vectors import (
     INDEX_KEYS,
     EpmConfig,
     Point,
     Thresholds,
-    Verdict,
+    TrajectoryVerdict,
     advance,
     case_indices,
     case_quantities,
@@ -48,19 +57,10 @@ from rapo_echo.epm import (
     thresholds,
     verdict,
 )
+from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.epm import EpmForm, EpmJudge
 from rapo_echo.llm.labels import judge_labels
 from rapo_echo.prompting import policy_conversation
-from rapo_echo.simulators.epm_director import (
-    ACTIONS,
-    DirectorState,
-    apply_action,
-    director_prompt,
-    parse_action,
-    scheduled_action,
-)
-from rapo_echo.simulators.epm_user import COMPANION, USER, PersonaCard, Turn, clean_user_reply, user_prompt
 from rapo_echo.types import Scenario, msg
 
 SUMMARY_KEYS = ("success_rate", "epmq", "outcome", "efficiency", "stability", *INDEX_KEYS)
@@ -78,7 +78,7 @@ class _Episode:
     note: tuple[str, str] | None = None
     log: list[dict[str, Any]] = field(default_factory=list)
     end: str | None = None  # why the dialogue ended
-    verdict: Verdict | None = None
+    verdict: TrajectoryVerdict | None = None
 
 
 def case_labels(p0: Sequence[float], cfg: EpmConfig) -> dict[str, Any]:

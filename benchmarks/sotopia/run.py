@@ -18,19 +18,19 @@ from functools import partial
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
-from rapo_echo.benchmarks.sotopia_eval import DIMENSIONS, evaluator_prompt, overall, parse_reply
-from rapo_echo.benchmarks.sotopia_profiles import SotopiaPair, load_sotopia
+from rapo_echo.benchmarks.sotopia.agent import AgentTurn, agent_fence, agent_prompt, parse_action
+from rapo_echo.benchmarks.sotopia.evaluator import DIMENSIONS, evaluator_prompt, overall, parse_reply
+from rapo_echo.benchmarks.sotopia.profiles import SotopiaPair, load_sotopia
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.llm.answers import generate_parsed
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.simulators.sotopia_agent import Turn, agent_fence, agent_prompt, parse_action
 
 DEFAULT_MAX_TURNS = 20
 MAX_STALE_TURNS = 2
 
 
-def termination(history: Sequence[Turn], max_turns: int, max_stale: int = MAX_STALE_TURNS) -> str | None:
+def termination(history: Sequence[AgentTurn], max_turns: int, max_stale: int = MAX_STALE_TURNS) -> str | None:
     """Why the episode ends after ``history``, or None while it goes on: an agent left, more than
     ``max_stale`` consecutive ``none`` actions, or ``max_turns`` actions taken."""
     if history and history[-1].action.action_type == "leave":
@@ -58,7 +58,7 @@ class _Episode:
     pair: SotopiaPair
     policy_agent: int
     fence: Fence
-    history: list[Turn] = field(default_factory=list)
+    history: list[AgentTurn] = field(default_factory=list)
     end: str | None = None
 
 
@@ -112,7 +112,7 @@ class Sotopia:
                 ]
                 for e, text in zip(group, generate_texts(engine, prompts, params)):
                     action, strict = parse_action(e.fence.own_words(text), [a.name for a in e.pair.agents])
-                    e.history.append(Turn(turn, actor, action, raw=text, strict=strict))
+                    e.history.append(AgentTurn(turn, actor, action, raw=text, strict=strict))
             finished = []
             for e in active:
                 e.end = termination(e.history, max_turns)

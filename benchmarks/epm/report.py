@@ -7,7 +7,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from rapo_echo.benchmarks.plots import trajectory_projections
+from rapo_echo.benchmarks.plots import png_base64, pyplot
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("success_rate", "success"),
@@ -74,3 +74,39 @@ def epm_section(evals: Sequence[Any], table: Any, img: Any) -> list[str]:
             png = trajectory_projections(f"EPM trajectories: {e.label}", paths)
             parts.append(img(png, f"EPM trajectories of {html.escape(e.label)}"))
     return parts
+
+
+OUTCOME_COLOURS = {"success": "#2a9d4b", "failure": "#c0392b", "other": "#7f7f7f"}
+
+
+def trajectory_projections(
+    title: str, paths: Sequence[tuple[str, Sequence[Sequence[float]], str]], *, max_paths: int = 40
+) -> str:
+    """EPM trajectories in C/A/P space as three 2-D projections (C-A, C-P, A-P). Each path is
+    ``(label, points, outcome)`` with points ``(C, A, P)`` from P0 to the end and outcome ``success`` /
+    ``failure`` / anything else (grey); a circle marks the start, a cross the end, and the dashed lines
+    the origin (every need met)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13.0, 4.2))
+    shown = list(paths)[:max_paths]
+    for ax, (i, j, name) in zip(axes, ((0, 1, "C - A"), (0, 2, "C - P"), (1, 2, "A - P"))):
+        for _, points, outcome in shown:
+            colour = OUTCOME_COLOURS.get(outcome, OUTCOME_COLOURS["other"])
+            xs, ys = [p[i] for p in points], [p[j] for p in points]
+            ax.plot(xs, ys, color=colour, linewidth=1.0, alpha=0.7)
+            ax.plot(xs[:1], ys[:1], "o", color=colour, markersize=3)
+            ax.plot(xs[-1:], ys[-1:], "x", color=colour, markersize=5)
+        ax.axhline(0, color="black", linewidth=0.6, linestyle="--")
+        ax.axvline(0, color="black", linewidth=0.6, linestyle="--")
+        ax.set_xlabel(name.split(" - ")[0], fontsize=8)
+        ax.set_ylabel(name.split(" - ")[1], fontsize=8)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=c, label=k) for k, c in OUTCOME_COLOURS.items()]
+    axes[2].legend(handles=handles, fontsize=7, loc="best")
+    fig.suptitle(
+        title + (f" (first {max_paths} of {len(paths)})" if len(paths) > max_paths else ""), fontsize=10
+    )
+    fig.tight_layout()
+    return png_base64(fig)

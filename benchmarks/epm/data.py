@@ -1,5 +1,6 @@
-"""EPM cases: our English persona cards (``data/epm_en.json``, or a file in the same format) and the
-EMPA benchmark's own case files, which users download themselves (CC BY-NC 4.0; never shipped here).
+"""EPM cases: our English persona cards (``epm_en.json`` beside this module, or a file in the same
+format) and the EMPA benchmark's own case files, which users download themselves (CC BY-NC 4.0; never
+shipped here).
 
 Our format is a JSON list (or JSONL) of objects::
 
@@ -25,12 +26,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.benchmarks.epm.user import PersonaCard, Stage
+from rapo_echo.benchmarks.epm.vectors import IEDR_KEYS
 from rapo_echo.data.files import Record, expect_object, get_str, open_source, read_records
-from rapo_echo.epm import IEDR_KEYS
 from rapo_echo.errors import DataError
-from rapo_echo.simulators.epm_user import PersonaCard, Stage
 
-BUNDLED = Path(__file__).parent / "data" / "epm_en.json"
+BUNDLED = Path(__file__).parent / "epm_en.json"
 LEVELS = ("low", "medium", "high")
 NEEDS = ("cognitive", "affective", "proactive")
 _EMPA_LEVELS = {"低": "low", "中": "medium", "高": "high"}

@@ -14,7 +14,7 @@ share that talk about the text or the task instead of to the person (``meta_talk
 length in words. Each reply is scored with the seeker's last message only: a rule that reads the
 supporter's earlier turns (``repeats_earlier``) never fires here.
 
-    python benchmarks/perf/hidden_rule_eval.py evals/ref-default evals/ref-quickstart
+    python studies/hidden_rule_eval.py evals/ref-default evals/ref-quickstart
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ setting changed: full fine-tuning or LoRA and the learning rate. Per (setting, r
 records the per-step mean reward and the gain = mean of the last 3 steps minus the first 3; one JSON
 line per run, then one summary line per (setting, reward) with the mean gain over seeds.
 
-    python benchmarks/perf/sweep_defaults.py --steps 12 --seeds 0 1 2 \\
+    python studies/sweep_defaults.py --steps 12 --seeds 0 1 2 \\
         --settings full:1e-5 full:1e-4 lora:5e-4 lora:2e-3 --rewards question length:target=12 \\
         --out sweep.jsonl
 """
@@ -17,11 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from rapo_echo.benchmarks.perf.bench_learning import read_jsonl, summarise, train_one
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the checkout's root
+
+from studies.bench_learning import read_jsonl, summarise, train_one
 
 # Only what does not change the learning: no progress bar, no TensorBoard, no checkpoint but the last.
 QUIET = ["logging.progress=false", "logging.tensorboard=false", "train.save_every=100000"]
