@@ -9,6 +9,7 @@ from every record in the file.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import time
@@ -17,9 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles
-from rapo_echo.benchmarks.epm.run import Epm
-from rapo_echo.benchmarks.esconv.interactive import EsconvInteractive
-from rapo_echo.benchmarks.esconv.reference import EsconvReference
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
     RESULTS_FILE,
@@ -28,20 +26,19 @@ from rapo_echo.benchmarks.results import (
     read_records,
     write_json_atomic,
 )
-from rapo_echo.benchmarks.sage.run import Sage
-from rapo_echo.benchmarks.sotopia.run import Sotopia
 from rapo_echo.config import redacted
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.rundir import DirLock, check_writable
 
 log = logging.getLogger(__name__)
 
-BENCHMARKS: dict[str, type] = {
-    "esconv": EsconvInteractive,
-    "esconv-ref": EsconvReference,
-    "sotopia": Sotopia,
-    "epm": Epm,
-    "sage": Sage,
+# name -> "module:Class", imported only when chosen (each benchmark package loads its own role players)
+BENCHMARKS: dict[str, str] = {
+    "esconv": "rapo_echo.benchmarks.esconv.interactive:EsconvInteractive",
+    "esconv-ref": "rapo_echo.benchmarks.esconv.reference:EsconvReference",
+    "sotopia": "rapo_echo.benchmarks.sotopia.run:Sotopia",
+    "epm": "rapo_echo.benchmarks.epm.run:Epm",
+    "sage": "rapo_echo.benchmarks.sage.run:Sage",
 }
 # settings that do not change what a case's result means, so they may differ when resuming
 RESUME_FREE = ("batch_size",)
@@ -51,7 +48,8 @@ def get_benchmark(name: str) -> Benchmark:
     """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``, ``epm``, ``sage``)."""
     if name not in BENCHMARKS:
         raise ConfigError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
-    return BENCHMARKS[name]()
+    module, _, cls = BENCHMARKS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
 def eval_config(
