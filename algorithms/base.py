@@ -13,7 +13,7 @@ from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLIC
 from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
 
 if TYPE_CHECKING:
-    from rapo_echo.config import RunConfig
+    from rapo_echo.algorithms.run_config import RunConfig
     from rapo_echo.engines.base import ChatEngine
     from rapo_echo.policy import Policy, TokenBatch
     from rapo_echo.rewards import RewardSet

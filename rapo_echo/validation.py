@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
     from rapo_echo.algorithms.base import Algorithm
-    from rapo_echo.config import RunConfig
+    from rapo_echo.algorithms.run_config import RunConfig
     from rapo_echo.policy import Policy
     from rapo_echo.types import Scenario
 

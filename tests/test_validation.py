@@ -17,7 +17,7 @@ import torch
 from rapo_echo.algorithms.base import AlgoContext
 from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.algorithms.rlver import RLVER
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
