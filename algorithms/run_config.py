@@ -40,7 +40,8 @@ class RunConfig(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The trainable policy.")
     simulator: EngineConfig = Field(default_factory=EngineConfig, description="The simulated user's engine.")
     judge: EngineConfig = Field(
-        default_factory=lambda: EngineConfig(temperature=0.0), description="The judge's engine."
+        default_factory=lambda: EngineConfig(temperature=0.0),
+        description="The judge's engine (its `temperature` defaults to 0).",
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How the policy samples.")
     loss: LossConfig = Field(default_factory=LossConfig, description="The GRPO core.")
