@@ -469,7 +469,7 @@ class Trainer:
             )
 
     def _validate(self) -> None:
-        """Held-out validation of the current weights (main process only; see rapo_echo/validation.py)."""
+        """Held-out validation of the current weights (main process only; see rapo_echo/validation)."""
         if self.validator is None or not self.is_main:
             return
         metrics = self.validator.run(self.step)

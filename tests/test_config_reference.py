@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.cli import main
-from rapo_echo.config.reference import _sections
+from rapo_echo.config.reference import config_sections
 from rapo_echo.config_cli import reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def test_the_committed_reference_is_current() -> None:
 def test_every_config_key_has_a_description() -> None:
     missing = [
         f"{model.__name__}.{key}"
-        for model in _sections(RunConfig)
+        for model in config_sections(RunConfig)
         for key, info in model.model_fields.items()
         if not info.description
     ]

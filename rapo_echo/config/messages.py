@@ -85,11 +85,11 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
     return "invalid config:\n  " + "\n  ".join(dict.fromkeys(out))
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
+def models_in(annotation: Any) -> list[type[BaseModel]]:
     """The config sections an annotation can hold (through unions, lists and ``Annotated``)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    return [m for a in getattr(annotation, "__args__", ()) for m in _models_in(a)]
+    return [m for a in getattr(annotation, "__args__", ()) for m in models_in(a)]
 
 
 def model_at(root: type[BaseModel], loc: tuple[str, ...], tree: Any = None) -> type[BaseModel] | None:
@@ -100,7 +100,7 @@ def model_at(root: type[BaseModel], loc: tuple[str, ...], tree: Any = None) -> t
     for part in loc:
         if not part.isdigit():
             field = _member(candidates, node).model_fields.get(part)
-            candidates = _models_in(field.annotation) if field is not None else []
+            candidates = models_in(field.annotation) if field is not None else []
             if not candidates:
                 return None
         node = _step(node, part)

@@ -14,14 +14,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for a in typing.get_args(annotation) for m in _models_in(a)]
+from rapo_echo.config.messages import models_in
 
 
-def _sections(root: type[BaseModel]) -> dict[type[BaseModel], list[str]]:
+def config_sections(root: type[BaseModel]) -> dict[type[BaseModel], list[str]]:
     """Every config class under ``root``, in order of first appearance, with the key paths it sits at."""
     found: dict[type[BaseModel], list[str]] = {root: [""]}
     queue = [(root, "")]
@@ -29,7 +25,7 @@ def _sections(root: type[BaseModel]) -> dict[type[BaseModel], list[str]]:
         model, prefix = queue.pop(0)
         for key, info in model.model_fields.items():
             path = f"{prefix}.{key}" if prefix else key
-            for sub in _models_in(info.annotation):
+            for sub in models_in(info.annotation):
                 sub_path = f"{path}[]" if typing.get_origin(info.annotation) is list else path
                 if sub not in found:
                     found[sub] = []
@@ -48,7 +44,7 @@ def _type_name(annotation: Any) -> str:
         return "str" if all(isinstance(a, str) for a in args) else " | ".join(map(repr, args))
     if origin in (typing.Union, types.UnionType):
         names = [_type_name(a) for a in args]
-        if len(_models_in(annotation)) > 1:
+        if len(models_in(annotation)) > 1:
             return "check"
         return " | ".join(dict.fromkeys("None" if n == "NoneType" else n for n in names))
     if origin is list:
@@ -104,7 +100,7 @@ def _anchor(model: type[BaseModel]) -> str:
 def reference_markdown(root: type[BaseModel], overlays: dict[str, dict[str, Any]] | None = None) -> str:
     """The reference page of ``root``; ``overlays`` (name -> defaults tree, e.g. each ``--algo``'s
     defaults) are listed after the sections."""
-    sections = _sections(root)
+    sections = config_sections(root)
     out = [
         "# Config reference",
         "",
@@ -125,7 +121,7 @@ def reference_markdown(root: type[BaseModel], overlays: dict[str, dict[str, Any]
             out += [doc, ""]
         out += ["| key | type | default | allowed | description |", "| --- | --- | --- | --- | --- |"]
         for key, info in model.model_fields.items():
-            subs = _models_in(info.annotation)
+            subs = models_in(info.annotation)
             desc = info.description or ""
             if subs:
                 desc += " See " + ", ".join(f"[{m.__name__}](#{_anchor(m)})" for m in subs) + "."
