@@ -13,7 +13,7 @@ from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLIC
 from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
 
 if TYPE_CHECKING:
-    from rapo_echo.config import RunConfig
+    from rapo_echo.algorithms.run_config import RunConfig
     from rapo_echo.engines.base import ChatEngine
     from rapo_echo.policy import Policy, TokenBatch
     from rapo_echo.rewards import RewardSet
@@ -126,7 +126,7 @@ class Algorithm:
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
         raise NotImplementedError
 
-    # The score held-out validation ranks checkpoints by (higher is better; see rapo_echo/validation.py);
+    # The score held-out validation ranks checkpoints by (higher is better; see rapo_echo/validation);
     # None: this algorithm has no single-reply score to validate with.
     validation_key: str | None = None
     # whether :meth:`validate` can play held-out contexts on as dialogues (``validation.turns`` > 1)

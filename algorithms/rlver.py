@@ -37,8 +37,8 @@ from einops import rearrange
 from rapo_echo.algorithms.base import PG, AlgoContext, Algorithm, MicroBatch, Rollout, TrainItem
 from rapo_echo.algorithms.core import aggregate, gae_advantages, masked_whiten, value_loss
 from rapo_echo.algorithms.grpo import advantage_stats, reward_stats
+from rapo_echo.algorithms.rlver_config import RLVER_SYSTEM_PROMPT
 from rapo_echo.chat_template import ChatMarkers
-from rapo_echo.config import RLVER_SYSTEM_PROMPT
 from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.policy import pad_left_aligned
 from rapo_echo.prompting import THINK_CLOSE, split_thinking

@@ -6,7 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from rapo_echo.config import load_config, parse_reward_flag
+from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.config import parse_reward_flag
 from rapo_echo.errors import ConfigError
 
 

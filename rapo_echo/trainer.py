@@ -26,6 +26,7 @@ import torch
 
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
+from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
@@ -41,7 +42,7 @@ from rapo_echo.checkpoint import (
     staging_path,
     write_state_files,
 )
-from rapo_echo.config import RunConfig, dump_config
+from rapo_echo.config import dump_config
 from rapo_echo.data import ScenarioStream, load_scenarios
 from rapo_echo.distributed import (
     accelerator_kwargs,
@@ -468,7 +469,7 @@ class Trainer:
             )
 
     def _validate(self) -> None:
-        """Held-out validation of the current weights (main process only; see rapo_echo/validation.py)."""
+        """Held-out validation of the current weights (main process only; see rapo_echo/validation)."""
         if self.validator is None or not self.is_main:
             return
         metrics = self.validator.run(self.step)

@@ -126,11 +126,11 @@ class Sample:
 class ValidationResult:
     """A held-out validation of the policy (:meth:`Algorithm.validate`): ``metrics`` (``val/...``, the
     run's validation key among them) and ``scores``, the per-context score of the key, one per held-out
-    scenario in order (None where the reply could not be scored); ``validation.min_gain`` pairs them.
+    scenario in order (None where the reply could not be scored); validation pairs them with the best's.
     ``rules``: where the simulated person has rules, for each negative rule fired at least once, per
-    scenario the share of its replies that fired it (None where it had no reply); ``validation.rule_floor``
-    pairs them. ``replies``: per scenario the policy's greedy replies, in order (``validation.variety_floor``
-    compares their Distinct-2)."""
+    scenario the share of its replies that fired it (None where it had no reply); the ``rule_floor``
+    check pairs them. ``replies``: per scenario the policy's greedy replies, in order (the
+    ``variety_floor`` check compares their Distinct-2)."""
 
     metrics: dict[str, float]
     scores: list[float | None]

@@ -22,8 +22,8 @@ it declares parameters of these names, ``engine`` (the run's ``simulator`` role 
 
 A simulator with a known ground truth may also have ``hidden_rule_score(reply, heard, earlier)`` (a
 score in [0, 1], logged as ``sim/hidden_rule_score`` and ``val/hidden_rule_score``) and
-``rules_broken(reply, heard, earlier)`` (the names of the negative rules the reply fires, which
-``validation.rule_floor`` reads); ``heard`` is the person's last message, ``earlier`` the supporter's
+``rules_broken(reply, heard, earlier)`` (the names of the negative rules the reply fires, which the
+``rule_floor`` validation check reads); ``heard`` is the person's last message, ``earlier`` the supporter's
 earlier turns. The hidden-preference user has both.
 
 Names resolve to a built-in (:data:`BUILTINS`), a plugin registered in the ``rapo_echo.simulators``

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.config:
         if args.rules or args.extra_rules:
             ap.error("--config takes the rules from the config: leave out --rules / --extra-rules")
-        from rapo_echo.config import load_config
+        from rapo_echo.algorithms.run_config import load_config
         from rapo_echo.simulators.base import build_simulator
 
         sim = load_config(args.config).rapo.simulator

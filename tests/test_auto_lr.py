@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, count_parameters_of
-from rapo_echo.config import load_config
 from rapo_echo.errors import ConfigError
 
 

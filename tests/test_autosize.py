@@ -12,7 +12,7 @@ import torch
 import yaml
 
 import rapo_echo.autosize as autosize
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 
 TINY = SimpleNamespace(
     num_hidden_layers=2,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rapo_echo.config import RunConfig, dump_config, load_config, parse_override, parse_reward_flag
+from rapo_echo.algorithms.run_config import RunConfig, load_config
+from rapo_echo.config import dump_config, parse_override, parse_reward_flag
 from rapo_echo.errors import ConfigError
 
 

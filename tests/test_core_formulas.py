@@ -397,7 +397,7 @@ def test_registries_and_unknown_names():
 
 
 def test_config_choices_match_the_registries():
-    from rapo_echo.config import LossConfig
+    from rapo_echo.algorithms.loss_config import LossConfig
 
     fields = LossConfig.model_fields
     assert set(typing.get_args(fields["kl_estimator"].annotation)) == set(KL_ESTIMATORS)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.rewards import RewardContext, RewardSet, build_reward

@@ -9,7 +9,7 @@ import pytest
 
 from rapo_echo.algorithms.base import SD, AlgoContext
 from rapo_echo.algorithms.rapo import RAPO
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.group import Candidate
 from rapo_echo.judges.reactions import ReactionJudge
@@ -556,7 +556,9 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
     assert cfg.validation.keep_best
     # four steps, validated once: step 8s that validation preferred lost ESConv cases (docs/results.md)
     assert cfg.train.max_steps == cfg.train.save_every == 4
-    assert cfg.validation.min_gain == 1.0  # a checkpoint must beat the best beyond one standard error
+    checks = {c.name: c for c in cfg.validation.checks}
+    assert list(checks) == ["min_gain", "subset_floor", "rule_floor", "variety_floor"]
+    assert checks["min_gain"].se == 1.0  # a checkpoint must beat the best beyond one standard error
     assert cfg.validation.turns == 2  # played on as dialogues: a reply repeated turn after turn costs
     held = validation_scenarios(cfg, RAPO)
     held_out = held.scenarios
@@ -564,14 +566,14 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
     said = {m["content"] for s in trained for m in s.messages}
     assert len(held_out) == 47 and not said & {m["content"] for s in held_out for m in s.messages}
     # three files, each judged on its own: a step that loses beyond one standard error on one is refused
-    assert [len(r) for r in held.subsets.values()] == [21, 10, 16] and cfg.validation.subset_floor == 1.0
+    assert [len(r) for r in held.subsets.values()] == [21, 10, 16] and checks["subset_floor"].se == 1.0
     # none of the quickstart's own dislikes (its extra rules) may grow beyond two standard errors; the
     # default rules' milder ones (advice first, talking about oneself) may
-    assert cfg.validation.rule_floor == 2.0
+    assert checks["rule_floor"].se == 2.0
     extra = cfg.rapo.simulator.args["extra_rules"]
-    assert set(cfg.validation.floor_rules) == {r["detect"] for r in extra if r["weight"] < 0}
+    assert set(checks["rule_floor"].rules) == {r["detect"] for r in extra if r["weight"] < 0}
     # nor may the replies grow less varied (Distinct-2) beyond one standard error
-    assert cfg.validation.variety_floor == 1.0
+    assert checks["variety_floor"].se == 1.0
     # ten of them open with a bare topic, as ESConv seekers often do; no training context is that terse
     terse = [s for s in held_out if len(s.messages) == 1 and len(s.messages[0]["content"].split()) <= 4]
     assert len(terse) == 10 and min(len(s.last_user_message().split()) for s in trained) >= 5

@@ -23,12 +23,6 @@ else:  # pragma: no cover
 ROOT = Path(__file__).resolve().parents[1]
 # Package-level import cycles still known, each as (importer, imported) at the level of the package that
 # holds both. Each must still exist (the test fails when one goes, so that it is taken off this list).
-KNOWN_CYCLE_EDGES = {
-    # The run config names each algorithm's section; the config split moves them beside the algorithms.
-    ("rapo_echo.config", "rapo_echo.algorithms"),
-}
-
-
 def package_dirs() -> dict[str, Path]:
     """Package name -> folder, from pyproject.toml's ``[tool.setuptools] package-dir``."""
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -145,14 +139,7 @@ def test_no_file_level_cycle():
 
 def test_no_package_level_cycle():
     problems = []
-    seen_known = set()
-    for package, edges in sorted(package_edges(import_graph()).items()):
-        kept = {}
-        for edge, why in edges.items():
-            if edge in KNOWN_CYCLE_EDGES:
-                seen_known.add(edge)
-                continue
-            kept[edge] = why
+    for package, kept in sorted(package_edges(import_graph()).items()):
         graph: dict[str, set[str]] = {}
         for a, b in kept:
             graph.setdefault(a, set()).add(b)
@@ -160,5 +147,3 @@ def test_no_package_level_cycle():
             inside = [f"  {w}" for (a, b), why in kept.items() if {a, b} <= set(component) for w in why]
             problems.append(f"cycle among {component} in {package}:\n" + "\n".join(inside))
     assert not problems, "\n".join(problems)
-    gone = KNOWN_CYCLE_EDGES - seen_known
-    assert not gone, f"these known cycle edges are gone: take them off KNOWN_CYCLE_EDGES: {sorted(gone)}"

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.trainer import Trainer
 from tests.launch import ROOT, accelerate, run_processes, torchrun
 from tests.multiproc_probe import record_file, replaying, weights_file

@@ -21,8 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.chat_template import ChatMarkers
-from rapo_echo.config import load_config
 from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError, DataError, RapoEchoError

@@ -13,7 +13,7 @@ import torch
 
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch
 from rapo_echo.algorithms.rapo import RAPO, select_for_distillation, teacher_prompt
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.policy import Policy

@@ -17,7 +17,7 @@ import torch
 
 from rapo_echo.algorithms.base import AlgoContext
 from rapo_echo.algorithms.rlver import RLVER, visible_start
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet, build_reward

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.trainer import Trainer, TrainingError, lr_lambda
 
 BASE = [

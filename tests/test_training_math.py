@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.base import PG
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.trainer import Trainer
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false"]

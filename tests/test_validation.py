@@ -17,21 +17,15 @@ import torch
 from rapo_echo.algorithms.base import AlgoContext
 from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.algorithms.rlver import RLVER
-from rapo_echo.config import load_config
+from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
 from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
 from rapo_echo.trainer import Trainer
 from rapo_echo.types import Generation, Scenario, ValidationResult, msg
-from rapo_echo.validation import (
-    paired_gain,
-    replaces_best,
-    rule_rises,
-    subset_gains,
-    validation_scenarios,
-    vetoed_by,
-)
+from rapo_echo.validation import paired_gain, rule_rises, subset_gains, validation_scenarios
+from rapo_echo.validation.checks import replaces_best, vetoed_by
 from tests.test_hidden_preference import COLD, NEUTRAL, SELF, WARM, reactions_rapo
 from tests.test_trainer import cfg_for, metrics
 
@@ -117,8 +111,8 @@ def test_validation_config_errors() -> None:
     held = validation_scenarios(load_config(overrides=HELD_OUT), GRPO)
     assert len(held.scenarios) == 3 and held.subsets == {"bundled:esconv_style_en.json": range(3)}
     assert validation_scenarios(load_config(), GRPO) is None
-    with pytest.raises(ConfigError, match="subset_floor"):
-        load_config(overrides=["validation.subset_floor=-1"])
+    with pytest.raises(ConfigError, match=r"validation.checks.0.se: got -1"):
+        load_config(overrides=["validation.checks=[{name: subset_floor, se: -1}]"])
 
 
 def test_subset_gains_and_vetoes_by_hand() -> None:
@@ -280,8 +274,8 @@ def test_replaces_best_rule() -> None:
     assert replaces_best(1.0, 0.0, 1.0) and not replaces_best(0.0, 0.0, 1.0)  # every scenario the same change
     assert not replaces_best(5.0, math.nan, 1.0)  # one paired scenario: no evidence
     assert not replaces_best(math.nan, math.nan, 0.0)
-    with pytest.raises(ConfigError, match="min_gain"):
-        load_config(overrides=["validation.min_gain=-1"])
+    with pytest.raises(ConfigError, match=r"validation.checks.0.se: got -1"):
+        load_config(overrides=["validation.checks=[{name: min_gain, se: -1}]"])
 
 
 @pytest.mark.parametrize(
@@ -307,7 +301,13 @@ def test_min_gain_asks_for_a_gain_beyond_chance(
     run = tmp_path / "run"
     extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", *HELD_OUT]
     trainer = Trainer(
-        cfg_for(tiny_folder, run, *extra, "validation.keep_best=true", f"validation.min_gain={min_gain}")
+        cfg_for(
+            tiny_folder,
+            run,
+            *extra,
+            "validation.keep_best=true",
+            f"validation.checks=[{{name: min_gain, se: {min_gain}}}]",
+        )
     )
     trainer.train()
     rows = lines(run)
@@ -339,8 +339,9 @@ def test_subset_floor_keeps_the_best_when_a_step_loses_one_kind_of_context(
         "validation.limit=19",  # 16 misspelt openings and 3 terse ones
         "validation.max_new_tokens=4",
         "validation.keep_best=true",
-        "validation.min_gain=1",
-        *([f"validation.subset_floor={floor}"] if floor is not None else []),
+        "validation.checks=[{name: min_gain, se: 1}"
+        + (f", {{name: subset_floor, se: {floor}}}" if floor is not None else "")
+        + "]",
     ]
     given = iter([[1.0] * 19, [2.0] * 19, [5.0] * 16 + [0.0, 1.0, 2.0]])
     monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores(next(given)))
@@ -359,10 +360,11 @@ def two_steps_validated(
     tiny_folder: Path,
     monkeypatch: pytest.MonkeyPatch,
     given: list[ValidationResult],
-    *overrides: str,
+    *checks: str,
 ) -> tuple[Path, list[dict]]:
-    """A two-step run with keep_best and min_gain 1 whose validations (before step 1, after steps 1 and
-    2) return ``given`` in turn; its directory and ``validation.jsonl`` lines."""
+    """A two-step run with keep_best, a min_gain check of 1 and ``checks`` (flow mappings) whose
+    validations (before step 1, after steps 1 and 2) return ``given`` in turn; its directory and
+    ``validation.jsonl`` lines."""
     results = iter(given)
     monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: next(results))
     run = tmp_path / "run"
@@ -374,8 +376,7 @@ def two_steps_validated(
         "validation.limit=4",
         "validation.max_new_tokens=4",
         "validation.keep_best=true",
-        "validation.min_gain=1",
-        *overrides,
+        f"validation.checks=[{', '.join(['{name: min_gain, se: 1}', *checks])}]",
     ]
     Trainer(cfg_for(tiny_folder, run, *extra)).train()
     return run, lines(run)
@@ -407,7 +408,7 @@ def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_perso
     best_step: int,
 ) -> None:
     """Step 2 gains 1 on every context over step 1 (se 0) but talks about the person's message as a
-    text on two of four: meta_talk's rate rises by 0.5 (se 0.289) over step 1's 0. ``floor_rules``
+    text on two of four: meta_talk's rate rises by 0.5 (se 0.289) over step 1's 0. The check's ``rules``
     without meta_talk lets step 2 in."""
     given = [
         ValidationResult({"val/reward": 1.0}, [1.0] * 4, {"self_talk": [1.0, 1.0, 0.0, 0.0]}),
@@ -419,8 +420,11 @@ def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_perso
         tiny_folder,
         monkeypatch,
         given,
-        *([f"validation.rule_floor={floor}"] if floor is not None else []),
-        *([f"validation.floor_rules={watched}"] if watched is not None else []),
+        *(
+            [f"{{name: rule_floor, se: {floor}" + (f", rules: {watched}}}" if watched else "}")]
+            if floor is not None
+            else []
+        ),
     )
     # step 1 fires self_talk less (0.5, se 0.289): a gain, no veto, and it becomes the best
     assert rows[1]["rule_gains"]["self_talk"]["gain"] == pytest.approx(0.5) and "vetoed_by" not in rows[1]
@@ -433,16 +437,17 @@ def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_perso
     assert best["rules"] == ({} if best_step == 1 else {"meta_talk": [1.0, 1.0, 0.0, 0.0]})
 
 
-def test_floor_rules_must_be_negative_rules_of_the_person(tmp_path: Path, tiny_folder: Path) -> None:
+def test_rule_floor_rules_must_be_negative_rules_of_the_person(tmp_path: Path, tiny_folder: Path) -> None:
     from rapo_echo.validation import HeldOut, Validator
 
-    cfg = load_config(overrides=["validation.floor_rules=[meta_talk, reflects_feeling, typo]"])
+    watching = "validation.checks=[{{name: rule_floor, se: 1, rules: {}}}]".format
+    cfg = load_config(overrides=[watching("[meta_talk, reflects_feeling, typo]")])
     person = HiddenPreferenceUser(extra_rules=[{"detect": "meta_talk", "weight": -3.0}])
     algo = SimpleNamespace(validation_key="val/emotion_delta", simulator=person)
-    with pytest.raises(ConfigError, match=r"validation.floor_rules: \['reflects_feeling', 'typo'\] are not"):
+    with pytest.raises(ConfigError, match=r"rule_floor rules: \['reflects_feeling', 'typo'\] are not"):
         Validator(cfg, HeldOut([], {}), algo, None, tmp_path)
-    cfg = load_config(overrides=["validation.floor_rules=[meta_talk, self_talk]"])
-    assert Validator(cfg, HeldOut([], {}), algo, None, tmp_path).floor_rules == ["meta_talk", "self_talk"]
+    cfg = load_config(overrides=[watching("[meta_talk, self_talk]")])
+    assert Validator(cfg, HeldOut([], {}), algo, None, tmp_path).checks[0].rules == ["meta_talk", "self_talk"]
 
 
 def test_a_best_saved_without_scores_is_compared_by_its_mean(
@@ -554,7 +559,7 @@ def test_validation_data_may_name_several_files() -> None:
     assert len(scenarios) == 23  # the 21 ESConv-style contexts, then the first two terse openings
     assert [s.id for s in scenarios[21:]] == ["terse-exams", "terse-argument-boyfriend"]
     assert scenarios[21].messages == [msg("user", "exams")]
-    # each file is a subset (validation.subset_floor); the limit cuts across them
+    # each file is a subset (the subset_floor check); the limit cuts across them
     assert held.subsets == {
         "bundled:esconv_style_en.json": range(21),
         "bundled:openings_terse_en.jsonl": range(21, 23),
@@ -578,7 +583,7 @@ def test_variety_floor_keeps_the_best_when_a_step_says_the_same_thing_everywhere
         ValidationResult({"val/reward": 2.0}, [2.0] * 4, replies=varied),
         ValidationResult({"val/reward": 3.0}, [3.0] * 4, replies=alike),
     ]
-    floors = [f"validation.variety_floor={floor}"] if floor is not None else []
+    floors = [f"{{name: variety_floor, se: {floor}}}"] if floor is not None else []
     run, rows = two_steps_validated(tmp_path, tiny_folder, monkeypatch, given, *floors)
     assert [r["val/distinct_2"] for r in rows] == pytest.approx([100.0, 100.0, 50.0])
     assert rows[1]["variety"] == {"gain": 0.0, "gain_se": 0.0, "n": 4} and "vetoed_by" not in rows[1]

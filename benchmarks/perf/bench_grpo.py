@@ -105,7 +105,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from rapo_echo.config import load_config
+    from rapo_echo.algorithms.run_config import load_config
     from rapo_echo.models import resolve
     from rapo_echo.trainer import Trainer
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import __version__
+from rapo_echo.algorithms.run_config import RunConfig, load_config
 from rapo_echo.chat_template import ChatMarkers
-from rapo_echo.config import RunConfig, dump_config, load_config
+from rapo_echo.config import dump_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.openrlhf.agent import AGENT_SETTINGS, write_agent_settings
 from rapo_echo.openrlhf.dataset import write_profiles, write_prompts

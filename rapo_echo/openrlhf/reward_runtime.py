@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.algorithms.run_config import RunConfig, load_config
 from rapo_echo.chat_template import ChatMarkers
-from rapo_echo.config import RunConfig, load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.openrlhf.dataset import scenario_from_label
 from rapo_echo.rewards import RewardContext, RewardSet

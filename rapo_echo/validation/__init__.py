@@ -1,46 +1,10 @@
 """Held-out validation during training, and keeping the best-validated model.
 
-With ``validation.data`` set, the trainer asks the algorithm for the policy's greedy replies to those
-held-out scenarios and scores them the way the run is rewarded (:meth:`Algorithm.validate`: RAPO the
-simulated person's emotion change, GRPO the reward plugins) before the first step and after every
-checkpoint, and appends one line per validation to ``validation.jsonl``. With ``validation.keep_best``
-the best-scoring weights so far live in ``best/`` (``best/best.json`` says which step; the base, step 0,
-counts), and ``final/`` is made from them: a run whose policy drifts ends no worse, on its validation
-set, than the best point it passed.
-
-Which step is best: each validation scores every held-out scenario, and a new step is compared with the
-best so far on the scenarios both scored (paired): ``gain`` is the mean per-scenario difference and
-``gain_se`` its standard error, ``stdev(differences) / sqrt(n)``. With ``validation.min_gain = k`` (in
-standard errors) the new step becomes the best when ``gain > k * gain_se``; with ``k = 0`` (the default)
-when ``gain >= 0``, so a later step wins a tie. ``k > 0`` asks for evidence before a checkpoint replaces
-the best: on a small validation set a drifting policy can score a little higher by chance.
-
-With ``validation.data`` a list of files, each file is a subset of the held-out set (its kinds of
-context: ESConv-style situations, bare-topic openings, misspelt openings) and the paired gain is also
-taken per subset. With ``validation.subset_floor = f`` a step that gains on the whole set still does not
-replace the best when on any one subset its gain is below ``-f`` standard errors of that subset's paired
-difference (``gain < -f * gain_se``; a subset with one paired scenario has no standard error and vetoes
-at any loss): a mean over many contexts can hide a policy that learnt to fail one kind of context.
-
-Where the simulated person has rules (the hidden-preference user), each validation also records, per
-negative rule and scenario, the share of the replies that broke it (``rules``). With
-``validation.rule_floor = f`` a step does not replace the best when any negative rule fires more often
-than under the best by more than ``f`` standard errors of the paired per-scenario difference (the
-rate's rise ``r`` with standard error ``se``: ``r > f * se``, as a loss of ``-r`` against the floor
-above): a step that gains on average can have learnt a new way of putting the person off on a few
-contexts (talking about their message as a text to edit), which the mean hides. ``validation.floor_rules``
-limits the floor to the rules it names (a mild dislike, such as advice in the first sentence, may rise
-while a policy improves on the whole); the others' rates and gains are still recorded.
-
-Each validation also records the policy's replies per scenario (``replies``) and their Distinct-2
-(``val/distinct_2``, percent; :mod:`rapo_echo.variety`). With ``validation.variety_floor = f`` a step
-does not replace the best when its replies' Distinct-2 is below the best's by more than ``f`` jackknife
-standard errors over the paired scenarios (``variety`` in the record; a best saved by an older version,
-without replies, is not compared): scores per context cannot see a policy that says much the same thing
-to every context, which a person meeting it in many dialogues would.
-
-Validation leaves the run's random state as it found it, so a run with validation trains the same
-steps as one without, and a resumed run the same as an uninterrupted one.
+With ``validation.data`` set, the policy's greedy replies to held-out scenarios are scored the way the
+run is rewarded, before the first step and after every checkpoint (one line each in ``validation.jsonl``).
+A step is compared with the best so far on the scenarios both scored (paired); with ``keep_best`` it
+replaces the best when its gain is >= 0 and it passes ``validation.checks`` (:mod:`.checks`). Validation
+leaves the run's random state as it found it.
 """
 
 from __future__ import annotations
@@ -62,13 +26,14 @@ from rapo_echo.checkpoint import rng_state, set_rng_state
 from rapo_echo.data import load_scenarios
 from rapo_echo.errors import ConfigError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
+from rapo_echo.validation.checks import Check, Comparison, build_checks, replaces_best
 from rapo_echo.variety import distinct_n, paired_distinct_gain
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
     from rapo_echo.algorithms.base import Algorithm
-    from rapo_echo.config import RunConfig
+    from rapo_echo.algorithms.run_config import RunConfig
     from rapo_echo.policy import Policy
     from rapo_echo.types import Scenario
 
@@ -128,17 +93,6 @@ def paired_gain(new: list[float | None], best: list[float | None]) -> tuple[floa
     return statistics.fmean(diffs), se, len(diffs)
 
 
-def replaces_best(gain: float, se: float, min_gain: float) -> bool:
-    """Whether a step whose paired gain over the best is ``gain`` (standard error ``se``) becomes the
-    best: ``gain >= 0`` at ``min_gain = 0`` (a tie goes to the later step), else ``gain > min_gain * se``
-    (no decision without a standard error: fewer than two paired scenarios keep the best)."""
-    if not math.isfinite(gain):
-        return False
-    if min_gain == 0:
-        return gain >= 0
-    return math.isfinite(se) and gain > min_gain * se
-
-
 def _named_gains(pairs: Iterable[tuple[str, list[float | None], list[float | None]]]) -> dict[str, Any]:
     """``{name: {"gain", "gain_se", "n"}}`` of :func:`paired_gain` for each ``(name, new, best)``; names
     with no pair are left out."""
@@ -173,19 +127,6 @@ def rule_rises(new: Mapping[str, Any], best: Mapping[str, Any]) -> dict[str, dic
     return _named_gains((name, rates(best, name), rates(new, name)) for name in names)
 
 
-def vetoed_by(gains: dict[str, dict[str, float]], floor: float | None) -> list[str]:
-    """The names (files or rules) in ``gains`` on which a step loses more than ``floor`` standard errors
-    (``gain < -floor * se``; a standard error of nan, one pair, counts as 0): any of them keeps the
-    best. None: no floor."""
-    if floor is None:
-        return []
-    return [
-        name
-        for name, g in gains.items()
-        if g["gain"] < -floor * (g["gain_se"] if math.isfinite(g["gain_se"]) else 0.0)
-    ]
-
-
 @contextmanager
 def random_state_kept(algorithm: Algorithm) -> Iterator[None]:
     """Run the body, then put back Python's, NumPy's and torch's random state and the algorithm's own
@@ -207,26 +148,13 @@ class Validator:
         vc = cfg.validation
         self.scenarios = held_out.scenarios
         self.subsets = held_out.subsets
-        self.subset_floor = vc.subset_floor
-        self.rule_floor = vc.rule_floor
-        self.floor_rules = vc.floor_rules
-        self.variety_floor = vc.variety_floor
-        rules = getattr(getattr(algorithm, "simulator", None), "rules", None)
-        if self.floor_rules is not None and rules is not None:
-            negative = [r.name for r in rules if r.weight < 0]
-            unknown = [n for n in self.floor_rules if n not in negative]
-            if unknown:
-                raise ConfigError(
-                    f"validation.floor_rules: {unknown} are not negative rules of the simulated person "
-                    f"(its negative rules: {negative})"
-                )
+        self.checks: list[Check] = build_checks(vc.checks, algorithm)
         self.algorithm = algorithm
         self.policy = policy
         self.key = algorithm.validation_key
         self.max_new_tokens = vc.max_new_tokens or cfg.rollout.max_new_tokens
         self.turns = vc.turns
         self.keep_best = vc.keep_best
-        self.min_gain = vc.min_gain
         self.file = run_dir / VALIDATION_FILE
         self.best_dir = run_dir / BEST_DIR
 
@@ -263,13 +191,15 @@ class Validator:
         if best is not None:
             gain, se = self._gain(scores, value, best)
             metrics.update({"val/gain": gain, "val/gain_se": se})
-            replace = replaces_best(gain, se, self.min_gain)
+            comparison = Comparison(gain, se)
+            gates = [c for c in self.checks if not c.floor]
+            replace = replaces_best(gain, se, 0.0) and not any(c.refuses(comparison) for c in gates)
             log.info(
                 "validation after step %d: %s = %.4f, %+.4f (standard error %.4f) over step %d",
                 step, self.key, value, gain, se, best["step"],
             )  # fmt: skip
             if "scores" in best:
-                vetoes = self._vetoes(row, scores, best)
+                vetoes = self._vetoes(row, scores, best, comparison)
                 if vetoes:
                     row["vetoed_by"] = vetoes
                     if replace:
@@ -285,25 +215,22 @@ class Validator:
             self._save_best(step, value, scores, row.get("rules", {}), row.get("replies"))
         return metrics
 
-    def _vetoes(self, row: dict[str, Any], scores: list[float | None], best: dict[str, Any]) -> list[str]:
+    def _vetoes(
+        self, row: dict[str, Any], scores: list[float | None], best: dict[str, Any], c: Comparison
+    ) -> list[str]:
         """Adds the per-file gains (``subsets``), the rules' drops in firing rate (``rule_gains``) and the
-        change in Distinct-2 (``variety``) over the best to ``row``; returns the files, rules
-        (``rule:NAME``) and ``variety`` beyond their floors."""
-        vetoes = []
+        change in Distinct-2 (``variety``) over the best to ``row`` and to ``c``; returns what the floors
+        of ``validation.checks`` refuse (files, ``rule:NAME``, ``variety``)."""
         if len(self.subsets) > 1:
-            row["subsets"] = subset_gains(scores, best["scores"], self.subsets)
-            vetoes += vetoed_by(row["subsets"], self.subset_floor)
+            row["subsets"] = c.subsets = subset_gains(scores, best["scores"], self.subsets)
         rises = rule_rises({"scores": scores, **row}, best)
         if rises:
-            row["rule_gains"] = rises
-            watched = {n: g for n, g in rises.items() if self.floor_rules is None or n in self.floor_rules}
-            vetoes += [f"rule:{name}" for name in vetoed_by(watched, self.rule_floor)]
+            row["rule_gains"] = c.rule_gains = rises
         if row.get("replies") and best.get("replies"):
             gain, se, n = paired_distinct_gain(row["replies"], best["replies"])
             if n:
-                row["variety"] = {"gain": gain, "gain_se": se, "n": n}
-                vetoes += vetoed_by({"variety": row["variety"]}, self.variety_floor)
-        return vetoes
+                row["variety"] = c.variety = {"gain": gain, "gain_se": se, "n": n}
+        return [name for check in self.checks if check.floor for name in check.refuses(c)]
 
     def _gain(self, scores: list[float | None], value: float, best: dict[str, Any]) -> tuple[float, float]:
         """The paired gain of ``scores`` over the best and its standard error; a best saved without

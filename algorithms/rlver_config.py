@@ -1,0 +1,92 @@
+"""The ``rlver`` section: RLVER's own switches (docs/algorithms/rlver.md): the SAGE-style simulated user,
+the estimator (GRPO or PPO with a value head), and thinking mode; and RLVER's prompts."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rapo_echo.config import Strict
+
+RLVER_SYSTEM_PROMPT = (
+    "You are chatting with a friend and you are good at lifting their mood with emotionally intelligent "
+    "replies. Your aim is to make them feel better or to grow closer. Keep it warm, natural and everyday: "
+    "short, casual, loose grammar, with interjections and colloquial words."
+)
+RLVER_THINKING_INSTRUCTION = (
+    "Before each reply, think about how and what to answer and choose a strategy (its logic and its "
+    "tone). Put your thinking inside <think></think>, then write the reply."
+)
+
+
+class RlverSimulatorConfig(Strict):
+    """The SAGE-style simulated user of ``--algo rlver`` (``simulators/sage.py``)."""
+
+    preset: Literal["rlver", "sage"] = Field(
+        "rlver",
+        description="`rlver`: start 30, change not clamped, ends at <= 0, 8 turns; `sage`: start 40, change "
+        "clamped to +-10, ends below 10, 10 turns.",
+    )
+    max_turns: int | None = Field(
+        None, ge=1, description="Policy replies the user reacts to (None: the preset's)."
+    )
+    initial_emotion: float | None = Field(
+        None, lt=100.0, description="Starting emotion, 0-100 (None: the preset's)."
+    )
+    temperature: float = Field(0.7, ge=0.0, le=5.0, description="The simulator's sampling temperature.")
+    max_new_tokens: int = Field(512, ge=16, description="Tokens per simulator call.")
+    max_retries: int = Field(
+        2, ge=0, le=10, description="Retries of an unparseable output, then the dialogue is masked."
+    )
+    emotion_readout: Literal["text", "logprobs", "auto"] = Field(
+        "text",
+        description="`text`: the `Change:` number; `logprobs`: the expectation over -10..+10 from label "
+        "probabilities (small simulators); `auto`: logprobs when the engine has them.",
+    )
+    plain_reply: bool = Field(
+        False, description="The user's message alone instead of SAGE's labelled fields (small simulators)."
+    )
+
+
+class PpoConfig(Strict):
+    """PPO with a value head and GAE (``rlver.estimator: ppo``)."""
+
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount.")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
+    value_clip: float | None = Field(
+        0.2, gt=0.0, description="Clip of the value change around the old value (None: no clip)."
+    )
+    vf_coef: float = Field(0.5, ge=0.0, description="Weight of the value loss.")
+    whiten: bool = Field(True, description="Normalise advantages over the batch's policy tokens.")
+
+
+class RlverConfig(Strict):
+    """RLVER's own switches."""
+
+    simulator: RlverSimulatorConfig = Field(
+        default_factory=RlverSimulatorConfig, description="The SAGE-style simulated user."
+    )
+    estimator: Literal["grpo", "ppo"] = Field(
+        "grpo",
+        description="`grpo`: `loss.advantage` over each profile's dialogues; `ppo`: value head and GAE.",
+    )
+    ppo: PpoConfig = Field(default_factory=PpoConfig, description="PPO settings.")
+    dense_reward: bool = Field(
+        False, description="Our extension, PPO only: each turn's emotion change / 100 at the turn's end."
+    )
+    max_dialogue_tokens: int = Field(
+        10000,
+        ge=16,
+        description="Tokens after the first prompt; the dialogue ends when spent (RLVER: 10,000).",
+    )
+    thinking: bool = Field(False, description="Thinking mode: `<think>...</think>` before each reply.")
+    thinking_instruction: str = Field(
+        RLVER_THINKING_INSTRUCTION, description="Appended to the system prompt in thinking mode."
+    )
+
+    @model_validator(mode="after")
+    def _dense_needs_ppo(self) -> RlverConfig:
+        if self.dense_reward and self.estimator != "ppo":
+            raise ValueError("dense_reward needs estimator: ppo (GRPO compares whole dialogues)")
+        return self

@@ -1,0 +1,104 @@
+"""The run config: the shared sections of :mod:`rapo_echo.config` composed with each algorithm's own
+(``loss``, ``rapo``, ``rlver``), and :func:`load_config`, which builds it with the chosen algorithm's
+defaults under the user's file, flags and ``--set`` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from rapo_echo import algorithms
+from rapo_echo.algorithms.loss_config import LossConfig
+from rapo_echo.algorithms.rapo_config import RapoConfig
+from rapo_echo.algorithms.rlver_config import RlverConfig
+from rapo_echo.config import (
+    ConfigTree,
+    DataConfig,
+    EngineConfig,
+    LoggingConfig,
+    ModelConfig,
+    MonitorConfig,
+    PersonaConfig,
+    RewardSpec,
+    RolloutConfig,
+    Strict,
+    TrainConfig,
+    ValidationConfig,
+)
+from rapo_echo.errors import ConfigError
+
+
+class RunConfig(Strict):
+    """Everything one training run needs."""
+
+    algo: str = Field(
+        "grpo", description=f"The algorithm: {', '.join(f'`{n}`' for n in algorithms.names())}."
+    )
+    output: str | None = Field(None, description="Run directory (None: `runs/ALGO-TIMESTAMP`).")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The trainable policy.")
+    simulator: EngineConfig = Field(default_factory=EngineConfig, description="The simulated user's engine.")
+    judge: EngineConfig = Field(
+        default_factory=lambda: EngineConfig(temperature=0.0),
+        description="The judge's engine (its `temperature` defaults to 0).",
+    )
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How the policy samples.")
+    loss: LossConfig = Field(default_factory=LossConfig, description="The GRPO core.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation and checkpoints.")
+    rewards: list[RewardSpec] = Field(default_factory=list, description="Reward plugins, summed by weight.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training scenarios.")
+    rapo: RapoConfig = Field(default_factory=RapoConfig, description="RAPO's own switches.")
+    persona: PersonaConfig = Field(default_factory=PersonaConfig, description="Persona inference.")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reward-hacking monitor.")
+    rlver: RlverConfig = Field(default_factory=RlverConfig, description="RLVER's own switches.")
+    validation: ValidationConfig = Field(
+        default_factory=ValidationConfig, description="Held-out validation and the best model."
+    )
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
+
+    @field_validator("algo")
+    @classmethod
+    def _algo(cls, v: str) -> str:
+        if v not in algorithms.names():
+            raise ValueError(f"unknown algorithm; allowed: {', '.join(algorithms.names())}")
+        return v
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    algo: str | None = None,
+    overrides: list[str] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> RunConfig:
+    """Build and validate a :class:`RunConfig`. ``flags`` maps dotted keys to values from CLI flags.
+    Precedence, lowest first: built-in defaults, the algorithm's ``defaults()``, the file, the flags,
+    then ``--set`` overrides."""
+    given = ConfigTree.read(path)
+    chosen = algo or given.tree.get("algo") or "grpo"
+    if not isinstance(chosen, str) or chosen not in algorithms.names():
+        where = "--algo" if algo else given.sources.get(("algo",), "algo")
+        raise ConfigError(f"{where}: algo: got {chosen!r}; allowed: {', '.join(algorithms.names())}")
+    tree = given.under(algorithms.get(chosen).defaults())
+    tree.tree["algo"] = chosen
+    tree.apply(flags, overrides)
+    tree.refuse_secrets()
+    cfg = tree.validate(RunConfig)
+    check_group_size(cfg, tree.where("rollout.group_size"))
+    return cfg
+
+
+def check_group_size(cfg: RunConfig, where: str = "") -> None:
+    """Every algorithm here compares the replies of a group (group-relative advantages, ranks), so a
+    group of one has no signal: refuse it unless the algorithm declares a smaller ``min_group_size``
+    (an int, or ``min_group_size_for(cfg)`` when it depends on the config, as RLVER's PPO does)."""
+    algo = algorithms.get(cfg.algo)
+    by_config = getattr(algo, "min_group_size_for", None)
+    need = int(by_config(cfg)) if by_config is not None else int(getattr(algo, "min_group_size", 2))
+    if cfg.rollout.group_size < need:
+        raise ConfigError(
+            f"invalid config:\n  {where}rollout.group_size: got {cfg.rollout.group_size}; {cfg.algo} learns "
+            f"from differences between the replies of a group, so a group of {cfg.rollout.group_size} "
+            f"trains nothing; use {need} or more"
+        )

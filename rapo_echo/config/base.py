@@ -1,0 +1,43 @@
+"""Building blocks of every config section: the strict base model and the ``auto``-or-number types."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PlainValidator
+
+
+class Strict(BaseModel):
+    """Base of every config section: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _auto_size(value: Any) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError("must be a whole number >= 1 or 'auto'")
+
+
+# A batch size, or ``auto``: sized from free device memory and the model on a GPU, the CPU default on a
+# CPU (rapo_echo.autosize; the resolved value is written to the run directory).
+AutoSize = Annotated[int | Literal["auto"], PlainValidator(_auto_size)]
+
+
+def _auto_lr(value: Any) -> float | str:
+    if value == "auto":
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < float(value) <= 1.0:
+        return float(value)
+    raise ValueError("must be a number greater than 0 and at most 1, or 'auto'")
+
+
+# A learning rate, or ``auto``: from the model's size and LoRA (rapo_echo.auto_lr; 1e-4 full / 1e-3 LoRA
+# for the embedded model; the resolved value is written to the run directory).
+AutoLR = Annotated[float | Literal["auto"], PlainValidator(_auto_lr)]
+
+# Where a role's forwards run in lower precision: auto (bfloat16 where the hardware has it), none, a dtype.
+Autocast = Literal["auto", "none", "bfloat16", "float16"]
+Dtype = Literal["float32", "bfloat16", "float16", "auto"]
+LogprobMode = Literal["auto", "always", "never"]
+ScenarioFormat = Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage"]

@@ -1,0 +1,83 @@
+"""Building a config tree from its layers and validating it against a schema.
+
+Precedence, lowest first: built-in defaults, an overlay (the algorithm's defaults), the YAML file, the
+dedicated CLI flags (``--model``, ``--reward``, ...), then ``--set`` overrides. Every error names the
+key, the value given and what is allowed (and the file and line when the key came from a file). The run
+config itself is composed from the algorithms' sections above this layer
+(``rapo_echo.algorithms.run_config``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from rapo_echo.config.messages import Sources, format_validation_error, where
+from rapo_echo.config.overrides import deep_merge, parse_override, set_path
+from rapo_echo.config.secrets import literal_secrets
+from rapo_echo.config.yaml_files import read_yaml
+from rapo_echo.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class ConfigTree:
+    """A config as plain data, and where each key came from (``file:line``, a flag, ``--set``)."""
+
+    tree: dict[str, Any] = field(default_factory=dict)
+    sources: Sources = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: str | Path | None) -> ConfigTree:
+        """The YAML file's tree with the line of each key (empty without a file)."""
+        if path is None:
+            return cls()
+        tree, lines = read_yaml(path)
+        return cls(tree, {k: f"{path}:{v}" for k, v in lines.items()})
+
+    def under(self, overlay: dict[str, Any]) -> ConfigTree:
+        """This tree merged over ``overlay`` (defaults the file's keys replace)."""
+        return ConfigTree(deep_merge(overlay, self.tree), dict(self.sources))
+
+    def apply(self, flags: dict[str, Any] | None = None, overrides: list[str] | None = None) -> None:
+        """Set dotted keys from CLI flags (None values skipped), then ``--set key=value`` texts."""
+        for key, value in (flags or {}).items():
+            if value is None:
+                continue
+            parts = key.split(".")
+            flag = f"--{parts[-1].replace('_', '-')}"
+            set_path(self.tree, parts, value, flag)
+            self.sources[tuple(parts)] = f"flag {flag}"
+        for text in overrides or []:
+            parts, value = parse_override(text)
+            set_path(self.tree, parts, value, f"--set {text}")
+            self.sources[tuple(parts)] = f"--set {'.'.join(parts)}"
+
+    def where(self, key: str) -> str:
+        """``'file:line: '`` (or the flag) for ``key`` or its longest known prefix, else ``''``."""
+        return where(self.sources, key)
+
+    def refuse_secrets(self) -> None:
+        """A ConfigError naming every literal secret in the tree (configs are saved with the run)."""
+        secrets = literal_secrets(self.tree)
+        if secrets:
+            lines = [f"{self.where(key)}{key}: {why}" for key, why in secrets]
+            raise ConfigError(
+                "invalid config:\n  "
+                + "\n  ".join(lines)
+                + "\n  Configs are saved with the run (config.yaml), "
+                "so secrets do not belong in them: put the value in an environment variable and give the "
+                "variable's name (e.g. api_key_env: MY_KEY, or a plugin argument such as "
+                "token_env: MY_TOKEN)."
+            )
+
+    def validate(self, model: type[M]) -> M:
+        """The tree validated as ``model``; a ConfigError with one line per problem otherwise."""
+        try:
+            return model.model_validate(self.tree)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, self.sources, self.tree, model)) from None

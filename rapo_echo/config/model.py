@@ -1,0 +1,51 @@
+"""The ``model`` section: the trainable policy and its LoRA adapter."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from rapo_echo.config.base import Dtype, Strict
+
+
+class LoraConfig(Strict):
+    """LoRA adapter of the policy (``model.lora``); under LoRA the reference is the base, adapter off."""
+
+    enabled: bool = Field(False, description="Train a LoRA adapter instead of every weight.")
+    r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling alpha.")
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="LoRA dropout (applied in the training forward only)."
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Modules the adapter wraps: a list of names, or every linear layer."
+    )
+
+
+class ModelConfig(Strict):
+    """The trainable policy."""
+
+    name: str = Field(
+        "default",
+        description="Policy model: `default` (the embedded SmolLM2-135M), a folder, a .gguf file or a hub"
+        " id.",
+    )
+    dtype: Dtype = Field("float32", description="Weights' dtype (`auto`: the checkpoint's own).")
+    device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
+    trust_remote_code: bool = Field(False, description="Allow the model's own code from its repository.")
+    attn_implementation: str | None = Field(
+        None, description="transformers attention implementation (e.g. `sdpa`; None: its default)."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass to save memory."
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter.")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v):
+            raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
+        return v
