@@ -1,6 +1,8 @@
 """The ``ray job submit ... python3 -m openrlhf.cli.train_ppo_ray ...`` command for a run.
 
-The run's hyper-parameters are mapped to OpenRLHF 0.11's dotted flags (``openrlhf/cli/train_ppo_ray.py``):
+The run's hyper-parameters are mapped to OpenRLHF's dotted flags (``openrlhf/cli/train_ppo_ray.py``;
+0.11.2 or newer, the first release that accepts ``--actor.loss_agg_mode``: the ``openrlhf`` extra's
+lower bound, checked by tests/test_openrlhf_flags.py):
 
 ====================================  ====================================================================
 rapo-echo                             OpenRLHF
