@@ -141,7 +141,11 @@ class RLVER(Algorithm):
         if ctx.simulator is None:
             raise ValueError("RLVER needs a simulator engine")
         rc, sc = cfg.rlver, cfg.rlver.simulator
-        overrides = {"max_turns": sc.max_turns, "initial_emotion": sc.initial_emotion}
+        overrides = {
+            "max_turns": sc.max_turns,
+            "initial_emotion": sc.initial_emotion,
+            "end_at_max": sc.end_at_max_emotion,
+        }
         self.sim_settings = dataclasses.replace(
             preset(sc.preset),
             **{k: v for k, v in overrides.items() if v is not None},

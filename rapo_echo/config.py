@@ -370,6 +370,12 @@ class RlverSimulatorConfig(Strict):
     max_retries: int = Field(2, ge=0, le=10)
     emotion_readout: Literal["text", "logprobs", "auto"] = "text"
     plain_reply: bool = False  # the user's message alone instead of SAGE's labelled fields
+    end_at_max_emotion: bool | None = Field(
+        None,
+        description="end a dialogue when the user's emotion reaches 100, as SAGE's evaluation loop does; "
+        "None: the preset's choice (rlver: no, as RLVER's released rollout, which ends only on goodbye, "
+        "emotion <= 0 or the turn limit; sage: yes)",
+    )
 
 
 class PpoConfig(Strict):
