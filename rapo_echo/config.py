@@ -364,7 +364,13 @@ class RlverSimulatorConfig(Strict):
 
     preset: Literal["rlver", "sage"] = "rlver"  # rlver: start 30, no clamp, stop <= 0; sage: 40, +-10, < 10
     max_turns: int | None = Field(None, ge=1)  # policy replies the user reacts to (None: rlver 8, sage 10)
-    initial_emotion: float | None = Field(None, lt=100.0)
+    initial_emotion: float | None = Field(
+        None,
+        gt=0.0,
+        lt=100.0,
+        description="the user's emotion before the first reply, above 0 and below 100 (the sage preset "
+        "also needs >= 10, its floor); None: the preset's (rlver 30, sage 40)",
+    )
     temperature: float = Field(0.7, ge=0.0, le=5.0)
     max_new_tokens: int = Field(512, ge=16)
     max_retries: int = Field(2, ge=0, le=10)

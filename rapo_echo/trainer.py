@@ -30,8 +30,10 @@ from rapo_echo.atomic import write_text_atomic
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
 from rapo_echo.checkpoint import (
+    CheckpointError,
     commit,
     latest_checkpoint,
+    list_checkpoints,
     load_rng,
     load_torch,
     load_trainer_state,
@@ -150,6 +152,10 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         seed_everything(cfg.train.seed + self.accelerator.process_index)
         self.algo_cls = algorithms.get(cfg.algo)
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        check_resume = getattr(self.algo_cls, "check_resume", None)
+        if ckpt is not None and check_resume is not None:  # before any model loads or file changes
+            check_resume(cfg, ckpt)
         # Data and rewards are validated before any model is loaded.
         self.scenarios = load_scenarios(cfg.data.path, cfg.data.format, cfg.data.selection, cfg.data.limit)
         if not self.scenarios:
@@ -944,15 +950,13 @@ class _nullcontext:
 
 def load_model_weights(policy: Policy, folder: Path) -> None:
     """Load checkpoint weights into the policy (the adapter under LoRA, all weights otherwise)."""
-    from safetensors.torch import load_file
-
     if policy.is_lora:
         from peft import set_peft_model_state_dict
 
         path = folder / "adapter_model.safetensors"
         if not path.is_file():
             raise RapoEchoError(f"checkpoint {folder} holds no adapter_model.safetensors")
-        set_peft_model_state_dict(policy.lm, load_file(str(path)))
+        set_peft_model_state_dict(policy.lm, _read_safetensors(path))
         _load_value_head(policy, folder)
         return
     _load_value_head(policy, folder)
@@ -961,7 +965,7 @@ def load_model_weights(policy: Policy, folder: Path) -> None:
         raise RapoEchoError(f"checkpoint {folder} holds no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        state.update(_read_safetensors(f))
     missing, unexpected = policy.lm.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(policy.lm.config, "tie_word_embeddings", False) else set()
     missing = [m for m in missing if m not in tied]
@@ -977,14 +981,32 @@ def _load_value_head(policy: Policy, folder: Path) -> None:
     head = policy.scorer.value_head
     if head is None:
         return
-    from safetensors.torch import load_file
 
     path = folder / VALUE_HEAD_FILE
     if not path.is_file():
         raise RapoEchoError(
             f"checkpoint {folder} holds no {VALUE_HEAD_FILE}, but this run trains a value head"
         )
-    head.load_state_dict(load_file(str(path)))
+    head.load_state_dict(_read_safetensors(path))
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's safetensors file; a damaged one (cut short, overwritten) is a
+    :class:`CheckpointError` naming it and the way on, the checkpoint before it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        ckpt = path.parent.parent if path.parent.name == "model" else path.parent
+        earlier = [p for _, p in list_checkpoints(ckpt.parent.parent) if p != ckpt]
+        way = (
+            f"move {ckpt} out of {ckpt.parent} so that --resume takes the one before it ({earlier[-1].name})"
+            if earlier
+            else "no earlier checkpoint exists: start the run again in a new --output"
+        )
+        raise CheckpointError(f"{path} cannot be read ({exc}): the file is damaged; {way}") from None
 
 
 def run_training(cfg: RunConfig, *, resume: bool = False) -> Trainer:
