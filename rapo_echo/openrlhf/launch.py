@@ -132,8 +132,16 @@ def _full_fine_tuning_lr(lr: float, model_path: str, cfg: RunConfig) -> None:
     """Refuse a LoRA-sized ``train.lr`` for the full fine-tuning OpenRLHF does (LoRA is refused there):
     one at or above ``auto``'s LoRA rate for the model, or, when its size cannot be read here, above
     the largest rate ``auto`` gives any model in full."""
-    from rapo_echo.auto_lr import FULL_LR_AT_REFERENCE, auto_lr, count_parameters_of
+    from rapo_echo.auto_lr import (
+        FULL_LR_AT_REFERENCE,
+        FULL_LR_FLOOR,
+        LORA_FACTOR,
+        auto_lr,
+        count_parameters_of,
+    )
 
+    if lr < FULL_LR_FLOOR * LORA_FACTOR:  # below auto's LoRA rate for any size: no need to read the model
+        return
     try:
         params = count_parameters_of(model_path, trust_remote_code=cfg.model.trust_remote_code)
     except Exception:  # the path may exist only on the cluster
