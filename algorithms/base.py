@@ -190,7 +190,7 @@ class Algorithm:
         share = mask.sum() / tot["tokens"]
         metrics["clip_frac"] = stats["clip_frac"].detach() * share
         if lc.beta > 0 and mb.ref_logp is not None:
-            kl = KL_ESTIMATORS[lc.kl_estimator](logp, mb.ref_logp)
+            kl = KL_ESTIMATORS[lc.kl_estimator](logp, mb.ref_logp, mask=mask)
             per = per + lc.beta * kl
             metrics["kl"] = (kl * mask).sum().detach() / tot["tokens"]
             metrics["loss/kl"] = lc.beta * agg(kl).detach()

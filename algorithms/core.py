@@ -292,34 +292,53 @@ DEFAULT_AGGREGATION: dict[str, str] = {"gspo": "seq-mean-token-mean"}
 # ---------------------------------------------------------------------------- KL estimators
 
 
-def _kl_inputs(fn: str, logp: Tensor, ref_logp: Tensor) -> Tensor:
+def _kl_inputs(fn: str, logp: Tensor, ref_logp: Tensor, mask: Tensor | None) -> Tensor:
+    """``logp - ref_logp``; with ``mask``, both are set to 0 at masked-out positions first, so padding
+    that holds ``inf`` or ``nan`` reaches neither the value nor the gradient."""
     if logp.shape != ref_logp.shape:
         raise ValueError(
             f"{fn}: logp has shape {tuple(logp.shape)} but ref_logp has shape {tuple(ref_logp.shape)}"
         )
-    return logp - ref_logp.to(logp.dtype)
+    ref = ref_logp.to(logp.dtype)
+    if mask is None:
+        return logp - ref
+    if mask.shape != logp.shape:
+        raise ValueError(f"{fn}: mask has shape {tuple(mask.shape)} but logp has shape {tuple(logp.shape)}")
+    on = mask != 0
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    return torch.where(on, logp, zero) - torch.where(on, ref, zero)
 
 
-def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k1 estimate of KL(pi || pi_ref) per token: ``logp - ref_logp`` (unbiased, high variance)."""
-    return _kl_inputs("kl_k1", logp, ref_logp)
+def _kl_out(kl: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return kl
+    return torch.where(mask != 0, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
 
 
-def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def kl_k1(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    """k1 estimate of KL(pi || pi_ref) per token: ``logp - ref_logp`` (unbiased, high variance).
+
+    With ``mask`` (every estimator takes it), masked-out positions are 0 and their inputs, even
+    ``inf`` or ``nan``, touch neither the values nor the gradients.
+    """
+    return _kl_out(_kl_inputs("kl_k1", logp, ref_logp, mask), mask)
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tensor:
     """k2 estimate per token: ``0.5 * (logp - ref_logp)**2`` (biased, low variance, >= 0)."""
-    return 0.5 * _kl_inputs("kl_k2", logp, ref_logp).square()
+    return _kl_out(0.5 * _kl_inputs("kl_k2", logp, ref_logp, mask).square(), mask)
 
 
-def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def kl_k3(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tensor:
     """k3 estimate per token (Schulman): ``exp(ref_logp - logp) - (ref_logp - logp) - 1`` (unbiased, >= 0).
 
     ``ref_logp - logp`` is clamped to +-20 before exp so padding or a wild token cannot overflow.
     """
-    x = (-_kl_inputs("kl_k3", logp, ref_logp)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return x.exp() - x - 1
+    x = (-_kl_inputs("kl_k3", logp, ref_logp, mask)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return _kl_out(x.exp() - x - 1, mask)
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS: dict[str, Callable[..., Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # ---------------------------------------------------------------------------- GAE and value loss
@@ -368,11 +387,13 @@ def masked_whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
             f"masked_whiten: x has shape {tuple(x.shape)} but mask has shape {tuple(mask.shape)}"
         )
     xm, m = _masked(x, mask)
+    on = m != 0
+    x = torch.where(on, x.to(m.dtype), torch.zeros_like(m))  # masked first: inf/nan padding never leaks
     n = m.sum().clamp(min=1)
     mean = xm.sum() / n
-    var = (torch.where(m != 0, (x.to(m.dtype) - mean) ** 2, torch.zeros_like(m))).sum() / n
-    out = (x.to(m.dtype) - mean) / (var.sqrt() + eps)
-    return torch.where(m != 0, out, torch.zeros_like(out))
+    var = (torch.where(on, (x - mean) ** 2, torch.zeros_like(m))).sum() / n
+    out = (x - mean) / (var.sqrt() + eps)
+    return torch.where(on, out, torch.zeros_like(out))
 
 
 def value_loss(

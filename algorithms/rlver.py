@@ -29,6 +29,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,8 +40,10 @@ from rapo_echo.algorithms.core import aggregate, gae_advantages, masked_whiten, 
 from rapo_echo.algorithms.grpo import advantage_stats, reward_stats
 from rapo_echo.algorithms.rlver_config import RLVER_SYSTEM_PROMPT
 from rapo_echo.chat_template import ChatMarkers
+from rapo_echo.checkpoint import load_trainer_state
 from rapo_echo.data.sage_profiles import SageProfile
-from rapo_echo.policy import pad_left_aligned
+from rapo_echo.errors import ConfigError
+from rapo_echo.policy import VALUE_HEAD_FILE, pad_left_aligned
 from rapo_echo.prompting import THINK_CLOSE, split_thinking
 from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, final_reward, preset
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
@@ -119,6 +122,27 @@ class RLVER(Algorithm):
         """GRPO compares a profile's dialogues (2 or more); PPO's value head is its baseline (1 is fine)."""
         return 1 if cfg.rlver.estimator == "ppo" else 2
 
+    @staticmethod
+    def check_resume(cfg: Any, ckpt: Path) -> None:
+        """Before anything loads: a checkpoint written with a value head (PPO) resumes only as PPO, and
+        one without only as GRPO (the optimizer's parameter groups differ)."""
+        recorded = load_trainer_state(ckpt).get("algorithm", {}).get("estimator")
+        # the estimator this checkpoint was written with (older ones: whether it holds a value head)
+        was = recorded or ("ppo" if (ckpt / "model" / VALUE_HEAD_FILE).is_file() else "grpo")
+        if was == cfg.rlver.estimator:
+            return
+        held = "a value head, whose" if was == "ppo" else "no value head; its"
+        raise ConfigError(
+            f"rlver.estimator: {cfg.rlver.estimator} cannot resume the checkpoint {ckpt}: it was trained "
+            f"with rlver.estimator: {was} and holds {held} optimizer state does not fit. Resume with "
+            f"rlver.estimator: {was} (drop the --set), or start a new run in another --output to train "
+            f"with {cfg.rlver.estimator}"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The estimator, so that a resume with the other one is refused before anything loads."""
+        return {"estimator": self.cfg.rlver.estimator}
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         # rlver.md 2.3: KL-free, group of 4 dialogues per profile, RLVER's system prompt; our bundled
@@ -135,17 +159,24 @@ class RLVER(Algorithm):
         if ctx.simulator is None:
             raise ValueError("RLVER needs a simulator engine")
         rc, sc = cfg.rlver, cfg.rlver.simulator
-        overrides = {"max_turns": sc.max_turns, "initial_emotion": sc.initial_emotion}
-        self.sim_settings = dataclasses.replace(
-            preset(sc.preset),
-            **{k: v for k, v in overrides.items() if v is not None},
-            closing_message=False,  # nothing trains on the user's words after the dialogue has ended
-            temperature=sc.temperature,
-            max_new_tokens=sc.max_new_tokens,
-            max_retries=sc.max_retries,
-            emotion_readout=sc.emotion_readout,
-            plain_reply=sc.plain_reply,
-        )
+        overrides = {
+            "max_turns": sc.max_turns,
+            "initial_emotion": sc.initial_emotion,
+            "end_at_max": sc.end_at_max_emotion,
+        }
+        try:
+            self.sim_settings = dataclasses.replace(
+                preset(sc.preset),
+                **{k: v for k, v in overrides.items() if v is not None},
+                closing_message=False,  # nothing trains on the user's words after the dialogue has ended
+                temperature=sc.temperature,
+                max_new_tokens=sc.max_new_tokens,
+                max_retries=sc.max_retries,
+                emotion_readout=sc.emotion_readout,
+                plain_reply=sc.plain_reply,
+            )
+        except ValueError as exc:  # e.g. an initial emotion below the sage preset's floor
+            raise ConfigError(f"rlver.simulator (preset {sc.preset}): {exc}") from None
         self.ppo = rc.estimator == "ppo"
         if self.ppo:
             ctx.policy.add_value_head()

@@ -32,7 +32,11 @@ class RlverSimulatorConfig(Strict):
         None, ge=1, description="Policy replies the user reacts to (None: the preset's)."
     )
     initial_emotion: float | None = Field(
-        None, lt=100.0, description="Starting emotion, 0-100 (None: the preset's)."
+        None,
+        gt=0.0,
+        lt=100.0,
+        description="Starting emotion, above 0 and below 100 (the sage preset also needs >= 10, its floor; "
+        "None: the preset's, rlver 30, sage 40).",
     )
     temperature: float = Field(0.7, ge=0.0, le=5.0, description="The simulator's sampling temperature.")
     max_new_tokens: int = Field(512, ge=16, description="Tokens per simulator call.")
@@ -46,6 +50,12 @@ class RlverSimulatorConfig(Strict):
     )
     plain_reply: bool = Field(
         False, description="The user's message alone instead of SAGE's labelled fields (small simulators)."
+    )
+    end_at_max_emotion: bool | None = Field(
+        None,
+        description="End a dialogue when the user's emotion reaches 100, as SAGE's evaluation loop does "
+        "(None: the preset's; rlver no, as RLVER's released rollout, which ends only on goodbye, emotion "
+        "<= 0 or the turn limit; sage yes).",
     )
 
 

@@ -4,7 +4,9 @@ and step, written to a temporary folder and renamed, so a crash never leaves a h
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,31 @@ def staging_dir(run_dir: str | Path, step: int) -> Path:
     return tmp
 
 
+def _torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file, so a failed write keeps its ``OSError`` (a full disk) in the
+    exception chain; given a path, torch's own writer reports only ``unexpected pos``."""
+    with open(path, "wb") as fh:
+        torch.save(obj, fh)
+
+
+def disk_error(exc: BaseException) -> OSError | None:
+    """The operating-system error behind a failed write, or None: ``exc`` itself or one in its
+    cause / context chain (``torch.save`` into a file), or the ``os error N`` that safetensors writes
+    into its message (its ``SafetensorError`` is no ``OSError``)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError):
+            return cur
+        found = re.search(r"\(os error (\d+)\)", str(cur))
+        if found:
+            code = int(found.group(1))
+            return OSError(code, os.strerror(code))
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def write_state_files(
     folder: Path,
     step: int,
@@ -98,9 +125,9 @@ def write_state_files(
 ) -> None:
     """Optimizer and scheduler states (torch tensors), RNG states and the trainer state (JSON)."""
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+        _torch_save(optimizer.state_dict(), folder / "optimizer.pt")
     if scheduler is not None:
-        torch.save(scheduler.state_dict(), folder / "scheduler.pt")
+        _torch_save(scheduler.state_dict(), folder / "scheduler.pt")
     for rank, state in rank_rng.items():
         (folder / f"rng_rank{rank}.json").write_text(json.dumps(state))
     (folder / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=1))
@@ -140,17 +167,17 @@ def save_checkpoint(
             optimizer=optimizer,
             scheduler=scheduler,
         )
-    except OSError as exc:  # disk full, read-only: the previous checkpoint is untouched
+    except BaseException as exc:  # the partial checkpoint goes; the previous one is untouched
         shutil.rmtree(tmp, ignore_errors=True)
-        last = latest_checkpoint(run_dir)
+        os_error = disk_error(exc) if isinstance(exc, Exception) else None
+        if os_error is None:
+            raise
+        last = latest_checkpoint(run_dir)  # disk full, read-only (safetensors, torch.save or our files)
         fix = (
             f"Nothing was lost: the last complete checkpoint is {last or 'none yet'}. Free space, then "
             f"continue with: rapo-echo train --resume {run_dir}"
         )
-        raise write_failure(checkpoint_dir(run_dir, step), exc, fix) from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise write_failure(checkpoint_dir(run_dir, step), os_error, fix) from exc
     return commit(tmp, run_dir, step, keep)
 
 
@@ -174,3 +201,22 @@ def load_torch(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError) as exc:
         raise CheckpointError(f"cannot load {path}: {exc}") from exc
+
+
+def read_weights(path: Path) -> dict[str, Any]:
+    """A checkpoint's safetensors file; a damaged one (cut short, overwritten) is a
+    :class:`CheckpointError` naming it and the way on, the checkpoint before it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        ckpt = path.parent.parent if path.parent.name == "model" else path.parent
+        earlier = [p for _, p in list_checkpoints(ckpt.parent.parent) if p != ckpt]
+        way = (
+            f"move {ckpt} out of {ckpt.parent} so that --resume takes the one before it ({earlier[-1].name})"
+            if earlier
+            else "no earlier checkpoint exists: start the run again in a new --output"
+        )
+        raise CheckpointError(f"{path} cannot be read ({exc}): the file is damaged; {way}") from None

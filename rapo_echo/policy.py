@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from rapo_echo.autosize import CPU_ROLLOUT_BATCH
+from rapo_echo.checkpoint import read_weights
 from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.engines.hf import HFEngine, left_pad
 from rapo_echo.errors import RapoEchoError
@@ -493,9 +494,7 @@ class Policy:
 
     def load(self, folder: str | Path) -> None:
         """Load the weights a checkpoint folder holds into this policy: the adapter under LoRA, all weights
-        otherwise, and the value head when this policy has one."""
-        from safetensors.torch import load_file
-
+        otherwise, and the value head when this policy has one (a damaged file is named, with the way on)."""
         folder = Path(folder)
         if self.is_lora:
             from peft import set_peft_model_state_dict
@@ -503,7 +502,7 @@ class Policy:
             path = folder / "adapter_model.safetensors"
             if not path.is_file():
                 raise RapoEchoError(f"checkpoint {folder} holds no adapter_model.safetensors")
-            set_peft_model_state_dict(self.lm, load_file(str(path)))
+            set_peft_model_state_dict(self.lm, read_weights(path))
             self._load_value_head(folder)
             return
         self._load_value_head(folder)
@@ -512,7 +511,7 @@ class Policy:
             raise RapoEchoError(f"checkpoint {folder} holds no *.safetensors weights")
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(load_file(str(f)))
+            state.update(read_weights(f))
         missing, unexpected = self.lm.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if getattr(self.lm.config, "tie_word_embeddings", False) else set()
         missing = [m for m in missing if m not in tied]
@@ -527,11 +526,9 @@ class Policy:
         head = self.scorer.value_head
         if head is None:
             return
-        from safetensors.torch import load_file
-
         path = folder / VALUE_HEAD_FILE
         if not path.is_file():
             raise RapoEchoError(
                 f"checkpoint {folder} holds no {VALUE_HEAD_FILE}, but this run trains a value head"
             )
-        head.load_state_dict(load_file(str(path)))
+        head.load_state_dict(read_weights(path))

@@ -67,6 +67,15 @@ def _owner(text: str) -> tuple[int | None, str]:
     return (int(pid) if pid.isdigit() else None), fields.get("host", "")
 
 
+def _why_stale(pid: int, host: str) -> str:
+    """Why a lock file naming ``pid`` on ``host`` was free to take, in words that are true."""
+    if host != socket.gethostname():
+        return "a process on another host, which does not hold the lock"
+    if _alive(pid):
+        return "that PID still runs but does not hold the lock: a PID reused, or a process that let go"
+    return "no longer running"
+
+
 class DirLock:
     """An exclusive lock on a folder: ``LOCK_NAME`` inside it holds ``pid=N host=NAME`` of the owner.
 
@@ -82,7 +91,7 @@ class DirLock:
         me = f"pid={os.getpid()} host={socket.gethostname()}\n"
         self.folder.mkdir(parents=True, exist_ok=True)
         for _ in range(10):  # retried only if another process replaced the file meanwhile
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
             try:
                 old = os.read(fd, 256).decode("utf-8", "replace")
                 if not self._lock(fd, old):
@@ -91,9 +100,8 @@ class DirLock:
                     continue  # the file was unlinked by its releasing owner: lock the new one
                 pid, host = _owner(old)
                 if pid is not None and pid != os.getpid():
-                    log.warning(
-                        "%s: took over a stale lock of PID %d on %s (no longer running)", self.path, pid, host
-                    )
+                    log.warning("%s: took over a stale lock of PID %d on %s (%s)", self.path, pid, host,
+                                _why_stale(pid, host))
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, me.encode(), 0)
                 self._fd, fd = fd, -1
@@ -104,6 +112,23 @@ class DirLock:
                 if fd >= 0:
                     os.close(fd)
         raise ConfigError(f"{self.folder}: could not take the lock {self.path}; try again")
+
+    def _open(self) -> int:
+        """The lock file, opened (created if missing); a :class:`ConfigError` when it cannot be."""
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:
+            raise ConfigError(
+                f"{self.path} is a folder, not a lock file: rapo-echo keeps its lock there; if nothing of "
+                "yours is inside, remove it (rm -r) and run again, or choose another folder"
+            ) from None
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.path}: cannot open the lock file ({exc.strerror or exc}); make it a writable file "
+                "or remove it, or choose another folder"
+            ) from None
 
     def _lock(self, fd: int, old: str) -> bool:
         """Lock ``fd``; raise when a live process holds it. False: retry with a fresh file."""

@@ -151,6 +151,10 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         seed_everything(cfg.train.seed + self.accelerator.process_index)
         self.algo_cls = algorithms.get(cfg.algo)
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        check_resume = getattr(self.algo_cls, "check_resume", None)
+        if ckpt is not None and check_resume is not None:  # before any model loads or file changes
+            check_resume(cfg, ckpt)
         # Data and rewards are validated before any model is loaded.
         self.scenarios = load_scenarios(cfg.data.path, cfg.data.format, cfg.data.selection, cfg.data.limit)
         if not self.scenarios:

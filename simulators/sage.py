@@ -11,11 +11,13 @@ A user is a persona, a background (scene), a goal and a hidden intention, plus a
    (S >= 100, A >= 70, B >= 40, C >= 10, F below); only ``Response`` is said to the supporter.
 
 A dialogue ends after ``max_turns`` supporter replies, when the user says goodbye, when the emotion
-reaches 100, or when it falls below the floor (SAGE: < 10; RLVER: <= 0). A reply that does not parse is
-asked again (``max_retries``); one that never parses ends the dialogue as *invalid*, which callers mask
-and count -- it is never turned into a number. Presets: ``sage`` (SAGE's evaluation simulator: start at
-40, change clamped to +-10, stop below 10) and ``rlver`` (RLVER's released training simulator: start at
-30, no clamp, stop at <= 0, 8 turns, no hinting at needs).
+falls below the floor (SAGE: < 10; RLVER: <= 0), and, with ``end_at_max`` (SAGE's evaluation loop),
+when it reaches 100. RLVER's released rollout does not stop at 100 (rlver.md 1.4): there the tier-S
+instruction makes the user say goodbye, so the ``rlver`` preset leaves ``end_at_max`` off. A reply that
+does not parse is asked again (``max_retries``); one that never parses ends the dialogue as *invalid*,
+which callers mask and count -- it is never turned into a number. Presets: ``sage`` (SAGE's evaluation
+simulator: start at 40, change clamped to +-10, stop below 10 or at 100) and ``rlver`` (RLVER's released
+training simulator: start at 30, no clamp, stop at <= 0 but not at 100, 8 turns, no hinting at needs).
 
 Untrusted text (persona, background, intention, dialogue) enters prompts only in fenced blocks
 (:mod:`rapo_echo.llm.fencing`); each prompt's marker comes from a ``random.Random`` seeded with the
@@ -63,7 +65,8 @@ class SageSettings:
     """How the simulated user behaves (the ``sage`` preset by default; see :func:`preset`).
 
     ``max_turns`` counts the supporter replies the user reacts to; ``floor`` ends a dialogue when the
-    emotion falls below it (at or below it with ``floor_inclusive``); ``closing_message`` writes the
+    emotion falls below it (at or below it with ``floor_inclusive``); ``end_at_max`` ends it when the
+    emotion reaches 100 (SAGE; RLVER's release does not); ``closing_message`` writes the
     user's last words after a dialogue has ended (SAGE's transcripts have them; training does not need
     them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
     ``emotion_readout`` reads the change from the parsed ``Change`` field (``text``), from the label
@@ -76,6 +79,7 @@ class SageSettings:
     max_turns: int = 10
     floor: float = 10.0
     floor_inclusive: bool = False
+    end_at_max: bool = True
     goodbye_words: tuple[str, ...] = ("goodbye", "bye", "再见", "拜拜")
     closing_message: bool = True
     allow_hints: bool = True
@@ -135,6 +139,7 @@ def preset(name: str) -> SageSettings:
             max_turns=8,
             floor=0.0,
             floor_inclusive=True,
+            end_at_max=False,
             closing_message=False,
             allow_hints=False,
         )
@@ -180,7 +185,7 @@ def says_goodbye(text: str, words: Sequence[str]) -> bool:
 
 def end_reason(emotion: float, turns: int, settings: SageSettings) -> str | None:
     """Why the dialogue ends after ``turns`` supporter replies at this emotion, or None."""
-    if emotion >= EMOTION_MAX:
+    if settings.end_at_max and emotion >= EMOTION_MAX:
         return "emotion_high"
     if below_floor(emotion, settings):
         return "emotion_low"

@@ -67,6 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     la.add_argument("--pretrain", help="policy path as the cluster sees it (default: the run's model)")
     la.add_argument("--save-path", help="checkpoint folder on shared storage")
     la.add_argument("--max-len", type=int, help="prompt + response token cap")
+    la.add_argument(
+        "--keep-lr",
+        action="store_true",
+        help="hand OpenRLHF (full fine-tuning) train.lr as given even when it is LoRA-sized for the model",
+    )
     la.add_argument("--run", action="store_true", help="run the command instead of only printing it")
     la.set_defaults(func=run_launch)
 
@@ -133,6 +138,7 @@ def run_launch(args: argparse.Namespace) -> int:
         pretrain=args.pretrain,
         save_path=args.save_path,
         max_len=args.max_len,
+        keep_lr=args.keep_lr,
     )
     print(shlex.join(cmd))
     if not args.run:

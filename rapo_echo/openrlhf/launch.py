@@ -1,6 +1,8 @@
 """The ``ray job submit ... python3 -m openrlhf.cli.train_ppo_ray ...`` command for a run.
 
-The run's hyper-parameters are mapped to OpenRLHF 0.11's dotted flags (``openrlhf/cli/train_ppo_ray.py``):
+The run's hyper-parameters are mapped to OpenRLHF's dotted flags (``openrlhf/cli/train_ppo_ray.py``;
+0.11.2 or newer, the first release that accepts ``--actor.loss_agg_mode``: the ``openrlhf`` extra's
+lower bound, checked by tests/test_openrlhf_flags.py):
 
 ====================================  ====================================================================
 rapo-echo                             OpenRLHF
@@ -15,7 +17,8 @@ rapo-echo                             OpenRLHF
 ``rollout`` batch x group / mini      ``--train.batch_size`` (samples per optimizer update)
 ``train.micro_batch_size``            ``--train.micro_batch_size``, ``--rollout.micro_batch_size``
 ``train.inner_epochs``                ``--train.max_epochs``
-``train.lr``, betas, eps, decay       ``--actor.adam.lr / betas / eps / weight_decay`` (``auto``: by size)
+``train.lr``, betas, eps, decay       ``--actor.adam.lr / betas / eps / weight_decay`` (``auto``: by size;
+                                      a LoRA-sized number is refused without ``--keep-lr``)
 ``train.scheduler``, warmup           ``--actor.lr_scheduler``, ``--actor.lr_warmup_ratio``
 ``train.max_grad_norm``               ``--actor.max_norm``
 ``train.max_steps``                   ``--train.num_episodes`` (passes over the prompt file)
@@ -125,6 +128,48 @@ def _auto_lr_of(model_path: str, cfg: RunConfig) -> float:
     return auto_lr(params, cfg.model.lora.enabled)
 
 
+def _full_fine_tuning_lr(lr: float, model_path: str, cfg: RunConfig) -> None:
+    """Refuse a LoRA-sized ``train.lr`` for the full fine-tuning OpenRLHF does (LoRA is refused there):
+    one at or above ``auto``'s LoRA rate for the model, or, when its size cannot be read here, above
+    the largest rate ``auto`` gives any model in full."""
+    from rapo_echo.auto_lr import (
+        FULL_LR_AT_REFERENCE,
+        FULL_LR_FLOOR,
+        LORA_FACTOR,
+        auto_lr,
+        count_parameters_of,
+    )
+
+    if lr < FULL_LR_FLOOR * LORA_FACTOR:  # below auto's LoRA rate for any size: no need to read the model
+        return
+    try:
+        params = count_parameters_of(model_path, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception:  # the path may exist only on the cluster
+        params = None
+    if params is None:
+        if lr <= FULL_LR_AT_REFERENCE:
+            return
+        basis = (
+            f"above {FULL_LR_AT_REFERENCE:g}, the largest rate train.lr: auto gives any model in full "
+            f"(the size of {model_path!r} cannot be read here)"
+        )
+        fix = "give a full fine-tuning rate (e.g. --set train.lr=1e-6 for a 7B model)"
+    else:
+        full, lora = auto_lr(params, False), auto_lr(params, True)
+        if lr < lora:
+            return
+        basis = (
+            f"LoRA-sized: train.lr: auto gives this {params / 1e6:.0f}M-parameter model {lora:g} with LoRA, "
+            f"{full:g} in full"
+        )
+        fix = "use --set train.lr=auto"
+    raise ConfigError(
+        f"train.lr: {lr:g} is {basis}, but OpenRLHF trains full weights (full fine-tuning; LoRA is "
+        f"refused there), so a rate meant for LoRA would be handed to every weight; {fix}, or pass "
+        "--keep-lr (launch_command(keep_lr=True)) if the rate is meant"
+    )
+
+
 def launch_command(
     config: RunConfig | str | Path,
     bundle_dir: str | Path,
@@ -134,6 +179,7 @@ def launch_command(
     pretrain: str | None = None,
     save_path: str | None = None,
     max_len: int | None = None,
+    keep_lr: bool = False,
 ) -> list[str]:
     """The command line (an argv list) that submits the run to a Ray cluster.
 
@@ -143,6 +189,8 @@ def launch_command(
     here; a local folder must exist on every node). ``save_path`` (default ``<run output>/openrlhf``)
     must be on storage every node shares. ``max_len`` caps prompt + response tokens (default
     ``rollout.max_prompt_tokens + rollout.max_new_tokens``, times ``max_turns`` for the agent).
+    ``train.lr: auto`` is sized for the model launched (``pretrain``); a number that is LoRA-sized for
+    it is refused (OpenRLHF trains full weights) unless ``keep_lr``.
     """
     from rapo_echo.models import resolve
 
@@ -185,6 +233,8 @@ def launch_command(
     warmup = tr.warmup_steps / (tr.max_steps * steps_per_update)
     model_path = pretrain or resolve(cfg.model.name).path
     lr = tr.lr if tr.lr != "auto" else _auto_lr_of(model_path, cfg)
+    if tr.lr != "auto" and not keep_lr:
+        _full_fine_tuning_lr(float(tr.lr), model_path, cfg)
 
     args = [
         "--actor.model_name_or_path", model_path,
