@@ -2,7 +2,7 @@
 
 The run's hyper-parameters are mapped to OpenRLHF's dotted flags (``openrlhf/cli/train_ppo_ray.py``;
 0.11.2 or newer, the first release that accepts ``--actor.loss_agg_mode``: the ``openrlhf`` extra's
-lower bound, checked by tests/test_openrlhf_flags.py):
+lower bound, checked by tests/unit/openrlhf/test_openrlhf_flags.py):
 
 ====================================  ====================================================================
 rapo-echo                             OpenRLHF
