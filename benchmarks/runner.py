@@ -20,6 +20,7 @@ from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Rol
 from rapo_echo.benchmarks.epm import Epm
 from rapo_echo.benchmarks.esconv_interactive import EsconvInteractive
 from rapo_echo.benchmarks.esconv_reference import EsconvReference
+from rapo_echo.benchmarks.fidelity import Fidelity
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
     RESULTS_FILE,
@@ -42,13 +43,14 @@ BENCHMARKS: dict[str, type] = {
     "sotopia": Sotopia,
     "epm": Epm,
     "sage": Sage,
+    "fidelity": Fidelity,
 }
 # settings that do not change what a case's result means, so they may differ when resuming
 RESUME_FREE = ("batch_size",)
 
 
 def get_benchmark(name: str) -> Benchmark:
-    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``, ``epm``, ``sage``)."""
+    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``, ``epm``, ``sage``, ``fidelity``)."""
     if name not in BENCHMARKS:
         raise ConfigError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
     return BENCHMARKS[name]()
@@ -120,7 +122,9 @@ def run_eval(
     if limit is not None:
         if limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {limit}")
-        cases = cases[:limit]
+        # a benchmark may count its limit in larger units (fidelity: conversations, not rated points)
+        limit_cases = getattr(benchmark, "limit_cases", None)
+        cases = limit_cases(cases, limit) if limit_cases else cases[:limit]
     ids = [c.id for c in cases]
     if len(set(ids)) != len(ids):
         raise DataError(
