@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.epm_report import epm_section, epmq_table
+from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
 from rapo_echo.benchmarks.paired import paired_success
 from rapo_echo.benchmarks.plots import grouped_bars, training_curves
@@ -228,7 +229,7 @@ def _figures(evals: Sequence[EvalResult]) -> list[str]:
         series = {e.label: [e.summary["metrics"].get(d) for d in dims] for e in sotopia}
         out.append(_img(grouped_bars("SOTOPIA: score per dimension", dims, series), "SOTOPIA dimensions"))
     for bench in dict.fromkeys(e.benchmark for e in evals):
-        if bench == "sotopia":
+        if bench in ("sotopia", "fidelity"):  # their own figures (fidelity: see fidelity_section)
             continue
         group = [e for e in evals if e.benchmark == bench and e.summary["metrics"]]
         if not group:
@@ -310,6 +311,7 @@ def render_html(
             parts.append(f'<p class="note">{html.escape(PAIRED_NOTE)}</p>')
         parts.extend(_figures(evals))
         parts.extend(epm_section(evals, _html_table, _img))
+        parts.extend(fidelity_section(evals, _html_table, _img))
     if learning:  # learning benchmarks (bench_learning.py --algo rapo): arms side by side, seeds as bands
         parts.append(learning_html(learning))
     if runs:
@@ -341,7 +343,8 @@ def render_html(
             f'<p class="note">{html.escape(str(e.path))}; {html.escape(models)}; data: '
             f"{html.escape(str(s.get('data')))}; {s['n_valid']} valid of {s['n_cases']} cases</p>"
         )
-        metric_rows = [[k, fmt(v)] for k, v in s["metrics"].items()]
+        # fidelity's figures are in its own section's table
+        metric_rows = [] if e.benchmark == "fidelity" else [[k, fmt(v)] for k, v in s["metrics"].items()]
         if metric_rows:
             parts.append(_html_table(["metric", "value"], metric_rows))
         shown = e.records[:max_transcripts]
@@ -386,6 +389,9 @@ def build_report(
         epm = [e for e in evals if e.benchmark == "epm"]
         if epm:
             md += "\nEPM-Q\n\n" + markdown_table(*epmq_table(epm))
+        fidelity = [e for e in evals if e.benchmark == "fidelity" and e.summary["metrics"]]
+        if fidelity:
+            md += "\nFidelity to real seekers\n\n" + markdown_table(*fidelity_table(fidelity))
     if runs:
         header, rows = summary_table(runs)
         md += ("\n" if evals else "") + markdown_table(header, rows)
