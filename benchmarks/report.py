@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.epm_report import epm_section, epmq_table
-from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_table
+from rapo_echo.benchmarks.fidelity.report import NOTE as FIDELITY_NOTE
+from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_table, run_checks_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
 from rapo_echo.benchmarks.paired import paired_success
 from rapo_echo.benchmarks.plots import grouped_bars, training_curves
@@ -330,6 +331,10 @@ def render_html(
         validated = validation_table(runs)
         if validated is not None:
             parts.append("<h3>Held-out validation</h3>" + _html_table(*validated))
+        checks = run_checks_table(runs)
+        if checks is not None:
+            parts.append("<h3>Fidelity of the simulator and judge (real seekers)</h3>" + _html_table(*checks))
+            parts.append(f'<p class="note">{html.escape(FIDELITY_NOTE)}</p>')
         for run in runs:
             samples = read_samples(run.path)
             if samples:
@@ -398,6 +403,9 @@ def build_report(
         validated = validation_table(runs)
         if validated is not None:
             md += "\nHeld-out validation\n\n" + markdown_table(*validated)
+        checks = run_checks_table(runs)
+        if checks is not None:
+            md += "\nFidelity of the simulator and judge (real seekers)\n\n" + markdown_table(*checks)
     if not evals and not runs:
         md += "Nothing to report.\n"
     write_text_atomic(md_path, md)

@@ -26,6 +26,7 @@ from pydantic import (
 
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.fidelity_config import FidelityCheckConfig
 from rapo_echo.jsonl import read_utf8
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -481,6 +482,7 @@ class RunConfig(Strict):
     rlver: RlverConfig = Field(default_factory=RlverConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    fidelity: FidelityCheckConfig | None = None  # a check before training (rapo_echo.fidelity_config)
 
     @field_validator("algo")
     @classmethod

@@ -132,3 +132,24 @@ def fidelity_section(evals: Sequence[Any], table: Any, img: Any) -> list[str]:
         if png:
             parts.append(img(png, f"fidelity predictions per rating of {e.label}"))
     return parts
+
+
+def run_checks_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] | None:
+    """For training runs that recorded a fidelity check (``fidelity.json``): one row per predictor, so
+    the report shows how far the run's simulator and judge agree with real seekers next to its rewards;
+    None when no run has one."""
+    import json
+    from types import SimpleNamespace
+
+    from rapo_echo.benchmarks.fidelity.check import RUN_FILE
+
+    checked = []
+    for run in runs:
+        path = run.path / RUN_FILE
+        if path.is_file():
+            record = json.loads(path.read_text(encoding="utf-8"))
+            checked.append(SimpleNamespace(label=run.path.name, summary=record["summary"]))
+    if not checked:
+        return None
+    header, rows = fidelity_table(checked)
+    return ["run", *header[1:]], rows
