@@ -176,6 +176,8 @@ def test_scripted_end_to_end_counts_missing_predictions(tmp_path):
     assert "rating" not in json.dumps([c["content"] for c in second["transcript"]])
     assert m["random/pairs"] == 2  # the ("2", "2") conversation has no pair
     assert set(m) >= {"user:reaction/spearman_lo", "user:reaction/pairwise", "user:reaction/survey_spearman"}
+    # the three conversations' surveys all say 4 -> 2: a constant side, so no correlation (not 0)
+    assert m["user:reaction/survey_dialogues"] == 3 and m["user:reaction/survey_spearman"] is None
 
 
 def test_an_interrupted_run_resumes_without_redoing_or_losing_points(tmp_path):
@@ -207,6 +209,9 @@ def test_an_interrupted_run_resumes_without_redoing_or_losing_points(tmp_path):
 def test_limit_counts_conversations(tmp_path):
     summary = run(tmp_path, scripted_user(), limit=2)
     assert summary["metrics"]["n_dialogues"] == 2 and summary["n_cases"] == 4
+    # two conversations always rank +-1: the dialogue-level figure needs three
+    assert summary["metrics"]["random/survey_dialogues"] == 0
+    assert summary["metrics"]["random/survey_spearman"] is None
 
 
 def test_cli_runs_baselines_and_the_report_shows_the_section(tmp_path, capsys):

@@ -32,6 +32,7 @@ from rapo_echo.errors import ConfigError
 PROTOCOL_VERSION = "rapo-echo-fidelity-1"
 N_BOOT = 1000
 RATINGS = (1, 2, 3, 4, 5)
+MIN_SURVEY_DIALOGUES = 3  # the dialogue-level figure needs at least this many conversations
 
 
 class Fidelity:
@@ -249,6 +250,8 @@ def predictor_figures(points: Sequence[Record], name: str, *, n_boot: int, seed:
     with_ci("pairwise", agreement, len(dialogues))
     # dialogue level: the simulated trajectory (sum of a user's changes; mean score for the rest)
     level = [d for d in dialogues if d in survey]
+    if len(level) < MIN_SURVEY_DIALOGUES:  # two conversations always rank +-1: no figure
+        level = []
     agg = [
         sum(p for p, _ in by_dialogue[d])
         if kind == "user"
