@@ -17,6 +17,7 @@ from rapo_echo.config import (
     ConfigTree,
     DataConfig,
     EngineConfig,
+    FidelityCheckConfig,
     LoggingConfig,
     ModelConfig,
     MonitorConfig,
@@ -56,6 +57,11 @@ class RunConfig(Strict):
         default_factory=ValidationConfig, description="Held-out validation and the best model."
     )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
+    fidelity: FidelityCheckConfig | None = Field(
+        None,
+        description="A fidelity check of the simulator and judge against real seekers' ratings, run once "
+        "before training by `rapo-echo train` (None: none).",
+    )
 
     @field_validator("algo")
     @classmethod

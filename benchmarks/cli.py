@@ -4,7 +4,10 @@
 ``--simulator``, ``--judge``) is ``default`` (the embedded model), a model folder, a training run folder, a
 ``.gguf`` file, a Hugging Face id, or an ``http(s)://`` OpenAI-compatible endpoint; ``--simulator`` and
 ``--judge`` also take ``policy`` (share the policy's engine). Roles with the same spec share one engine.
-``report DIR [DIR ...]`` renders evaluation and training-run folders into one HTML page and a Markdown table.
+``eval --benchmark fidelity --data FILE [--user NAME ...] [--reward NAME ...] --output DIR`` needs no policy:
+it scores simulated users (on ``--simulator``) and rewards (judged by ``--judge``) against ESConv seekers'
+own ratings. ``report DIR [DIR ...]`` renders evaluation and training-run folders into one HTML page and a
+Markdown table.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def register(subparsers: Any) -> None:
 
     ev = subparsers.add_parser(
         "eval",
-        help="run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy",
+        help="run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -51,7 +54,23 @@ def register(subparsers: Any) -> None:
         default="default",
         help="critic / evaluator / EPM rater model spec, or 'policy' (default: default)",
     )
-    ev.add_argument("--limit", type=int, help="only the first N cases")
+    ev.add_argument(
+        "--user",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="fidelity: a simulated user to test, on the --simulator engine: reaction (RAPO), sage "
+        "(RLVER's SAGE-style user) or a simulator plugin (module:Class); repeatable",
+    )
+    ev.add_argument(
+        "--reward",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="fidelity: a reward plugin to test (empathy, humanlike, judge, length, module:attr, ...; judge "
+        "rewards use the --judge engine); repeatable",
+    )
+    ev.add_argument("--limit", type=int, help="only the first N cases (fidelity: conversations)")
     ev.add_argument(
         "--output", required=True, help="output folder (results.jsonl, summary.json); resumes if it exists"
     )
@@ -189,6 +208,12 @@ def run_eval_command(args: argparse.Namespace) -> int:
         return 0
     if args.transcripts:
         return run_transcripts_command(args)
+    if args.benchmark == "fidelity":
+        from rapo_echo.benchmarks.fidelity.cli import run_fidelity_command
+
+        return run_fidelity_command(args, settings_from_args(args))
+    if args.user or args.reward:
+        raise ConfigError("--user and --reward apply to --benchmark fidelity only")
     if not args.policy:
         raise ConfigError("eval: --policy is required (except with --recompute, or --transcripts with sage)")
     if args.epm and args.benchmark != "epm":

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.epm.report import epm_section, epmq_table
+from rapo_echo.benchmarks.fidelity.report import NOTE as FIDELITY_NOTE
+from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_table, run_checks_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
 from rapo_echo.benchmarks.paired import paired_success
 from rapo_echo.benchmarks.plots import grouped_bars, training_curves
@@ -224,7 +226,7 @@ def _figures(evals: Sequence[EvalResult]) -> list[str]:
     sotopia = dimensions_figure(evals, _img)
     out = [sotopia] if sotopia else []
     for bench in dict.fromkeys(e.benchmark for e in evals):
-        if bench == "sotopia":
+        if bench in ("sotopia", "fidelity"):  # their own figures (fidelity: see fidelity_section)
             continue
         group = [e for e in evals if e.benchmark == bench and e.summary["metrics"]]
         if not group:
@@ -306,6 +308,7 @@ def render_html(
             parts.append(f'<p class="note">{html.escape(PAIRED_NOTE)}</p>')
         parts.extend(_figures(evals))
         parts.extend(epm_section(evals, _html_table, _img))
+        parts.extend(fidelity_section(evals, _html_table, _img))
     if learning:  # learning benchmarks (bench_learning.py --algo rapo): arms side by side, seeds as bands
         parts.append(learning_html(learning))
     if runs:
@@ -324,6 +327,10 @@ def render_html(
         validated = validation_table(runs)
         if validated is not None:
             parts.append("<h3>Held-out validation</h3>" + _html_table(*validated))
+        checks = run_checks_table(runs)
+        if checks is not None:
+            parts.append("<h3>Fidelity of the simulator and judge (real seekers)</h3>" + _html_table(*checks))
+            parts.append(f'<p class="note">{html.escape(FIDELITY_NOTE)}</p>')
         for run in runs:
             samples = read_samples(run.path)
             if samples:
@@ -337,7 +344,8 @@ def render_html(
             f'<p class="note">{html.escape(str(e.path))}; {html.escape(models)}; data: '
             f"{html.escape(str(s.get('data')))}; {s['n_valid']} valid of {s['n_cases']} cases</p>"
         )
-        metric_rows = [[k, fmt(v)] for k, v in s["metrics"].items()]
+        # fidelity's figures are in its own section's table
+        metric_rows = [] if e.benchmark == "fidelity" else [[k, fmt(v)] for k, v in s["metrics"].items()]
         if metric_rows:
             parts.append(_html_table(["metric", "value"], metric_rows))
         shown = e.records[:max_transcripts]
@@ -382,12 +390,18 @@ def build_report(
         epm = [e for e in evals if e.benchmark == "epm"]
         if epm:
             md += "\nEPM-Q\n\n" + markdown_table(*epmq_table(epm))
+        fidelity = [e for e in evals if e.benchmark == "fidelity" and e.summary["metrics"]]
+        if fidelity:
+            md += "\nFidelity to real seekers\n\n" + markdown_table(*fidelity_table(fidelity))
     if runs:
         header, rows = summary_table(runs)
         md += ("\n" if evals else "") + markdown_table(header, rows)
         validated = validation_table(runs)
         if validated is not None:
             md += "\nHeld-out validation\n\n" + markdown_table(*validated)
+        checks = run_checks_table(runs)
+        if checks is not None:
+            md += "\nFidelity of the simulator and judge (real seekers)\n\n" + markdown_table(*checks)
     if not evals and not runs:
         md += "Nothing to report.\n"
     write_text_atomic(md_path, md)

@@ -39,13 +39,14 @@ BENCHMARKS: dict[str, str] = {
     "sotopia": "rapo_echo.benchmarks.sotopia.run:Sotopia",
     "epm": "rapo_echo.benchmarks.epm.run:Epm",
     "sage": "rapo_echo.benchmarks.sage.run:Sage",
+    "fidelity": "rapo_echo.benchmarks.fidelity:Fidelity",
 }
 # settings that do not change what a case's result means, so they may differ when resuming
 RESUME_FREE = ("batch_size",)
 
 
 def get_benchmark(name: str) -> Benchmark:
-    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``, ``epm``, ``sage``)."""
+    """A benchmark by name (``esconv``, ``esconv-ref``, ``sotopia``, ``epm``, ``sage``, ``fidelity``)."""
     if name not in BENCHMARKS:
         raise ConfigError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
     module, _, cls = BENCHMARKS[name].partition(":")
@@ -118,7 +119,9 @@ def run_eval(
     if limit is not None:
         if limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {limit}")
-        cases = cases[:limit]
+        # a benchmark may count its limit in larger units (fidelity: conversations, not rated points)
+        limit_cases = getattr(benchmark, "limit_cases", None)
+        cases = limit_cases(cases, limit) if limit_cases else cases[:limit]
     ids = [c.id for c in cases]
     if len(set(ids)) != len(ids):
         raise DataError(

@@ -72,6 +72,17 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     from rapo_echo.trainer import run_training
 
-    trainer = run_training(cfg, resume=bool(args.resume))
+    check = None
+    if cfg.fidelity is not None:  # once per run, cached by simulator / judge spec (docs/fidelity.md)
+        from rapo_echo.benchmarks.fidelity.check import run_fidelity_check
+
+        check = run_fidelity_check(cfg)
+    try:
+        trainer = run_training(cfg, resume=bool(args.resume))
+    finally:
+        if check is not None and cfg.output and Path(cfg.output).is_dir():
+            from rapo_echo.benchmarks.fidelity.check import record_check
+
+            record_check(cfg.output, check)
     print(f"run directory: {trainer.run_dir}")
     return STOPPED_EXIT_CODES.get(trainer.stopped_by, 1) if trainer.stopped_by else 0

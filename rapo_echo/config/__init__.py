@@ -9,6 +9,7 @@ algorithm declares its own section beside its code, and the run config that comp
 from rapo_echo.config.base import Autocast, AutoLR, AutoSize, Dtype, LogprobMode, ScenarioFormat, Strict
 from rapo_echo.config.data import DataConfig, SelectionConfig
 from rapo_echo.config.engine import EngineConfig
+from rapo_echo.config.fidelity import FidelityCheckConfig
 from rapo_echo.config.loader import ConfigTree
 from rapo_echo.config.logs import LoggingConfig
 from rapo_echo.config.messages import format_validation_error
@@ -44,6 +45,7 @@ __all__ = [
     "DataConfig",
     "Dtype",
     "EngineConfig",
+    "FidelityCheckConfig",
     "LoggingConfig",
     "LogprobMode",
     "LoraConfig",

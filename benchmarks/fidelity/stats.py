@@ -1,0 +1,144 @@
+"""Rank statistics of the fidelity benchmark, written out here (no scipy): average ranks, Spearman's
+rho, Kendall's tau-b, within-dialogue pairwise agreement, and percentile bootstrap intervals that
+resample whole dialogues.
+
+Ties: ranks of tied values are their average rank (so Spearman's rho is Pearson's r of the average
+ranks); Kendall's tau-b corrects for ties on either side; in pairwise agreement a pair the prediction
+ties counts 0.5 (half agreeing), a pair the ratings tie is not a pair. A statistic that is undefined
+(fewer than two values, or one side constant) is ``None``, never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+TIE_CREDIT = 0.5  # what a pair the prediction ties counts in pairwise agreement
+
+
+def average_ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, tied values sharing the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        shared = (start + end) / 2 + 1
+        for k in range(start, end + 1):
+            ranks[order[k]] = shared
+        start = end + 1
+    return ranks
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Pearson's r; None for fewer than two pairs or a constant side."""
+    if len(x) != len(y):
+        raise ValueError(f"pearson: {len(x)} values against {len(y)}")
+    n = len(x)
+    if n < 2:
+        return None
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    if sxx <= 0 or syy <= 0:
+        return None
+    return max(-1.0, min(1.0, sxy / math.sqrt(sxx * syy)))
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rho: Pearson's r of the average ranks."""
+    return pearson(average_ranks(x), average_ranks(y))
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Kendall's tau-b = (C - D) / sqrt((P - Tx) (P - Ty)) over all pairs, with C / D the concordant /
+    discordant pairs, P all pairs, Tx / Ty the pairs tied in x / in y. When one side takes few values
+    (ratings 1-5) C - D is counted level by level with sorted look-ups, else over all pairs."""
+    if len(x) != len(y):
+        raise ValueError(f"kendall_tau_b: {len(x)} values against {len(y)}")
+    n = len(x)
+    if n < 2:
+        return None
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(np.unique(a)) < len(np.unique(b)):
+        a, b = b, a  # b: the side with fewer distinct values (C - D is symmetric)
+    pairs = n * (n - 1) // 2
+    tied_a, tied_b = _tied_pairs(a), _tied_pairs(b)
+    denom = math.sqrt((pairs - tied_a) * (pairs - tied_b))
+    if denom == 0:
+        return None
+    levels = np.unique(b)
+    if len(levels) > 50:
+        upper = np.triu_indices(n, k=1)
+        s = float(np.sum(np.sign(a[:, None] - a[None, :])[upper] * np.sign(b[:, None] - b[None, :])[upper]))
+        return s / denom
+    groups = [np.sort(a[b == level]) for level in levels]
+    s = 0.0
+    for hi in range(len(groups)):
+        for lo in range(hi):
+            low = groups[lo]
+            below = np.searchsorted(low, groups[hi], side="left")  # a_j < a_i: concordant
+            above = len(low) - np.searchsorted(low, groups[hi], side="right")  # a_j > a_i: discordant
+            s += float(np.sum(below) - np.sum(above))
+    return s / denom
+
+
+def _tied_pairs(values: np.ndarray) -> int:
+    _, counts = np.unique(values, return_counts=True)
+    return int(np.sum(counts * (counts - 1) // 2))
+
+
+def pair_counts(predictions: Sequence[float], ratings: Sequence[float]) -> tuple[float, int]:
+    """(agreement credit, pairs) within one dialogue: over the pairs of points with different ratings,
+    1 when the prediction orders them as the ratings do, :data:`TIE_CREDIT` when it ties them, else 0."""
+    credit, pairs = 0.0, 0
+    for i in range(len(ratings)):
+        for j in range(i + 1, len(ratings)):
+            if ratings[i] == ratings[j]:
+                continue
+            pairs += 1
+            d = (predictions[i] - predictions[j]) * (ratings[i] - ratings[j])
+            credit += 1.0 if d > 0 else TIE_CREDIT if d == 0 else 0.0
+    return credit, pairs
+
+
+def pairwise_agreement(groups: Sequence[tuple[Sequence[float], Sequence[float]]]) -> float | None:
+    """Within-dialogue pairwise agreement pooled over dialogues: the summed credit of
+    :func:`pair_counts` over all dialogues' pairs / the number of pairs (None without pairs). Each
+    group is one dialogue's ``(predictions, ratings)``; a seeker's own use of the scale cancels out."""
+    credit, pairs = 0.0, 0
+    for p, r in groups:
+        c, n = pair_counts(p, r)
+        credit, pairs = credit + c, pairs + n
+    return credit / pairs if pairs else None
+
+
+def bootstrap_ci(
+    n_groups: int,
+    statistic: Callable[[Sequence[int]], float | None],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float | None, float | None]:
+    """Percentile interval of ``statistic`` over ``n_boot`` resamples of the group indices
+    ``0..n_groups-1`` drawn with replacement (seeded: the same seed gives the same interval). Resamples
+    where the statistic is undefined are left out; None when fewer than half of them are defined."""
+    if n_groups < 2 or n_boot < 1:
+        return None, None
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_boot):
+        value = statistic(rng.integers(0, n_groups, size=n_groups).tolist())
+        if value is not None and math.isfinite(value):
+            values.append(value)
+    if len(values) < n_boot / 2:
+        return None, None
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return float(lo), float(hi)
