@@ -167,6 +167,14 @@ def tier(emotion: float) -> str:
     return next(name for name, low in TIERS if emotion >= low)
 
 
+def last_feeling(d: SageDialogue) -> str | None:
+    """The user's latest analysis (goal progress, activity, reasoning) as the lines its reply is written
+    from, or None when the analysis has none of them."""
+    analysis = d.log[-1].get("analysis", {})
+    keys = ("TargetCompletion", "Activity", "Analyse")
+    return "\n".join(f"{k}: {analysis[k]}" for k in keys if k in analysis) or None
+
+
 def below_floor(emotion: float, settings: SageSettings) -> bool:
     """Whether ``emotion`` ends the dialogue from below."""
     return emotion <= settings.floor if settings.floor_inclusive else emotion < settings.floor
@@ -552,16 +560,12 @@ class SageSimulator:
             return
         prompts = []
         for d in dialogues:
-            analysis = d.log[-1].get("analysis", {})
-            feeling = "\n".join(
-                f"{k}: {analysis[k]}" for k in ("TargetCompletion", "Activity", "Analyse") if k in analysis
-            )
             prompts.append(
                 reply_prompt(
                     d.profile,
                     d.history,
                     tier(d.emotion),
-                    feeling or None,
+                    last_feeling(d),
                     self.fence(d, "reply"),
                     allow_hints=self.settings.allow_hints,
                     plain=self.settings.plain_reply,

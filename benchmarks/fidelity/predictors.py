@@ -221,7 +221,7 @@ class SagePredictor(Predictor):
 
     def likelihood(self, items: Sequence[Item]) -> list[Likelihood | None] | None:
         """Under the next-message prompt SAGE's user wrote its message with (after :meth:`predict`)."""
-        from rapo_echo.simulators.sage import reply_prompt, tier
+        from rapo_echo.simulators.sage import last_feeling, reply_prompt, tier
 
         prompts = []
         for i in items:
@@ -229,16 +229,12 @@ class SagePredictor(Predictor):
             if d is None:
                 return None
             history = [*i.scenario.messages, {"role": "assistant", "content": i.reply}]
-            analysis = d.log[-1].get("analysis", {})
-            feeling = "\n".join(
-                f"{k}: {analysis[k]}" for k in ("TargetCompletion", "Activity", "Analyse") if k in analysis
-            )
             prompts.append(
                 reply_prompt(
                     d.profile,
                     history,
                     tier(d.emotion),
-                    feeling or None,  # type: ignore[arg-type]
+                    last_feeling(d),  # type: ignore[arg-type]
                     self.simulator.fence(d, "reply"),
                     plain=True,
                 )
