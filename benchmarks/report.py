@@ -320,7 +320,7 @@ def render_html(
         if any(k.startswith("monitor/") and v for r in runs for row in r.rows for k, v in row.items()):
             parts.append(
                 '<p class="note">red lines: steps the reward-hacking monitor flagged (see the last column '
-                'below and README, "Reward-hacking monitor")</p>'
+                'below and docs/monitor.md)</p>'
             )
         header, rows = summary_table(runs)
         parts.append("<h3>Runs</h3>" + _html_table(header, rows))

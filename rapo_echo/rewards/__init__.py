@@ -126,7 +126,7 @@ def _load_object(name: str, where: str) -> Any:
         raise ConfigError(
             f"{where}: {name!r} is not a reward plugin, so it is not called. A reward is a function "
             "f(prompts, completions, **columns) or a class that subclasses rapo_echo.rewards.Reward or sets "
-            "the class attribute is_reward_plugin = True (see the README, 'Reward plugins')"
+            "the class attribute is_reward_plugin = True (see docs/extending.md)"
         )
     return obj
 
