@@ -9,6 +9,9 @@ from pydantic import Field, field_validator
 
 from rapo_echo.config.base import Dtype, Strict
 
+# The attention implementations transformers knows by name (a hub kernel ``org/name`` is also accepted).
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
 
 class LoraConfig(Strict):
     """LoRA adapter of the policy (``model.lora``); under LoRA the reference is the base, adapter off."""
@@ -42,6 +45,16 @@ class ModelConfig(Strict):
         False, description="Recompute activations in the backward pass to save memory."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter.")
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _attn(cls, v: str | None) -> str | None:
+        if v is None or v in ATTN_IMPLEMENTATIONS or "/" in v:
+            return v
+        raise ValueError(
+            f"unknown attention implementation; use one of {', '.join(ATTN_IMPLEMENTATIONS)}, a hub kernel "
+            "id (org/name), or leave it out for transformers' default"
+        )
 
     @field_validator("device")
     @classmethod
