@@ -233,6 +233,12 @@ def run_transcripts_command(args: argparse.Namespace) -> int:
             f"| {s['models']['policy']} | {s['n_cases']} | {s['n_valid']} | {score} | {m['successes']} | "
             f"{m['failures']} | {turns} |"
         )
+    for s in summaries:
+        bad = s.get("invalid_cases") or {}
+        if bad:
+            shown = "; ".join(f"{k}: {v}" for k, v in list(bad.items())[:10])
+            more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+            print(f"{s['models']['policy']}: {len(bad)} invalid, not scored: {shown}{more}")
     print(f"written under {args.output}")
     return 0
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -164,9 +165,24 @@ class Sage:
 RESULT_SUFFIX = "_result.jsonl"
 
 
+def emotion_problem(value: Any) -> str | None:
+    """Why ``value`` is not an emotion on SAGE's 0-100 scale (missing, not a number, a boolean, NaN or
+    infinite, out of range), else None."""
+    if value is None:
+        return "emo_point is missing"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"emo_point {value!r} is not a number"
+    if not math.isfinite(value):
+        return f"emo_point {value!r} is not finite"
+    if not 0 <= value <= 100:
+        return f"emo_point {value!r} is outside SAGE's 0-100 scale"
+    return None
+
+
 def released_record(obj: Any, where: str, model: str) -> Record:
     """One dialogue of SAGE's released result format as our record: the final ``emo_point`` is the
-    score; a dialogue without a numeric ``emo_point`` is invalid (counted, never read as 0)."""
+    score; a dialogue whose ``emo_point`` is not a finite number in 0-100 is invalid (counted, named in
+    ``info['invalid']``, never read as 0)."""
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
     ident = obj.get("id")
@@ -190,7 +206,8 @@ def released_record(obj: Any, where: str, model: str) -> Record:
                 entry["thinking"] = m["thinking"]
         transcript.append(entry)
     final = obj.get("emo_point")
-    valid = isinstance(final, (int, float)) and not isinstance(final, bool)
+    problem = emotion_problem(final)
+    valid = problem is None
     user_points = [t["emotion"] for t in transcript if t["role"] == "user" and t.get("emotion") is not None]
     info = {
         "model": model,
@@ -199,6 +216,8 @@ def released_record(obj: Any, where: str, model: str) -> Record:
         "emotions": user_points,
         "source": where,
     }
+    if problem:
+        info["invalid"] = problem
     if valid and user_points and user_points[-1] != final:
         info["mismatch"] = f"emo_point {final} but the last user turn has emotion-point {user_points[-1]}"
     turns = sum(t["role"] == "assistant" for t in transcript)
@@ -243,8 +262,8 @@ def score_transcripts(path: str | Path, output: str | Path) -> list[dict[str, An
         if len(set(ids)) != len(ids):
             raise DataError(f"{f}: dialogue ids are not unique")
         folder = out_root
-        if len(files) > 1:  # one folder per result file: <simulator folder>/<file stem>
-            folder = out_root / (f.parent.name if f.parent.name.endswith("_based_simulator") else "") / f.stem
+        if len(files) > 1:  # one folder per result file, at its path under the input folder (no two alike)
+            folder = out_root / f.relative_to(path).parent / f.stem
         folder.mkdir(parents=True, exist_ok=True)
         config = {
             "benchmark": Sage.name,
@@ -266,6 +285,7 @@ def score_transcripts(path: str | Path, output: str | Path) -> list[dict[str, An
             "n_invalid": len(records) - n_valid,
             "n_expected": len(records),
             "complete": True,
+            "invalid_cases": {r["id"]: r["info"]["invalid"] for r in records if "invalid" in r["info"]},
             "metrics": summarize_outcomes(records),
             "headline": [list(h) for h in Sage.headline],
             "mismatches": sum("mismatch" in r["info"] for r in records),
