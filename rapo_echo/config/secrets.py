@@ -96,14 +96,13 @@ def literal_secrets(tree: Any, prefix: str = "") -> list[tuple[str, str]]:
             for i, v in enumerate(node):
                 walk(v, f"{path}.{i}" if path else str(i))
         elif isinstance(node, str):
-            why = secret_value(node)
-            if why:
-                found.append((path, f"holds {why}"))
-                return
             for value, name in env.items():
                 if value in node:
                     found.append((path, f"holds the value of the environment variable {name}"))
                     return
+            why = secret_value(node)
+            if why:
+                found.append((path, f"holds {why}"))
 
     walk(tree, prefix)
     return found
