@@ -48,7 +48,7 @@ from rapo_echo.benchmarks.epm.vectors import (
     thresholds,
 )
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, write_json_atomic
-from rapo_echo.benchmarks.runner import write_summary
+from rapo_echo.benchmarks.runner import claim_output, write_summary
 from rapo_echo.errors import DataError
 
 
@@ -323,7 +323,6 @@ def recompute(
     records = [recompute_record(p, cfg) for p in files]
     model = str(read_result(files[0]).get("test_model_name"))
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
     config = {
         "benchmark": "epm",
         "models": {"policy": model},
@@ -331,6 +330,8 @@ def recompute(
         "settings": {"recompute": str(folder), "epm": dict(overrides or {})},
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json_atomic(out / CONFIG_FILE, config)
-    write_text_atomic(out / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    return write_summary(out, Epm(), expected=len(records))
+    with claim_output(out, {out: config}):  # never over another evaluation; one process at a time
+        write_json_atomic(out / CONFIG_FILE, config)
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        write_text_atomic(out / RESULTS_FILE, text)
+        return write_summary(out, Epm(), expected=len(records))
