@@ -26,6 +26,7 @@ from rapo_echo.config import (
     Strict,
     TrainConfig,
     ValidationConfig,
+    check_device,
 )
 from rapo_echo.errors import ConfigError
 
@@ -103,28 +104,6 @@ def check_rewards(cfg: RunConfig, where: str = "") -> None:
             f"invalid config:\n  {where}rewards: got {got}; {cfg.algo} learns only from its rewards, so "
             "there is nothing to train with (every reward would be 0): name at least one with a weight, "
             "e.g. rewards: [{name: judge}] or --reward judge=1"
-        )
-
-
-def check_device(device: str, key: str, where: str = "") -> None:
-    """Refuse a device this machine does not have (``cuda``, ``cuda:N``, ``mps``) at load, so a run never
-    trains on the CPU while its config.yaml says otherwise."""
-    if device in ("auto", "cpu"):
-        return
-    import torch
-
-    if device.startswith("cuda"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = int(device.split(":", 1)[1]) if ":" in device else 0
-        if index >= count:
-            have = f"{count} CUDA device(s) (cuda:0 to cuda:{count - 1})" if count else "no CUDA device"
-            raise ConfigError(
-                f"invalid config:\n  {where}{key}: got {device!r}, but this machine has {have}; "
-                "use auto or cpu, or a device it has"
-            )
-    elif device == "mps" and not (torch.backends.mps.is_available()):
-        raise ConfigError(
-            f"invalid config:\n  {where}{key}: got 'mps', but this machine has no MPS device; use auto or cpu"
         )
 
 

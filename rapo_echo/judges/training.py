@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.training_data import NEGATIVES, TASKS, JudgePair, load_examples, negatives, pairs, split
+from rapo_echo.rundir import LOCK_NAME, DirLock, check_writable
 
 log = logging.getLogger(__name__)
 REPORT = "judge_training.json"
@@ -85,16 +87,49 @@ def accuracy(
 
 def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
     """Run the whole thing; returns the report written next to the model."""
+    check_settings(cfg)
+    with claim_output(Path(cfg.output)) as lock:
+        return _train_judge(cfg, lock.folder)
+
+
+def check_settings(cfg: JudgeTrainingConfig) -> None:
+    """Refuse settings that would fail or train nothing, before any model loads: a learning rate that is
+    not a finite number in (0, 1], a device that is unknown or absent here, an unknown task."""
+    from rapo_echo.config import check_device
+
+    if not (isinstance(cfg.lr, (int, float)) and math.isfinite(cfg.lr) and 0 < cfg.lr <= 1):
+        raise ConfigError(
+            f"--lr: got {cfg.lr}; give a learning rate greater than 0 and at most 1 (e.g. 2e-4)"
+        )
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", cfg.device):
+        raise ConfigError(f"--device: got {cfg.device!r}; use auto, cpu, cuda, cuda:N or mps")
+    try:
+        check_device(cfg.device, "--device")
+    except ConfigError as exc:
+        raise ConfigError(str(exc).removeprefix("invalid config:\n  ")) from None
+    if cfg.task is not None and cfg.task not in TASKS:
+        raise ConfigError(f"--task: got {cfg.task!r}; expected one of {', '.join(TASKS)}")
+
+
+def claim_output(out: Path) -> DirLock:
+    """The output folder, writable, locked (one run at a time) and empty but for the lock file; errors
+    name --output and what to do."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output {out} is a file; give a folder for the trained judge")
+    lock = DirLock(check_writable(out)).acquire()
+    found = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+    if found:
+        lock.release()
+        raise ConfigError(f"--output {out} is not empty ({', '.join(found[:4])}); pick another folder")
+    return lock
+
+
+def _train_judge(cfg: JudgeTrainingConfig, out: Path) -> dict[str, Any]:
     import torch
 
     from rapo_echo.config import LoraConfig, ModelConfig, RolloutConfig
     from rapo_echo.policy import Policy
 
-    out = Path(cfg.output)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--output {out} is not empty; pick another folder")
-    if cfg.task is not None and cfg.task not in TASKS:
-        raise ConfigError(f"--task: got {cfg.task!r}; expected one of {', '.join(TASKS)}")
     examples = load_examples(cfg.data, cfg.task)
     if not examples:
         raise ConfigError(f"--data {', '.join(cfg.data)}: no examples")
@@ -151,14 +186,12 @@ def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - t0, 1),
         "config": {k: v for k, v in asdict(cfg).items() if k != "output"},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         policy.save(staged, merged=True)
         (staged / REPORT).write_text(json.dumps(report, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        staged.rename(out)
+        for item in sorted(staged.iterdir(), key=lambda p: p.name == REPORT):  # the report last
+            item.rename(out / item.name)
     finally:
         if staged.exists():
             shutil.rmtree(staged, ignore_errors=True)
