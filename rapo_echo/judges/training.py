@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.training_data import NEGATIVES, TASKS, JudgePair, load_examples, negatives, pairs, split
+from rapo_echo.judges.training_data import (
+    NEGATIVES,
+    TASKS,
+    JudgePair,
+    dedupe,
+    load_examples,
+    negatives,
+    pairs,
+    split,
+)
 from rapo_echo.rundir import LOCK_NAME, DirLock, check_writable
 
 log = logging.getLogger(__name__)
@@ -133,10 +142,19 @@ def _train_judge(cfg: JudgeTrainingConfig, out: Path) -> dict[str, Any]:
     examples = load_examples(cfg.data, cfg.task)
     if not examples:
         raise ConfigError(f"--data {', '.join(cfg.data)}: no examples")
+    examples, removed = dedupe(examples)
     if cfg.eval_data:
-        train, held = examples, load_examples(cfg.eval_data, cfg.task)
+        train = examples
+        held, removed_held = dedupe(load_examples(cfg.eval_data, cfg.task), seen=train)
+        removed += removed_held
     else:
         train, held = split(examples, cfg.eval_fraction, cfg.seed)
+    if removed:
+        log.warning(
+            "train-judge: %d repeated examples removed (identical to one kept, or held-out examples "
+            "identical to training ones), so none is both trained on and held out",
+            removed,
+        )
     kinds = tuple(cfg.negatives) if cfg.context_aware else ()
     train = train + negatives(train, kinds, cfg.seed)
     held = held + negatives(held, kinds, cfg.seed + 1)
@@ -171,7 +189,7 @@ def _train_judge(cfg: JudgeTrainingConfig, out: Path) -> dict[str, Any]:
     )
     report = {
         "model": cfg.model,
-        "examples": {"train": len(train), "held_out": len(held)},
+        "examples": {"train": len(train), "held_out": len(held), "duplicates_removed": removed},
         "negatives": {
             kind: {
                 "train": sum(e.origin == kind for e in train),
@@ -352,6 +370,8 @@ def run(args: argparse.Namespace) -> int:
             f"{task}: held-out accuracy {b.get('accuracy', nan):.3f} -> {a.get('accuracy', nan):.3f} "
             f"(n={a.get('n', b.get('n'))}, invalid {b.get('invalid')} -> {a.get('invalid')})"
         )
+    if report["examples"]["duplicates_removed"]:
+        print(f"repeated examples removed before the split: {report['examples']['duplicates_removed']}")
     loss = report["loss"]
     print(f"steps: {report['steps']}, loss {loss['first']:.4f} -> {loss['last']:.4f}; judge: {cfg.output}")
     return 0
