@@ -201,9 +201,12 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if not cases:
         print(f"{args.benchmark}: no cases")
         return 1
+    from rapo_echo.benchmarks.runner import check_output, eval_config
     from rapo_echo.rundir import check_writable
 
-    check_writable(args.output)  # and on an unwritable --output
+    # an unwritable --output, or one holding other files or another evaluation: refused before any model
+    config = eval_config(benchmark.name, models, args.data, settings, getattr(benchmark, "protocol", None))
+    check_output(check_writable(args.output), config)
     roles = build_roles(benchmark.roles, specs, dtype=args.dtype, device=args.device)
     summary = run_eval(
         benchmark, roles, settings, args.output, data=args.data, limit=args.limit, models=models

@@ -85,3 +85,19 @@ def test_a_folder_in_use_is_refused(tmp_path: Path) -> None:
             recompute(tmp_path / "epm", tmp_path / "busy")
         with pytest.raises(ConfigError, match=r"busy is in use by"):
             score_transcripts(sage_file(tmp_path), tmp_path / "busy")
+
+
+def test_a_live_eval_refuses_a_folder_of_other_files_before_any_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from rapo_echo.cli import main
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("a model was loaded before --output was checked")
+
+    monkeypatch.setattr("rapo_echo.benchmarks.cli.build_roles", boom)
+    run = tmp_path / "train-run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: grpo\n")
+    code = main(["eval", "--benchmark", "sage", "--policy", "default", "--limit", "1", "--output", str(run)])
+    assert code == 2 and "train-run is not empty (config.yaml)" in capsys.readouterr().err
