@@ -85,6 +85,7 @@ def load_config(
     tree.tree["algo"] = chosen
     tree.apply(flags, overrides)
     tree.refuse_secrets()
+    tree.refuse_nonfinite()
     cfg = tree.validate(RunConfig)
     check_group_size(cfg, tree.where("rollout.group_size"))
     check_rewards(cfg, tree.where("rewards"))

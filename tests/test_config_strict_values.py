@@ -31,6 +31,8 @@ def test_numbers_are_finite(value: str) -> None:
     refused(f"loss.beta={value}", match=r"loss\.beta: got .*finite")
     refused(f"rewards=[{{name: judge, weight: {value}}}]", match=r"rewards\.0\.weight: got .*finite")
     refused(f"loss.clip_eps={value}", match=r"loss\.clip_eps")
+    args = f"rewards=[{{name: length, args: {{target: {value}}}}}]"
+    refused(args, match=r"rewards\.0\.args\.target: got .*finite")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
