@@ -48,6 +48,8 @@ class GRPO(Algorithm):
     """Group Relative Policy Optimization over the configured reward plugins."""
 
     name = "grpo"
+    # Its only learning signal is the configured rewards: an empty list (or every weight 0) trains on 0.
+    needs_rewards = True
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -193,6 +193,8 @@ class RAPO(GRPO):
     # Linear rank rewards average 0.5 in every group, so show the simulated emotion change instead.
     progress_keys = ("sim/emotion_delta", "loss/sd", "loss/total")
 
+    needs_rewards = False  # its judge's group ranks are the reward; plugins are optional extras
+
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         # rapo.md 2.4/2.7: rank rewards with mean-centred (not std-normalised) advantages, small KL.

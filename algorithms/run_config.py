@@ -27,6 +27,7 @@ from rapo_echo.config import (
     Strict,
     TrainConfig,
     ValidationConfig,
+    check_device,
 )
 from rapo_echo.errors import ConfigError
 
@@ -90,9 +91,27 @@ def load_config(
     tree.tree["algo"] = chosen
     tree.apply(flags, overrides)
     tree.refuse_secrets()
+    tree.refuse_nonfinite()
     cfg = tree.validate(RunConfig)
     check_group_size(cfg, tree.where("rollout.group_size"))
+    check_rewards(cfg, tree.where("rewards"))
+    for role in ("model", "simulator", "judge"):
+        if role == "model" or getattr(cfg, role).engine in ("hf", "vllm"):
+            check_device(getattr(cfg, role).device, f"{role}.device", tree.where(f"{role}.device"))
     return cfg
+
+
+def check_rewards(cfg: RunConfig, where: str = "") -> None:
+    """An algorithm whose only learning signal is its reward plugins (GRPO) needs one with a weight."""
+    if not getattr(algorithms.get(cfg.algo), "needs_rewards", False):
+        return
+    if not any(r.weight != 0 for r in cfg.rewards):
+        got = "no rewards (an empty list)" if not cfg.rewards else "only rewards of weight 0"
+        raise ConfigError(
+            f"invalid config:\n  {where}rewards: got {got}; {cfg.algo} learns only from its rewards, so "
+            "there is nothing to train with (every reward would be 0): name at least one with a weight, "
+            "e.g. rewards: [{name: judge}] or --reward judge=1"
+        )
 
 
 def check_group_size(cfg: RunConfig, where: str = "") -> None:

@@ -226,9 +226,12 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if not cases:
         print(f"{args.benchmark}: no cases")
         return 1
+    from rapo_echo.benchmarks.runner import check_output, eval_config
     from rapo_echo.rundir import check_writable
 
-    check_writable(args.output)  # and on an unwritable --output
+    # an unwritable --output, or one holding other files or another evaluation: refused before any model
+    config = eval_config(benchmark.name, models, args.data, settings, getattr(benchmark, "protocol", None))
+    check_output(check_writable(args.output), config)
     roles = build_roles(benchmark.roles, specs, dtype=args.dtype, device=args.device)
     summary = run_eval(
         benchmark, roles, settings, args.output, data=args.data, limit=args.limit, models=models
@@ -258,6 +261,12 @@ def run_transcripts_command(args: argparse.Namespace) -> int:
             f"| {s['models']['policy']} | {s['n_cases']} | {s['n_valid']} | {score} | {m['successes']} | "
             f"{m['failures']} | {turns} |"
         )
+    for s in summaries:
+        bad = s.get("invalid_cases") or {}
+        if bad:
+            shown = "; ".join(f"{k}: {v}" for k, v in list(bad.items())[:10])
+            more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+            print(f"{s['models']['policy']}: {len(bad)} invalid, not scored: {shown}{more}")
     print(f"written under {args.output}")
     return 0
 

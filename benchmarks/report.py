@@ -10,6 +10,7 @@ and every model-written text is HTML-escaped.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,8 @@ def fmt(value: Any) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return "–"  # a score is never shown as nan or inf (the readers count such cases invalid)
         return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
     return str(value)
 

@@ -28,7 +28,7 @@ from rapo_echo.benchmarks.results import (
 )
 from rapo_echo.config import redacted
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.rundir import DirLock, check_writable
+from rapo_echo.rundir import LOCK_NAME, DirLock, check_writable
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ BENCHMARKS: dict[str, str] = {
     "fidelity": "rapo_echo.benchmarks.fidelity:Fidelity",
 }
 # settings that do not change what a case's result means, so they may differ when resuming
-RESUME_FREE = ("batch_size",)
+RESUME_FREE = ("batch_size", "written_at")
 
 
 def get_benchmark(name: str) -> Benchmark:
@@ -71,6 +71,32 @@ def eval_config(
     if protocol:
         config["protocol"] = protocol
     return redacted(config)
+
+
+def check_output(output: Path, config: dict[str, Any]) -> None:
+    """An output folder holds nothing, or this same evaluation (:func:`check_resume`): a folder with other
+    files (a training run, another tool's output) is refused, never written into."""
+    found = sorted(p.name for p in output.iterdir() if p.name != LOCK_NAME) if output.is_dir() else []
+    if found and not (output / CONFIG_FILE).is_file():
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise ConfigError(
+            f"--output {output} is not empty ({shown}) and holds no evaluation ({CONFIG_FILE}); choose an "
+            "empty --output"
+        )
+    check_resume(output, config)
+
+
+def claim_output(output: str | Path, configs: dict[Path, dict[str, Any]]) -> DirLock:
+    """Lock ``output`` (one process per folder) and check each folder to be written there with its config
+    (:func:`check_output`); the lock is released when a check fails."""
+    lock = DirLock(check_writable(output)).acquire()
+    try:
+        for folder, config in configs.items():
+            check_output(Path(folder), config)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def check_resume(output: Path, config: dict[str, Any]) -> None:
@@ -128,8 +154,7 @@ def run_eval(
             f"{data}: case ids are not unique (first repeat: {next(i for i in ids if ids.count(i) > 1)!r})"
         )
     config = eval_config(benchmark.name, models or {}, data, settings, getattr(benchmark, "protocol", None))
-    check_resume(output, config)
-    with DirLock(check_writable(output)):  # one process per output folder
+    with claim_output(output, {output: config}):  # one process per output folder, its own evaluation only
         return _run_cases(benchmark, roles, settings, output, cases, config)
 
 

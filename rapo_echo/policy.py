@@ -18,7 +18,7 @@ from rapo_echo.autosize import CPU_ROLLOUT_BATCH
 from rapo_echo.checkpoint import read_weights
 from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.engines.hf import HFEngine, left_pad
-from rapo_echo.errors import RapoEchoError
+from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.logprobs import (
     check_logit_transform,
     chunked_gather_logprobs,
@@ -386,7 +386,16 @@ class Policy:
             target_modules=cfg.lora.target_modules,
             task_type="CAUSAL_LM",
         )
-        return get_peft_model(lm, lora)
+        try:
+            return get_peft_model(lm, lora)
+        except ValueError as exc:
+            if "not found" not in str(exc) and "did not match" not in str(exc):
+                raise
+            names = sorted({n.rsplit(".", 1)[-1] for n, m in lm.named_modules() if isinstance(m, nn.Linear)})
+            raise ConfigError(
+                f"model.lora.target_modules: {cfg.lora.target_modules!r} matches no module of this model "
+                f"({exc}); its linear layers are named {', '.join(names)}; use some of these, or all-linear"
+            ) from None
 
     @property
     def pad_id(self) -> int:

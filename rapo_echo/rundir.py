@@ -164,7 +164,7 @@ class DirLock:
         self._fd = None
 
     def __enter__(self) -> DirLock:
-        return self.acquire()
+        return self if self._fd is not None else self.acquire()  # a lock already taken is kept
 
     def __exit__(self, *exc: object) -> None:
         self.release()

@@ -88,10 +88,12 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(user, HiddenPreferenceUser):
             ap.error(f"{args.config}: rapo.simulator.name is {sim.name!r}, not a hidden-preference user")
     else:
-        import yaml
+        from rapo_echo.config.yaml_files import load_yaml_text
 
-        rules = yaml.safe_load(args.rules.read_text()) if args.rules else None
-        extra = yaml.safe_load(args.extra_rules.read_text()) if args.extra_rules else []
+        rules = load_yaml_text(args.rules.read_text(), str(args.rules)) if args.rules else None
+        extra = (
+            load_yaml_text(args.extra_rules.read_text(), str(args.extra_rules)) if args.extra_rules else []
+        )
         user = HiddenPreferenceUser(rules=rules, extra_rules=extra)
     for folder in args.evals:
         print(json.dumps(score_folder(folder, user)), flush=True)

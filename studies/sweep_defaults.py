@@ -32,13 +32,13 @@ QUIET = ["logging.progress=false", "logging.tensorboard=false", "train.save_ever
 
 def reward_spec(text: str) -> dict[str, Any]:
     """``name`` or ``name:key=value,key=value`` -> a reward spec (values parsed as YAML scalars)."""
-    import yaml
+    from rapo_echo.config.yaml_files import load_yaml_text
 
     name, _, rest = text.partition(":")
     args = {}
     for part in filter(None, rest.split(",")):
         k, _, v = part.partition("=")
-        args[k] = yaml.safe_load(v)
+        args[k] = load_yaml_text(v, f"--reward {name}: {k}")
     return {"name": name, "weight": 1.0, "args": args}
 
 

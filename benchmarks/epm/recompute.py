@@ -26,6 +26,7 @@ a live evaluation, so ``rapo-echo report`` draws it.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from rapo_echo.benchmarks.epm.vectors import (
     thresholds,
 )
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, write_json_atomic
-from rapo_echo.benchmarks.runner import write_summary
+from rapo_echo.benchmarks.runner import claim_output, write_summary
 from rapo_echo.errors import DataError
 
 
@@ -62,47 +63,119 @@ def result_files(folder: str | Path) -> list[Path]:
     return files
 
 
+# Largest magnitude a stored EPM quantity may have: the axes run over tens, the energies over hundreds;
+# beyond this a value is corrupt (and 1e308 overflows every norm to inf).
+MAX_MAGNITUDE = 1e6
+_EPM_FIELDS = ("delta_E", "alignment", "E_total", "P_norm", "projection")
+_PARAM_FIELDS = ("alpha", "epsilon_energy", "epsilon_distance", "epsilon_direction")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float))  # booleans pass here as JSON numbers; value_problem refuses them
+
+
+def _mapping(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise DataError(f"{where}{key}: expected an object, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
 def read_result(path: Path) -> dict[str, Any]:
-    """One result file, checked for the fields the recompute needs."""
+    """One result file, checked for the fields the recompute needs: every malformed field (a wrong type,
+    a short vector) is a DataError naming the file and the field."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a JSON object (an EMPA per-case result)")
-    traj = (data.get("epj") or {}).get("trajectory")
+    epj = _mapping(data, "epj", f"{path}: ")
+    traj = epj.get("trajectory")
     if not isinstance(traj, list) or not traj:
         raise DataError(f"{path}: epj.trajectory: missing or empty; is this an EMPA result file?")
     for i, point in enumerate(traj):
+        where = f"{path}: epj.trajectory[{i}]."
         if not isinstance(point, dict):
             raise DataError(f"{path}: epj.trajectory[{i}]: expected an object")
         for key in ("turn", "P_t", "v_t"):
             if key not in point:
-                raise DataError(f"{path}: epj.trajectory[{i}].{key}: missing")
+                raise DataError(f"{where}{key}: missing")
+        if not isinstance(point["turn"], int) or isinstance(point["turn"], bool):
+            raise DataError(f"{where}turn: expected a whole number, got {point['turn']!r:.60}")
         for key in ("P_t", "v_t"):
             vec = point[key]
-            if (
-                not isinstance(vec, list)
-                or len(vec) != 3
-                or not all(isinstance(x, (int, float)) for x in vec)
-            ):
-                raise DataError(
-                    f"{path}: epj.trajectory[{i}].{key}: expected three numbers (C, A, P), got {vec!r}"
-                )
-    if not isinstance(data.get("total_turns"), int):
+            if not isinstance(vec, list) or len(vec) != 3 or not all(_is_number(x) for x in vec):
+                raise DataError(f"{where}{key}: expected three numbers (C, A, P), got {vec!r:.80}")
+        if "distance" in point and not _is_number(point["distance"]):
+            raise DataError(f"{where}distance: expected a number, got {point['distance']!r:.60}")
+        for key in _EPM_FIELDS:
+            value = _mapping(point, "epm", where).get(key)
+            if value is not None and not _is_number(value):
+                raise DataError(f"{where}epm.{key}: expected a number, got {value!r:.60}")
+        _mapping(point, "mdep_analysis", where)
+    params = _mapping(epj, "epm_params", f"{path}: epj.")
+    for key in _PARAM_FIELDS:
+        if key in params and not _is_number(params[key]):
+            raise DataError(f"{path}: epj.epm_params.{key}: expected a number, got {params[key]!r:.60}")
+    if "v_star_0" in params:
+        v = params["v_star_0"]
+        if not isinstance(v, list) or len(v) != 3 or not all(_is_number(x) for x in v):
+            raise DataError(f"{path}: epj.epm_params.v_star_0: expected three numbers, got {v!r:.80}")
+    for holder, where in ((data, ""), (epj, "epj.")):
+        victory = _mapping(holder, "epm_victory_analysis", f"{path}: {where}")
+        if not isinstance(victory.get("conditions", {}), dict):
+            raise DataError(f"{path}: {where}epm_victory_analysis.conditions: expected an object")
+    if not isinstance(data.get("total_turns"), int) or isinstance(data.get("total_turns"), bool):
         raise DataError(f"{path}: total_turns: missing or not an integer")
+    if "history" in data and not isinstance(data["history"], list):
+        raise DataError(f"{path}: history: expected a list of messages, got {type(data['history']).__name__}")
     return data
+
+
+def value_problem(data: dict[str, Any]) -> str | None:
+    """Why a well-formed result file's values cannot be scored (NaN or infinite numbers, booleans where
+    numbers belong, magnitudes beyond :data:`MAX_MAGNITUDE`, negative turns), naming the field; else
+    None. Such a case is invalid: counted and named, never averaged."""
+    if data["total_turns"] < 0:
+        return f"total_turns: {data['total_turns']} is negative"
+    epj = data["epj"]
+    fields: list[tuple[str, Any]] = []
+    for i, point in enumerate(epj["trajectory"]):
+        at = f"epj.trajectory[{i}]."
+        fields += [(f"{at}{k}[{j}]", x) for k in ("P_t", "v_t") for j, x in enumerate(point[k])]
+        fields += [(f"{at}distance", point["distance"])] if "distance" in point else []
+        epm = point.get("epm") or {}
+        fields += [(f"{at}epm.{k}", epm[k]) for k in _EPM_FIELDS if epm.get(k) is not None]
+    params = epj.get("epm_params") or {}
+    fields += [(f"epj.epm_params.{k}", params[k]) for k in _PARAM_FIELDS if k in params]
+    fields += [(f"epj.epm_params.v_star_0[{j}]", x) for j, x in enumerate(params.get("v_star_0") or [])]
+    for name, x in fields:
+        if isinstance(x, bool):
+            return f"{name}: {x!r} is a boolean, not a number"
+        if not math.isfinite(x):
+            return f"{name}: {x!r} is not finite"
+        if abs(x) > MAX_MAGNITUDE:
+            return f"{name}: {x!r} is beyond any EPM value (|x| > {MAX_MAGNITUDE:g})"
+    return None
 
 
 def published_success(result: dict[str, Any]) -> bool:
     """The file's own verdict, read as the published code reads it."""
     victory = result.get("epm_victory_analysis", (result.get("epj") or {}).get("epm_victory_analysis"))
-    if victory:
-        cond = victory.get("conditions", {})
-        spatial = cond.get("geometric", {}).get("achieved", False) or cond.get("positional", {}).get(
-            "achieved", False
-        )
-        return bool(spatial and cond.get("energetic", {}).get("achieved", False))
+    if isinstance(victory, dict) and victory:
+        cond = victory.get("conditions")
+        cond = cond if isinstance(cond, dict) else {}
+
+        def achieved(name: str) -> bool:
+            part = cond.get(name)
+            return bool(part.get("achieved", False)) if isinstance(part, dict) else False
+
+        return (achieved("geometric") or achieved("positional")) and achieved("energetic")
     reason = str(result.get("termination_reason", ""))
     return "成功" in reason or "SUCCESS" in reason.upper()
 
@@ -183,6 +256,11 @@ def recomputed_points(
 def recompute_record(path: Path, cfg: EpmConfig) -> Record:
     """One result file -> a record in the live benchmark's shape."""
     result = read_result(path)
+    case_id = str(result.get("script_id") or path.stem.removesuffix("_result"))
+    problem = value_problem(result)
+    if problem:
+        info = {"source_file": str(path), "invalid": problem, "end": "invalid"}
+        return make_record(Case(case_id, None), valid=False, metrics={}, transcript=[], info=info)
     epj = result["epj"]
     traj = epj["trajectory"]
     params = (
@@ -202,7 +280,6 @@ def recompute_record(path: Path, cfg: EpmConfig) -> Record:
         end = "timeout"
     else:
         end = "ended without a verdict"
-    case_id = str(result.get("script_id") or path.stem.removesuffix("_result"))
     info: dict[str, Any] = {
         "source_file": str(path),
         "end": end,
@@ -244,11 +321,8 @@ def recompute(
     cfg = epm_config(overrides or {})
     files = result_files(folder)
     records = [recompute_record(p, cfg) for p in files]
-    model = next(
-        (str(json.loads(p.read_text(encoding="utf-8")).get("test_model_name")) for p in files[:1]), "?"
-    )
+    model = str(read_result(files[0]).get("test_model_name"))
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
     config = {
         "benchmark": "epm",
         "models": {"policy": model},
@@ -256,6 +330,8 @@ def recompute(
         "settings": {"recompute": str(folder), "epm": dict(overrides or {})},
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json_atomic(out / CONFIG_FILE, config)
-    write_text_atomic(out / RESULTS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    return write_summary(out, Epm(), expected=len(records))
+    with claim_output(out, {out: config}):  # never over another evaluation; one process at a time
+        write_json_atomic(out / CONFIG_FILE, config)
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        write_text_atomic(out / RESULTS_FILE, text)
+        return write_summary(out, Epm(), expected=len(records))

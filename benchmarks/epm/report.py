@@ -4,6 +4,7 @@ evaluation's trajectories drawn in C/A/P space (three 2-D projections)."""
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ def epmq_table(evals: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
         cells = [e.label]
         for key, _ in COLUMNS:
             value = m.get(key)
-            if value is None:
+            if value is None or not math.isfinite(value):  # never nan or inf as a score
                 cells.append("–")
             else:
                 cells.append(f"{100 * value:.1f} %" if key == "success_rate" else f"{value:.2f}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -164,9 +165,24 @@ class Sage:
 RESULT_SUFFIX = "_result.jsonl"
 
 
+def emotion_problem(value: Any) -> str | None:
+    """Why ``value`` is not an emotion on SAGE's 0-100 scale (missing, not a number, a boolean, NaN or
+    infinite, out of range), else None."""
+    if value is None:
+        return "emo_point is missing"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"emo_point {value!r} is not a number"
+    if not math.isfinite(value):
+        return f"emo_point {value!r} is not finite"
+    if not 0 <= value <= 100:
+        return f"emo_point {value!r} is outside SAGE's 0-100 scale"
+    return None
+
+
 def released_record(obj: Any, where: str, model: str) -> Record:
     """One dialogue of SAGE's released result format as our record: the final ``emo_point`` is the
-    score; a dialogue without a numeric ``emo_point`` is invalid (counted, never read as 0)."""
+    score; a dialogue whose ``emo_point`` is not a finite number in 0-100 is invalid (counted, named in
+    ``info['invalid']``, never read as 0)."""
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
     ident = obj.get("id")
@@ -190,7 +206,8 @@ def released_record(obj: Any, where: str, model: str) -> Record:
                 entry["thinking"] = m["thinking"]
         transcript.append(entry)
     final = obj.get("emo_point")
-    valid = isinstance(final, (int, float)) and not isinstance(final, bool)
+    problem = emotion_problem(final)
+    valid = problem is None
     user_points = [t["emotion"] for t in transcript if t["role"] == "user" and t.get("emotion") is not None]
     info = {
         "model": model,
@@ -199,6 +216,8 @@ def released_record(obj: Any, where: str, model: str) -> Record:
         "emotions": user_points,
         "source": where,
     }
+    if problem:
+        info["invalid"] = problem
     if valid and user_points and user_points[-1] != final:
         info["mismatch"] = f"emo_point {final} but the last user turn has emotion-point {user_points[-1]}"
     turns = sum(t["role"] == "assistant" for t in transcript)
@@ -230,47 +249,61 @@ def score_transcripts(path: str | Path, output: str | Path) -> list[dict[str, An
     """Score every SAGE result file under ``path``; writes one eval folder per file under ``output``
     (``results.jsonl``, ``config.json``, ``summary.json``, readable by ``rapo-echo report``) and returns
     the summaries."""
-    from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, SUMMARY_FILE, write_json_atomic
-    from rapo_echo.data.files import open_source, read_records
+    from rapo_echo.benchmarks.results import CONFIG_FILE
+    from rapo_echo.benchmarks.runner import claim_output
 
     out_root = Path(output)
     files = result_files(path)
-    summaries = []
+    targets: dict[Path, tuple[Path, dict[str, Any]]] = {}
     for f in files:
-        name = model_name(f)
-        records = [released_record(r.data, r.where, name) for r in read_records(open_source(f))]
-        ids = [r["id"] for r in records]
-        if len(set(ids)) != len(ids):
-            raise DataError(f"{f}: dialogue ids are not unique")
         folder = out_root
-        if len(files) > 1:  # one folder per result file: <simulator folder>/<file stem>
-            folder = out_root / (f.parent.name if f.parent.name.endswith("_based_simulator") else "") / f.stem
-        folder.mkdir(parents=True, exist_ok=True)
+        if len(files) > 1:  # one folder per result file, at its path under the input folder (no two alike)
+            folder = out_root / f.relative_to(path).parent / f.stem
         config = {
             "benchmark": Sage.name,
             "mode": "transcripts",
-            "models": {"policy": name, "simulator": f.parent.name},
+            "models": {"policy": model_name(f), "simulator": f.parent.name},
             "data": str(f),
         }
-        write_json_atomic(folder / CONFIG_FILE, config)
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        (folder / RESULTS_FILE).write_text(text, encoding="utf-8")
-        n_valid = sum(r["valid"] for r in records)
-        summary = {
-            "benchmark": Sage.name,
-            "mode": "transcripts",
-            "models": config["models"],
-            "data": str(f),
-            "n_cases": len(records),
-            "n_valid": n_valid,
-            "n_invalid": len(records) - n_valid,
-            "n_expected": len(records),
-            "complete": True,
-            "metrics": summarize_outcomes(records),
-            "headline": [list(h) for h in Sage.headline],
-            "mismatches": sum("mismatch" in r["info"] for r in records),
-            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        write_json_atomic(folder / SUMMARY_FILE, summary)
-        summaries.append({**summary, "output": str(folder)})
-    return summaries
+        targets[folder] = (f, config)
+    if len(files) > 1 and (out_root / CONFIG_FILE).exists():
+        raise ConfigError(
+            f"--output {out_root} holds an evaluation ({CONFIG_FILE}); choose an empty --output"
+        )
+    with claim_output(out_root, {folder: config for folder, (_, config) in targets.items()}):
+        return [_score_file(f, folder, config) for folder, (f, config) in targets.items()]
+
+
+def _score_file(f: Path, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Score one SAGE result file into ``folder``; its summary with the folder."""
+    from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, SUMMARY_FILE, write_json_atomic
+    from rapo_echo.data.files import open_source, read_records
+
+    name = config["models"]["policy"]
+    records = [released_record(r.data, r.where, name) for r in read_records(open_source(f))]
+    ids = [r["id"] for r in records]
+    if len(set(ids)) != len(ids):
+        raise DataError(f"{f}: dialogue ids are not unique")
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / CONFIG_FILE, config)
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    (folder / RESULTS_FILE).write_text(text, encoding="utf-8")
+    n_valid = sum(r["valid"] for r in records)
+    summary = {
+        "benchmark": Sage.name,
+        "mode": "transcripts",
+        "models": config["models"],
+        "data": str(f),
+        "n_cases": len(records),
+        "n_valid": n_valid,
+        "n_invalid": len(records) - n_valid,
+        "n_expected": len(records),
+        "complete": True,
+        "invalid_cases": {r["id"]: r["info"]["invalid"] for r in records if "invalid" in r["info"]},
+        "metrics": summarize_outcomes(records),
+        "headline": [list(h) for h in Sage.headline],
+        "mismatches": sum("mismatch" in r["info"] for r in records),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json_atomic(folder / SUMMARY_FILE, summary)
+    return {**summary, "output": str(folder)}

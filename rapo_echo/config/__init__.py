@@ -13,7 +13,7 @@ from rapo_echo.config.fidelity import FidelityCheckConfig
 from rapo_echo.config.loader import ConfigTree
 from rapo_echo.config.logs import LoggingConfig
 from rapo_echo.config.messages import format_validation_error
-from rapo_echo.config.model import LoraConfig, ModelConfig
+from rapo_echo.config.model import LoraConfig, ModelConfig, check_device
 from rapo_echo.config.monitor import MonitorConfig
 from rapo_echo.config.overrides import deep_merge, parse_override, set_path
 from rapo_echo.config.persona import PersonaConfig
@@ -64,6 +64,7 @@ __all__ = [
     "TrainConfig",
     "ValidationConfig",
     "VarietyFloorCheck",
+    "check_device",
     "check_yaml_nodes",
     "deep_merge",
     "dump_config",

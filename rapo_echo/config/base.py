@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, PlainValidator
 class Strict(BaseModel):
     """Base of every config section: unknown keys are errors, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
 def _auto_size(value: Any) -> int | str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import string
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -61,4 +63,36 @@ class EngineConfig(Strict):
     def _needs(self) -> EngineConfig:
         if self.engine == "openai" and not self.base_url:
             raise ValueError("engine 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        problem = script_problem(self.script)
+        if problem:
+            raise ValueError(f"script: {problem}")
         return self
+
+
+def script_problem(script: dict[str, Any]) -> str | None:
+    """What is wrong with a scripted engine's ``script`` (``rules: [[regex, reply], ...]``,
+    ``replies: [...]``, ``default: text``), else None: caught at load rather than at the first reply."""
+    rules = script.get("rules", [])
+    if not isinstance(rules, list):
+        return f"rules must be a list of [regex, reply] pairs, got {type(rules).__name__}"
+    for i, rule in enumerate(rules):
+        if not (isinstance(rule, list) and len(rule) == 2 and all(isinstance(x, str) for x in rule)):
+            return f"rules[{i}]: got {rule!r}; each rule is a pair [regex, reply] of two texts"
+        try:
+            groups = re.compile(rule[0]).groups
+        except re.error as exc:
+            return f"rules[{i}]: the regex {rule[0]!r} does not compile ({exc})"
+        try:
+            string.Formatter().vformat(rule[1], tuple("x" * groups), {})
+        except (IndexError, KeyError, ValueError) as exc:
+            return (
+                f"rules[{i}]: the reply {rule[1]!r} cannot be filled from the regex's {groups} group(s) "
+                f"({type(exc).__name__}: {exc}); use {{0}}..{{{max(groups - 1, 0)}}} for groups, and write "
+                "a literal brace as {{ or }}"
+            )
+    replies = script.get("replies", [])
+    if replies is not None and not (isinstance(replies, list) and all(isinstance(r, str) for r in replies)):
+        return f"replies must be a list of texts, got {replies!r}"
+    if not isinstance(script.get("default", ""), str):
+        return f"default must be a text, got {script['default']!r}"
+    return None

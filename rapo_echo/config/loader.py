@@ -9,6 +9,7 @@ config itself is composed from the algorithms' sections above this layer
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -74,6 +75,25 @@ class ConfigTree:
                 "variable's name (e.g. api_key_env: MY_KEY, or a plugin argument such as "
                 "token_env: MY_TOKEN)."
             )
+
+    def refuse_nonfinite(self) -> None:
+        """A ConfigError naming every NaN or infinite number in the tree, also where the schema takes any
+        value (reward ``args``, a scripted ``script``): they make every later sum and mean NaN."""
+        found: list[str] = []
+
+        def walk(node: Any, path: str) -> None:
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    walk(v, f"{path}.{k}" if path else str(k))
+            elif isinstance(node, list):
+                for i, v in enumerate(node):
+                    walk(v, f"{path}.{i}" if path else str(i))
+            elif isinstance(node, float) and not math.isfinite(node):
+                found.append(f"{self.where(path)}{path}: got {node}; only finite numbers are allowed")
+
+        walk(self.tree, "")
+        if found:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(found))
 
     def validate(self, model: type[M]) -> M:
         """The tree validated as ``model``; a ConfigError with one line per problem otherwise."""

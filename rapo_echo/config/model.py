@@ -8,6 +8,10 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from rapo_echo.config.base import Dtype, Strict
+from rapo_echo.errors import ConfigError
+
+# The attention implementations transformers knows by name (a hub kernel ``org/name`` is also accepted).
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 class LoraConfig(Strict):
@@ -43,9 +47,41 @@ class ModelConfig(Strict):
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter.")
 
+    @field_validator("attn_implementation")
+    @classmethod
+    def _attn(cls, v: str | None) -> str | None:
+        if v is None or v in ATTN_IMPLEMENTATIONS or "/" in v:
+            return v
+        raise ValueError(
+            f"unknown attention implementation; use one of {', '.join(ATTN_IMPLEMENTATIONS)}, a hub kernel "
+            "id (org/name), or leave it out for transformers' default"
+        )
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v):
             raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
         return v
+
+
+def check_device(device: str, key: str, where: str = "") -> None:
+    """Refuse a device this machine does not have (``cuda``, ``cuda:N``, ``mps``) at load, so a run never
+    trains on the CPU while its config.yaml says otherwise."""
+    if device in ("auto", "cpu"):
+        return
+    import torch
+
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        if index >= count:
+            have = f"{count} CUDA device(s) (cuda:0 to cuda:{count - 1})" if count else "no CUDA device"
+            raise ConfigError(
+                f"invalid config:\n  {where}{key}: got {device!r}, but this machine has {have}; "
+                "use auto or cpu, or a device it has"
+            )
+    elif device == "mps" and not (torch.backends.mps.is_available()):
+        raise ConfigError(
+            f"invalid config:\n  {where}{key}: got 'mps', but this machine has no MPS device; use auto or cpu"
+        )

@@ -6,8 +6,7 @@ import copy
 import re
 from typing import Any
 
-import yaml
-
+from rapo_echo.config.yaml_files import load_yaml_text
 from rapo_echo.errors import ConfigError
 
 
@@ -20,10 +19,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not re.fullmatch(r"[A-Za-z_][\w-]*(\.[\w-]+)*", key):
         raise ConfigError(f"--set {text!r}: {key!r} is not a dotted key path such as train.lr")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {exc}") from exc
+    value = load_yaml_text(raw, f"--set {key}") if raw.strip() else ""
     if isinstance(value, (dict, list)) and not raw.strip().startswith(("[", "{")):
         value = raw.strip()  # plain text such as "Be kind: always." stays text; use [..] / {..} for YAML
     if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):

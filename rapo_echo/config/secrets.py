@@ -6,7 +6,36 @@ import os
 import re
 from typing import Any
 
-SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization)$", re.I)
+SECRET_KEY = re.compile(
+    r"(api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|token|secret|password|passwd|authorization"
+    r"|bearer|credentials?)$",
+    re.I,
+)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Values that look like a credential whatever their key is called: provider key prefixes, a private key
+# block, ``user:password@host`` without a scheme, and a long random-looking token (letters of both cases
+# and digits, no spaces: a hex digest or a path does not match).
+_SECRET_VALUE = re.compile(
+    r"\b(sk-[A-Za-z0-9_-]{16,}|AKIA[0-9A-Z]{16}|ASIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}"
+    r"|github_pat_[A-Za-z0-9_]{30,}|hf_[A-Za-z0-9]{30,}|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35})"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+)
+_USER_PASSWORD = re.compile(r"[^\s:/@]+:[^\s/@]+@[^\s@]+")
+_RANDOM_TOKEN = re.compile(r"(?=[^\s]*[a-z])(?=[^\s]*[A-Z])(?=[^\s]*\d)[A-Za-z0-9_+=-]{32,}")
+
+
+def secret_value(text: str) -> str | None:
+    """Why ``text`` looks like a credential by its value alone (a provider key, ``user:pw@host``, a long
+    random token), else None."""
+    stripped = text.strip()
+    if _SECRET_VALUE.search(text):
+        return "a value that looks like an API key or private key"
+    if _USER_PASSWORD.fullmatch(stripped):
+        return "a value that looks like user:password@host"
+    if _RANDOM_TOKEN.fullmatch(stripped):
+        return "a long random-looking value (a token?)"
+    return url_secret(text)
 
 
 def _secret_env_values() -> dict[str, str]:
@@ -36,8 +65,9 @@ def url_secret(text: str) -> str | None:
 
 def literal_secrets(tree: Any, prefix: str = "") -> list[tuple[str, str]]:
     """``(dotted key, why)`` for every literal secret in a config tree: a non-empty string under a key
-    named like a secret (``*_env`` names of variables are fine), credentials inside a URL, or the value
-    of an environment variable named like a secret."""
+    named like a secret (``*_env`` names of variables are fine; any other type there too), a ``*_env``
+    value that is not a variable's name, a value that looks like a credential (:func:`secret_value`,
+    credentials inside a URL), or the value of an environment variable named like a secret."""
     env = _secret_env_values()
     found: list[tuple[str, str]] = []
 
@@ -47,20 +77,32 @@ def literal_secrets(tree: Any, prefix: str = "") -> list[tuple[str, str]]:
                 key = f"{path}.{k}" if path else str(k)
                 if isinstance(k, str) and SECRET_KEY.search(k) and isinstance(v, str) and v:
                     found.append((key, "holds a literal secret"))
+                elif isinstance(k, str) and SECRET_KEY.search(k) and v not in (None, "", [], {}):
+                    found.append(
+                        (key, f"holds a literal {type(v).__name__} where no value belongs (a secret-named "
+                         f"field); give the name of an environment variable in {k}_env instead")
+                    )
+                elif isinstance(k, str) and k.endswith("_env") and isinstance(v, str) and v:
+                    if not ENV_NAME.fullmatch(v):
+                        why = secret_value(v)
+                        found.append(
+                            (key, "is not the name of an environment variable (letters, digits and _, not "
+                             f"starting with a digit){'; it holds ' + why if why else ''}: put the value "
+                             "in a variable and give the variable's name here")
+                        )
                 else:
                     walk(v, key)
         elif isinstance(node, list):
             for i, v in enumerate(node):
                 walk(v, f"{path}.{i}" if path else str(i))
         elif isinstance(node, str):
-            why = url_secret(node)
-            if why:
-                found.append((path, f"holds {why}"))
-                return
             for value, name in env.items():
                 if value in node:
                     found.append((path, f"holds the value of the environment variable {name}"))
                     return
+            why = secret_value(node)
+            if why:
+                found.append((path, f"holds {why}"))
 
     walk(tree, prefix)
     return found

@@ -35,7 +35,9 @@ class TrainConfig(Strict):
     max_grad_norm: float | None = Field(
         1.0, gt=0.0, description="Gradient clipping norm (None: no clipping)."
     )
-    seed: int = Field(0, description="Seed of every random generator.")
+    seed: int = Field(
+        0, ge=0, le=2**32 - 1, description="Seed of every random generator (0 to 2**32 - 1, numpy's range)."
+    )
     save_every: int = Field(50, ge=1, description="Checkpoint every this many steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (older ones are deleted).")
     max_nonfinite: int = Field(3, ge=1, description="Non-finite losses in a row before the run stops.")

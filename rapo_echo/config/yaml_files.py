@@ -47,15 +47,7 @@ def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], i
         text = read_utf8(p, "config file")
     except DataError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        check_yaml_nodes(yaml.compose(text, Loader=yaml.SafeLoader), str(p))
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise ConfigError(f"{where}: invalid YAML: {exc.problem}") from exc
-    except RecursionError:
-        raise ConfigError(f"{p}: the YAML is nested too deeply to read") from None
+    data = load_yaml_text(text, str(p))
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -63,9 +55,59 @@ def read_yaml(path: str | Path) -> tuple[dict[str, Any], dict[tuple[str, ...], i
     return data, line_map(text)
 
 
+# Nodes a YAML document may stand for once its aliases are expanded: a config is a few hundred; an "alias
+# bomb" (9 levels of 9 aliases: 9**9 nodes) would hang every reader that walks the loaded data.
+MAX_YAML_NODES = 200_000
+
+
+def load_yaml_text(text: str, origin: str) -> Any:
+    """Parse YAML text safely, checked first (:func:`check_yaml_nodes`: no key given twice, no recursive
+    alias, at most :data:`MAX_YAML_NODES` nodes with aliases expanded); errors name ``origin`` and the line.
+    The one way rapo-echo reads YAML."""
+    try:
+        check_yaml_nodes(yaml.compose(text, Loader=yaml.SafeLoader), origin)
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{origin}:{mark.line + 1}" if mark is not None else origin
+        raise ConfigError(f"{where}: invalid YAML: {exc.problem}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{origin}: invalid YAML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{origin}: the YAML is nested too deeply to read") from None
+
+
+def _expanded_sizes(root: yaml.Node, origin: str) -> None:
+    """Refuse a document whose aliases expand to more than :data:`MAX_YAML_NODES` nodes, naming the line of
+    the first node (innermost) whose expansion passes the bound."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                total += size(key) + size(value)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item)
+        if total > MAX_YAML_NODES:
+            raise ConfigError(
+                f"{origin}:{node.start_mark.line + 1}: with its aliases (*name) expanded, this YAML value "
+                f"stands for more than {MAX_YAML_NODES} nodes (an alias bomb?); write the values out or "
+                "use fewer nested aliases"
+            )
+        sizes[id(node)] = total
+        return total
+
+    size(root)
+
+
 def check_yaml_nodes(root: yaml.Node | None, origin: str) -> None:
-    """Refuse a mapping that gives a key twice (YAML loaders keep the last silently) and an anchor whose
-    value contains its own alias (a recursive structure); errors name ``origin`` and the line."""
+    """Refuse a mapping that gives a key twice (YAML loaders keep the last silently), an anchor whose
+    value contains its own alias (a recursive structure) and an alias bomb; errors name ``origin`` and
+    the line."""
     done: set[int] = set()
 
     def walk(node: yaml.Node, open_nodes: tuple[int, ...]) -> None:
@@ -97,6 +139,7 @@ def check_yaml_nodes(root: yaml.Node | None, origin: str) -> None:
 
     if root is not None:
         walk(root, ())
+        _expanded_sizes(root, origin)
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:

@@ -5,6 +5,7 @@ message) and the reader of profile files (RLVER / SAGE rows or ours). The SAGE s
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -12,6 +13,8 @@ from typing import Any
 
 from rapo_echo.data.files import BUNDLED_PREFIX, open_source, read_records
 from rapo_echo.errors import DataError
+
+log = logging.getLogger(__name__)
 
 GOAL = (
     "This is a heart-to-heart talk: you confide in the supporter about what happened to you, starting "
@@ -31,6 +34,16 @@ class SageProfile:
     first_talk: str | None = None
     goal: str = GOAL
     id: str | None = None
+
+    def __post_init__(self) -> None:
+        # A first talk of only spaces or newlines would open the dialogue with an empty message: fall
+        # back to a profile without one (the simulator writes the opening), and say so.
+        if self.first_talk is not None and not self.first_talk.strip():
+            log.warning(
+                "profile %s: first_talk is only whitespace; the simulator writes the opening instead",
+                self.id or self.persona[:40],
+            )
+            object.__setattr__(self, "first_talk", None)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "profile") -> SageProfile:

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -25,7 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.judges.training_data import NEGATIVES, TASKS, JudgePair, load_examples, negatives, pairs, split
+from rapo_echo.judges.training_data import (
+    NEGATIVES,
+    TASKS,
+    JudgePair,
+    dedupe,
+    load_examples,
+    negatives,
+    pairs,
+    split,
+)
+from rapo_echo.rundir import LOCK_NAME, DirLock, check_writable
 
 log = logging.getLogger(__name__)
 REPORT = "judge_training.json"
@@ -85,23 +96,65 @@ def accuracy(
 
 def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
     """Run the whole thing; returns the report written next to the model."""
+    check_settings(cfg)
+    with claim_output(Path(cfg.output)) as lock:
+        return _train_judge(cfg, lock.folder)
+
+
+def check_settings(cfg: JudgeTrainingConfig) -> None:
+    """Refuse settings that would fail or train nothing, before any model loads: a learning rate that is
+    not a finite number in (0, 1], a device that is unknown or absent here, an unknown task."""
+    from rapo_echo.config import check_device
+
+    if not (isinstance(cfg.lr, (int, float)) and math.isfinite(cfg.lr) and 0 < cfg.lr <= 1):
+        raise ConfigError(
+            f"--lr: got {cfg.lr}; give a learning rate greater than 0 and at most 1 (e.g. 2e-4)"
+        )
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", cfg.device):
+        raise ConfigError(f"--device: got {cfg.device!r}; use auto, cpu, cuda, cuda:N or mps")
+    try:
+        check_device(cfg.device, "--device")
+    except ConfigError as exc:
+        raise ConfigError(str(exc).removeprefix("invalid config:\n  ")) from None
+    if cfg.task is not None and cfg.task not in TASKS:
+        raise ConfigError(f"--task: got {cfg.task!r}; expected one of {', '.join(TASKS)}")
+
+
+def claim_output(out: Path) -> DirLock:
+    """The output folder, writable, locked (one run at a time) and empty but for the lock file; errors
+    name --output and what to do."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output {out} is a file; give a folder for the trained judge")
+    lock = DirLock(check_writable(out)).acquire()
+    found = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+    if found:
+        lock.release()
+        raise ConfigError(f"--output {out} is not empty ({', '.join(found[:4])}); pick another folder")
+    return lock
+
+
+def _train_judge(cfg: JudgeTrainingConfig, out: Path) -> dict[str, Any]:
     import torch
 
     from rapo_echo.config import LoraConfig, ModelConfig, RolloutConfig
     from rapo_echo.policy import Policy
 
-    out = Path(cfg.output)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--output {out} is not empty; pick another folder")
-    if cfg.task is not None and cfg.task not in TASKS:
-        raise ConfigError(f"--task: got {cfg.task!r}; expected one of {', '.join(TASKS)}")
     examples = load_examples(cfg.data, cfg.task)
     if not examples:
         raise ConfigError(f"--data {', '.join(cfg.data)}: no examples")
+    examples, removed = dedupe(examples)
     if cfg.eval_data:
-        train, held = examples, load_examples(cfg.eval_data, cfg.task)
+        train = examples
+        held, removed_held = dedupe(load_examples(cfg.eval_data, cfg.task), seen=train)
+        removed += removed_held
     else:
         train, held = split(examples, cfg.eval_fraction, cfg.seed)
+    if removed:
+        log.warning(
+            "train-judge: %d repeated examples removed (identical to one kept, or held-out examples "
+            "identical to training ones), so none is both trained on and held out",
+            removed,
+        )
     kinds = tuple(cfg.negatives) if cfg.context_aware else ()
     train = train + negatives(train, kinds, cfg.seed)
     held = held + negatives(held, kinds, cfg.seed + 1)
@@ -136,7 +189,7 @@ def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
     )
     report = {
         "model": cfg.model,
-        "examples": {"train": len(train), "held_out": len(held)},
+        "examples": {"train": len(train), "held_out": len(held), "duplicates_removed": removed},
         "negatives": {
             kind: {
                 "train": sum(e.origin == kind for e in train),
@@ -151,14 +204,12 @@ def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - t0, 1),
         "config": {k: v for k, v in asdict(cfg).items() if k != "output"},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         policy.save(staged, merged=True)
         (staged / REPORT).write_text(json.dumps(report, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        staged.rename(out)
+        for item in sorted(staged.iterdir(), key=lambda p: p.name == REPORT):  # the report last
+            item.rename(out / item.name)
     finally:
         if staged.exists():
             shutil.rmtree(staged, ignore_errors=True)
@@ -319,6 +370,8 @@ def run(args: argparse.Namespace) -> int:
             f"{task}: held-out accuracy {b.get('accuracy', nan):.3f} -> {a.get('accuracy', nan):.3f} "
             f"(n={a.get('n', b.get('n'))}, invalid {b.get('invalid')} -> {a.get('invalid')})"
         )
+    if report["examples"]["duplicates_removed"]:
+        print(f"repeated examples removed before the split: {report['examples']['duplicates_removed']}")
     loss = report["loss"]
     print(f"steps: {report['steps']}, loss {loss['first']:.4f} -> {loss['last']:.4f}; judge: {cfg.output}")
     return 0

@@ -132,6 +132,12 @@ def _dialogue(obj: dict, where: str) -> list[Message]:
         role = get_str(m, "role", where, path=f"messages[{i}].")
         if role not in ROLES:
             raise DataError(f"{where}: messages[{i}].role: got {role!r}; expected one of {', '.join(ROLES)}")
+        if role == "system" and any(o["role"] != "system" for o in out):
+            raise DataError(
+                f"{where}: messages[{i}]: a system message in mid-dialogue; the judge's prompt shows only "
+                "the user and assistant turns, so it would be dropped without a word: remove it, or put "
+                "its text into a neighbouring turn"
+            )
         out.append(msg(role, get_str(m, "content", where, path=f"messages[{i}].")))  # type: ignore[arg-type]
     return out
 
@@ -144,6 +150,25 @@ def _needs(value: object, where: str) -> NeedAnalysis | None:
     for axis in AXES:
         get_str(value, axis, where, path="needs.")
     return NeedAnalysis(*(" ".join(value[a].split()) for a in AXES))
+
+
+def _key(e: JudgeExample) -> tuple:
+    return (e.task, tuple((m["role"], m["content"]) for m in e.messages), e.reply, e.reference, e.label)
+
+
+def dedupe(
+    examples: Sequence[JudgeExample], seen: Sequence[JudgeExample] = ()
+) -> tuple[list[JudgeExample], int]:
+    """``examples`` without repeats (same task, dialogue, reply, reference and label; the first is kept)
+    and without any also in ``seen``; and how many were removed. Done before splitting, so no example
+    is both trained on and held out."""
+    keys = {_key(e) for e in seen}
+    out = []
+    for e in examples:
+        if _key(e) not in keys:
+            keys.add(_key(e))
+            out.append(e)
+    return out, len(examples) - len(out)
 
 
 def split(
