@@ -108,7 +108,7 @@ def test_ddp_ranks_with_nothing_to_train_and_a_nonfinite_loss_do_not_hang(
     from tests.helpers.launch import run_processes, torchrun
 
     run = tmp_path / "run"
-    probe = Path(__file__).resolve().parents[2] / "helpers" / "ddp_fault_probe.py"
+    probe = Path(__file__).resolve().parents[1] / "helpers" / "ddp_fault_probe.py"
     cmd = [*torchrun(2), str(probe), "train"]
     cmd += ["--model", str(tiny_folder), "--output", str(run), "--max-steps", "3"]
     for s in (

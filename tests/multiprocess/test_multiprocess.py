@@ -26,7 +26,7 @@ from rapo_echo.trainer import Trainer
 from tests.helpers.launch import ROOT, accelerate, run_processes, torchrun
 from tests.helpers.multiproc_probe import record_file, replaying, weights_file
 
-PROBE = Path(__file__).resolve().parents[2] / "helpers" / "multiproc_probe.py"
+PROBE = Path(__file__).resolve().parents[1] / "helpers" / "multiproc_probe.py"
 GROUP = 3
 PER_RANK = 2
 COMMON = [
