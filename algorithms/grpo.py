@@ -24,11 +24,21 @@ def reward_stats(samples: list[Sample], names: list[str]) -> dict[str, float]:
         vals = [s.rewards[name] for s in samples if s.rewards.get(name) is not None]
         out[f"reward/{name}/mean"] = statistics.fmean(vals) if vals else float("nan")  # type: ignore[arg-type]
         out[f"reward/{name}/std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0  # type: ignore[arg-type]
+        out.update(route_shares(samples, name))
     out["invalid"] = float(sum(1 for s in samples if s.reward is None))
     lengths = [len(s.completion_ids) for s in samples]
     out["reply_len/mean"] = statistics.fmean(lengths) if lengths else 0.0
     out["truncated"] = float(sum(1 for s in samples if s.finish_reason == "length"))
     return out
+
+
+def route_shares(samples: list[Sample], name: str) -> dict[str, float]:
+    """``reward/NAME/route/R``: the share of samples a routing reward (Echo-N1) sent to judge ``R``,
+    from the ``route`` in its info; nothing for a reward that does not route."""
+    infos = [info for s in samples if isinstance(info := s.info.get(name), dict)]
+    routes = [r for info in infos if isinstance(r := info.get("route"), str)]
+    known = {r for info in infos for r in info.get("routes", ()) if isinstance(r, str)} | set(routes)
+    return {f"reward/{name}/route/{r}": routes.count(r) / len(routes) for r in sorted(known) if routes}
 
 
 def advantage_stats(advantages: list[float]) -> dict[str, float]:

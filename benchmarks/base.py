@@ -40,6 +40,7 @@ class EvalSettings:
     judge_logprobs: str = "auto"  # auto | always | never (see rapo_echo.llm.answers.wants_logprobs)
     seed: int | None = 0
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    sage_system_prompt: str = "sage"  # SAGE: sage (SAGE's kind of prompt) | ours (``system_prompt``)
     batch_size: int = 8
     subset: str = "all"  # SOTOPIA: all | hard
     epm: dict[str, Any] = field(default_factory=dict)  # EPM: EpmConfig overrides (benchmarks/epm/vectors.py)
@@ -53,6 +54,8 @@ class EvalSettings:
             raise ValueError("batch_size must be >= 1 and judge_retries >= 0")
         if self.judge_logprobs not in ("auto", "always", "never"):
             raise ValueError(f"judge_logprobs must be auto, always or never, got {self.judge_logprobs!r}")
+        if self.sage_system_prompt not in ("sage", "ours"):
+            raise ValueError(f"sage_system_prompt must be 'sage' or 'ours', got {self.sage_system_prompt!r}")
         if self.subset not in ("all", "hard"):
             raise ValueError(f"subset must be 'all' or 'hard', got {self.subset!r}")
 

@@ -108,6 +108,13 @@ def register(subparsers: Any) -> None:
         "--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="the policy's system prompt ('' for none)"
     )
     ev.add_argument(
+        "--sage-system-prompt",
+        choices=("sage", "ours"),
+        default="sage",
+        help="sage: the policy's system prompt is SAGE's kind (comparable with SAGE's leaderboard; the "
+        "default) or ours (--system-prompt)",
+    )
+    ev.add_argument(
         "--subset", choices=("all", "hard"), default="all", help="sotopia: all scenarios or the hard ones"
     )
     ev.add_argument(
@@ -158,6 +165,7 @@ def settings_from_args(args: argparse.Namespace) -> EvalSettings:
             judge_logprobs=args.judge_logprobs,
             seed=args.seed,
             system_prompt=args.system_prompt or None,
+            sage_system_prompt=args.sage_system_prompt,
             batch_size=args.batch_size,
             subset=args.subset,
             epm=epm_overrides(args.epm),

@@ -176,6 +176,7 @@ def _run_cases(
         len(cases) - len(pending),
         len(pending),
     )
+    cuts_before = prompt_cuts(roles)
     with ResultWriter(output / RESULTS_FILE) as writer:
         for start in range(0, len(pending), settings.batch_size):
             batch = pending[start : start + settings.batch_size]
@@ -186,7 +187,24 @@ def _run_cases(
                 len(cases) - len(pending) + start + len(batch),
                 len(cases),
             )
+    cut = {role: n - cuts_before.get(role, 0) for role, n in prompt_cuts(roles).items()}
+    if any(cut.values()):
+        log.warning(
+            "%s: prompts cut to fit the model's context (oldest turns first): %s",
+            benchmark.name,
+            ", ".join(f"{role} {n}" for role, n in cut.items() if n),
+        )
     return write_summary(output, benchmark, ids=[c.id for c in cases])
+
+
+def prompt_cuts(roles: Roles) -> dict[str, int]:
+    """How many prompts each role's engine has cut to fit its context so far (engines that count)."""
+    out: dict[str, int] = {}
+    for role in ("policy", "simulator", "judge"):
+        engine = getattr(roles, role)
+        if engine is not None and isinstance(getattr(engine, "prompt_cuts", None), int):
+            out[role] = engine.prompt_cuts
+    return out
 
 
 def _run_one_batch(

@@ -56,32 +56,56 @@ def fit_turns(
 def fit_prompt(
     conv: Conversation, encode: Callable[[Conversation], list[int]], max_tokens: int
 ) -> tuple[list[int], int]:
-    """Prompt ids of at most ``max_tokens``: the oldest turns are dropped first (:func:`fit_turns`);
-    when the system prompt and the last message alone are still too long, the last message loses the
-    beginning of its text (its chat header and the system prompt stay). Returns the ids and 1 when
-    anything was cut, else 0. A system prompt that leaves no room at all is a :class:`ConfigError`."""
+    """Prompt ids of at most ``max_tokens`` (:func:`fit_conversation`) and 1 when anything was cut,
+    else 0."""
+    _, ids, cut = fit_conversation(conv, encode, max_tokens)
+    return ids, cut
+
+
+def fit_conversation(
+    conv: Conversation,
+    encode: Callable[[Conversation], list[int]],
+    max_tokens: int,
+    setting: str = "rollout.max_prompt_tokens",
+) -> tuple[Conversation, list[int], int]:
+    """The prompt budget every caller shares (the trainer's policy, every engine call of a benchmark):
+    the oldest turns are dropped first (:func:`fit_turns`); when the system prompt and the last message
+    alone are still too long, the last message loses the beginning of its text (its chat header and the
+    system prompt stay). Returns the kept conversation, its ids (at most ``max_tokens``) and 1 when
+    anything was cut, else 0. A system prompt that leaves no room at all is a :class:`ConfigError`
+    naming ``setting``."""
     kept, ids = fit_turns(conv, encode, max_tokens)
     if len(ids) <= max_tokens:
-        return ids, int(len(kept) < len(conv))
+        return kept, ids, int(len(kept) < len(conv))
     head, last = kept[:-1], kept[-1]
     text = last["content"]
 
-    def encoded(drop: int) -> list[int]:
-        return encode([*head, {**last, "content": text[drop:]}])
+    def cut(drop: int) -> Conversation:
+        return [*head, {**last, "content": text[drop:]}]
 
-    if len(encoded(len(text))) > max_tokens:
+    def fits(drop: int) -> bool:
+        return len(encode(cut(drop))) <= max_tokens
+
+    if not fits(len(text)):
         raise ConfigError(
-            f"rollout.max_prompt_tokens: {max_tokens} tokens cannot hold the system prompt and chat "
-            f"template alone ({len(encoded(len(text)))} tokens); raise it or shorten rollout.system_prompt"
+            f"{setting}: {max_tokens} tokens cannot hold the system prompt and chat "
+            f"template alone ({len(encode(cut(len(text))))} tokens); raise it or shorten the system prompt"
         )
-    lo, hi = 0, len(text)  # the fewest leading characters to drop so that the prompt fits
+    # the fewest leading characters to drop so that the prompt fits: first widen a window from the
+    # end (so a huge message is never encoded whole again and again), then bisect inside it
+    lo, hi, keep = 0, len(text), max(max_tokens, 1)  # fits(hi) holds throughout
+    while keep < len(text):
+        if not fits(len(text) - keep):
+            lo = len(text) - keep + 1
+            break
+        hi, keep = len(text) - keep, keep * 2
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(encoded(mid)) <= max_tokens:
+        if fits(mid):
             hi = mid
         else:
             lo = mid + 1
-    return encoded(lo), 1
+    return cut(lo), encode(cut(lo)), 1
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

@@ -529,8 +529,10 @@ class Trainer:
         t_step = time.perf_counter()
         scenarios = self._batch()
         with gathered_for_generation(self.accelerator, self.policy.lm):
+            persona_metrics: dict[str, float] = {}
             if self.persona is not None:  # inferred persona summaries into the scenarios' meta
                 self.persona.annotate(scenarios)
+                persona_metrics = self.persona.step_metrics()  # persona/inferred, persona/invalid
             rollout = self.algorithm.rollout(scenarios, self.step)
         timings = dict(rollout.timings)
         items = rollout.items
@@ -547,7 +549,7 @@ class Trainer:
         timings["weight_sync"] = time.perf_counter() - t0
         timings["step"] = time.perf_counter() - t_step
         tokens = sum(len(s.completion_ids) for s in rollout.samples)
-        metrics = {**rollout.metrics, **update_metrics, **gap.metrics()}
+        metrics = {**rollout.metrics, **persona_metrics, **update_metrics, **gap.metrics()}
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         metrics["tokens_per_s"] = tokens / timings["step"] if timings["step"] > 0 else 0.0
         metrics["lr"] = self.scheduler.get_last_lr()[0]

@@ -39,6 +39,15 @@ DEFAULT_MAX_TURNS = 10
 DEFAULT_SIMULATOR_TOKENS = 512
 SUCCESS_AT = 100.0
 FAILURE_BELOW = 10.0
+# The policy's system prompt by default (``--sage-system-prompt sage``): in our words, the kind of prompt
+# SAGE's released loop gives the model under test (a warm, emotionally intelligent chat partner who
+# puts the person at ease or gets them the help they need; rlver.md 1.3), so a score is comparable
+# with SAGE's leaderboard. ``ours`` uses ``--system-prompt`` instead.
+SAGE_POLICY_PROMPT = (
+    "You are a perceptive conversation partner with a high degree of emotional intelligence. Talk with "
+    "the person so that they feel at ease and in better spirits, or so that they get the help they are "
+    "looking for."
+)
 
 
 def outcome(final_emotion: float, turns: int) -> dict[str, Any]:
@@ -123,7 +132,8 @@ class Sage:
 
     @staticmethod
     def _policy_prompt(settings: EvalSettings, d: SageDialogue) -> Conversation:
-        head = [msg("system", settings.system_prompt)] if settings.system_prompt else []
+        system = SAGE_POLICY_PROMPT if settings.sage_system_prompt == "sage" else settings.system_prompt
+        head = [msg("system", system)] if system else []
         return head + list(d.history)
 
     def _record(self, case: Case, d: SageDialogue, *, last_reply: str | None) -> Record:

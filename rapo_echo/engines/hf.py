@@ -21,6 +21,8 @@ import torch
 
 from rapo_echo.engines.base import split_continuation, truncate_at_stop
 from rapo_echo.engines.static_decode import StaticDecoder, resolve_decode, supports_static_cache
+from rapo_echo.errors import ConfigError
+from rapo_echo.prompting import fit_conversation
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,7 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = self._eos_ids()
         self._warned_context = False
+        self.prompt_cuts = 0  # prompts cut to fit the model's context (see _prompt)
 
     @classmethod
     def from_spec(cls, spec: str, *, dtype: str = "float32", device: str = "auto", **kw: Any) -> HFEngine:
@@ -205,22 +208,43 @@ class HFEngine:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _prompt(self, prompt: Conversation, new_tokens: int = 0) -> list[int]:
-        """:meth:`encode`, warning (once per engine) when the prompt plus ``new_tokens`` exceed the
-        model's context: a simulator or judge prompt built from long dialogues can."""
+        """:meth:`encode`, fitted to the model's context less ``new_tokens`` with the trainer's prompt
+        budget (:func:`~rapo_echo.prompting.fit_conversation`: oldest turns first, then the beginning
+        of the last message; an assistant prefix to continue is kept whole); every cut is counted in
+        ``prompt_cuts`` and the first one is logged. A simulator, judge or benchmark policy prompt built
+        from long dialogues can exceed it."""
         ids = self.encode(prompt)
         limit = context_length(self.model)
-        if limit is not None and len(ids) + new_tokens > limit and not self._warned_context:
+        if limit is None or len(ids) + new_tokens <= limit:
+            return ids
+        budget = limit - new_tokens
+        continues = bool(prompt) and prompt[-1]["role"] == "assistant"
+        conv, prefix = (list(prompt[:-1]), list(prompt[-1:])) if continues else (list(prompt), [])
+        fitted = None
+        if budget > 0 and conv:
+            try:
+                fitted = fit_conversation(
+                    conv, lambda c: self.encode([*c, *prefix]), budget, f"{self.name}: the model's context"
+                )[1]
+            except ConfigError:
+                fitted = None
+        if not self._warned_context:
             self._warned_context = True
             log.warning(
-                "%s: a prompt of %d tokens (+%d to generate) exceeds the model's context of %d tokens; "
-                "its output will be poor or fail. Shorten the dialogues or use a model with a longer "
-                "context (further cases are not reported)",
+                "%s: a prompt of %d tokens (+%d to generate) exceeds the model's context of %d tokens; %s "
+                "(further cases are counted in prompt_cuts, not reported)",
                 self.name,
                 len(ids),
                 new_tokens,
                 limit,
+                "it is cut to fit: oldest turns first, then the beginning of the last message"
+                if fitted is not None
+                else "the system prompt alone does not fit, so its output will be poor or fail",
             )
-        return ids
+        if fitted is None:
+            return ids
+        self.prompt_cuts += 1
+        return fitted
 
     def decode(self, ids: Sequence[int]) -> str:
         """Reply text of completion ids, special tokens (EOS) removed."""

@@ -235,19 +235,19 @@ class EmpathyJudge:
         """The most pressing axis per scenario, as a verdict over ``C`` / ``A`` / ``P``."""
         fence = Fence(rng=self.rng)
         prompts = [self.dominant_prompt(sc, n, fence) for sc, n in zip(scenarios, needs)]
-        return self._decide(prompts, list(AXIS_LETTERS.values()), DOMINANT_PREFIX)
+        return self._decide(prompts, list(AXIS_LETTERS.values()), fence, DOMINANT_PREFIX)
 
     def compare(self, items: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]]) -> list[Verdict]:
         """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``."""
         fence = Fence(rng=self.rng)
         prompts = [self.compare_prompt(sc, needs, a, b, fence) for sc, needs, a, b in items]
-        verdicts = self._decide(prompts, list(self.labels))
+        verdicts = self._decide(prompts, list(self.labels), fence)
         self.stats["comparisons"] += len(verdicts)
         self.stats["comparisons_invalid"] += sum(1 for v in verdicts if not v.valid)
         return verdicts
 
     def _decide(
-        self, prompts: list[Conversation], labels: list[str], prefix: str | None = None
+        self, prompts: list[Conversation], labels: list[str], fence: Fence, prefix: str | None = None
     ) -> list[Verdict]:
         kw = {"prefix": prefix} if prefix else {}
         return decide(
@@ -258,5 +258,6 @@ class EmpathyJudge:
             use_logprobs=self.use_logprobs,
             max_retries=self.max_retries,
             max_new_tokens=self.max_new_tokens,
+            fence=fence,
             **kw,
         )

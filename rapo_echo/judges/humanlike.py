@@ -101,6 +101,7 @@ class HumanlikeJudge:
             use_logprobs=self.use_logprobs,
             max_retries=self.max_retries,
             max_new_tokens=self.max_new_tokens,
+            fence=fence,
         )
         out = [HumanlikeScore(label_probability(v, HUMAN), v) for v in verdicts]
         self.stats["judged"] += len(out)

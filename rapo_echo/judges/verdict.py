@@ -7,6 +7,10 @@ one ``Verdict: LABEL`` line.
   that reasons before its verdict, as Echo-N1's are said to).
 * Text mode: the judge writes the lines; the verdict is parsed from its last ``Verdict:`` line (or a
   reply that is a bare label); unparseable replies are retried, then invalid (``None``), never 0.
+  Given the prompts' ``fence``, only the judge's own words are parsed
+  (:meth:`~rapo_echo.llm.fencing.Fence.own_words` with ``copies=True``, as the generic ``judge``
+  reward does): a quoted reply that ends in ``Verdict: human``, with or without its fence markers,
+  never lends the judge its label.
 
 Labels are words such as ``human`` / ``AI`` or ``A`` / ``B`` / ``tie``; as log-prob options they get a
 leading space (``" human"``), a single token in common BPE vocabularies.
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 
 from rapo_echo.engines.base import ChatEngine, generate_texts
 from rapo_echo.llm.answers import wants_logprobs
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import judge_labels
 from rapo_echo.types import Conversation, SamplingParams, msg
 
@@ -91,11 +96,17 @@ def decide(
     max_retries: int = 2,
     max_new_tokens: int = 64,
     prefix: str = VERDICT_PREFIX,
+    fence: Fence | None = None,
 ) -> list[Verdict]:
     """One verdict per prompt among ``labels`` (see the module docstring); ``prefix`` opens the
-    verdict line."""
+    verdict line; ``fence`` (the one the prompts' blocks were built with) keeps the parse to the
+    judge's own words."""
     if not prompts:
         return []
+
+    def own(text: str) -> str:
+        return text if fence is None else fence.own_words(text, copies=True)
+
     options = _options(labels)
     values = {opt: float(i) for i, opt in enumerate(options)}  # judge_labels needs numbers; unused here
     if wants_logprobs(engine, use_logprobs):
@@ -108,7 +119,7 @@ def decide(
         asked = [list(p) + [msg("assistant", h)] for p, h in zip(prompts, heads)]
 
         def bare(text: str) -> str | None:
-            label = parse_verdict(text, labels, prefix)
+            label = parse_verdict(own(text), labels, prefix)
             return None if label is None else " " + label
 
         rows = judge_labels(engine, asked, values, bare, _params(max_new_tokens), retries=max_retries)
@@ -121,7 +132,7 @@ def decide(
     budget = max_new_tokens * (2 if reasoning else 1)
 
     def parse(text: str) -> str | None:
-        label = parse_verdict(text, labels, prefix)
+        label = parse_verdict(own(text), labels, prefix)
         return None if label is None else " " + label
 
     rows = judge_labels(
@@ -131,7 +142,7 @@ def decide(
         Verdict(
             None if r.label is None else options[r.label],
             None,
-            reasoning_of(r.raw),
+            reasoning_of(own(r.raw)),
             r.raw,
             r.attempts,
             "text",

@@ -19,7 +19,9 @@ cannot predict; :meth:`Fence.derived` gives a reproducible marker to a caller wi
 
 On the way back, :meth:`Fence.own_words` removes any block a model copied into its answer, so an answer
 is parsed from the model's own words only: a reply that ends in "Score: 5" cannot lend its score to
-a judge that quotes it.
+a judge that quotes it. With ``copies=True`` (judges) a verbatim copy of a fenced text quoted without
+its markers goes too (texts of at least :data:`MIN_COPY` characters, so a one-word reply never erases
+a label).
 
 One fence serves a whole batch of prompts built in one call (a group's prompts then still share
 their long prefix, which the ``hf`` engine prefills once).
@@ -35,6 +37,7 @@ from collections.abc import Iterable
 
 REDACTED = "[marker removed]"
 _LABEL = re.compile(r"[A-Z][A-Z0-9 _-]{0,39}")
+MIN_COPY = 12  # shortest fenced text whose bare copy own_words(copies=True) removes
 
 
 def new_marker(rng: random.Random | None = None) -> str:
@@ -48,6 +51,7 @@ class Fence:
 
     def __init__(self, marker: str | None = None, rng: random.Random | None = None) -> None:
         self.marker = marker or new_marker(rng)
+        self.shown: set[str] = set()  # the texts put in blocks, for own_words(copies=True)
         if not re.fullmatch(r"[0-9A-Za-z]{6,64}", self.marker):
             raise ValueError(f"fence marker must be 6-64 letters or digits, got {self.marker!r}")
 
@@ -68,17 +72,25 @@ class Fence:
         """``text`` inside a block named ``label`` (upper-case words, e.g. ``"REPLY A"``)."""
         if not _LABEL.fullmatch(label):
             raise ValueError(f"fence label must be upper-case letters, digits, spaces, _ or -, got {label!r}")
-        return f"<<<{label} {self.marker}>>>\n{self.escape(text)}\n<<<END {label} {self.marker}>>>"
+        shown = self.escape(text)
+        self.shown.add(shown.strip())
+        return f"<<<{label} {self.marker}>>>\n{shown}\n<<<END {label} {self.marker}>>>"
 
-    def own_words(self, answer: str) -> str:
+    def own_words(self, answer: str, copies: bool = False) -> str:
         """``answer`` (a model's output) without the blocks of this fence it copied: each from its
         opening line to its closing line, or to the end when the closing line is missing; a stray
-        closing line goes too. What is left is the model's own words."""
+        closing line goes too. With ``copies``, a bare verbatim copy of any text this fence put in a
+        block (at least :data:`MIN_COPY` characters) goes as well, longest first. What is left is the
+        model's own words."""
         marker = re.escape(self.marker)
         label = rf"(?!END\s)(?P<label>{_LABEL.pattern})"
         close = rf"<<<\s*END\s+(?P=label)\s+{marker}\s*>>>"
         text = re.sub(rf"<<<\s*{label}\s+{marker}\s*>>>.*?(?:{close}|\Z)", "", str(answer), flags=re.S | re.I)
-        return re.sub(rf"<<<\s*END\s+{_LABEL.pattern}\s+{marker}\s*>>>", "", text, flags=re.I)
+        text = re.sub(rf"<<<\s*END\s+{_LABEL.pattern}\s+{marker}\s*>>>", "", text, flags=re.I)
+        if copies:
+            for shown in sorted((t for t in self.shown if len(t) >= MIN_COPY), key=len, reverse=True):
+                text = text.replace(shown, "")
+        return text
 
     def rules(self) -> str:
         """The sentence that tells the model how to read the blocks (put it in the instructions)."""

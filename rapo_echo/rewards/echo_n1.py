@@ -42,6 +42,7 @@ from rapo_echo.types import Sample, Scenario
 
 log = logging.getLogger(__name__)
 DOMAINS = ("empathy", "chitchat")
+ROUTES = ["empathy", "humanlike"]  # the judges the router can send a sample to (metrics show each share)
 
 
 def _needs_judge(ctx: RewardContext, name: str) -> Any:
@@ -382,5 +383,7 @@ class EchoN1Reward:
             idx = [i for i, d in enumerate(domains) if d == domain]
             if idx:
                 for i, o in zip(idx, reward([samples[i] for i in idx])):
-                    out_by[i] = RewardOutput(o.score, o.critique, {"domain": domain, **o.info})
+                    # ``route``: the judge it went to; reward_stats shows each one's share per step
+                    info = {"domain": domain, "route": reward.name, "routes": ROUTES, **o.info}
+                    out_by[i] = RewardOutput(o.score, o.critique, info)
         return [out_by[i] for i in range(len(samples))]

@@ -113,7 +113,7 @@ class JudgeReward:
         parsed = generate_parsed(
             self.engine,
             prompts,
-            lambda text: self.parse(fence.own_words(text)),
+            lambda text: self.parse(fence.own_words(text, copies=True)),
             params,
             max_retries=self.max_retries,
         )

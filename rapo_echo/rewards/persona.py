@@ -78,6 +78,7 @@ class PersonaInference:
         self.rng = rng if rng is not None else random.Random(0)
         self.cache: dict[str, PersonaSummary] = {}
         self.stats: Counter[str] = Counter()
+        self._reported: Counter[str] = Counter()  # stats at the last step_metrics()
 
     @classmethod
     def from_config(cls, cfg: Any, engines: Mapping[str, ChatEngine | None]) -> PersonaInference:
@@ -128,6 +129,13 @@ class PersonaInference:
                 else:
                     self.cache[key] = PersonaSummary(*values)  # type: ignore[arg-type]
         return [self.cache.get(key) for key in keys]
+
+    def step_metrics(self) -> dict[str, float]:
+        """Dialogues inferred and failed (a field unparseable after retries) since the last call: the
+        trainer logs them every step as ``persona/inferred`` and ``persona/invalid``."""
+        out = {f"persona/{k}": float(self.stats[k] - self._reported[k]) for k in ("inferred", "invalid")}
+        self._reported = Counter(self.stats)
+        return out
 
     def annotate(self, scenarios: Sequence[Scenario]) -> None:
         """Write each scenario's persona into its ``meta`` (and mark it for the policy's prompt)."""
