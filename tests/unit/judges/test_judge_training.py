@@ -205,6 +205,7 @@ def test_train_judge_end_to_end(tmp_path: Path, smol_path: str, capsys: pytest.C
     assert report["examples"] == {
         "train": 4 + negs["swap"]["train"] + negs["shuffle"]["train"],
         "held_out": 2 + negs["swap"]["held_out"] + negs["shuffle"]["held_out"],
+        "duplicates_removed": 0,  # the bundled examples hold no repeats
     }
     for when in ("before", "after"):
         acc = report["held_out_accuracy"][when]["humanlike"]
