@@ -28,7 +28,7 @@ from rapo_echo.benchmarks.results import (
 )
 from rapo_echo.config import redacted
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.rundir import LOCK_NAME, DirLock, check_writable
+from rapo_echo.rundir import DirLock, check_writable, held_files
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +76,8 @@ def eval_config(
 def check_output(output: Path, config: dict[str, Any]) -> None:
     """An output folder holds nothing, or this same evaluation (:func:`check_resume`): a folder with other
     files (a training run, another tool's output) is refused, never written into."""
-    found = sorted(p.name for p in output.iterdir() if p.name != LOCK_NAME) if output.is_dir() else []
-    if found and not (output / CONFIG_FILE).is_file():
-        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+    shown = held_files(output)
+    if shown and not (output / CONFIG_FILE).is_file():
         raise ConfigError(
             f"--output {output} is not empty ({shown}) and holds no evaluation ({CONFIG_FILE}); choose an "
             "empty --output"

@@ -38,12 +38,17 @@ def check_writable(folder: str | Path, flag: str = "--output") -> Path:
     return folder
 
 
-def check_fresh(folder: str | Path) -> None:
-    """Refuse a fresh run into a folder that already holds files (anything but the lock file)."""
+def held_files(folder: str | Path) -> str:
+    """What ``folder`` holds besides the lock file, as a short list for a message ('' when nothing)."""
     folder = Path(folder)
     found = sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME) if folder.is_dir() else []
-    if found:
-        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+    return ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+
+
+def check_fresh(folder: str | Path) -> None:
+    """Refuse a fresh run into a folder that already holds files (anything but the lock file)."""
+    shown = held_files(folder)
+    if shown:
         raise ConfigError(
             f"--output {folder} is not empty ({shown}); continue the run there with --resume {folder}, "
             "or choose another --output"

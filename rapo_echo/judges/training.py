@@ -36,7 +36,7 @@ from rapo_echo.judges.training_data import (
     pairs,
     split,
 )
-from rapo_echo.rundir import LOCK_NAME, DirLock, check_writable
+from rapo_echo.rundir import DirLock, check_writable, held_files
 
 log = logging.getLogger(__name__)
 REPORT = "judge_training.json"
@@ -126,10 +126,10 @@ def claim_output(out: Path) -> DirLock:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--output {out} is a file; give a folder for the trained judge")
     lock = DirLock(check_writable(out)).acquire()
-    found = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
-    if found:
+    shown = held_files(out)
+    if shown:
         lock.release()
-        raise ConfigError(f"--output {out} is not empty ({', '.join(found[:4])}); pick another folder")
+        raise ConfigError(f"--output {out} is not empty ({shown}); pick another folder")
     return lock
 
 
