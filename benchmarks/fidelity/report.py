@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rapo_echo.benchmarks.fidelity.bench import RATINGS
-from rapo_echo.benchmarks.fidelity.stats import average_ranks
+from rapo_echo.benchmarks.fidelity.stats import ascending_ranks
 from rapo_echo.benchmarks.plots import png_base64, pyplot
 
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -59,7 +59,7 @@ def fidelity_table(evals: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
 
 def _percentile_ranks(values: Sequence[float]) -> list[float]:
     n = len(values)
-    return [(r - 0.5) / n for r in average_ranks(values)] if n else []
+    return [(r - 0.5) / n for r in ascending_ranks(values)] if n else []
 
 
 def by_rating(records: Sequence[dict[str, Any]], name: str) -> dict[int, list[float]]:

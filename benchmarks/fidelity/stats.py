@@ -15,23 +15,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from rapo_echo.llm.ranks import average_ranks
+
 TIE_CREDIT = 0.5  # what a pair the prediction ties counts in pairwise agreement
 
 
-def average_ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, tied values sharing the mean of the ranks they span."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        shared = (start + end) / 2 + 1
-        for k in range(start, end + 1):
-            ranks[order[k]] = shared
-        start = end + 1
-    return ranks
+def ascending_ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, lowest value first, tied values sharing the mean of the ranks they span (the one
+    average-rank rule, :func:`rapo_echo.llm.ranks.average_ranks`)."""
+    return average_ranks(values, higher_is_better=False)
 
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
@@ -52,7 +44,7 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Spearman's rho: Pearson's r of the average ranks."""
-    return pearson(average_ranks(x), average_ranks(y))
+    return pearson(ascending_ranks(x), ascending_ranks(y))
 
 
 def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:

@@ -9,7 +9,7 @@ import pytest
 
 from rapo_echo.benchmarks.fidelity.predictors import Baseline, question_share
 from rapo_echo.benchmarks.fidelity.stats import (
-    average_ranks,
+    ascending_ranks,
     bootstrap_ci,
     kendall_tau_b,
     pair_counts,
@@ -34,8 +34,8 @@ def test_a_reversed_prediction_disagrees_perfectly():
 
 
 def test_ties_share_their_average_rank():
-    assert average_ranks([10, 20, 20, 30]) == [1.0, 2.5, 2.5, 4.0]
-    assert average_ranks([5, 5, 5]) == [2.0, 2.0, 2.0]
+    assert ascending_ranks([10, 20, 20, 30]) == [1.0, 2.5, 2.5, 4.0]
+    assert ascending_ranks([5, 5, 5]) == [2.0, 2.0, 2.0]
 
 
 def test_spearman_with_ties_worked_by_hand():
