@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from rapo_echo.structured import AnswerFormat
+
 
 class Message(TypedDict):
     """One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
@@ -28,7 +30,9 @@ class SamplingParams:
 
     ``n`` replies are drawn per prompt; engines that can share the prompt's prefill across the
     ``n`` samples do so. ``stop`` strings end a reply (the text excludes them, the token ids keep
-    the tokens that were sampled).
+    the tokens that were sampled). ``answer_format`` (simulators and judges): the shape the reply must
+    take; an engine that can constrain decoding produces only text of that shape
+    (:mod:`rapo_echo.structured`).
     """
 
     max_new_tokens: int = 128
@@ -38,6 +42,7 @@ class SamplingParams:
     n: int = 1
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    answer_format: AnswerFormat | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -22,6 +22,10 @@ class ChatEngine(Protocol):
     * ``choice_logprobs``: for each prompt, the log-probability of each option string as the
       reply's beginning. Raises :class:`CapabilityError` when the engine exposes no log-probs.
     * ``stream``: yields text pieces of one reply as they are produced.
+
+    An engine may say how it honours :attr:`SamplingParams.answer_format` in ``structured_output``
+    (:func:`format_enforcement`): ``grammar`` (constrained decoding), ``server`` (the endpoint enforces it),
+    ``validated`` (scripted replies are checked) or ``none`` (the format is only parsed afterwards).
     """
 
     name: str
@@ -34,6 +38,12 @@ class ChatEngine(Protocol):
     ) -> list[dict[str, float]]: ...
 
     def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]: ...
+
+
+def format_enforcement(engine: ChatEngine) -> str:
+    """How ``engine`` honours answer formats (``grammar``, ``server``, ``validated`` or ``none``)."""
+    value = getattr(engine, "structured_output", "none")
+    return value if isinstance(value, str) else "none"
 
 
 def generate_texts(engine: ChatEngine, prompts: Sequence[Conversation], params: SamplingParams) -> list[str]:

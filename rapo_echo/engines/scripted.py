@@ -4,6 +4,11 @@ Rules are ``(regex, reply)`` pairs tried in order against the prompt's text (all
 the first match wins. A reply may use ``{0}``, ``{1}``... for the match groups. Without a matching
 rule the engine cycles through ``replies``, then falls back to ``default``. ``fn`` overrides all of
 it. Every call is recorded in ``calls`` so tests can check how a stage batched its requests.
+
+With ``structured=True`` (the default) a call that declares an answer format
+(:attr:`~rapo_echo.types.SamplingParams.answer_format`) raises when a scripted reply does not conform
+to it: a real engine with constrained decoding could never produce that reply, so the test is wrong.
+``structured=False`` plays a server without structured output: formats are ignored.
 """
 
 from __future__ import annotations
@@ -37,12 +42,14 @@ class ScriptedEngine:
         fn: ReplyFn | None = None,
         default: str = "I hear you.",
         choice_fn: ChoiceFn | None = None,
+        structured: bool = True,
     ) -> None:
         self.replies = list(replies or [])
         self.rules = [(re.compile(p, re.S), r) for p, r in (rules or [])]
         self.fn = fn
         self.default = default
         self.choice_fn = choice_fn
+        self.structured = structured
         self.calls: list[dict[str, Any]] = []
         self._next = 0
 
@@ -79,6 +86,7 @@ class ScriptedEngine:
             gens = []
             for _ in range(params.n):
                 text, stopped = truncate_at_stop(self.reply(p), params.stop)
+                self._check_format(text, params)
                 words = text.split(" ")
                 finish = "stop"
                 if len(words) > params.max_new_tokens:
@@ -86,6 +94,25 @@ class ScriptedEngine:
                 gens.append(Generation(text=text, finish_reason="stop" if stopped else finish))
             out.append(gens)
         return out
+
+    @property
+    def structured_output(self) -> str:
+        """How this engine honours answer formats: ``validated`` (scripted replies are checked) or
+        ``none``."""
+        return "validated" if self.structured else "none"
+
+    def _check_format(self, text: str, params: SamplingParams) -> None:
+        fmt = params.answer_format
+        if fmt is None or not self.structured:
+            return
+        problem = fmt.problem(text)
+        if problem is not None:
+            raise ValueError(
+                f"scripted engine: the reply {text[:120]!r} does not conform to the answer format "
+                f"{fmt.name!r} ({problem}); a real engine with constrained decoding could not produce it "
+                "(fix the script, or use ScriptedEngine(structured=False) to play a server without "
+                "structured output)"
+            )
 
     def choice_logprobs(
         self, prompts: Sequence[Conversation], options: Sequence[str]

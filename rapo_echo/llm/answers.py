@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import CapabilityError
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams
 
 T = TypeVar("T")
@@ -107,19 +108,32 @@ def retry_sampling(params: SamplingParams, attempt: int) -> SamplingParams:
 def generate_parsed(
     engine: ChatEngine,
     prompts: Sequence[Conversation],
-    parse: Callable[[str], T | None] | Sequence[Callable[[str], T | None]],
+    parse: Callable[[str], T | None] | Sequence[Callable[[str], T | None]] | None,
     params: SamplingParams,
     *,
     max_retries: int = 2,
     retry_params: SamplingParams | None = None,
     role: str = "judge",
+    answer_format: AnswerFormat | None = None,
 ) -> list[Parsed[T]]:
     """Generate one reply per prompt and parse it; prompts whose reply does not parse are asked
     again together (one batched call per attempt), up to ``max_retries`` more times. Retries sample
     (:func:`retry_sampling`: a greedy retry would repeat the failure) unless ``retry_params`` is given.
     ``parse`` is one function for every reply or a sequence with one function per prompt; a reply that
     is not a string counts as unparseable. The warning about replies that stay unparseable names the
-    ``role`` (judge / simulator) and the engine with its endpoint."""
+    ``role`` (judge / simulator) and the engine with its endpoint.
+
+    ``answer_format`` declares the shape of the answer: it travels in the sampling parameters (also of the
+    retries) so that an engine that can constrain decoding produces only that shape, and ``parse`` may
+    then be None (the format's own :meth:`~rapo_echo.structured.AnswerFormat.parse`). On an engine that
+    enforces nothing (a server without structured output) the same parse and retries apply."""
+    if answer_format is not None:
+        params = replace(params, answer_format=answer_format)
+        retry_params = None if retry_params is None else replace(retry_params, answer_format=answer_format)
+    if parse is None:
+        if answer_format is None:
+            raise ValueError("generate_parsed: give a parse function or an answer_format")
+        parse = answer_format.parse
     parsers = [parse] * len(prompts) if callable(parse) else list(parse)
     if len(parsers) != len(prompts):
         raise ValueError(f"generate_parsed: {len(parsers)} parse functions for {len(prompts)} prompts")

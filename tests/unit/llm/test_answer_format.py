@@ -1,0 +1,87 @@
+"""The one answer-format type: schema subset, validation, parsing and the scripted engine's check."""
+
+from __future__ import annotations
+
+import pytest
+
+from rapo_echo.engines.scripted import ScriptedEngine
+from rapo_echo.llm.answers import generate_parsed
+from rapo_echo.structured import AnswerFormat, json_object_text, validate_json
+from rapo_echo.types import SamplingParams, msg
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "reasoning": {"type": "string", "maxLength": 20},
+        "score": {"type": "integer", "minimum": 0, "maximum": 10},
+    },
+    "required": ["reasoning", "score"],
+    "additionalProperties": False,
+}
+
+
+def test_validate_json_by_hand() -> None:
+    assert validate_json({"reasoning": "ok", "score": 3}, SCHEMA) is None
+    assert "missing field 'score'" in validate_json({"reasoning": "ok"}, SCHEMA)
+    assert "above the maximum 10" in validate_json({"reasoning": "ok", "score": 11}, SCHEMA)
+    assert "expected an integer" in validate_json({"reasoning": "ok", "score": 2.5}, SCHEMA)
+    assert "expected an integer" in validate_json({"reasoning": "ok", "score": True}, SCHEMA)
+    assert "length 21" in validate_json({"reasoning": "x" * 21, "score": 1}, SCHEMA)
+    assert "unexpected field" in validate_json({"reasoning": "", "score": 1, "x": 0}, SCHEMA)
+
+
+def test_schema_outside_the_subset_is_refused_with_its_place() -> None:
+    with pytest.raises(ValueError, match=r"properties.score.*pattern"):
+        AnswerFormat.json_schema(
+            {"type": "object", "properties": {"score": {"type": "string", "pattern": "a"}}}
+        )
+    with pytest.raises(ValueError, match="required field"):
+        AnswerFormat.json_schema({"type": "object", "properties": {}, "required": ["x"]})
+
+
+def test_parse_each_kind() -> None:
+    fmt = AnswerFormat.json_schema(SCHEMA)
+    assert fmt.parse('{"reasoning": "fine", "score": 7}') == {"reasoning": "fine", "score": 7}
+    assert fmt.parse('Sure: ```json\n{"reasoning": "a}b", "score": 7}\n```') == {
+        "reasoning": "a}b",
+        "score": 7,
+    }
+    assert fmt.parse('Here it is {"reasoning": "x", "score": 70} done') is None  # out of range
+    assert fmt.parse("no json") is None
+    choice = AnswerFormat.choice(["A", "B", "tie"])
+    assert choice.parse("tie") == "tie" and choice.parse("A.") == "A" and choice.parse("Apple") is None
+    integer = AnswerFormat.integer(1, 7)
+    assert integer.parse(" 7 ") == 7 and integer.parse("8") is None and integer.parse("7.5") is None
+    assert integer.as_regex() == "(1|2|3|4|5|6|7)"
+    rx = AnswerFormat.regex(r"Emotion: [+-]?[0-9]+")
+    assert rx.parse("Emotion: -3") == "Emotion: -3" and rx.parse("Emotion: x") is None
+    assert json_object_text('a {"b": "}"} c') == '{"b": "}"}'
+
+
+def test_problem_is_strict_where_parse_is_lenient() -> None:
+    fmt = AnswerFormat.json_schema(SCHEMA)
+    assert fmt.problem('{"reasoning": "a", "score": 1}') is None
+    assert fmt.problem('ok {"reasoning": "a", "score": 1}') is not None  # constrained text is JSON only
+    assert AnswerFormat.choice(["A", "B"]).problem("A.") is not None
+
+
+def test_scripted_engine_refuses_a_reply_a_constrained_engine_could_not_give() -> None:
+    fmt = AnswerFormat.integer(0, 10, name="score")
+    good = ScriptedEngine(replies=["4"])
+    out = generate_parsed(good, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt)
+    assert out[0].value == 4 and out[0].attempts == 1
+    bad = ScriptedEngine(replies=["four"])
+    with pytest.raises(ValueError, match="does not conform to the answer format 'score'"):
+        generate_parsed(bad, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt)
+
+
+def test_server_without_structured_output_keeps_retry_then_invalid() -> None:
+    fmt = AnswerFormat.integer(0, 10)
+    engine = ScriptedEngine(replies=["four", "five", "six"], structured=False)
+    out = generate_parsed(
+        engine, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt, max_retries=2
+    )
+    assert out[0].value is None and out[0].attempts == 3
+    engine = ScriptedEngine(replies=["four", "5"], structured=False)
+    out = generate_parsed(engine, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt)
+    assert out[0].value == 5 and out[0].attempts == 2
