@@ -34,7 +34,8 @@ COMMANDS: dict[str, list[str]] = {
     "rlver-ppo": ["train", "--algo", "rlver", *RLVER, "--set", "rlver.estimator=ppo"],
     "grpo-humanlike": ["train", "--algo", "grpo", "--reward", "humanlike", *SMALL_TRAIN],
     "grpo-empathy": ["train", "--algo", "grpo", "--reward", "empathy", *SMALL_TRAIN],
-    "grpo-echo_n1": ["train", "--algo", "grpo", "--reward", "echo_n1", "--set", "persona.enabled=true", *SMALL_TRAIN],
+    "grpo-echo_n1": ["train", "--algo", "grpo", "--reward", "echo_n1", "--set", "persona.enabled=true"]
+    + SMALL_TRAIN,
     "rapo": ["train", "--algo", "rapo", *SMALL_TRAIN],
     "esconv": ["eval", "--benchmark", "esconv", *SMALL_EVAL],
     "sage": ["eval", "--benchmark", "sage", *SMALL_EVAL],
@@ -69,9 +70,9 @@ def train_signal(run: Path) -> dict[str, Any]:
         value = _number(s.get("reward"))
         if value is None:
             invalid += 1
-        groups[(s.get("step"), s.get("group", s.get("scenario")))].append(value if value is not None else math.nan)
-    spread = [g for g in groups.values() if len([v for v in g if not math.isnan(v)]) >= 2]
-    moving = [g for g in spread if max(v for v in g if not math.isnan(v)) - min(v for v in g if not math.isnan(v)) > 1e-9]
+        groups[(s.get("step"), s.get("group", s.get("scenario")))].append(math.nan if value is None else value)
+    valid = [[v for v in g if not math.isnan(v)] for g in groups.values()]
+    moving = [g for g in valid if len(g) >= 2 and max(g) - min(g) > 1e-9]
     metrics = read_jsonl(run / "metrics.jsonl")
     return {
         "samples": len(samples),
