@@ -70,7 +70,8 @@ def train_signal(run: Path) -> dict[str, Any]:
         value = _number(s.get("reward"))
         if value is None:
             invalid += 1
-        groups[(s.get("step"), s.get("group", s.get("scenario")))].append(math.nan if value is None else value)
+        key = (s.get("step"), s.get("group", s.get("scenario")))
+        groups[key].append(math.nan if value is None else value)
     valid = [[v for v in g if not math.isnan(v)] for g in groups.values()]
     moving = [g for g in valid if len(g) >= 2 and max(g) - min(g) > 1e-9]
     metrics = read_jsonl(run / "metrics.jsonl")
