@@ -1,7 +1,7 @@
 """Say once, up front, when a simulator or judge runs on a model too small to give a meaningful signal.
 
-A well-formed answer is not a meaningful one: on real ESConv ratings the embedded 135M model is at chance as a
-simulated user and as a judge (docs/fidelity.md), and as an A/B judge it picks a slot rather than a reply. Such
+A well-formed answer is not a meaningful one: on real ESConv ratings the embedded 135M model is at chance as
+a simulated user and as a judge (docs/fidelity.md), and as an A/B judge it picks a slot rather than a reply. Such
 a run still trains and evaluates (the format is enforced, rewards differ within groups), so the warning is the
 only place a user learns that the numbers are noise; it names what to use instead.
 """
@@ -46,8 +46,8 @@ def weak_role_message(engine: Any, role: str, command: str = "train") -> str | N
         return None
     instead = INSTEAD.get(command, INSTEAD["train"]).format(role=role)
     return (
-        f"the {role} runs on a {count / 1e6:.0f}M-parameter model ({getattr(engine, 'name', '?')}): its answers "
-        f"are well-formed but carry no meaningful signal (at chance against real seekers' ratings, "
+        f"the {role} runs on a {count / 1e6:.0f}M-parameter model ({getattr(engine, 'name', '?')}): its "
+        f"answers are well-formed but carry no meaningful signal (at chance against real seekers' ratings, "
         f"docs/fidelity.md); {instead}"
     )
 
