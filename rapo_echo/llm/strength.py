@@ -2,8 +2,8 @@
 
 A well-formed answer is not a meaningful one: on real ESConv ratings the embedded 135M model is at chance as
 a simulated user and as a judge (docs/fidelity.md), and as an A/B judge it picks a slot rather than a reply.
-Such a run still trains and evaluates (the format is enforced, rewards differ within groups), so the warning is the
-only place a user learns that the numbers are noise; it names what to use instead.
+Such a run still trains and evaluates (the format is enforced, rewards differ within groups), so the warning
+is the only place a user learns that the numbers are noise; it names what to use instead.
 """
 
 from __future__ import annotations
