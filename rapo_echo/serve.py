@@ -11,6 +11,14 @@ the sampled token's log-prob under ``softmax(logits / temperature)`` before top-
 come from one teacher-forced pass over the reply under the same distribution. Engines without a
 tokenizer answer ``logprobs: null``. A model is not thread-safe, so one lock serialises engine calls.
 
+Structured output: ``response_format`` ``{"type": "json_schema", "json_schema": {"name", "schema"}}``, vLLM's
+``structured_outputs`` (``{"json": ...}``, ``{"choice": [...]}`` or ``{"regex": ...}``) and its older
+``guided_json`` / ``guided_choice`` / ``guided_regex`` become the call's
+:attr:`~rapo_echo.types.SamplingParams.answer_format` (:func:`answer_format_of`), which the engine enforces.
+A request may carry one of them; a JSON schema must keep to :data:`rapo_echo.structured.SCHEMA_KEYWORDS`.
+An engine that enforces nothing (``structured_output`` ``none``) answers such a request with HTTP 400, so
+that a client falls back to parsing instead of trusting an unenforced format.
+
 fastapi and uvicorn come with the ``serve`` extra and are imported only when a server is built.
 """
 
@@ -29,10 +37,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from rapo_echo.engines.base import ChatEngine
+from rapo_echo.engines.base import ChatEngine, format_enforcement
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, Message, SamplingParams
 
 if TYPE_CHECKING:
@@ -53,6 +62,71 @@ def require_serve_extra(module: str) -> Any:
             f"the OpenAI-compatible server needs the package '{module}', which is not installed. "
             f"Install it with:\n    {SERVE_INSTALL}"
         ) from exc
+
+
+# ---------------------------------------------------------------------- structured output
+FORMAT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_choice", "guided_regex")
+_UNSUPPORTED_FORMATS = ("guided_grammar", "structural_tag")
+
+
+def _format_from(kind: str, value: Any, name: str, where: str) -> AnswerFormat:
+    """An answer format of ``kind`` (json, choice, regex) from a request value; ``ValueError`` naming
+    ``where`` when the value does not fit."""
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"{where}: the schema is not JSON ({exc})") from exc
+        return AnswerFormat.json_schema(value, name=name)
+    if kind == "choice":
+        if not (isinstance(value, list) and value and all(isinstance(c, str) and c for c in value)):
+            raise ValueError(f"{where}: a choice is a non-empty list of non-empty strings")
+        return AnswerFormat.choice(value, name=name)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: a regex is a string")
+    try:
+        return AnswerFormat.regex(value, name=name)
+    except re.error as exc:
+        raise ValueError(f"{where}: the regex does not compile ({exc})") from exc
+
+
+def answer_format_of(fields: dict[str, Any]) -> AnswerFormat | None:
+    """The answer format a request's extra fields ask for (see the module doc), None when none;
+    ``ValueError`` for more than one, an unsupported kind, or a schema outside our keyword subset."""
+    for name in _UNSUPPORTED_FORMATS:
+        if fields.get(name):
+            raise ValueError(f"'{name}' is not supported by this server (use a JSON schema, choice or regex)")
+    given = {k: fields[k] for k in FORMAT_FIELDS if fields.get(k)}
+    response_format = given.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "text":
+        del given["response_format"]
+    if len(given) > 1:
+        raise ValueError(f"give one structured-output field, not {sorted(given)}")
+    if not given:
+        return None
+    (key, value), = given.items()
+    if key == "response_format":
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind != "json_schema":
+            raise ValueError(
+                f"response_format: type {kind!r} is not supported; use 'json_schema' (or 'text')"
+            )
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise ValueError("response_format.json_schema needs a 'schema'")
+        return _format_from("json", spec["schema"], str(spec.get("name") or "answer"), key)
+    if key == "structured_outputs":
+        if not isinstance(value, dict):
+            raise ValueError("structured_outputs must be an object such as {'choice': [...]}")
+        kinds = [k for k in ("json", "choice", "regex") if value.get(k) is not None]
+        others = sorted(k for k, v in value.items() if v and k not in ("json", "choice", "regex"))
+        if others:
+            raise ValueError(f"structured_outputs: {others} not supported (json, choice or regex)")
+        if len(kinds) != 1:
+            raise ValueError("structured_outputs: give exactly one of json, choice, regex")
+        return _format_from(kinds[0], value[kinds[0]], "answer", f"structured_outputs.{kinds[0]}")
+    return _format_from(key.removeprefix("guided_"), value, "answer", key)
 
 
 # ---------------------------------------------------------------------- request schema
@@ -84,7 +158,7 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     """The fields of an OpenAI chat-completions request this server understands. Other fields are
     ignored, except those that would change the answer and are not supported (tools, logit_bias,
-    penalties, structured output), which are rejected."""
+    penalties, grammars), which are rejected. Structured output: :func:`answer_format_of`."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
@@ -104,6 +178,12 @@ class ChatCompletionRequest(BaseModel):
     continue_final_message: bool = False
     add_generation_prompt: bool = True
     return_tokens_as_token_ids: bool = False
+    _answer_format: AnswerFormat | None = PrivateAttr(None)
+
+    @property
+    def answer_format(self) -> AnswerFormat | None:
+        """The structured output the request asks for (:func:`answer_format_of`), None when none."""
+        return self._answer_format
 
     @model_validator(mode="after")
     def _consistent(self) -> "ChatCompletionRequest":
@@ -114,9 +194,7 @@ class ChatCompletionRequest(BaseModel):
         for name in ("frequency_penalty", "presence_penalty"):
             if extra.get(name):
                 raise ValueError(f"'{name}' is not supported by this server (only 0 is accepted)")
-        fmt = extra.get("response_format")
-        if fmt and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-            raise ValueError("'response_format' other than {'type': 'text'} is not supported by this server")
+        self._answer_format = answer_format_of(extra)
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         if any(not s for s in self.stop_list):
@@ -280,9 +358,16 @@ class ChatService:
                 n=req.n,
                 stop=tuple(req.stop_list),
                 seed=req.seed,
+                answer_format=req.answer_format,
             )
         except ValueError as exc:
             raise APIError(400, str(exc)) from exc
+        if req.answer_format is not None and format_enforcement(self.engine) == "none":
+            raise APIError(
+                400,
+                f"structured output (response_format json_schema, structured_outputs, guided_*) is not "
+                f"supported: engine {self.engine.name!r} cannot enforce answer formats",
+            )
         return prompt, params
 
     def _chunk_base(self, rid: str, created: int) -> dict[str, Any]:

@@ -40,6 +40,15 @@ class EngineConfig(Strict):
     max_retries: int = Field(
         3, ge=0, le=20, description="`openai`: retries of a failed request, with backoff."
     )
+    structured: Literal["auto", "json_schema", "vllm", "none"] = Field(
+        "auto",
+        description="`openai`: how a simulator's or judge's answer format is sent for the server to enforce. "
+        "`vllm`: JSON as `response_format`, a choice / integer / regex as vLLM's `structured_outputs` "
+        "(`guided_*` before vLLM 0.10.2); `json_schema`: everything as `response_format` json_schema (a "
+        "label, integer or regex asked for as `{\"answer\": ...}` and unwrapped); `none`: nothing, replies "
+        "are parsed and retried; `auto`: `vllm` for vLLM and rapo-echo servers, else `json_schema`, and "
+        "`none` (one warning) once the server refuses or ignores the fields. See docs/structured-output.md.",
+    )
     temperature: float = Field(
         0.7,
         ge=0.0,

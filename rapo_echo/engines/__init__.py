@@ -44,6 +44,7 @@ def make_engine(
             timeout_s=cfg.timeout_s,
             max_retries=cfg.max_retries,
             name=f"{role}:openai",
+            structured=cfg.structured,
         )
     if cfg.engine == "scripted":
         from rapo_echo.engines.scripted import ScriptedEngine

@@ -21,6 +21,19 @@ APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, ove
   :class:`EngineError` naming the endpoint URL. The API key (read from the environment variable
   ``api_key_env``, sent as ``Authorization: Bearer``) is scrubbed from every message and never shown
   in ``repr``.
+* Structured output: a call whose :attr:`SamplingParams.answer_format` is set asks the server to enforce
+  it, in the dialect that ``structured`` names (:data:`STRUCTURED_MODES`): ``vllm`` sends a JSON format as
+  ``response_format`` (``json_schema``) and a choice, integer or regex as vLLM's ``structured_outputs``
+  field (``guided_choice`` / ``guided_regex`` for a vLLM older than 0.10.2, read from ``GET /version``);
+  ``json_schema`` sends every format as ``response_format`` ``json_schema`` (a choice, integer, regex or
+  non-object JSON value is asked for as ``{"answer": ...}`` and unwrapped, so the text a role receives is
+  exactly the format's text); ``none`` sends nothing. ``auto`` (the default) picks ``vllm`` for servers
+  whose ``GET /models`` says ``owned_by: vllm`` or ``rapo-echo``, else ``json_schema``; when the server
+  refuses the fields (HTTP 400 / 422 that a request without them does not get) or accepts them without
+  enforcing them (a reply that ended normally but does not conform), it steps down to the next dialect,
+  and finally to plain generation, with one warning naming the endpoint; the role's parse-and-retry then
+  applies and counts invalid answers. ``structured_output`` says ``server`` while formats are sent and
+  ``none`` after that fallback (or with ``structured: none``). Streams never carry a format.
 """
 
 from __future__ import annotations
@@ -41,13 +54,19 @@ from urllib.parse import urlsplit
 import httpx
 
 from rapo_echo.engines.deadline import Deadline
+from rapo_echo.engines.vllm_engine import version_tuple
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 
 TOP_LOGPROBS = 20  # the most OpenAI and vLLM (default max_logprobs) return per position
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
+STRUCTURED_MODES = ("auto", "json_schema", "vllm", "none")
+VLLM_LIKE_OWNERS = ("vllm", "rapo-echo")  # ``owned_by`` of servers that read vLLM's structured_outputs
+VLLM_STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)  # older vLLM servers read guided_choice / guided_regex
+WRAP_KEY = "answer"  # the one field of the object a json_schema-only server is asked for
 
 
 class EndpointError(EngineError):
@@ -134,6 +153,96 @@ def _normalize_base_url(base_url: str) -> str:
     return url if parts.path else url + "/v1"
 
 
+# ---------------------------------------------------------------------- structured output
+def schema_name(name: str) -> str:
+    """``name`` as OpenAI's ``json_schema.name`` allows it: letters, digits, ``_`` and ``-``, at most 64."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "answer"
+
+
+def strict_compatible(schema: Any) -> bool:
+    """Whether ``schema`` meets OpenAI's ``strict`` rules as far as our keyword subset goes: every object
+    lists all its properties as required and sets ``additionalProperties: false``."""
+    if not isinstance(schema, dict):
+        return True
+    if schema.get("type") == "object":
+        props = schema.get("properties") or {}
+        if schema.get("additionalProperties") is not False or set(schema.get("required") or ()) != set(props):
+            return False
+        if not all(strict_compatible(sub) for sub in props.values()):
+            return False
+    return strict_compatible(schema.get("items")) if "items" in schema else True
+
+
+def wrapped_value_schema(fmt: AnswerFormat) -> dict[str, Any] | None:
+    """The schema of the ``answer`` field a json_schema-only server is asked for, or None when ``fmt`` is
+    a JSON format whose root is an object (sent as it is)."""
+    if fmt.kind == "json":
+        schema = fmt.schema
+        return None if schema.get("type") == "object" else schema
+    if fmt.kind == "choice":
+        return {"type": "string", "enum": list(fmt.choices)}
+    if fmt.kind == "integer":
+        return {"type": "integer", "minimum": fmt.lo, "maximum": fmt.hi}
+    return {"type": "string", "pattern": f"^(?:{fmt.pattern})$"}  # JSON-schema patterns are unanchored
+
+
+def response_format_field(fmt: AnswerFormat) -> dict[str, Any]:
+    """``response_format`` (type ``json_schema``) asking for ``fmt``; ``strict`` where the schema allows."""
+    value = wrapped_value_schema(fmt)
+    schema = fmt.schema
+    if value is not None:
+        schema = {
+            "type": "object",
+            "properties": {WRAP_KEY: value},
+            "required": [WRAP_KEY],
+            "additionalProperties": False,
+        }
+    spec = {"name": schema_name(fmt.name), "schema": schema, "strict": strict_compatible(schema)}
+    return {"response_format": {"type": "json_schema", "json_schema": spec}}
+
+
+def format_fields(fmt: AnswerFormat, dialect: str) -> dict[str, Any]:
+    """The request fields asking a server to enforce ``fmt`` in ``dialect``. ``json_schema``: always
+    ``response_format`` (see :func:`wraps_answer`); ``vllm`` / ``vllm_guided``: an object-rooted JSON
+    format as ``response_format``, anything else as ``structured_outputs`` / ``guided_*`` (choice, regex,
+    json; an integer as its regex); ``none``: no field."""
+    if dialect == "none":
+        return {}
+    if dialect == "json_schema" or (fmt.kind == "json" and wrapped_value_schema(fmt) is None):
+        return response_format_field(fmt)
+    if dialect not in ("vllm", "vllm_guided"):
+        raise ValueError(f"unknown structured-output dialect {dialect!r}")
+    if fmt.kind == "json":  # a non-object root: vLLM takes any JSON schema here
+        key, value = "json", fmt.schema
+    elif fmt.kind == "choice":
+        key, value = "choice", list(fmt.choices)
+    else:  # integer and regex: a regular expression
+        key, value = "regex", fmt.as_regex()
+    return {f"guided_{key}": value} if dialect == "vllm_guided" else {"structured_outputs": {key: value}}
+
+
+def wraps_answer(fmt: AnswerFormat, dialect: str) -> bool:
+    """Whether a reply to ``fmt`` in ``dialect`` comes as ``{"answer": ...}`` and must be unwrapped."""
+    return dialect == "json_schema" and wrapped_value_schema(fmt) is not None
+
+
+def unwrap_answer(text: str, fmt: AnswerFormat) -> str | None:
+    """The format's own text inside a wrapped reply ``{"answer": ...}`` (a choice's label, an integer's
+    digits, a regex's match, a JSON value's canonical text), or None when the reply is not such an object."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or WRAP_KEY not in value:
+        return None
+    answer = value[WRAP_KEY]
+    if fmt.kind == "json":
+        return json.dumps(answer)
+    if fmt.kind == "integer":
+        return str(answer) if isinstance(answer, int) and not isinstance(answer, bool) else None
+    return answer if isinstance(answer, str) else None
+
+
 class OpenAIEngine:
     """A chat engine that calls an OpenAI-compatible ``/chat/completions`` endpoint."""
 
@@ -151,10 +260,16 @@ class OpenAIEngine:
         max_concurrency: int = 8,
         return_token_ids: bool = False,
         http_client: httpx.Client | None = None,
+        structured: str = "auto",
     ) -> None:
         """``return_token_ids`` sends vLLM's ``return_tokens_as_token_ids`` so that generations carry
         token ids (only for servers that know the field); ``http_client`` replaces the default client
-        (custom TLS, proxies, or an in-process test client) and then its own timeout applies."""
+        (custom TLS, proxies, or an in-process test client) and then its own timeout applies;
+        ``structured`` is how answer formats are sent (:data:`STRUCTURED_MODES`, see the module doc)."""
+        if structured not in STRUCTURED_MODES:
+            raise ConfigError(
+                f"openai engine: structured must be one of {STRUCTURED_MODES}, got {structured!r}"
+            )
         if timeout_s <= 0 or max_retries < 0 or max_concurrency < 1 or backoff_s < 0:
             raise ConfigError(
                 "openai engine: need timeout_s > 0, max_retries >= 0, max_concurrency >= 1, backoff_s >= 0; "
@@ -173,6 +288,11 @@ class OpenAIEngine:
         self._api_key = _Secret(os.environ.get(api_key_env) if api_key_env else None)
         self._model = model
         self._model_lock = threading.Lock()
+        self._models_body: dict[str, Any] | None = None
+        self.structured = structured
+        self._ladder: list[str] | None = None  # dialects to try, best first (resolved at the first format)
+        self._step = 0  # index of the dialect in use
+        self._format_lock = threading.Lock()
         self._supports_logprobs: bool | None = None
         self._rng = random.Random()
         self._own_client = http_client is None
@@ -253,8 +373,11 @@ class OpenAIEngine:
             raise _Retryable(what, resp.status_code, _retry_after(resp))
         raise self._fail(f"{method} {url}", what, resp.status_code)
 
-    def _request_json(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        url = self.base_url + path
+    def _request_json(
+        self, method: str, path: str, payload: dict[str, Any] | None = None, *, url: str | None = None
+    ) -> dict[str, Any]:
+        """One JSON request to ``base_url + path`` (or to ``url``), with retries."""
+        url = url or self.base_url + path
 
         def attempt() -> dict[str, Any]:
             with Deadline(self.timeout_s) as deadline:
@@ -283,13 +406,19 @@ class OpenAIEngine:
         return self._with_retries(method, url, attempt)
 
     # ------------------------------------------------------------------ model
+    def _models_listing(self) -> dict[str, Any]:
+        """The body of ``GET /models`` (asked once)."""
+        if self._models_body is None:
+            self._models_body = self._request_json("GET", "/models")
+        return self._models_body
+
     @property
     def model(self) -> str:
         """The model id sent with each request (asked from ``GET /models`` once when not given)."""
         if self._model is None:
             with self._model_lock:
                 if self._model is None:
-                    body = self._request_json("GET", "/models")
+                    body = self._models_listing()
                     data = body.get("data")
                     if (
                         not isinstance(data, list)
@@ -357,13 +486,91 @@ class OpenAIEngine:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def generate(self, prompts: Sequence[Conversation], params: SamplingParams) -> list[list[Generation]]:
-        """``params.n`` replies per prompt; one request per prompt, sent concurrently."""
+        """``params.n`` replies per prompt; one request per prompt, sent concurrently. A call with an
+        answer format asks the server to enforce it (see the module doc)."""
         if prompts:
             _ = self.model  # resolve once before the threads start
+            if params.answer_format is not None:
+                self._structured_ladder()
         return self._map(lambda p: self._generate_one(p, params), list(prompts))
+
+    # ------------------------------------------------------------------ structured output
+    @property
+    def structured_output(self) -> str:
+        """``server`` while answer formats are sent to the server, ``none`` with ``structured: none`` or
+        after the server refused them (:func:`~rapo_echo.engines.base.format_enforcement`)."""
+        if self.structured == "none":
+            return "none"
+        ladder = self._ladder
+        return "none" if ladder is not None and ladder[self._step] == "none" else "server"
+
+    def _server_owner(self) -> str:
+        """``owned_by`` of the served model in ``GET /models`` (vLLM says ``vllm``), or ``""``."""
+        try:
+            data = self._models_listing().get("data")
+        except EndpointError:
+            return ""
+        if not isinstance(data, list):
+            return ""
+        cards = [c for c in data if isinstance(c, dict)]
+        card = next((c for c in cards if c.get("id") == self._model), cards[0] if cards else {})
+        return str(card.get("owned_by") or "").lower()
+
+    def _vllm_dialect(self) -> str:
+        """``vllm_guided`` for a vLLM server older than 0.10.2 (its ``GET /version``), else ``vllm``."""
+        if not self.base_url.endswith("/v1"):
+            return "vllm"
+        try:
+            body = self._request_json("GET", "", url=self.base_url[: -len("/v1")] + "/version")
+        except EndpointError:
+            return "vllm"
+        version = version_tuple(str(body.get("version", "")))
+        return "vllm_guided" if version and version < VLLM_STRUCTURED_OUTPUTS_SINCE else "vllm"
+
+    def _structured_ladder(self) -> list[str]:
+        """The dialects to try, best first; resolved once (``auto`` asks the server what it is)."""
+        with self._format_lock:
+            if self._ladder is None:
+                if self.structured == "none":
+                    self._ladder = ["none"]
+                elif self.structured == "json_schema":
+                    self._ladder = ["json_schema"]
+                elif self.structured == "vllm":
+                    self._ladder = [self._vllm_dialect()]
+                else:
+                    owner = self._server_owner()
+                    first: list[str] = []
+                    if owner in VLLM_LIKE_OWNERS:  # rapo-echo serve reads both generations of fields
+                        first = [self._vllm_dialect() if owner == "vllm" else "vllm"]
+                    self._ladder = [*first, "json_schema", "none"]
+                    log.debug("%s: structured output as %s (owned_by %r)", self.name, self._ladder, owner)
+            return self._ladder
+
+    def _step_down(self, past: int, why: str) -> None:
+        """Stop using dialects up to index ``past`` (the server refused or ignored them); one warning when
+        this ends structured output for the engine."""
+        ladder = self._structured_ladder()
+        with self._format_lock:
+            if past < self._step or past + 1 >= len(ladder):
+                return
+            self._step = past + 1
+            now = ladder[self._step]
+        where = f"{self.name} at {self.base_url}"
+        if now == "none":
+            log.warning(
+                self._scrub(
+                    f"{where}: the server does not enforce answer formats ({why}); they are no longer sent, "
+                    "so replies are parsed and retried, and those that never parse count as invalid "
+                    "(set structured: none to skip this check, or serve the model with vLLM, SGLang or "
+                    "llama.cpp to have formats enforced)"
+                )
+            )
+        else:
+            log.info(self._scrub(f"{where}: {why}; trying structured output as {now!r}"))
 
     def _generate_one(self, prompt: Conversation, params: SamplingParams) -> list[Generation]:
         url = self.base_url + "/chat/completions"
+        fmt = params.answer_format
         gens: list[Generation] = []
         while len(gens) < params.n:  # servers that ignore ``n`` (llama.cpp) are asked again for the rest
             missing = params.n - len(gens)
@@ -371,12 +578,69 @@ class OpenAIEngine:
             payload = self._payload(prompt, SamplingParams(**{**params.__dict__, "n": missing, "seed": seed}))
             if self.return_token_ids:
                 payload["return_tokens_as_token_ids"] = True
-            body = self._request_json("POST", "/chat/completions", payload)
+            if fmt is None:
+                body, step = self._request_json("POST", "/chat/completions", payload), -1
+            else:
+                body, step = self._post_formatted(payload, fmt)
             got = self._parse_choices(url, body)
             if not got:
                 raise self._fail(f"POST {url}", f"response has no choices: {json.dumps(body)[:200]}")
+            if fmt is not None and step >= 0:
+                got = self._read_formatted(got, fmt, step, params)
             gens.extend(got[:missing])
         return gens
+
+    def _post_formatted(self, payload: dict[str, Any], fmt: AnswerFormat) -> tuple[dict[str, Any], int]:
+        """Send ``payload`` with the fields of the dialect in use; returns the body and the dialect's index.
+        In ``auto`` mode a refusal (HTTP 400 / 422) tries the next dialect, down to none, and the dialects
+        are given up for good once a later one is answered; a request refused even without any format
+        fails as before."""
+        ladder = self._structured_ladder()
+        step = self._step
+        first_refusal = ""
+        while True:
+            dialect = ladder[step]
+            try:
+                fields = format_fields(fmt, dialect)
+                body = self._request_json("POST", "/chat/completions", {**payload, **fields})
+            except EndpointError as exc:
+                if dialect == "none" or exc.status not in (400, 422):
+                    raise
+                if self.structured != "auto":
+                    raise EndpointError(
+                        f"{exc} (the request carried answer format {fmt.name!r} as structured: "
+                        f"{self.structured}; use structured: auto to fall back to parsing when the server "
+                        "refuses it, or structured: none)",
+                        exc.status,
+                    ) from exc
+                first_refusal = first_refusal or f"it refused {dialect} fields: {exc}"
+                step += 1
+                continue
+            if first_refusal:
+                self._step_down(step - 1, first_refusal)
+            return body, step
+
+    def _read_formatted(
+        self, gens: list[Generation], fmt: AnswerFormat, step: int, params: SamplingParams
+    ) -> list[Generation]:
+        """Unwrap ``{"answer": ...}`` replies; in ``auto`` mode, a reply that ended normally yet does not
+        conform shows a server that accepted the fields without enforcing them: step down."""
+        dialect = self._structured_ladder()[step]
+        if dialect == "none":
+            return gens
+        out = []
+        for g in gens:
+            if wraps_answer(fmt, dialect):
+                inner = unwrap_answer(g.text, fmt)
+                if inner is not None:  # the token ids and log-probs were those of the wrapper: dropped
+                    g = Generation(text=inner, finish_reason=g.finish_reason)
+            out.append(g)
+        if self.structured == "auto" and not params.stop:
+            bad = next((g for g in out if g.finish_reason == "stop" and fmt.problem(g.text)), None)
+            if bad is not None:
+                why = f"it accepted {dialect} fields but replied {bad.text[:60]!r}: {fmt.problem(bad.text)}"
+                self._step_down(step, why)
+        return out
 
     def _parse_choices(self, url: str, body: dict[str, Any]) -> list[Generation]:
         choices = body.get("choices")

@@ -15,6 +15,13 @@ greedy decoding; with top-k / top-p on, the returned values are those of the tru
 (a warning says so once). No vLLM mode gives the temperature-scaled untruncated value in that case.
 Older vLLM without ``logprobs_mode`` returns its own (pre-V1: processed, pre-top-k) values.
 
+Structured output. A call's :attr:`SamplingParams.answer_format` becomes vLLM's own constrained decoding
+(:func:`structured_kwargs`): ``SamplingParams(structured_outputs=StructuredOutputsParams(json= | choice= |
+regex=))`` where ``vllm.sampling_params`` has ``StructuredOutputsParams`` (vLLM >= 0.10.2), else
+``SamplingParams(guided_decoding=GuidedDecodingParams(...))`` (older vLLM); an integer format is sent as its
+regular expression. ``structured_output`` is ``grammar`` when one of the two exists (``none`` otherwise:
+formats are then only parsed, with a warning once).
+
 ``choice_logprobs`` appends each option's tokens to the prompt and reads their prompt log-probs
 (``prompt_logprobs``, temperature 1), the same teacher-forced quantity as the ``hf`` engine; all
 prompts x options go through one ``LLM.generate`` call.
@@ -40,6 +47,7 @@ from typing import Any
 
 from rapo_echo.engines.base import split_continuation
 from rapo_echo.errors import EngineError
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -94,6 +102,37 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     if params.seed is not None:
         kw["seed"] = params.seed
     return kw
+
+
+def structured_api(vllm: Any) -> tuple[str, Any] | None:
+    """vLLM's structured-output parameters: ``("structured_outputs", StructuredOutputsParams)`` in recent
+    versions, ``("guided_decoding", GuidedDecodingParams)`` in older ones, None when it has neither."""
+    try:
+        module = getattr(vllm, "sampling_params", None) or importlib.import_module("vllm.sampling_params")
+    except ImportError:
+        module = None
+    names = (("structured_outputs", "StructuredOutputsParams"), ("guided_decoding", "GuidedDecodingParams"))
+    for field, cls_name in names:
+        cls = getattr(module, cls_name, None) or getattr(vllm, cls_name, None)
+        if cls is not None:
+            return field, cls
+    return None
+
+
+def structured_kwargs(fmt: AnswerFormat | None, api: tuple[str, Any] | None) -> dict[str, Any]:
+    """The vLLM ``SamplingParams`` keyword that constrains decoding to ``fmt`` (``{}`` without a format or
+    without the API): ``json`` (the schema), ``choice`` (the labels) or ``regex`` (a regex, or an integer's
+    regular expression)."""
+    if fmt is None or api is None:
+        return {}
+    field, cls = api
+    if fmt.kind == "json":
+        spec = {"json": fmt.schema}
+    elif fmt.kind == "choice":
+        spec = {"choice": list(fmt.choices)}
+    else:
+        spec = {"regex": fmt.as_regex()}
+    return {field: cls(**spec)}
 
 
 def token_logprob(position: Any, token_id: int, where: str) -> float:
@@ -158,6 +197,14 @@ class VLLMEngine:
                 "(vLLM needs a CUDA GPU; lower gpu_memory_utilization or max_model_len if memory is short)"
             ) from exc
         self.logprobs_mode = kwargs.get("logprobs_mode", "vllm default")
+        self._structured = structured_api(vllm)
+        self._warned_unstructured = False
+
+    @property
+    def structured_output(self) -> str:
+        """``grammar``: vLLM constrains decoding to a call's answer format (``none`` on a vLLM without
+        structured-output parameters)."""
+        return "grammar" if self._structured is not None else "none"
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Conversation) -> list[int]:
@@ -193,7 +240,15 @@ class VLLMEngine:
                 self.name,
             )
             self._warned_truncated = True
-        sampling = self._vllm.SamplingParams(**sampling_kwargs(params))
+        if params.answer_format is not None and self._structured is None and not self._warned_unstructured:
+            log.warning(
+                "%s: this vLLM (%s) has no structured-output parameters; answer formats are only parsed",
+                self.name,
+                getattr(self._vllm, "__version__", "?"),
+            )
+            self._warned_unstructured = True
+        kwargs = {**sampling_kwargs(params), **structured_kwargs(params.answer_format, self._structured)}
+        sampling = self._vllm.SamplingParams(**kwargs)
         results = self._run(prompt_ids, sampling)
         return [
             [self._generation(out, list(p), params, i) for out in sorted(res.outputs, key=lambda o: o.index)]

@@ -5,12 +5,7 @@ from __future__ import annotations
 import json
 import math
 import socket
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
@@ -18,127 +13,10 @@ from rapo_echo.engines import engine_from_spec
 from rapo_echo.engines.openai_engine import OpenAIEngine, backoff_delay, option_logprob
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
 from rapo_echo.types import SamplingParams
+from tests.helpers.fake_openai import FakeAPI, Reply, Seen, completion
 
 USER = [{"role": "user", "content": "I lost my job today."}]
 FAST = {"backoff_s": 0.01, "api_key_env": None}
-
-
-@dataclass
-class Reply:
-    status: int = 200
-    body: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
-    delay: float = 0.0
-    sse: list[str] | None = None  # raw ``data:`` payloads for a streaming reply
-
-
-@dataclass
-class Seen:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: Any
-
-
-class FakeAPI:
-    """A threaded HTTP server on 127.0.0.1 whose replies come from ``respond(seen, index)``."""
-
-    def __init__(self, respond: Callable[[Seen, int], Reply]) -> None:
-        self.respond = respond
-        self.seen: list[Seen] = []
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.max_in_flight = 0
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                seen = Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, None)
-                seen.body = json.loads(raw) if raw else None
-                with api.lock:
-                    api.seen.append(seen)
-                    index = len(api.seen) - 1
-                    api.in_flight += 1
-                    api.max_in_flight = max(api.max_in_flight, api.in_flight)
-                try:
-                    reply = api.respond(seen, index)
-                    time.sleep(reply.delay)
-                    self._write(reply)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-                finally:
-                    with api.lock:
-                        api.in_flight -= 1
-
-            def _write(self, reply: Reply) -> None:
-                if reply.sse is not None:
-                    self.send_response(reply.status)
-                    self.send_header("Content-Type", "text/event-stream")
-                    self.end_headers()
-                    for data in reply.sse:
-                        self.wfile.write(f"data: {data}\n\n".encode())
-                        self.wfile.flush()
-                    return
-                payload = reply.body if isinstance(reply.body, str) else json.dumps(reply.body)
-                data = payload.encode()
-                self.send_response(reply.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in reply.headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = _serve
-            do_POST = _serve
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def posts(self) -> list[Seen]:
-        return [s for s in self.seen if s.method == "POST"]
-
-    def __enter__(self) -> FakeAPI:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def completion(
-    *texts: str, logprobs: list[list[float]] | None = None, finish: str = "stop"
-) -> dict[str, Any]:
-    choices = []
-    for i, text in enumerate(texts):
-        lp = None
-        if logprobs is not None:
-            lp = {
-                "content": [
-                    {"token": f"t{j}", "logprob": v, "bytes": None, "top_logprobs": []}
-                    for j, v in enumerate(logprobs[i])
-                ]
-            }
-        choices.append(
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": lp,
-                "finish_reason": finish,
-            }
-        )
-    return {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": choices}
 
 
 def ok(seen: Seen, index: int) -> Reply:

@@ -260,6 +260,98 @@ def test_missing_sampled_logprob_and_abort_are_errors(engine):
         engine.generate([[msg("user", "hi")]], SamplingParams(max_new_tokens=3))
 
 
+@dataclass
+class StructuredOutputsParams:  # vLLM >= 0.10.2 (vllm.sampling_params)
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+
+
+@dataclass
+class GuidedDecodingParams:  # older vLLM (vllm.sampling_params)
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    backend: str | None = None
+
+
+def with_structured_api(monkeypatch, **classes: type) -> types.ModuleType:
+    """A fake vLLM whose ``vllm.sampling_params`` holds ``classes``."""
+    mod = fake_vllm()
+    params_mod = types.ModuleType("vllm.sampling_params")
+    for name, cls in classes.items():
+        setattr(params_mod, name, cls)
+    mod.sampling_params = params_mod
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", params_mod)
+    return mod
+
+
+def test_structured_kwargs_for_each_kind():
+    from rapo_echo.engines.vllm_engine import structured_kwargs
+    from rapo_echo.structured import AnswerFormat
+
+    api = ("structured_outputs", StructuredOutputsParams)
+    schema = {"type": "object", "properties": {"s": {"type": "integer"}}, "required": ["s"]}
+    assert structured_kwargs(AnswerFormat.json_schema(schema), api) == {
+        "structured_outputs": StructuredOutputsParams(json=schema)
+    }
+    assert structured_kwargs(AnswerFormat.choice(["A", "B"]), api) == {
+        "structured_outputs": StructuredOutputsParams(choice=["A", "B"])
+    }
+    assert structured_kwargs(AnswerFormat.integer(1, 3), ("guided_decoding", GuidedDecodingParams)) == {
+        "guided_decoding": GuidedDecodingParams(regex="(1|2|3)")
+    }
+    assert structured_kwargs(AnswerFormat.regex("[ab]+"), api) == {
+        "structured_outputs": StructuredOutputsParams(regex="[ab]+")
+    }
+    assert structured_kwargs(None, api) == {} and structured_kwargs(AnswerFormat.choice(["A"]), None) == {}
+
+
+@pytest.mark.parametrize(
+    ("classes", "field", "cls"),
+    [
+        ({"StructuredOutputsParams": StructuredOutputsParams}, "structured_outputs", StructuredOutputsParams),
+        ({"GuidedDecodingParams": GuidedDecodingParams}, "guided_decoding", GuidedDecodingParams),
+        (  # a version with both: the new API wins
+            {
+                "GuidedDecodingParams": GuidedDecodingParams,
+                "StructuredOutputsParams": StructuredOutputsParams,
+            },
+            "structured_outputs",
+            StructuredOutputsParams,
+        ),
+    ],
+)
+def test_answer_format_reaches_vllm_sampling_params(monkeypatch, smol_path, classes, field, cls):
+    from rapo_echo.engines.base import format_enforcement
+    from rapo_echo.engines.vllm_engine import VLLMEngine
+    from rapo_echo.structured import AnswerFormat
+
+    with_structured_api(monkeypatch, **classes)
+    engine = VLLMEngine(smol_path)
+    assert engine.structured_output == "grammar" and format_enforcement(engine) == "grammar"
+    fmt = AnswerFormat.choice(["calm", "upset"], name="emotion")
+    engine.generate([[msg("user", "hi")]], SamplingParams(max_new_tokens=4, answer_format=fmt))
+    engine.generate([[msg("user", "hi")]], SamplingParams(max_new_tokens=4))
+    calls = FakeLLM.instances[-1].calls
+    assert calls[0][1].kwargs[field] == cls(choice=["calm", "upset"])
+    assert "structured_outputs" not in calls[1][1].kwargs and "guided_decoding" not in calls[1][1].kwargs
+
+
+def test_vllm_without_structured_api_parses_only_and_warns_once(engine, caplog):
+    from rapo_echo.structured import AnswerFormat
+
+    assert engine.structured_output == "none"  # the plain fake vLLM has neither class
+    fmt = AnswerFormat.choice(["A", "B"])
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            engine.generate([[msg("user", "hi")]], SamplingParams(max_new_tokens=4, answer_format=fmt))
+    assert len([r for r in caplog.records if "no structured-output parameters" in r.getMessage()]) == 1
+    sent = [c[1].kwargs for c in FakeLLM.instances[-1].calls]
+    assert all(not set(kw) & {"structured_outputs", "guided_decoding"} for kw in sent)
+
+
 def test_choice_logprobs_from_prompt_logprobs(engine, smol_tokenizer):
     prompts = [[msg("user", "Rate it.")], [msg("user", "Rate this one.")]]
     options = ["A", "B", " maybe later"]
