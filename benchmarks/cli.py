@@ -187,10 +187,14 @@ def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any
             cache[spec] = engine_from_spec(spec, **engine_kw)
         return cache[spec]
 
+    from rapo_echo.llm.strength import warn_if_weak
+
     policy = load(specs["policy"])
     others = {
         r: (policy if specs[r] == "policy" else load(specs[r])) for r in ("simulator", "judge") if r in needed
     }
+    for role, engine in others.items():
+        warn_if_weak(engine, role, "eval")
     return Roles(policy=policy, **others)
 
 
