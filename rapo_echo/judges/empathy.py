@@ -162,8 +162,10 @@ class EmpathyJudge:
 
     @property
     def text_mode(self) -> bool:
-        """Whether verdicts are generated as text (no log-probs): the prompts then ask for JSON."""
-        return not wants_logprobs(self.engine, self.use_logprobs)
+        """Whether verdicts are generated as text (no log-probs): the prompts then ask for JSON. Prompts
+        built without an engine (judge training data) ask for the log-prob mode's lines, the form of
+        the training targets (:func:`~rapo_echo.judges.verdict.answer_text`)."""
+        return self.engine is not None and not wants_logprobs(self.engine, self.use_logprobs)
 
     # ------------------------------------------------------------------ prompts
     def _about(self, scenario: Scenario, fence: Fence) -> list[str]:

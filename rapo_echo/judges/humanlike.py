@@ -78,8 +78,10 @@ class HumanlikeJudge:
 
     @property
     def text_mode(self) -> bool:
-        """Whether verdicts are generated as text (no log-probs): the prompt then asks for JSON."""
-        return not wants_logprobs(self.engine, self.use_logprobs)
+        """Whether verdicts are generated as text (no log-probs): the prompt then asks for JSON. Prompts
+        built without an engine (judge training data) ask for the log-prob mode's lines, the form of
+        the training targets (:func:`~rapo_echo.judges.verdict.answer_text`)."""
+        return self.engine is not None and not wants_logprobs(self.engine, self.use_logprobs)
 
     def prompt(self, context: Conversation | None, reply: str, fence: Fence) -> Conversation:
         """The judge's prompt for one reply (``context`` is left out when context-free)."""
