@@ -21,13 +21,26 @@ DEFAULT_RUBRIC = (
 )
 
 
+def score_format(scale: int) -> AnswerFormat:
+    """The text-mode answer of a 1..``scale`` rating: ``{"score": N}``."""
+    return AnswerFormat.json_schema(
+        {
+            "type": "object",
+            "properties": {"score": {"type": "integer", "minimum": 1, "maximum": scale}},
+            "required": ["score"],
+            "additionalProperties": False,
+        },
+        name="score",
+    )
+
+
 class JudgeReward:
     """Scores in [0, 1]: ``(s - 1) / (scale - 1)`` for a 1..``scale`` rating.
 
     With log-probs the rating is the expectation over the label tokens' probabilities after ``Score: ``
-    (robust even with small judges); otherwise the judge answers the bare integer, declared as
+    (robust even with small judges); otherwise the judge answers ``{"score": N}``, declared as
     :attr:`answer_format` (an integer in 1..``scale``) so that an engine with constrained decoding can
-    only write one; it is read by that format from the judge's own words, retried up to
+    only write that; it is read by that format from the judge's own words, retried up to
     ``max_retries`` times (sampling, so a retry can differ from the greedy first try), then marked
     invalid.
     """
@@ -60,7 +73,7 @@ class JudgeReward:
         self.max_new_tokens = max_new_tokens
         self.show_profile = show_profile
         self.labels = [str(k) for k in range(1, scale + 1)]
-        self.answer_format = AnswerFormat.integer(1, scale, name="score")
+        self.answer_format = score_format(scale)
 
     def fence(self, samples: Sequence[Sample]) -> Fence:
         """One fence for a batch, its marker a hash of the batch's texts (reproducible; the prompts of
@@ -82,7 +95,7 @@ class JudgeReward:
         shown = fence.block("DIALOGUE", dialogue) if dialogue else "(none: the supporter speaks first)"
         scale = f"an integer from 1 (worst) to {self.scale} (best)"
         answer = (
-            f"Answer with the score alone: {scale}, nothing else."
+            f'Answer with one JSON object and nothing else, {{"score": N}}, where N is {scale}.'
             if text_mode
             else f"Answer with one line 'Score: N' where N is {scale}."
         )
@@ -96,9 +109,10 @@ class JudgeReward:
         ]
 
     def parse(self, text: str) -> int | None:
-        """The rating of a text-mode answer: :attr:`answer_format` (a bare integer in range; an echoed
-        "Score: 1 (worst) to 5" or a sentence quoting "Score: 5" is no answer)."""
-        return self.answer_format.parse(text)
+        """The rating of a text-mode answer read by :attr:`answer_format` (``{"score": N}`` with N in range;
+        an echoed "Score: 1 (worst) to 5" or a sentence quoting "Score: 5" is no answer)."""
+        value = self.answer_format.parse(text)
+        return value["score"] if isinstance(value, dict) else None
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         fence = self.fence(samples)

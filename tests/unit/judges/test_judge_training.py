@@ -182,7 +182,9 @@ def test_accuracy_reads_verdicts_like_the_rewards() -> None:
         "empathy": {"accuracy": 1.0, "n": 1, "invalid": 0},
         "humanlike": {"accuracy": pytest.approx(1 / 3), "n": 3, "invalid": 0},
     }
-    text = ScriptedEngine(replies=["Verdict: human", "no idea", "Verdict: AI"] + ["???"] * 9)
+    # text mode reads the declared JSON verdict (a server without structured output: parse, retry, invalid)
+    answers = ['{"verdict": "human"}', "no idea", '{"verdict": "AI"}'] + ["???"] * 9
+    text = ScriptedEngine(replies=answers, structured=False)
     got = accuracy(text, items[:3], reasoning=False, max_new_tokens=8)
     assert got["humanlike"] == {"accuracy": pytest.approx(2 / 3), "n": 3, "invalid": 1}
 

@@ -68,7 +68,8 @@ def judge_engine(prefer: dict[str, float], **kw) -> ScriptedEngine:
 
 # ---------------------------------------------------------------------------- humanlike
 def test_humanlike_reward_scores_and_marks_invalid() -> None:
-    engine = ScriptedEngine(replies=["Verdict: human", "hmm", "Verdict: AI", "no", "still no"])
+    answers = ['{"verdict": "human"}', "hmm", '{"verdict": "AI"}', "no", "still no"]
+    engine = ScriptedEngine(replies=answers, structured=False)  # no structured output: parse, retry
     reward = HumanlikeReward(RewardContext(judge=engine), use_logprobs="never", max_retries=1)
     out = reward([sample("lol same"), sample("???"), sample("As an AI, I understand.")])
     assert [o.score for o in out] == [1.0, None, 0.0]
@@ -131,7 +132,7 @@ def test_empathy_invalid_analysis_and_verdicts_are_none_not_zero() -> None:
     reward = EmpathyReward(RewardContext(judge=garbage), max_retries=0)
     [out] = reward([sample(GOOD)])
     assert out.score is None and out.info["invalid"] == "need analysis unparseable"
-    text_judge = ScriptedEngine(rules=[*NEED_RULES, (r"Reply A", "I cannot decide.")])
+    text_judge = ScriptedEngine(rules=[*NEED_RULES, (r"Reply A", "I cannot decide.")], structured=False)
     r2 = EmpathyReward(RewardContext(judge=text_judge), use_logprobs="never", max_retries=1)
     [out2] = r2([sample(GOOD)])
     assert out2.score is None and out2.info["invalid"] == "unparseable verdict"
