@@ -3,10 +3,15 @@ combination ``echo_n1``. Each judges through the run's ``judge`` engine (``rapo_
 
 * ``humanlike``: P(the reply reads as written by a human), context-aware by default.
 * ``empathy``: the judge profiles the person's cognitive / affective / proactive needs (once per
-  scenario, cached), then compares the policy's reply with a reference reply; win / tie / loss ->
-  1 / 0.5 / 0 (``outcome: discrete``) or P(win) + 0.5 P(tie) (``outcome: probability``); the pair
-  is shown in both orders and averaged (``order: both``), in one random order (``random``) or policy
-  first (``fixed``); optionally multiplied by a process factor (``process: true``).
+  scenario, cached), then compares the policy's reply with a reference reply; P(policy better) + 0.5
+  P(tie) from the verdict probabilities (``outcome: probability``, the default, Echo-N1's
+  P(policy > reference); a text-mode verdict has no probabilities and gives its discrete value) or win /
+  tie / loss -> 1 / 0.5 / 0 (``outcome: discrete``); the pair is shown in both orders and averaged
+  (``order: both``, the default), in one random order (``random``), in both orders while the judge's
+  measured position bias exceeds ``auto_threshold`` after ``auto_probe`` decisions, else one random
+  order (``auto``), or policy first (``fixed``); optionally multiplied by a process factor
+  (``process: true``). :meth:`EmpathyReward.step_metrics` reports the judge's position bias
+  (:mod:`rapo_echo.judges.bias`) each step.
 * ``echo_n1``: ``mode: route`` scores empathy-domain scenarios with ``empathy`` and chit-chat ones with
   ``humanlike`` (the domain is read from ``meta.domain``, then ``profile.domain``); ``mode: weighted``
   gives every sample ``w_empathy * empathy + w_humanlike * humanlike``.
@@ -34,6 +39,7 @@ from rapo_echo.judges.empathy import (
     presentation_outcome,
     process_factor,
 )
+from rapo_echo.judges.bias import check_orders
 from rapo_echo.judges.humanlike import HumanlikeJudge
 from rapo_echo.llm.answers import check_logprobs_mode
 from rapo_echo.rewards import RewardContext, RewardOutput
@@ -116,8 +122,10 @@ class EmpathyReward:
     def __init__(
         self,
         ctx: RewardContext,
-        outcome: str = "discrete",
+        outcome: str = "probability",
         order: str = "both",
+        auto_probe: int = 32,
+        auto_threshold: float = 0.6,
         process: bool = False,
         needs: bool = True,
         ties: bool = True,
@@ -136,7 +144,13 @@ class EmpathyReward:
     ) -> None:
         _check_mode(self.name, use_logprobs)
         self.outcome = _choice(self.name, "outcome", outcome, ("discrete", "probability"))
-        self.order = _choice(self.name, "order", order, ("both", "random", "fixed"))
+        self.order = _choice(self.name, "order", order, ("both", "random", "auto", "fixed"))
+        try:
+            check_orders(f"rewards: {self.name}", "both", auto_probe, auto_threshold)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.auto_probe = auto_probe
+        self.auto_threshold = auto_threshold
         self.reference = _choice(self.name, "reference", reference, ("auto", "scenario", "model"))
         self.process = process
         self.needs = needs
@@ -288,11 +302,18 @@ class EmpathyReward:
             out.append(RewardOutput(score, info=info))
         return out
 
+    def step_metrics(self) -> dict[str, float]:
+        """The judge's position bias since the last call (``judge/position_bias/*``), logged every step."""
+        return self.judge.position_bias.step_metrics()
+
     def _orders(self) -> list[bool]:
         """Presentations of one pair: True = the policy's reply is A."""
-        if self.order == "both":
+        if self.order == "both" or (
+            self.order == "auto"
+            and self.judge.position_bias.both_orders("auto", self.auto_probe, self.auto_threshold)
+        ):
             return [True, False]
-        if self.order == "random":
+        if self.order in ("random", "auto"):
             return [self.rng.random() < 0.5]
         return [True]
 
@@ -357,6 +378,10 @@ class EchoN1Reward:
             self.empathy = EmpathyReward(ctx, **(empathy or {}))
         except TypeError as exc:
             raise ConfigError(f"rewards: echo_n1: bad humanlike / empathy args: {exc}") from exc
+
+    def step_metrics(self) -> dict[str, float]:
+        """The empathy judge's position bias since the last call (:meth:`EmpathyReward.step_metrics`)."""
+        return self.empathy.step_metrics()
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         domains = [scenario_domain(s.scenario, self.domain_field, self.default_domain) for s in samples]
