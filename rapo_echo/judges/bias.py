@@ -15,7 +15,8 @@ comparisons, and the presentation switch that answers it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 ORDERS = ("both", "random", "auto")
@@ -28,6 +29,30 @@ def check_orders(owner: str, orders: str, auto_probe: int, auto_threshold: float
         raise ValueError(f"{owner}: orders must be one of {', '.join(ORDERS)}, got {orders!r}")
     if auto_probe < 1 or not 0.0 <= auto_threshold <= 1.0:
         raise ValueError(f"{owner}: auto_probe must be >= 1 and auto_threshold in [0, 1]")
+
+
+def merge_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One step's position-bias metrics from several judges' :meth:`PositionBias.step_metrics` (e.g. the
+    group ranker and an empathy reward in one run): shares and chance weighted by their decision counts."""
+    parts = [p for p in parts if p.get(METRIC_PREFIX + "n")]
+    n = sum(p[METRIC_PREFIX + "n"] for p in parts)
+    if not n:
+        return {}
+    out = {METRIC_PREFIX + "n": n}
+    for key in ("first_share", "chance"):
+        out[METRIC_PREFIX + key] = sum(p[METRIC_PREFIX + key] * p[METRIC_PREFIX + "n"] for p in parts) / n
+    return out
+
+
+def run_first_share(rows: Sequence[Mapping[str, object]]) -> tuple[float, float, int] | None:
+    """A run's position bias from its metrics rows: (first share, chance, decisions), the steps weighted by
+    their decision counts; None when the run logged none."""
+    n = share = chance = 0.0
+    for row in rows:
+        k, s, c = (row.get(METRIC_PREFIX + key) for key in ("n", "first_share", "chance"))
+        if all(isinstance(v, (int, float)) and math.isfinite(v) for v in (k, s, c)) and k > 0:  # type: ignore[operator]
+            n, share, chance = n + k, share + s * k, chance + c * k  # type: ignore[operator]
+    return (share / n, chance / n, int(n)) if n else None
 
 
 def first_rank_share(ranks: Sequence[float], first: int) -> float:

@@ -31,6 +31,7 @@ from typing import Any
 
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.bias import check_orders
 from rapo_echo.judges.empathy import (
     EmpathyJudge,
     NeedAnalysis,
@@ -39,7 +40,6 @@ from rapo_echo.judges.empathy import (
     presentation_outcome,
     process_factor,
 )
-from rapo_echo.judges.bias import check_orders
 from rapo_echo.judges.humanlike import HumanlikeJudge
 from rapo_echo.llm.answers import check_logprobs_mode
 from rapo_echo.rewards import RewardContext, RewardOutput

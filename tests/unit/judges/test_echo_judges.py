@@ -47,7 +47,7 @@ def logp(probs: dict[str, float]):
     [
         ('{"reasoning": "short and casual.", "verdict": "human"}', H, True, "human"),
         ('{"verdict": "AI"}', H, False, "AI"),
-        ('Sure. ```json\n{"verdict": "tie"}\n```', ("A", "B", "tie"), False, "tie"),  # an unconstrained server
+        ('Sure. ```json\n{"verdict": "tie"}\n```', ("A", "B", "tie"), False, "tie"),  # free text
         ('My answer: {"verdict": "B"} (B is warmer)', ("A", "B", "tie"), False, "B"),
         ('{"verdict": "Human"}', H, False, None),  # labels are exact: a schema enum
         ('{"verdict": "AI", "score": 5}', H, False, None),  # no extra fields
