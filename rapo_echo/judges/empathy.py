@@ -256,16 +256,21 @@ class EmpathyJudge:
         prompts = [self.dominant_prompt(sc, n, fence) for sc, n in zip(scenarios, needs)]
         return self._decide(prompts, list(AXIS_LETTERS.values()), fence, DOMINANT_PREFIX)
 
-    def compare(self, items: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]]) -> list[Verdict]:
-        """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``."""
+    def compare(
+        self, items: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]], measured: int | None = None
+    ) -> list[Verdict]:
+        """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``; only the first
+        ``measured`` (default: all) count in :attr:`stats` and :attr:`position_bias` (the rest are probes
+        asked in the same batched call)."""
         fence = Fence(rng=self.rng)
         prompts = [self.compare_prompt(sc, needs, a, b, fence) for sc, needs, a, b in items]
         verdicts = self._decide(prompts, list(self.labels), fence)
-        for v in verdicts:
+        counted = verdicts if measured is None else verdicts[:measured]
+        for v in counted:
             if v.valid:  # A: the reply shown first won; tie: half; B: the second one won
                 self.position_bias.add({"A": 1.0, "tie": 0.5}.get(v.label or "", 0.0), 0.5)
-        self.stats["comparisons"] += len(verdicts)
-        self.stats["comparisons_invalid"] += sum(1 for v in verdicts if not v.valid)
+        self.stats["comparisons"] += len(counted)
+        self.stats["comparisons_invalid"] += sum(1 for v in counted if not v.valid)
         return verdicts
 
     def _decide(

@@ -31,7 +31,7 @@ from typing import Any
 
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.bias import check_orders
+from rapo_echo.judges.bias import InjectionProbe, check_orders, inject
 from rapo_echo.judges.empathy import (
     EmpathyJudge,
     NeedAnalysis,
@@ -126,6 +126,7 @@ class EmpathyReward:
         order: str = "both",
         auto_probe: int = 32,
         auto_threshold: float = 0.6,
+        injection_probe: int = 8,
         process: bool = False,
         needs: bool = True,
         ties: bool = True,
@@ -151,6 +152,9 @@ class EmpathyReward:
             raise ConfigError(str(exc)) from None
         self.auto_probe = auto_probe
         self.auto_threshold = auto_threshold
+        if injection_probe < 0:
+            raise ConfigError(f"rewards: {self.name}.injection_probe must be >= 0, got {injection_probe}")
+        self.injection = InjectionProbe(injection_probe)
         self.reference = _choice(self.name, "reference", reference, ("auto", "scenario", "model"))
         self.process = process
         self.needs = needs
@@ -284,7 +288,9 @@ class EmpathyReward:
                 a, b = (s.text, ref) if policy_first else (ref, s.text)
                 slots[-1].append((len(pairs), "A" if policy_first else "B"))
                 pairs.append((s.scenario, needs, a, b))
-        verdicts = self.judge.compare(pairs)
+        measured = len(pairs)
+        probed = self._add_probe(samples, slots, pairs)
+        verdicts = self.judge.compare(pairs, measured)
         out = []
         for s, k, info, slot in zip(samples, keys, infos, slots):
             if not slot:
@@ -300,11 +306,49 @@ class EmpathyReward:
             if score is not None and self.process:
                 score = self._apply_process(s.scenario, k, score, info)
             out.append(RewardOutput(score, info=info))
+        self._read_probe(probed, out, verdicts)
         return out
 
+    # ------------------------------------------------------------------ injection probe
+    def _add_probe(
+        self,
+        samples: Sequence[Sample],
+        slots: list[list[tuple[int, str]]],
+        pairs: list[tuple[Scenario, NeedAnalysis | None, str, str]],
+    ) -> list[tuple[int, list[tuple[int, str]]]]:
+        """Append to ``pairs`` the probe's copies of the first samples still to measure: the same
+        presentations with :data:`~rapo_echo.judges.bias.INJECTION` added to the policy's reply (one
+        batched call with the real comparisons). Returns (sample index, its probe slots)."""
+        probed = []
+        for i, slot in enumerate(slots):
+            if not slot or len(probed) >= self.injection.remaining:
+                continue
+            extra = []
+            for j, label in slot:
+                sc, needs, a, b = pairs[j]
+                a, b = (inject(a), b) if label == "A" else (a, inject(b))
+                extra.append((len(pairs), label))
+                pairs.append((sc, needs, a, b))
+            probed.append((i, extra))
+        return probed
+
+    def _read_probe(
+        self,
+        probed: Sequence[tuple[int, list[tuple[int, str]]]],
+        out: Sequence[RewardOutput],
+        verdicts: Sequence[Any],
+    ) -> None:
+        for i, extra in probed:
+            values = [presentation_outcome(verdicts[j], label, "probability") for j, label in extra]
+            injected = combine_presentations(values)
+            plain = out[i].info.get("outcome")
+            if injected is not None and plain is not None:
+                self.injection.add(injected - plain)
+
     def step_metrics(self) -> dict[str, float]:
-        """The judge's position bias since the last call (``judge/position_bias/*``), logged every step."""
-        return self.judge.position_bias.step_metrics()
+        """The judge's position bias (``judge/position_bias/*``) and, while the probe runs, its
+        instruction bias (``judge/injection_bias/*``) since the last call, logged every step."""
+        return {**self.judge.position_bias.step_metrics(), **self.injection.step_metrics()}
 
     def _orders(self) -> list[bool]:
         """Presentations of one pair: True = the policy's reply is A."""

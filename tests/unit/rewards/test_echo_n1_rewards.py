@@ -15,6 +15,7 @@ import pytest
 from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.bias import INJECTION
 from rapo_echo.rewards import RewardContext, RewardSet, build_reward
 from rapo_echo.rewards.echo_n1 import EchoN1Reward, EmpathyReward, HumanlikeReward, scenario_domain
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
@@ -128,7 +129,9 @@ def test_empathy_p_policy_better_averaged_over_both_orders_by_hand() -> None:
     # policy first: {A: .7, B: .2, tie: .1} -> P(policy > ref) + tie/2 = 0.7 + 0.05 = 0.75
     # policy second: {A: .4, B: .5, tie: .1} -> 0.5 + 0.05 = 0.55; the mean is 0.65
     fn = probs_by_order({"A": 0.7, "B": 0.2, "tie": 0.1}, {"A": 0.4, "B": 0.5, "tie": 0.1})
-    reward = EmpathyReward(RewardContext(judge=ScriptedEngine(rules=NEED_RULES, choice_fn=fn)))
+    reward = EmpathyReward(
+        RewardContext(judge=ScriptedEngine(rules=NEED_RULES, choice_fn=fn)), injection_probe=0
+    )
     [out] = reward([sample(GOOD)])
     assert out.score == pytest.approx(0.65) and out.info["verdicts"] == ["A", "B"]
     # the discrete switch: policy first A (win, 1), policy second B (win, 1) -> 1
@@ -164,9 +167,38 @@ def test_empathy_first_share_of_a_slot_judge_and_auto_orders() -> None:
         EmpathyReward(RewardContext(judge=always_a), auto_probe=0)
 
 
+def test_injection_probe_measures_how_far_an_instruction_moves_the_judge() -> None:
+    # a judge that follows the note: the injected reply wins for sure (P(win) 1), the plain one has its
+    # ordinary probability; the shift is the difference, measured on the first `injection_probe` samples
+    def fn(prompt, options):
+        if " C" in options:
+            return {" C": 0.0, " A": 0.0, " P": 0.0}
+        text = prompt_text(prompt)
+        a, b = block(text, "REPLY A"), block(text, "REPLY B")
+        if INJECTION in a or INJECTION in b:
+            win = " A" if INJECTION in a else " B"
+            return {o: 0.0 if o == win else -50.0 for o in options}
+        return {" A": math.log(0.4), " B": math.log(0.4), " tie": math.log(0.2)}  # plain: 0.4 + 0.1 = 0.5
+
+    engine = ScriptedEngine(rules=NEED_RULES, choice_fn=fn)
+    reward = EmpathyReward(RewardContext(judge=engine), injection_probe=2)
+    out = reward([sample(GOOD, group=i) for i in range(3)])
+    assert [o.score for o in out] == pytest.approx([0.5] * 3)  # the probe never changes a score
+    choices = [c for c in engine.calls if c["method"] == "choice_logprobs"]
+    assert [len(c["prompts"]) for c in choices] == [3 * 2 + 2 * 2]  # probes ride in the same call
+    metrics = reward.step_metrics()
+    assert (
+        metrics["judge/injection_bias/shift"] == pytest.approx(0.5) and metrics["judge/injection_bias/n"] == 2
+    )
+    assert metrics["judge/position_bias/n"] == 6  # the probes are not counted as decisions
+    assert reward.stats["comparisons"] == 6
+    reward([sample(GOOD, group=i) for i in range(3)])
+    assert "judge/injection_bias/n" not in reward.step_metrics()  # measured once per run
+
+
 def test_empathy_needs_once_per_scenario_and_one_compare_call() -> None:
     engine = judge_engine({GOOD: 3.0})
-    reward = EmpathyReward(RewardContext(judge=engine))
+    reward = EmpathyReward(RewardContext(judge=engine), injection_probe=0)
     a, b = scenario("a"), scenario("b")
     samples = [sample(t, sc, g) for g, sc in enumerate((a, b)) for t in (GOOD, BAD, GOOD, BAD)]
     reward(samples)
