@@ -73,9 +73,9 @@ BEST_PREFIX = "The reply that helped the person most is Reply"
 CRITIQUE_PREFIX = "The person's reaction shows"  # starts the critique: keeps small judges on task
 CRITIQUE_STOP = ("\n\n",)  # a critique is one short paragraph
 CRITIQUE_CHARS = 600
-# a short paragraph: up to three bounded lines (the stop sequence ends it at a blank line)
+# a short paragraph: up to three bounded lines, then the blank line that the stop sequence ends it at
 CRITIQUE_FORMAT = AnswerFormat.regex(
-    rf"[^\n]{{0,{CRITIQUE_CHARS}}}(\n[^\n]{{1,{CRITIQUE_CHARS}}}){{0,2}}", name="critique"
+    rf"[^\n]{{0,{CRITIQUE_CHARS}}}(\n[^\n]{{1,{CRITIQUE_CHARS}}}){{0,2}}\n{{0,2}}", name="critique"
 )
 RANKING_KEY = "ranking"
 SYSTEM = (

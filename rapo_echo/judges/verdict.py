@@ -37,7 +37,8 @@ VERDICT_PREFIX = "Verdict:"
 VERDICT_KEY = "verdict"
 REASONING_KEY = "reasoning"
 REASONING_CHARS = 300  # the JSON reasoning's maxLength: a small model otherwise never closes the string
-REASONING_LINE = AnswerFormat.regex(r"[^\n]{0,600}", name="reasoning_line")  # log-prob mode's one line
+# log-prob mode's one reasoning line; the closing newline is allowed so that the stop string ends it
+REASONING_LINE = AnswerFormat.regex(r"[^\n]{0,600}\n?", name="reasoning_line")
 
 
 @dataclass

@@ -64,7 +64,8 @@ def describe_engine(engine: ChatEngine) -> str:
     return f"{name} at {urlunsplit((parts.scheme, netloc, parts.path, '', ''))}"
 
 
-FIELD_LINE = AnswerFormat.regex(r"[^\n]{1,400}", name="field_line")  # one bounded line of free text
+# one bounded line of free text; the closing newline is allowed so that the call's stop string ends it
+FIELD_LINE = AnswerFormat.regex(r"[^\n]{1,400}\n?", name="field_line")
 
 
 def field_line(text: str) -> str | None:
