@@ -29,6 +29,17 @@ class RapoJudgeConfig(Strict):
         False, description="Rank a second time in reversed order and average (position bias)."
     )
     shuffle: bool = Field(True, description="Shuffle the candidates before showing them.")
+    orders: Literal["both", "random", "auto"] = Field(
+        "both",
+        description="Position bias: `both` ranks each group in its G cyclic shifts (every reply once in "
+        "every slot) and averages; `random` one shuffled order; `auto` both until `auto_probe` decisions "
+        "are measured, then both only while the first slot's share of rank 1 exceeds "
+        "`auto_threshold` x 2 x chance.",
+    )
+    auto_probe: int = Field(32, ge=1, description="`orders: auto`: decisions measured in every order first.")
+    auto_threshold: float = Field(
+        0.6, ge=0.0, le=1.0, description="`orders: auto`: the bias above which every order is kept."
+    )
     tie_eps: float = Field(0.02, ge=0.0, le=1.0, description="Label probabilities closer than this tie.")
     ties: Literal["chained", "leader", "none", "sequential", "pairwise"] = Field(
         "chained",

@@ -33,6 +33,7 @@ FIRST_CURVES = (
     "grad_norm",
     "invalid",
     "judge/invalid_groups",
+    "judge/position_bias/first_share",
     "tokens_per_s",
     "time/step",
 )

@@ -25,7 +25,14 @@ from rapo_echo.benchmarks.plots import grouped_bars, training_curves
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
 from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
 from rapo_echo.benchmarks.sotopia.report import dimensions_figure
-from rapo_echo.benchmarks.training_report import read_samples, samples_html, summary_table, validation_table
+from rapo_echo.benchmarks.training_report import (
+    JUDGE_BIAS_NOTE,
+    judge_bias_table,
+    read_samples,
+    samples_html,
+    summary_table,
+    validation_table,
+)
 from rapo_echo.errors import DataError
 from rapo_echo.jsonl import read_jsonl
 
@@ -330,6 +337,10 @@ def render_html(
         validated = validation_table(runs)
         if validated is not None:
             parts.append("<h3>Held-out validation</h3>" + _html_table(*validated))
+        bias = judge_bias_table(runs)
+        if bias is not None:
+            parts.append("<h3>Judge bias</h3>" + _html_table(*bias))
+            parts.append(f'<p class="note">{html.escape(JUDGE_BIAS_NOTE)}</p>')
         checks = run_checks_table(runs)
         if checks is not None:
             parts.append("<h3>Fidelity of the simulator and judge (real seekers)</h3>" + _html_table(*checks))
@@ -402,6 +413,9 @@ def build_report(
         validated = validation_table(runs)
         if validated is not None:
             md += "\nHeld-out validation\n\n" + markdown_table(*validated)
+        bias = judge_bias_table(runs)
+        if bias is not None:
+            md += "\nJudge bias\n\n" + markdown_table(*bias) + "\n" + JUDGE_BIAS_NOTE + "\n"
         checks = run_checks_table(runs)
         if checks is not None:
             md += "\nFidelity of the simulator and judge (real seekers)\n\n" + markdown_table(*checks)

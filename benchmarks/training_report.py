@@ -190,3 +190,31 @@ def samples_html(records: Sequence[dict[str, Any]], *, max_groups: int = 20) -> 
             f"{''.join(replies)}</details>"
         )
     return "".join(out)
+
+
+JUDGE_BIAS_NOTE = (
+    "Position bias: the share of a comparing judge's decisions that went to the reply shown first (A/B: "
+    "1 for A, 0.5 for a tie; groups: rank 1 to the first-shown reply), against what chance gives (0.5, or "
+    "1 / group size); a share far from chance means the judge judges the slot rather than the reply, "
+    "which both orders (the default) cancel out of the reward. Instruction bias: how far a note asking the "
+    "judge to prefer a reply moved that reply's score (0: ignored; +1: from a sure loss to a sure win)."
+)
+
+
+def judge_bias_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] | None:
+    """One row per run that logged its judge's bias (``judge/position_bias/*``, ``judge/injection_bias/*``):
+    the first-shown reply's share of the decisions against chance, and the instruction shift; None when
+    no run logged either."""
+    from rapo_echo.judges.bias import run_first_share, run_injection_shift
+
+    rows = []
+    for run in runs:
+        position, injection = run_first_share(run.rows), run_injection_shift(run.rows)
+        if position is None and injection is None:
+            continue
+        share = "-" if position is None else f"{position[0]:.3f} (chance {position[1]:.3f}, n {position[2]})"
+        shift = "-" if injection is None else f"{injection[0]:+.3f} (n {injection[1]})"
+        rows.append([run.path.name, share, shift])
+    if not rows:
+        return None
+    return ["run", "first-shown share of decisions", "instruction shift"], rows

@@ -58,6 +58,7 @@ from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl
+from rapo_echo.judges.bias import merge_metrics
 from rapo_echo.models import autocast_dtype
 from rapo_echo.monitor import RewardHackingMonitor
 from rapo_echo.policy import Policy, pad_left_aligned
@@ -524,6 +525,15 @@ class Trainer:
         batch = self.stream.next_batch(n * world)
         return batch[rank * n : (rank + 1) * n]
 
+    def _judge_metrics(self) -> dict[str, float]:
+        """This step's position bias of the comparing judges (``judge/position_bias/*``): the rewards'
+        judges and the algorithm's group judge, merged by decision count."""
+        parts = self.rewards.step_metrics()
+        bias = getattr(getattr(self.algorithm, "judge", None), "position_bias", None)
+        if bias is not None:
+            parts.append(bias.step_metrics())
+        return merge_metrics(parts)
+
     def train_step(self) -> dict[str, float]:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
         t_step = time.perf_counter()
@@ -549,7 +559,8 @@ class Trainer:
         timings["weight_sync"] = time.perf_counter() - t0
         timings["step"] = time.perf_counter() - t_step
         tokens = sum(len(s.completion_ids) for s in rollout.samples)
-        metrics = {**rollout.metrics, **persona_metrics, **update_metrics, **gap.metrics()}
+        metrics = {**rollout.metrics, **persona_metrics, **self._judge_metrics(), **update_metrics}
+        metrics.update(gap.metrics())
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         metrics["tokens_per_s"] = tokens / timings["step"] if timings["step"] > 0 else 0.0
         metrics["lr"] = self.scheduler.get_last_lr()[0]

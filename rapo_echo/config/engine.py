@@ -80,7 +80,8 @@ class EngineConfig(Strict):
 
 def script_problem(script: dict[str, Any]) -> str | None:
     """What is wrong with a scripted engine's ``script`` (``rules: [[regex, reply], ...]``,
-    ``replies: [...]``, ``default: text``), else None: caught at load rather than at the first reply."""
+    ``replies: [...]``, ``default: text``, ``structured: bool``), else None: caught at load rather than
+    at the first reply."""
     rules = script.get("rules", [])
     if not isinstance(rules, list):
         return f"rules must be a list of [regex, reply] pairs, got {type(rules).__name__}"
@@ -104,4 +105,6 @@ def script_problem(script: dict[str, Any]) -> str | None:
         return f"replies must be a list of texts, got {replies!r}"
     if not isinstance(script.get("default", ""), str):
         return f"default must be a text, got {script['default']!r}"
+    if not isinstance(script.get("structured", True), bool):
+        return f"structured must be true or false, got {script['structured']!r}"
     return None

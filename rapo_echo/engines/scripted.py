@@ -59,9 +59,15 @@ class ScriptedEngine:
 
     @classmethod
     def from_config(cls, script: dict[str, Any]) -> ScriptedEngine:
-        """Build from a config mapping ``{replies: [...], rules: [[regex, reply], ...], default: str}``."""
+        """Build from a config mapping ``{replies: [...], rules: [[regex, reply], ...], default: str,
+        structured: bool}`` (``structured: false`` plays a server without structured output)."""
         rules = [tuple(r) for r in script.get("rules", [])]
-        return cls(replies=script.get("replies"), rules=rules, default=script.get("default", "I hear you."))  # type: ignore[arg-type]
+        return cls(
+            replies=script.get("replies"),
+            rules=rules,  # type: ignore[arg-type]
+            default=script.get("default", "I hear you."),
+            structured=bool(script.get("structured", True)),
+        )
 
     def reply(self, prompt: Conversation) -> str:
         """The scripted reply to one prompt (advances the reply cycle when it is used)."""

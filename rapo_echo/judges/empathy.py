@@ -4,12 +4,14 @@
 1. **Need analysis** (once per scenario, one batched call): what the person needs right now on three
    axes, cognitive (to understand, or be understood accurately), affective (to have their feelings
    noticed and accepted) and proactive (to move forward: a next step, encouragement, help to act).
-   Each axis is one prompt that continues ``<Axis> need:`` for one line; an empty or garbled line is
-   retried, then the analysis is invalid.
+   Each axis is one prompt that continues ``<Axis> need:`` for one line, declared as one bounded line
+   (:data:`~rapo_echo.llm.answers.FIELD_LINE`); an empty or garbled line is retried, then the analysis
+   is invalid.
 2. **Comparison**: the dialogue, the analysis and two replies ``A`` / ``B``; the verdict ``A``, ``B``
    or ``tie`` (without ``ties``: ``A`` or ``B``) is read from label probabilities or parsed text
    (:mod:`rapo_echo.judges.verdict`). Which of the two is the policy's reply is the caller's choice
-   (both orders or a random one: see :mod:`rapo_echo.rewards.echo_n1`).
+   (both orders or a random one: see :mod:`rapo_echo.rewards.echo_n1`); every decision is tallied in
+   :attr:`EmpathyJudge.position_bias` (the share that went to the reply shown first).
 3. **Dominant need** (only for the optional process term): the axis the judge considers most pressing,
    ``C`` / ``A`` / ``P``, compared with the scenario's annotated need (:func:`annotated_axis`).
 
@@ -26,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
+from rapo_echo.judges.bias import PositionBias
 from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_probability
-from rapo_echo.llm.answers import check_logprobs_mode, field_line, generate_parsed
+from rapo_echo.llm.answers import FIELD_LINE, check_logprobs_mode, field_line, generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.reaction import render_profile
@@ -155,6 +158,14 @@ class EmpathyJudge:
         self.show_profile = show_profile
         self.rng = rng if rng is not None else random.Random(0)
         self.stats: Counter[str] = Counter()
+        self.position_bias = PositionBias()
+
+    @property
+    def text_mode(self) -> bool:
+        """Whether verdicts are generated as text (no log-probs): the prompts then ask for JSON. Prompts
+        built without an engine (judge training data) ask for the log-prob mode's lines, the form of
+        the training targets (:func:`~rapo_echo.judges.verdict.answer_text`)."""
+        return self.engine is not None and not wants_logprobs(self.engine, self.use_logprobs)
 
     # ------------------------------------------------------------------ prompts
     def _about(self, scenario: Scenario, fence: Fence) -> list[str]:
@@ -188,7 +199,9 @@ class EmpathyJudge:
         """The prompt asking which axis is most pressing (``C`` / ``A`` / ``P``)."""
         ask = (
             "Which need is most pressing right now: C (cognitive), A (affective) or P (proactive)? "
-            + answer_instruction(list(AXIS_LETTERS.values()), self.reasoning, DOMINANT_PREFIX)
+            + answer_instruction(
+                list(AXIS_LETTERS.values()), self.reasoning, DOMINANT_PREFIX, text_mode=self.text_mode
+            )
         )
         parts = [*self._about(scenario, fence), "The needs:\n" + fence.block("NEEDS", needs.text()), ask]
         return [msg("system", NEEDS_SYSTEM + " " + fence.rules()), msg("user", "\n\n".join(parts))]
@@ -207,7 +220,7 @@ class EmpathyJudge:
             "Which reply better meets the person's needs?"
             + tie
             + " "
-            + answer_instruction(self.labels, self.reasoning)
+            + answer_instruction(self.labels, self.reasoning, text_mode=self.text_mode)
         )
         return [msg("system", COMPARE_SYSTEM + " " + fence.rules()), msg("user", "\n\n".join(parts))]
 
@@ -221,7 +234,13 @@ class EmpathyJudge:
         params = SamplingParams(max_new_tokens=self.need_tokens, temperature=0.0, stop=("\n",))
         retry = SamplingParams(max_new_tokens=self.need_tokens, temperature=0.7, stop=("\n",))
         parsed = generate_parsed(
-            self.engine, prompts, field_line, params, max_retries=self.max_retries, retry_params=retry
+            self.engine,
+            prompts,
+            field_line,
+            params,
+            max_retries=self.max_retries,
+            retry_params=retry,
+            answer_format=FIELD_LINE,
         )
         out: list[NeedAnalysis | None] = []
         for i in range(len(scenarios)):
@@ -237,13 +256,21 @@ class EmpathyJudge:
         prompts = [self.dominant_prompt(sc, n, fence) for sc, n in zip(scenarios, needs)]
         return self._decide(prompts, list(AXIS_LETTERS.values()), fence, DOMINANT_PREFIX)
 
-    def compare(self, items: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]]) -> list[Verdict]:
-        """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``."""
+    def compare(
+        self, items: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]], measured: int | None = None
+    ) -> list[Verdict]:
+        """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``; only the first
+        ``measured`` (default: all) count in :attr:`stats` and :attr:`position_bias` (the rest are probes
+        asked in the same batched call)."""
         fence = Fence(rng=self.rng)
         prompts = [self.compare_prompt(sc, needs, a, b, fence) for sc, needs, a, b in items]
         verdicts = self._decide(prompts, list(self.labels), fence)
-        self.stats["comparisons"] += len(verdicts)
-        self.stats["comparisons_invalid"] += sum(1 for v in verdicts if not v.valid)
+        counted = verdicts if measured is None else verdicts[:measured]
+        for v in counted:
+            if v.valid:  # A: the reply shown first won; tie: half; B: the second one won
+                self.position_bias.add({"A": 1.0, "tie": 0.5}.get(v.label or "", 0.0), 0.5)
+        self.stats["comparisons"] += len(counted)
+        self.stats["comparisons_invalid"] += sum(1 for v in counted if not v.valid)
         return verdicts
 
     def _decide(

@@ -21,12 +21,18 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
 
   A group whose label log-probs are unusable (NaN, or no label among a server's top log-probs) is
   invalid and counted, with a warning naming the engine and its endpoint.
-* Text mode: one generation per group asks for ``Ranking: B > A = C``; every label exactly once, ``>``
-  and ``=`` only. Unparseable groups are asked again together, then marked invalid.
-* ``reverse_pass`` ranks a second time with the presentation reversed and averages the two rank
-  vectors (position-bias control); an invalid pass makes the group invalid.
+* Text mode: one generation per presentation asks for ``{"ranking": ["B", "A", "C"]}``, declared as
+  :func:`ranking_format` (the group's labels, exactly G items) so that an engine with constrained
+  decoding can only write that; a list that is not a permutation of the labels stays invalid
+  (:func:`ranking_ranks`). Unparseable answers are asked again together, then the group is invalid.
+* Presentation orders (position-bias control, :mod:`rapo_echo.judges.bias`): ``orders: both`` (the
+  default) ranks each group in its G cyclic shifts, every candidate once in every slot, and averages
+  the rank vectors; ``random`` shows one (shuffled) order; ``auto`` starts with ``both`` and keeps it
+  while the measured first-slot share exceeds ``auto_threshold``. ``reverse_pass`` adds each order
+  reversed. An invalid pass makes the group invalid. Every pass's decision is tallied in
+  :attr:`GroupJudge.position_bias` (how often the candidate shown first took rank 1, against 1/G).
 * Critiques: one batched generation, one prompt per (group, candidate), contrasting the candidate with
-  the group's best one.
+  the group's best one; declared as a short bounded paragraph (:data:`CRITIQUE_FORMAT`).
 * Untrusted text (context, profile, replies, reactions, thoughts) reaches the prompts only in fenced
   blocks (:mod:`rapo_echo.llm.fencing`; one marker per call, drawn from ``rng``, so a group's prompts
   keep their shared prefix), and a text answer is parsed from the judge's own words only.
@@ -36,14 +42,15 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
+from rapo_echo.judges.bias import PositionBias, check_orders, first_rank_share
 from rapo_echo.llm.answers import (
     Parsed,
     check_logprobs_mode,
@@ -56,6 +63,7 @@ from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.llm.ranks import average_ranks
 from rapo_echo.llm.reaction import Reaction, render_profile
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,12 @@ TIE_RULES = ("chained", "leader", "none", "sequential", "pairwise")
 BEST_PREFIX = "The reply that helped the person most is Reply"
 CRITIQUE_PREFIX = "The person's reaction shows"  # starts the critique: keeps small judges on task
 CRITIQUE_STOP = ("\n\n",)  # a critique is one short paragraph
+CRITIQUE_CHARS = 600
+# a short paragraph: up to three bounded lines, then the blank line that the stop sequence ends it at
+CRITIQUE_FORMAT = AnswerFormat.regex(
+    rf"[^\n]{{0,{CRITIQUE_CHARS}}}(\n[^\n]{{1,{CRITIQUE_CHARS}}}){{0,2}}\n{{0,2}}", name="critique"
+)
+RANKING_KEY = "ranking"
 SYSTEM = (
     "You judge emotional-support replies by their effect on the person. For each reply you see how the "
     "person reacted: what they said next, how their feelings changed and what they privately thought. "
@@ -99,45 +113,42 @@ class GroupJudgement:
     attempts: int = 1
 
 
-def parse_ranking(text: str, labels: Sequence[str]) -> list[float] | None:
-    """Average ranks (in ``labels`` order) from a ``Ranking: B > A = C`` answer, or None.
+def ranking_format(size: int) -> AnswerFormat:
+    """The text-mode answer for a group of ``size``: ``{"ranking": [labels, best first]}``, every item one
+    of the group's labels and exactly ``size`` of them (that each appears once is :func:`ranking_ranks`'
+    check: a schema cannot say it)."""
+    labels = list(LABELS[:size])
+    return AnswerFormat.json_schema(
+        {
+            "type": "object",
+            "properties": {
+                RANKING_KEY: {
+                    "type": "array",
+                    "items": {"type": "string", "enum": labels},
+                    "minItems": size,
+                    "maxItems": size,
+                }
+            },
+            "required": [RANKING_KEY],
+            "additionalProperties": False,
+        },
+        name="ranking",
+    )
 
-    Lenient about case, markdown, a ``Reply``/``Candidate`` word before a label, a final period and an
-    explanation after ``. ``, ``(`` or ``: ``; strict about content: every label exactly once, separated
-    by ``>`` (better than) or ``=`` (tie) only. The text after ``Ranking:`` is tried first, then every
-    line as a bare ranking.
-    """
-    lines = [m.group(1) for m in re.finditer(r"ranking\s*[*_`]*\s*[:=]\s*(.*)", text, re.I)]
-    lines += text.splitlines()
-    for line in lines:
-        ranks = _parse_order(line, labels)
-        if ranks is not None:
-            return ranks
-    return None
 
-
-def _parse_order(line: str, labels: Sequence[str]) -> list[float] | None:
-    body = re.split(r"\.\s|\(|:\s", line.strip() + " ", maxsplit=1)[0]  # drop a trailing explanation
-    body = re.sub(r"[*_`\[\]\"']", "", body)
-    body = re.sub(r"\b(?:reply|candidate|response)\s+", "", body, flags=re.I).strip().rstrip(".").strip()
-    if not re.fullmatch(r"[A-Za-z](?:\s*[>=]\s*[A-Za-z])*", body):
+def ranking_ranks(value: Any, labels: Sequence[str]) -> list[float] | None:
+    """Ranks (in ``labels`` order, 1 = best) from a parsed ranking answer, or None unless its list is a
+    permutation of ``labels``."""
+    order = value.get(RANKING_KEY) if isinstance(value, dict) else None
+    if not isinstance(order, list) or sorted(order) != sorted(labels):
         return None
-    tiers = [[label.strip().upper() for label in tier.split("=")] for tier in body.split(">")]
-    named = [label for tier in tiers for label in tier]
-    if sorted(named) != sorted(labels):
-        return None
-    ranks: dict[str, float] = {}
-    position = 0
-    for tier in tiers:
-        shared = position + (len(tier) + 1) / 2  # positions position+1 .. position+len(tier)
-        ranks.update((label, shared) for label in tier)
-        position += len(tier)
-    return [ranks[label] for label in labels]
+    return [float(order.index(label) + 1) for label in labels]
 
 
-def _parse_own_ranking(text: str, fence: Fence, labels: Sequence[str]) -> list[float] | None:
-    """:func:`parse_ranking` of the judge's own words (blocks it copied from the prompt removed)."""
-    return parse_ranking(fence.own_words(text), labels)
+def read_ranking(text: str, fence: Fence, labels: Sequence[str]) -> list[float] | None:
+    """:func:`ranking_ranks` of the answer in the judge's own words (blocks and bare copies of fenced text
+    removed), read by :func:`ranking_format`."""
+    return ranking_ranks(ranking_format(len(labels)).parse(fence.own_words(text, copies=True)), labels)
 
 
 def label_options(size: int) -> list[str]:
@@ -177,6 +188,12 @@ def pairwise_scores(size: int, shown: Sequence[tuple[int, int, float, float]]) -
     return [w / n if n else 0.0 for w, n in zip(wins, seen)]
 
 
+def balanced_orders(order: Sequence[int]) -> list[list[int]]:
+    """The cyclic shifts of ``order``: G presentations in which every candidate appears once in every
+    position (a Latin square), so that a judge's preference for a slot cancels out of the mean rank."""
+    return [list(order[k:]) + list(order[:k]) for k in range(len(order))]
+
+
 def _fmt(rank: float) -> str:
     return f"{rank:g}"
 
@@ -192,6 +209,9 @@ class GroupJudge:
         max_retries: int = 2,
         reverse_pass: bool = False,
         shuffle: bool = True,
+        orders: str = "both",
+        auto_probe: int = 32,
+        auto_threshold: float = 0.6,
         tie_eps: float = 0.02,
         ties: str = "chained",
         max_new_tokens: int = 384,
@@ -206,6 +226,7 @@ class GroupJudge:
             )
         if max_new_tokens < 1 or critique_tokens < 1:
             raise ValueError("GroupJudge: max_new_tokens and critique_tokens must be >= 1")
+        check_orders("GroupJudge", orders, auto_probe, auto_threshold)
         if ties not in TIE_RULES:
             raise ValueError(f"GroupJudge: ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
         self.engine = engine
@@ -213,6 +234,10 @@ class GroupJudge:
         self.max_retries = max_retries
         self.reverse_pass = reverse_pass
         self.shuffle = shuffle
+        self.orders = orders
+        self.auto_probe = auto_probe
+        self.auto_threshold = auto_threshold
+        self.position_bias = PositionBias()
         self.tie_eps = tie_eps
         self.ties = ties
         self.max_new_tokens = max_new_tokens
@@ -290,11 +315,12 @@ class GroupJudge:
             + "\n\n"
         )
         if text_mode:
+            example = ", ".join(f'"{label}"' for label in labels)
             body += (
                 f"Rank all {len(labels)} replies from the one that helped the person most to the one that "
-                "helped least, judged by the reactions. Answer with one line and nothing else: 'Ranking:' "
-                f"followed by the labels {', '.join(labels)}, best first, separated by '>' ('=' for a tie), "
-                "each label exactly once."
+                "helped least, judged by the reactions. Answer with one JSON object and nothing else: "
+                f'{{"{RANKING_KEY}": [...]}} whose list holds the labels {example} ordered from best to '
+                "worst, each exactly once."
             )
             return [msg("system", SYSTEM), msg("user", body)]
         body += "Judged by the reactions, which reply helped the person most?"
@@ -369,14 +395,25 @@ class GroupJudge:
         return judged
 
     def _presentation_orders(self, groups: Sequence[Sequence[Candidate]]) -> list[list[list[int]]]:
-        """Per group, one presentation order per pass (caller indices; the second pass is reversed)."""
+        """Per group, the presentation orders of its passes (caller indices): one order (shuffled with
+        ``shuffle``), or under ``orders`` ``both`` (or ``auto`` while biased) its G cyclic shifts, a
+        balanced set in which every candidate is shown once in every position; ``reverse_pass`` adds each
+        order reversed."""
+        every = self.position_bias.both_orders(self.orders, self.auto_probe, self.auto_threshold)
         out = []
         for group in groups:
             order = list(range(len(group)))
             if self.shuffle:
                 self.rng.shuffle(order)
-            out.append([order, order[::-1]] if self.reverse_pass else [order])
+            shown = balanced_orders(order) if every else [order]
+            out.append([o for base in shown for o in ([base, base[::-1]] if self.reverse_pass else [base])])
         return out
+
+    def _tally(self, ranks: Sequence[float], order: Sequence[int]) -> None:
+        """Record one presentation's decision for :attr:`position_bias`: the share of rank 1 that went to
+        the candidate shown first, against the chance 1 / G."""
+        if len(order) > 1:
+            self.position_bias.add(first_rank_share(ranks, order[0]), 1.0 / len(order))
 
     def _combine(self, per_pass: Sequence[list[float]]) -> list[float]:
         """One rank vector from the passes' rank vectors: their mean, re-ranked with average ranks."""
@@ -470,7 +507,9 @@ class GroupJudge:
             for pos, i in enumerate(order):
                 scores[i] = shown[pos]
             score_sets.setdefault(k, []).append(scores)
-            rank_sets.setdefault(k, []).append(ranks_from_p_best(scores, self.ties, self.tie_eps))
+            ranks = ranks_from_p_best(scores, self.ties, self.tie_eps)
+            rank_sets.setdefault(k, []).append(ranks)
+            self._tally(ranks, order)
         return rank_sets, score_sets
 
     def _sequential(
@@ -507,8 +546,9 @@ class GroupJudge:
                 ranks[j][i] = float(len(jobs[j][1]))
         rank_sets: dict[int, list[list[float]]] = {}
         score_sets: dict[int, list[list[float]]] = {}
-        for j, ((k, _), r, f) in enumerate(zip(jobs, ranks, first)):
+        for j, ((k, order), r, f) in enumerate(zip(jobs, ranks, first)):
             if j not in failed:
+                self._tally(r, order)
                 rank_sets.setdefault(k, []).append(r)
                 score_sets.setdefault(k, []).append(f)
         return rank_sets, score_sets
@@ -529,6 +569,8 @@ class GroupJudge:
                 failed.add(k)
             else:
                 shown[k].append((i, j, probs[0], probs[1]))
+                won = 1.0 if probs[0] > probs[1] else 0.5 if probs[0] == probs[1] else 0.0
+                self.position_bias.add(won, 0.5)
         out: dict[int, tuple[list[float], list[float]] | None] = {}
         for k in many:
             scores = pairwise_scores(len(groups[k]), shown[k])
@@ -546,14 +588,25 @@ class GroupJudge:
         if jobs:
             prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=True) for k, o in jobs]
             fence = self.fence
-            parsers = [partial(_parse_own_ranking, fence=fence, labels=LABELS[: len(o)]) for _, o in jobs]
-            parsed = generate_parsed(
-                self.engine,
-                prompts,
-                parsers,
-                SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0),
-                max_retries=self.max_retries,
-            )
+            parsers = [partial(read_ranking, fence=fence, labels=LABELS[: len(o)]) for _, o in jobs]
+            sizes = {len(o) for _, o in jobs}
+            # one declared format per call: groups of one size share it; mixed sizes go size by size
+            parsed_by_job: dict[int, Parsed[list[float]]] = {}
+            for size in sorted(sizes):
+                idx = [n for n, (_, o) in enumerate(jobs) if len(o) == size]
+                for n, p in zip(
+                    idx,
+                    generate_parsed(
+                        self.engine,
+                        [prompts[n] for n in idx],
+                        [parsers[n] for n in idx],
+                        SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0),
+                        max_retries=self.max_retries,
+                        answer_format=ranking_format(size),
+                    ),
+                ):
+                    parsed_by_job[n] = p
+            parsed = [parsed_by_job[n] for n in range(len(jobs))]
             self._count_calls("rank", parsed)
             for (k, order), p in zip(jobs, parsed):
                 results_by_group.setdefault(k, []).append((order, p))
@@ -574,6 +627,7 @@ class GroupJudge:
                 for pos, i in enumerate(order):
                     ranks[i] = (p.value or [])[pos]
                 rank_sets.append(ranks)
+                self._tally(ranks, order)
             out.append(
                 GroupJudgement(self._combine(rank_sets), [None] * len(group), None, True, raw, attempts)
             )
@@ -598,9 +652,10 @@ class GroupJudge:
         parsed = generate_parsed(
             self.engine,
             prompts,
-            lambda text: clean_critique(fence.own_words(text)),
+            lambda text: clean_critique(fence.own_words(CRITIQUE_FORMAT.parse(text) or "")),
             SamplingParams(max_new_tokens=self.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
             max_retries=self.max_retries,
+            answer_format=CRITIQUE_FORMAT,
         )
         self._count_calls("critique", parsed)
         self.stats["failed_critiques"] += sum(p.value is None for p in parsed)

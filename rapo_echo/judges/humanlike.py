@@ -5,8 +5,8 @@
   fit its conversation (a foreign or shuffled context) counts as not human; context-free
   (``context_aware=False``) sees the reply alone.
 * The score is P(human): read from the label probabilities of ``human`` / ``AI`` after ``Verdict:``
-  where the engine exposes log-probs, else 1 / 0 from the parsed ``Verdict:`` line (retried, then
-  invalid). ``reasoning`` makes the judge write a ``Reasoning:`` line first (see
+  where the engine exposes log-probs, else 1 / 0 from the JSON verdict the judge writes under a declared
+  format (retried, then invalid). ``reasoning`` makes the judge write a ``Reasoning:`` line first (see
   :mod:`rapo_echo.judges.verdict`).
 * The dialogue and the reply reach the prompt only inside fenced blocks (:mod:`.fencing`).
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_probability
-from rapo_echo.llm.answers import check_logprobs_mode
+from rapo_echo.llm.answers import check_logprobs_mode, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Conversation, msg
@@ -76,6 +76,13 @@ class HumanlikeJudge:
         self.rng = rng if rng is not None else random.Random(0)
         self.stats: Counter[str] = Counter()
 
+    @property
+    def text_mode(self) -> bool:
+        """Whether verdicts are generated as text (no log-probs): the prompt then asks for JSON. Prompts
+        built without an engine (judge training data) ask for the log-prob mode's lines, the form of
+        the training targets (:func:`~rapo_echo.judges.verdict.answer_text`)."""
+        return self.engine is not None and not wants_logprobs(self.engine, self.use_logprobs)
+
     def prompt(self, context: Conversation | None, reply: str, fence: Fence) -> Conversation:
         """The judge's prompt for one reply (``context`` is left out when context-free)."""
         system = SYSTEM + (CONTEXT_RULE if self.context_aware else "") + " " + fence.rules()
@@ -86,7 +93,7 @@ class HumanlikeJudge:
             parts.append("The partner's next reply, to judge:\n" + fence.block("REPLY", reply))
         else:
             parts.append("The reply to judge:\n" + fence.block("REPLY", reply))
-        parts.append(answer_instruction(LABELS, self.reasoning))
+        parts.append(answer_instruction(LABELS, self.reasoning, text_mode=self.text_mode))
         return [msg("system", system), msg("user", "\n\n".join(parts))]
 
     def score(self, items: Sequence[tuple[Conversation | None, str]]) -> list[HumanlikeScore]:

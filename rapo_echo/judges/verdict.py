@@ -1,16 +1,19 @@
-"""The answer format of the Echo-N1 judges (humanlike, empathy): an optional ``Reasoning:`` line, then
-one ``Verdict: LABEL`` line.
+"""The answers of the Echo-N1 judges (humanlike, empathy, dominant need): a choice among labels, with or
+without a short reasoning first.
 
 * Log-prob mode (the engine exposes log-probs): the label is read from the label tokens'
-  probabilities right after the prefix ``Verdict:``; with ``reasoning`` on, one batched generation
-  first writes the judge's ``Reasoning:`` line and the label is read after it (a generative judge
-  that reasons before its verdict, as Echo-N1's are said to).
-* Text mode: the judge writes the lines; the verdict is parsed from its last ``Verdict:`` line (or a
-  reply that is a bare label); unparseable replies are retried, then invalid (``None``), never 0.
-  Given the prompts' ``fence``, only the judge's own words are parsed
-  (:meth:`~rapo_echo.llm.fencing.Fence.own_words` with ``copies=True``, as the generic ``judge``
-  reward does): a quoted reply that ends in ``Verdict: human``, with or without its fence markers,
-  never lends the judge its label.
+  probabilities right after the prefix ``Verdict:`` (one forward, a distribution); with ``reasoning``
+  on, one batched generation first writes the judge's ``Reasoning:`` line (declared as one bounded line,
+  :data:`REASONING_LINE`) and the label is read after it (a generative judge that reasons before its
+  verdict, as Echo-N1's are said to). The prompt asks for exactly those lines.
+* Text mode: the judge answers one JSON object, :func:`verdict_format` (``{"reasoning": ...,
+  "verdict": "A"}``; ``reasoning`` only when asked for), declared to the engine so that one with
+  constrained decoding can only write that; it is read by :meth:`AnswerFormat.parse
+  <rapo_echo.structured.AnswerFormat.parse>`, the one parser; an answer that does not parse is
+  retried, then invalid (``None``), never 0. Given the prompts' ``fence``, only the judge's own words
+  are parsed (:meth:`~rapo_echo.llm.fencing.Fence.own_words` with ``copies=True``, as the generic
+  ``judge`` reward does): a quoted reply that holds a verdict, with or without its fence markers, never
+  lends the judge its label; the verdict is the JSON field, not a line of quoted text.
 
 Labels are words such as ``human`` / ``AI`` or ``A`` / ``B`` / ``tie``; as log-prob options they get a
 leading space (``" human"``), a single token in common BPE vocabularies.
@@ -18,18 +21,24 @@ leading space (``" human"``), a single token in common BPE vocabularies.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from rapo_echo.engines.base import ChatEngine, generate_texts
-from rapo_echo.llm.answers import wants_logprobs
+from rapo_echo.engines.base import ChatEngine
+from rapo_echo.llm.answers import generate_parsed, wants_logprobs
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import judge_labels
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, msg
 
 REASONING_PREFIX = "Reasoning:"
 VERDICT_PREFIX = "Verdict:"
+VERDICT_KEY = "verdict"
+REASONING_KEY = "reasoning"
+REASONING_CHARS = 300  # the JSON reasoning's maxLength: a small model otherwise never closes the string
+# log-prob mode's one reasoning line; the closing newline is allowed so that the stop string ends it
+REASONING_LINE = AnswerFormat.regex(r"[^\n]{0,600}\n?", name="reasoning_line")
 
 
 @dataclass
@@ -49,8 +58,31 @@ class Verdict:
         return self.label is not None
 
 
-def answer_instruction(labels: Sequence[str], reasoning: bool, prefix: str = VERDICT_PREFIX) -> str:
-    """The sentence that asks for the answer lines, e.g. ``... 'Verdict: human' or 'Verdict: AI'``."""
+def verdict_format(labels: Sequence[str], reasoning: bool) -> AnswerFormat:
+    """The text-mode answer: a JSON object with ``verdict`` (one of ``labels``) and, with ``reasoning``,
+    a bounded ``reasoning`` string before it."""
+    props: dict[str, Any] = {VERDICT_KEY: {"type": "string", "enum": list(labels)}}
+    if reasoning:
+        props[REASONING_KEY] = {"type": "string", "maxLength": REASONING_CHARS}
+    return AnswerFormat.json_schema(
+        {"type": "object", "properties": props, "required": sorted(props), "additionalProperties": False},
+        name="verdict",
+    )
+
+
+def answer_instruction(
+    labels: Sequence[str], reasoning: bool, prefix: str = VERDICT_PREFIX, *, text_mode: bool = False
+) -> str:
+    """The sentence that asks for the answer: in log-prob mode the lines the label is read after (e.g.
+    ``... 'Verdict: human' or 'Verdict: AI'``), in text mode the JSON object of :func:`verdict_format`."""
+    if text_mode:
+        options = ", ".join(f'"{label}"' for label in labels)
+        shape = (
+            f'{{"{REASONING_KEY}": "<one or two short sentences>", "{VERDICT_KEY}": "<label>"}}'
+            if reasoning
+            else f'{{"{VERDICT_KEY}": "<label>"}}'
+        )
+        return f"Answer with one JSON object and nothing else, {shape}, where the label is one of {options}."
     options = " or ".join(f"'{prefix} {label}'" for label in labels)
     if reasoning:
         return (
@@ -61,25 +93,19 @@ def answer_instruction(labels: Sequence[str], reasoning: bool, prefix: str = VER
 
 
 def answer_text(label: str, reasoning: str | None, prefix: str = VERDICT_PREFIX) -> str:
-    """The answer a judge should write (the target of judge training)."""
+    """The log-prob mode's answer lines a judge should write (the target of judge training)."""
     line = f"{prefix} {label}"
     if reasoning:
         return f"{REASONING_PREFIX} {' '.join(reasoning.split())}\n{line}"
     return line
 
 
-def parse_verdict(text: str, labels: Sequence[str], prefix: str = VERDICT_PREFIX) -> str | None:
-    """The label of the last ``Verdict: LABEL`` line of ``text`` (case, markdown and a trailing period or
-    explanation tolerated), or of a reply that is a bare label; None otherwise."""
-    by_lower = {label.lower(): label for label in labels}
-    words = "|".join(re.escape(k) for k in sorted(by_lower, key=len, reverse=True))
-    key = re.escape(prefix.rstrip(":"))
-    label_re = rf"[*_`\"'\s]*(?:reply\s+)?({words})(?![\w-])"
-    hits = re.findall(rf"{key}[*_`\s]*[:=-]{label_re}", text, re.I)
-    if hits:
-        return by_lower[hits[-1].lower()]
-    bare = re.fullmatch(rf"{label_re}[\s.!*_`\"']*", text, re.I)
-    return by_lower[bare.group(1).lower()] if bare else None
+def read_verdict(text: str, fmt: AnswerFormat, fence: Fence | None = None) -> dict[str, Any] | None:
+    """The text-mode answer object in the judge's own words (``fence``'s blocks and bare copies removed),
+    read by ``fmt`` (:func:`verdict_format`); None when it has none."""
+    own = text if fence is None else fence.own_words(text, copies=True)
+    value = fmt.parse(own)
+    return value if isinstance(value, dict) else None
 
 
 def _options(labels: Sequence[str]) -> dict[str, str]:
@@ -99,14 +125,11 @@ def decide(
     fence: Fence | None = None,
 ) -> list[Verdict]:
     """One verdict per prompt among ``labels`` (see the module docstring); ``prefix`` opens the
-    verdict line; ``fence`` (the one the prompts' blocks were built with) keeps the parse to the
-    judge's own words."""
+    verdict line in log-prob mode; ``fence`` (the one the prompts' blocks were built with) keeps the
+    parse to the judge's own words. The prompts must have been built for the same mode
+    (:func:`answer_instruction` with ``text_mode``)."""
     if not prompts:
         return []
-
-    def own(text: str) -> str:
-        return text if fence is None else fence.own_words(text, copies=True)
-
     options = _options(labels)
     values = {opt: float(i) for i, opt in enumerate(options)}  # judge_labels needs numbers; unused here
     if wants_logprobs(engine, use_logprobs):
@@ -114,51 +137,60 @@ def decide(
         if reasoning:
             starts = [list(p) + [msg("assistant", REASONING_PREFIX)] for p in prompts]
             params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=("\n",))
-            thoughts = [" ".join(t.split()) for t in generate_texts(engine, starts, params)]
+            lines = generate_parsed(
+                engine, starts, None, params, max_retries=0, answer_format=REASONING_LINE
+            )
+            thoughts = [" ".join((p.value or "").split()) for p in lines]
         heads = [(f"{REASONING_PREFIX} {t}\n" if reasoning else "") + prefix for t in thoughts]
         asked = [list(p) + [msg("assistant", h)] for p, h in zip(prompts, heads)]
+        # a row whose labels all have probability 0 falls back to a generated label after the prefix
+        label_format = AnswerFormat.choice(list(labels), name="label")
 
         def bare(text: str) -> str | None:
-            label = parse_verdict(own(text), labels, prefix)
+            own = text if fence is None else fence.own_words(text, copies=True)
+            label = label_format.parse(own)
             return None if label is None else " " + label
 
-        rows = judge_labels(engine, asked, values, bare, _params(max_new_tokens), retries=max_retries)
+        rows = judge_labels(
+            engine,
+            asked,
+            values,
+            bare,
+            _params(max_new_tokens),
+            retries=max_retries,
+            answer_format=label_format,
+        )
         out = []
         for row, thought in zip(rows, thoughts):
             probs = None if row.probs is None else {options[k]: v for k, v in row.probs.items()}
             label = None if row.label is None else options[row.label]
             out.append(Verdict(label, probs, thought, row.raw, row.attempts, row.mode))
         return out
+    fmt = verdict_format(labels, reasoning)
     budget = max_new_tokens * (2 if reasoning else 1)
-
-    def parse(text: str) -> str | None:
-        label = parse_verdict(own(text), labels, prefix)
-        return None if label is None else " " + label
-
-    rows = judge_labels(
-        engine, prompts, values, parse, _params(budget), retries=max_retries, logprobs="never"
+    parsed = generate_parsed(
+        engine,
+        prompts,
+        lambda text: read_verdict(text, fmt, fence),
+        _params(budget),
+        max_retries=max_retries,
+        answer_format=fmt,
     )
     return [
         Verdict(
-            None if r.label is None else options[r.label],
+            None if p.value is None else p.value[VERDICT_KEY],
             None,
-            reasoning_of(own(r.raw)),
-            r.raw,
-            r.attempts,
+            "" if p.value is None else " ".join(str(p.value.get(REASONING_KEY, "")).split()),
+            p.raw,
+            p.attempts,
             "text",
         )
-        for r in rows
+        for p in parsed
     ]
 
 
 def _params(max_new_tokens: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-
-
-def reasoning_of(text: str) -> str:
-    """The text after the last ``Reasoning:`` up to the verdict line ('' when there is none)."""
-    hits = re.findall(rf"{re.escape(REASONING_PREFIX)}\s*(.*?)(?:\n|$)", text, re.I)
-    return " ".join(hits[-1].split()) if hits else ""
 
 
 def label_probability(verdict: Verdict, label: str) -> float | None:

@@ -1,6 +1,7 @@
 """Answers read from a model's text, for judges, simulators and annotators alike: the log-prob mode
-switch, answer-line parsing, and generation with retries; a reply that stays unparseable is ``None``
-(invalid), never 0. Label probabilities (the log-prob path) are in :mod:`rapo_echo.llm.labels`."""
+switch, generation under a declared answer format with retries, the one-line field format; a reply that
+stays unparseable is ``None`` (invalid), never 0. Label probabilities (the log-prob path) are in
+:mod:`rapo_echo.llm.labels`."""
 
 from __future__ import annotations
 
@@ -63,36 +64,18 @@ def describe_engine(engine: ChatEngine) -> str:
     return f"{name} at {urlunsplit((parts.scheme, netloc, parts.path, '', ''))}"
 
 
-_MARKUP = re.compile(r"[*_#>`\s]+")
-_NUMBER = r"([+-]?[0-9]{1,6})(?:\s*(?:/|out\s+of)\s*([0-9]{1,6}))?\.?"
-
-
-def parse_answer_line(text: str, key: str, lo: int, hi: int) -> int | None:
-    """The integer of the answer line ``KEY: N`` in a judge's reply, or None.
-
-    Only a line that holds nothing but the answer counts (any case, markdown allowed, ``:`` / ``=`` or no
-    sign, an optional ``/hi`` or ``out of hi`` and a final period), so an echoed instruction ("Score: 1
-    (worst) to 5") or a quote inside reasoning ("the reply says Score: 5") never parses. A reply that is a
-    bare integer is its own answer line. Several answer lines must agree; N must lie in ``[lo, hi]``.
-    """
-    name = _MARKUP.sub(" ", key).strip()
-    keyed = re.compile(rf"{re.escape(name)}\s*[:=]?\s*{_NUMBER}", re.I)
-    lines = [_MARKUP.sub(" ", line).strip() for line in str(text).splitlines()]
-    lines = [line for line in lines if line]
-    matches = [keyed.fullmatch(line) for line in lines]
-    if len(lines) == 1 and matches[0] is None:
-        matches = [re.fullmatch(_NUMBER, lines[0])]
-    found = {int(m.group(1)) for m in matches if m is not None and m.group(2) in (None, str(hi))}
-    if len(found) != 1:
-        return None
-    (value,) = found
-    return value if lo <= value <= hi else None
+# one bounded line of free text; the closing newline is allowed so that the call's stop string ends it
+FIELD_LINE = AnswerFormat.regex(r"[^\n]{1,400}\n?", name="field_line")
 
 
 def field_line(text: str) -> str | None:
-    """The first line of a field continuation (e.g. after ``Cognitive need:``), whitespace normalised;
-    None when it has fewer than two words with letters (empty, punctuation, a lone label)."""
-    line = " ".join(text.strip().split("\n", 1)[0].split()).strip(" \"'*`")
+    """The line of a field continuation (e.g. after ``Cognitive need:``) read by :data:`FIELD_LINE`,
+    whitespace normalised; None when it is not one line or has fewer than two words with letters
+    (empty, punctuation, a lone label)."""
+    value = FIELD_LINE.parse(text)
+    if value is None:
+        return None
+    line = " ".join(value.split()).strip(" \"'*`")
     words = [w for w in line.split() if re.search(r"[A-Za-z]", w)]
     return line if len(words) >= 2 else None
 

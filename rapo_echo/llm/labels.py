@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.errors import CapabilityError
 from rapo_echo.llm.answers import describe_engine, generate_parsed, wants_logprobs
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -96,11 +97,13 @@ def judge_labels(
     *,
     retries: int = 2,
     logprobs: str = "auto",
+    answer_format: AnswerFormat | None = None,
 ) -> list[LabelVerdict]:
     """Each prompt's verdict among ``values``' labels. With log-probs: one ``choice_logprobs`` call, the
     label probabilities renormalised over the labels; a row where every label has probability 0 (e.g. none
     is in a server's top log-probs) falls back to text. Text: generate, ``parse_label`` (one function, or
-    one per prompt), retry."""
+    one per prompt), retry; ``answer_format`` declares the generated answer's shape to the engine
+    (:func:`~rapo_echo.llm.answers.generate_parsed`)."""
     labels = list(values)
     out: list[LabelVerdict | None] = [None] * len(prompts)
     text_rows = list(range(len(prompts)))
@@ -122,6 +125,7 @@ def judge_labels(
             [parsers[i] for i in text_rows],
             params,
             max_retries=retries,
+            answer_format=answer_format,
         )
         for i, p in zip(text_rows, parsed):
             value = None if p.value is None else values[p.value]

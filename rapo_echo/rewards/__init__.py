@@ -187,6 +187,11 @@ class RewardSet:
     def names(self) -> list[str]:
         return [r.name for r, _ in self.rewards]
 
+    def step_metrics(self) -> list[dict[str, float]]:
+        """Each reward's own per-step metrics where it has any (e.g. a judge's position bias, through
+        its ``step_metrics()``), since the last call."""
+        return [r.step_metrics() for r, _ in self.rewards if callable(getattr(r, "step_metrics", None))]
+
     def score(self, samples: Sequence[Sample]) -> None:
         """Fill ``rewards``, ``reward``, ``critique`` and ``info`` of every sample in place."""
         for reward, _weight in self.rewards:

@@ -3,10 +3,15 @@ combination ``echo_n1``. Each judges through the run's ``judge`` engine (``rapo_
 
 * ``humanlike``: P(the reply reads as written by a human), context-aware by default.
 * ``empathy``: the judge profiles the person's cognitive / affective / proactive needs (once per
-  scenario, cached), then compares the policy's reply with a reference reply; win / tie / loss ->
-  1 / 0.5 / 0 (``outcome: discrete``) or P(win) + 0.5 P(tie) (``outcome: probability``); the pair
-  is shown in both orders and averaged (``order: both``), in one random order (``random``) or policy
-  first (``fixed``); optionally multiplied by a process factor (``process: true``).
+  scenario, cached), then compares the policy's reply with a reference reply; P(policy better) + 0.5
+  P(tie) from the verdict probabilities (``outcome: probability``, the default, Echo-N1's
+  P(policy > reference); a text-mode verdict has no probabilities and gives its discrete value) or win /
+  tie / loss -> 1 / 0.5 / 0 (``outcome: discrete``); the pair is shown in both orders and averaged
+  (``order: both``, the default), in one random order (``random``), in both orders while the judge's
+  measured position bias exceeds ``auto_threshold`` after ``auto_probe`` decisions, else one random
+  order (``auto``), or policy first (``fixed``); optionally multiplied by a process factor
+  (``process: true``). :meth:`EmpathyReward.step_metrics` reports the judge's position bias
+  (:mod:`rapo_echo.judges.bias`) each step.
 * ``echo_n1``: ``mode: route`` scores empathy-domain scenarios with ``empathy`` and chit-chat ones with
   ``humanlike`` (the domain is read from ``meta.domain``, then ``profile.domain``); ``mode: weighted``
   gives every sample ``w_empathy * empathy + w_humanlike * humanlike``.
@@ -26,6 +31,7 @@ from typing import Any
 
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.bias import InjectionProbe, check_orders, inject
 from rapo_echo.judges.empathy import (
     EmpathyJudge,
     NeedAnalysis,
@@ -116,8 +122,11 @@ class EmpathyReward:
     def __init__(
         self,
         ctx: RewardContext,
-        outcome: str = "discrete",
+        outcome: str = "probability",
         order: str = "both",
+        auto_probe: int = 32,
+        auto_threshold: float = 0.6,
+        injection_probe: int = 8,
         process: bool = False,
         needs: bool = True,
         ties: bool = True,
@@ -136,7 +145,16 @@ class EmpathyReward:
     ) -> None:
         _check_mode(self.name, use_logprobs)
         self.outcome = _choice(self.name, "outcome", outcome, ("discrete", "probability"))
-        self.order = _choice(self.name, "order", order, ("both", "random", "fixed"))
+        self.order = _choice(self.name, "order", order, ("both", "random", "auto", "fixed"))
+        try:
+            check_orders(f"rewards: {self.name}", "both", auto_probe, auto_threshold)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.auto_probe = auto_probe
+        self.auto_threshold = auto_threshold
+        if injection_probe < 0:
+            raise ConfigError(f"rewards: {self.name}.injection_probe must be >= 0, got {injection_probe}")
+        self.injection = InjectionProbe(injection_probe)
         self.reference = _choice(self.name, "reference", reference, ("auto", "scenario", "model"))
         self.process = process
         self.needs = needs
@@ -270,7 +288,9 @@ class EmpathyReward:
                 a, b = (s.text, ref) if policy_first else (ref, s.text)
                 slots[-1].append((len(pairs), "A" if policy_first else "B"))
                 pairs.append((s.scenario, needs, a, b))
-        verdicts = self.judge.compare(pairs)
+        measured = len(pairs)
+        probed = self._add_probe(samples, slots, pairs)
+        verdicts = self.judge.compare(pairs, measured)
         out = []
         for s, k, info, slot in zip(samples, keys, infos, slots):
             if not slot:
@@ -286,13 +306,58 @@ class EmpathyReward:
             if score is not None and self.process:
                 score = self._apply_process(s.scenario, k, score, info)
             out.append(RewardOutput(score, info=info))
+        self._read_probe(probed, out, verdicts)
         return out
+
+    # ------------------------------------------------------------------ injection probe
+    def _add_probe(
+        self,
+        samples: Sequence[Sample],
+        slots: list[list[tuple[int, str]]],
+        pairs: list[tuple[Scenario, NeedAnalysis | None, str, str]],
+    ) -> list[tuple[int, list[tuple[int, str]]]]:
+        """Append to ``pairs`` the probe's copies of the first samples still to measure: the same
+        presentations with :data:`~rapo_echo.judges.bias.INJECTION` added to the policy's reply (one
+        batched call with the real comparisons). Returns (sample index, its probe slots)."""
+        probed = []
+        for i, slot in enumerate(slots):
+            if not slot or len(probed) >= self.injection.remaining:
+                continue
+            extra = []
+            for j, label in slot:
+                sc, needs, a, b = pairs[j]
+                a, b = (inject(a), b) if label == "A" else (a, inject(b))
+                extra.append((len(pairs), label))
+                pairs.append((sc, needs, a, b))
+            probed.append((i, extra))
+        return probed
+
+    def _read_probe(
+        self,
+        probed: Sequence[tuple[int, list[tuple[int, str]]]],
+        out: Sequence[RewardOutput],
+        verdicts: Sequence[Any],
+    ) -> None:
+        for i, extra in probed:
+            values = [presentation_outcome(verdicts[j], label, "probability") for j, label in extra]
+            injected = combine_presentations(values)
+            plain = out[i].info.get("outcome")
+            if injected is not None and plain is not None:
+                self.injection.add(injected - plain)
+
+    def step_metrics(self) -> dict[str, float]:
+        """The judge's position bias (``judge/position_bias/*``) and, while the probe runs, its
+        instruction bias (``judge/injection_bias/*``) since the last call, logged every step."""
+        return {**self.judge.position_bias.step_metrics(), **self.injection.step_metrics()}
 
     def _orders(self) -> list[bool]:
         """Presentations of one pair: True = the policy's reply is A."""
-        if self.order == "both":
+        if self.order == "both" or (
+            self.order == "auto"
+            and self.judge.position_bias.both_orders("auto", self.auto_probe, self.auto_threshold)
+        ):
             return [True, False]
-        if self.order == "random":
+        if self.order in ("random", "auto"):
             return [self.rng.random() < 0.5]
         return [True]
 
@@ -357,6 +422,10 @@ class EchoN1Reward:
             self.empathy = EmpathyReward(ctx, **(empathy or {}))
         except TypeError as exc:
             raise ConfigError(f"rewards: echo_n1: bad humanlike / empathy args: {exc}") from exc
+
+    def step_metrics(self) -> dict[str, float]:
+        """The empathy judge's position bias since the last call (:meth:`EmpathyReward.step_metrics`)."""
+        return self.empathy.step_metrics()
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         domains = [scenario_domain(s.scenario, self.domain_field, self.default_domain) for s in samples]

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.llm.answers import check_logprobs_mode, generate_parsed, parse_answer_line, wants_logprobs
+from rapo_echo.llm.answers import check_logprobs_mode, generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import read_label_probabilities
 from rapo_echo.rewards import RewardContext, RewardOutput
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Sample, SamplingParams, msg
 
 DEFAULT_RUBRIC = (
@@ -20,13 +21,28 @@ DEFAULT_RUBRIC = (
 )
 
 
+def score_format(scale: int) -> AnswerFormat:
+    """The text-mode answer of a 1..``scale`` rating: ``{"score": N}``."""
+    return AnswerFormat.json_schema(
+        {
+            "type": "object",
+            "properties": {"score": {"type": "integer", "minimum": 1, "maximum": scale}},
+            "required": ["score"],
+            "additionalProperties": False,
+        },
+        name="score",
+    )
+
+
 class JudgeReward:
     """Scores in [0, 1]: ``(s - 1) / (scale - 1)`` for a 1..``scale`` rating.
 
-    With log-probs the rating is the expectation over the label tokens' probabilities (robust even
-    with small judges); otherwise the judge writes an answer line ``Score: N``, which is parsed, retried
-    up to ``max_retries`` times (sampling, so a retry can differ from the greedy first try), then
-    marked invalid.
+    With log-probs the rating is the expectation over the label tokens' probabilities after ``Score: ``
+    (robust even with small judges); otherwise the judge answers ``{"score": N}``, declared as
+    :attr:`answer_format` (an integer in 1..``scale``) so that an engine with constrained decoding can
+    only write that; it is read by that format from the judge's own words, retried up to
+    ``max_retries`` times (sampling, so a retry can differ from the greedy first try), then marked
+    invalid.
     """
 
     name = "judge"
@@ -57,6 +73,7 @@ class JudgeReward:
         self.max_new_tokens = max_new_tokens
         self.show_profile = show_profile
         self.labels = [str(k) for k in range(1, scale + 1)]
+        self.answer_format = score_format(scale)
 
     def fence(self, samples: Sequence[Sample]) -> Fence:
         """One fence for a batch, its marker a hash of the batch's texts (reproducible; the prompts of
@@ -64,9 +81,10 @@ class JudgeReward:
         texts = [t for s in samples for t in (s.text, render_dialogue(s.scenario.messages))]
         return Fence.derived(texts, salt="judge-reward")
 
-    def prompt(self, sample: Sample, fence: Fence | None = None) -> Conversation:
+    def prompt(self, sample: Sample, fence: Fence | None = None, *, text_mode: bool = False) -> Conversation:
         """The judge's prompt for one reply: the dialogue, the reply (and the profile) in fenced blocks,
-        the rubric and the answer format outside them."""
+        the rubric and the answer format outside them (``text_mode``: the bare integer the format
+        declares; else the ``Score: N`` line whose label probabilities are read)."""
         fence = fence or self.fence([sample])
         profile = ""
         if self.show_profile and sample.scenario.profile:
@@ -75,10 +93,15 @@ class JudgeReward:
             profile = f"What we know about the person (hidden from the supporter):\n{block}\n\n"
         dialogue = render_dialogue(sample.scenario.messages)
         shown = fence.block("DIALOGUE", dialogue) if dialogue else "(none: the supporter speaks first)"
+        scale = f"an integer from 1 (worst) to {self.scale} (best)"
+        answer = (
+            f'Answer with one JSON object and nothing else, {{"score": N}}, where N is {scale}.'
+            if text_mode
+            else f"Answer with one line 'Score: N' where N is {scale}."
+        )
         body = (
             f"{self.rubric}\n\n{fence.rules()}\n\n{profile}Dialogue so far:\n{shown}\n\n"
-            f"Supporter's reply to rate:\n{fence.block('REPLY', sample.text)}\n\n"
-            f"Answer with one line 'Score: N' where N is an integer from 1 (worst) to {self.scale} (best)."
+            f"Supporter's reply to rate:\n{fence.block('REPLY', sample.text)}\n\n{answer}"
         )
         return [
             msg("system", "You are a careful judge of emotional-support conversations."),
@@ -86,14 +109,16 @@ class JudgeReward:
         ]
 
     def parse(self, text: str) -> int | None:
-        """The rating on the answer line ``Score: N`` (:func:`~rapo_echo.llm.answers.parse_answer_line`:
-        an echoed "Score: 1 (worst) to 5" or a "Score: 5" quoted in reasoning does not count), if in range."""
-        return parse_answer_line(text, "score", 1, self.scale)
+        """The rating of a text-mode answer read by :attr:`answer_format` (``{"score": N}`` with N in range;
+        an echoed "Score: 1 (worst) to 5" or a sentence quoting "Score: 5" is no answer)."""
+        value = self.answer_format.parse(text)
+        return value["score"] if isinstance(value, dict) else None
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         fence = self.fence(samples)
-        prompts = [self.prompt(s, fence) for s in samples]
-        if wants_logprobs(self.engine, self.use_logprobs):
+        text_mode = not wants_logprobs(self.engine, self.use_logprobs)
+        prompts = [self.prompt(s, fence, text_mode=text_mode) for s in samples]
+        if not text_mode:
             probs = read_label_probabilities(
                 self.engine, [p + [msg("assistant", "Score: ")] for p in prompts], self.labels, role="judge"
             )
@@ -116,6 +141,7 @@ class JudgeReward:
             lambda text: self.parse(fence.own_words(text, copies=True)),
             params,
             max_retries=self.max_retries,
+            answer_format=self.answer_format,
         )
         return [
             RewardOutput(

@@ -7,8 +7,9 @@ It is inferred once per scenario and dialogue: results are cached by a hash of t
 messages, so the G replies of a group (and later steps on the same context) share one inference, and
 a dialogue that grew gets a new one. One batched engine call per step for the scenarios not cached:
 three prompts per scenario, each continuing one field (``Traits:``, ``Needs:``, ``Preferred style:``)
-for one line; an empty or garbled field is retried, then the scenario gets no persona this step
-(counted in ``stats``, tried again next step).
+for one line, declared as one bounded line (:data:`~rapo_echo.llm.answers.FIELD_LINE`); an empty or
+garbled field is retried, then the scenario gets no persona this step (counted in ``stats``, tried again
+next step).
 
 It annotates scenarios rather than simulating a user, and it lives beside the other per-scenario
 annotation the Echo-N1 rewards read (:mod:`.references`, whose cache key it shares): above the judges and
@@ -25,7 +26,7 @@ from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
-from rapo_echo.llm.answers import field_line, generate_parsed
+from rapo_echo.llm.answers import FIELD_LINE, field_line, generate_parsed
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.prompting import PERSONA_KEY, PERSONA_PROMPT_KEY
@@ -118,7 +119,13 @@ class PersonaInference:
             params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, stop=("\n",))
             retry = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.7, stop=("\n",))
             parsed = generate_parsed(
-                self.engine, prompts, field_line, params, max_retries=self.max_retries, retry_params=retry
+                self.engine,
+                prompts,
+                field_line,
+                params,
+                max_retries=self.max_retries,
+                retry_params=retry,
+                answer_format=FIELD_LINE,
             )
             n = len(FIELDS)
             for i, key in enumerate(todo):

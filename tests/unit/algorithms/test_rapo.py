@@ -80,7 +80,10 @@ def judge(text_mode_garbage: bool = False) -> ScriptedEngine:
         under = re.search(r"1 = best\):\n<<<REVIEWED REPLY \w+>>>\n(\w+):", prompt_text(prompt)).group(1)
         return f"critique of {under}"
 
-    return ScriptedEngine(fn=critique, choice_fn=None if text_mode_garbage else best)
+    # garbage comes from a server without structured output (a constrained engine could not write it)
+    return ScriptedEngine(
+        fn=critique, choice_fn=None if text_mode_garbage else best, structured=not text_mode_garbage
+    )
 
 
 def make_rapo(
@@ -92,6 +95,7 @@ def make_rapo(
             f"model.name={tiny_folder}",
             "rollout.group_size=4",
             "rapo.judge.shuffle=true",
+            "rapo.judge.orders=random",  # one presentation per group: these tests count the judge's prompts
             *overrides,
         ],
     )

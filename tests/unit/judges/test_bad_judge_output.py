@@ -76,9 +76,8 @@ def test_judge_reward_counts_non_string_content_as_invalid(content, caplog):
 def test_text_parts_are_joined_and_null_is_empty():
     assert content_text([{"type": "text", "text": "Score: "}, {"type": "text", "text": "4"}]) == "Score: 4"
     assert content_text(None) == "" and content_text("x") == "x" and content_text(3) is None
-    judge = JudgeReward(
-        RewardContext(judge=fake_server([{"type": "text", "text": "Score: 4"}])), use_logprobs="never"
-    )
+    parts = [{"type": "text", "text": '{"score": '}, {"type": "text", "text": "4}"}]
+    judge = JudgeReward(RewardContext(judge=fake_server(parts)), use_logprobs="never")
     assert judge([sample()])[0].score == pytest.approx(0.75)
 
 

@@ -19,10 +19,18 @@ from rapo_echo.judges.empathy import (
     process_factor,
 )
 from rapo_echo.judges.humanlike import HumanlikeJudge
-from rapo_echo.judges.verdict import Verdict, answer_text, expected, parse_verdict, reasoning_of
+from rapo_echo.judges.verdict import (
+    Verdict,
+    answer_instruction,
+    answer_text,
+    expected,
+    read_verdict,
+    verdict_format,
+)
 from rapo_echo.llm.answers import field_line
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.types import Scenario, msg
+from tests.helpers.formats import record_formats
 
 CONTEXT = [msg("user", "ugh my flight got cancelled again"), msg("assistant", "no way, which airline?")]
 H = ("human", "AI")
@@ -35,31 +43,39 @@ def logp(probs: dict[str, float]):
 
 # ---------------------------------------------------------------------------- answer format
 @pytest.mark.parametrize(
-    ("text", "labels", "want"),
+    ("text", "labels", "reasoning", "want"),
     [
-        ("Reasoning: short and casual.\nVerdict: human", H, "human"),
-        ("**Verdict:** AI.", H, "AI"),
-        ("verdict = Human (it is casual)", H, "human"),
-        ("Verdict: AI\nVerdict: human", H, "human"),  # the last verdict line counts
-        ("  ai ", H, "AI"),  # a bare label (the continuation of 'Verdict:')
-        ("Verdict: reply B", ("A", "B", "tie"), "B"),
-        ("Verdict: Tie.", ("A", "B", "tie"), "tie"),
-        ("Verdict: human-ish", H, None),
-        ("I think it is human", H, None),
-        ("", H, None),
-        ("Verdict: maybe", H, None),
-        ("Verdict: AB", ("A", "B", "tie"), None),
+        ('{"reasoning": "short and casual.", "verdict": "human"}', H, True, "human"),
+        ('{"verdict": "AI"}', H, False, "AI"),
+        ('Sure. ```json\n{"verdict": "tie"}\n```', ("A", "B", "tie"), False, "tie"),  # free text
+        ('My answer: {"verdict": "B"} (B is warmer)', ("A", "B", "tie"), False, "B"),
+        ('{"verdict": "Human"}', H, False, None),  # labels are exact: a schema enum
+        ('{"verdict": "AI", "score": 5}', H, False, None),  # no extra fields
+        ('{"verdict": "AI"}', H, True, None),  # the reasoning was asked for
+        ("Verdict: human", H, False, None),  # the old line form is not the text-mode answer
+        ("", H, False, None),
+        ('{"verdict": "maybe"}', H, False, None),
     ],
 )
-def test_parse_verdict(text: str, labels: tuple[str, ...], want: str | None) -> None:
-    assert parse_verdict(text, labels) == want
+def test_read_verdict(text: str, labels: tuple[str, ...], reasoning: bool, want: str | None) -> None:
+    value = read_verdict(text, verdict_format(labels, reasoning))
+    assert (None if value is None else value["verdict"]) == want
 
 
-def test_answer_text_round_trips_and_field_lines() -> None:
+def test_verdict_format_is_declared_and_bounded() -> None:
+    fmt = verdict_format(H, reasoning=True)
+    assert fmt.kind == "json" and fmt.schema["properties"]["reasoning"]["maxLength"] == 300
+    assert fmt.schema["properties"]["verdict"]["enum"] == ["human", "AI"]
+    assert fmt.schema["additionalProperties"] is False
+    assert "JSON" in answer_instruction(H, True, text_mode=True)
+    assert answer_instruction(H, False) == "Answer with one line: 'Verdict: human' or 'Verdict: AI'."
+
+
+def test_answer_text_and_field_lines() -> None:
     text = answer_text("AI", "Too   polished\nfor a chat.")
     assert text == "Reasoning: Too polished for a chat.\nVerdict: AI"
-    assert parse_verdict(text, H) == "AI" and reasoning_of(text) == "Too polished for a chat."
-    assert field_line(" they want to vent\nAffective need: x") == "they want to vent"
+    assert field_line(" they want to vent ") == "they want to vent"
+    assert field_line(" they want to vent\nAffective need: x") is None  # not one line
     assert field_line(" ???") is None and field_line("") is None and field_line(" C") is None
 
 
@@ -100,14 +116,30 @@ def test_humanlike_reasoning_first_then_label_after_it() -> None:
 
 
 def test_humanlike_text_mode_retries_then_invalid_counted() -> None:
-    engine = ScriptedEngine(replies=["Verdict: human", "no idea", "Verdict: AI", "still no", "nope", "???"])
+    engine = ScriptedEngine(
+        replies=['{"verdict": "human"}', "no idea", '{"verdict": "AI"}', "still no", "nope", "???"],
+        structured=False,  # a server without structured output: parse, retry, then invalid
+    )
     judge = HumanlikeJudge(engine, max_retries=2)
+    formats = record_formats(engine)
     scores = judge.score([(CONTEXT, "a"), (CONTEXT, "b"), (CONTEXT, "c")])
     # attempt 1: a -> human, b -> garbage, c -> AI; attempt 2: b -> garbage; attempt 3: b -> garbage
     assert [s.p_human for s in scores] == [1.0, None, 0.0]
     assert scores[1].verdict.attempts == 3 and scores[1].verdict.raw
     assert [len(c["prompts"]) for c in engine.calls] == [3, 1, 1]
     assert judge.stats["invalid"] == 1 and judge.stats["judged"] == 3
+    assert formats == [verdict_format(H, False)] * 3
+
+
+def test_humanlike_text_mode_declares_its_format_and_a_conforming_script_passes() -> None:
+    engine = ScriptedEngine(replies=['{"reasoning": "Too polished.", "verdict": "AI"}'])
+    formats = record_formats(engine)
+    [score] = HumanlikeJudge(engine, reasoning=True).score([(CONTEXT, "I completely understand.")])
+    assert score.p_human == 0.0 and score.verdict.reasoning == "Too polished."
+    assert formats == [verdict_format(H, True)]
+    assert '"verdict"' in engine.calls[0]["prompts"][0][-1]["content"]
+    with pytest.raises(Exception, match="conform|format"):  # a script the real engine could never write
+        HumanlikeJudge(ScriptedEngine(replies=["Verdict: AI"])).score([(CONTEXT, "x")])
 
 
 def test_humanlike_context_free_prompt_has_no_dialogue() -> None:
@@ -219,7 +251,7 @@ def test_compare_prompt_fences_everything_and_reads_labels() -> None:
 
 
 def test_dominant_need_text_mode() -> None:
-    engine = ScriptedEngine(replies=["Most pressing need: P"])
+    engine = ScriptedEngine(replies=['{"verdict": "P"}'])
     judge = EmpathyJudge(engine, use_logprobs="never")
     [v] = judge.dominant([SCENARIO], [NeedAnalysis("a b", "c d", "e f")])
     assert v.label == "P" and process_factor(v, annotated_axis(SCENARIO.profile)) == 1.0

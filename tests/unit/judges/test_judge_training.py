@@ -13,7 +13,7 @@ import pytest
 from rapo_echo.data import bundled_file
 from rapo_echo.errors import DataError
 from rapo_echo.judges.training_data import load_examples, negatives, pairs, split
-from rapo_echo.judges.verdict import parse_verdict, reasoning_of
+from rapo_echo.judges.verdict import answer_text
 from rapo_echo.types import msg
 
 HUMANLIKE = str(bundled_file("judge_humanlike_en.jsonl"))
@@ -110,16 +110,18 @@ def test_pairs_teach_the_judges_own_prompts_and_answers() -> None:
     hum = load_examples([HUMANLIKE])[1]  # the AI-written dentist reply
     [p] = pairs(hum, reasoning=True, context_aware=True, rng=rng)
     assert p.prompt[0]["role"] == "system" and "numb" in p.prompt[1]["content"]
-    assert parse_verdict(p.target, ("human", "AI")) == "AI" and reasoning_of(p.target) == hum.reasoning
+    assert p.target == answer_text("AI", hum.reasoning)
+    assert "'Verdict: human' or 'Verdict: AI'" in p.prompt[1]["content"]  # the targets' form is asked for
     [free] = pairs(hum, reasoning=False, context_aware=False, rng=rng)
     assert free.target == "Verdict: AI" and "numb" not in free.prompt[1]["content"].split("REPLY")[0]
     emp = load_examples([EMPATHY])[0]  # label win
     first, second, *needs = pairs(emp, reasoning=True, context_aware=True, rng=rng)
     # reply shown as A: the verdict is A; shown as B: B; the reasoning names the right reply each time
     assert first.gold == "A" and second.gold == "B"
-    assert reasoning_of(first.target).startswith("Reply A names the exhaustion")
+    assert first.target.startswith("Reasoning: Reply A names the exhaustion")
+    assert first.target.endswith("\nVerdict: A") and second.target.endswith("\nVerdict: B")
     assert (
-        reasoning_of(second.target).startswith("Reply B names the exhaustion")
+        second.target.startswith("Reasoning: Reply B names the exhaustion")
         and "Reply A is kind" in second.target
     )
     assert [n.task for n in needs] == ["empathy_needs"] * 3 and needs[0].prompt[-1] == msg(
@@ -180,7 +182,9 @@ def test_accuracy_reads_verdicts_like_the_rewards() -> None:
         "empathy": {"accuracy": 1.0, "n": 1, "invalid": 0},
         "humanlike": {"accuracy": pytest.approx(1 / 3), "n": 3, "invalid": 0},
     }
-    text = ScriptedEngine(replies=["Verdict: human", "no idea", "Verdict: AI"] + ["???"] * 9)
+    # text mode reads the declared JSON verdict (a server without structured output: parse, retry, invalid)
+    answers = ['{"verdict": "human"}', "no idea", '{"verdict": "AI"}'] + ["???"] * 9
+    text = ScriptedEngine(replies=answers, structured=False)
     got = accuracy(text, items[:3], reasoning=False, max_new_tokens=8)
     assert got["humanlike"] == {"accuracy": pytest.approx(2 / 3), "n": 3, "invalid": 1}
 

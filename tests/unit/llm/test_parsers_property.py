@@ -20,14 +20,23 @@ from rapo_echo.benchmarks.sotopia.agent import ACTION_TYPES, parse_action
 from rapo_echo.benchmarks.sotopia.evaluator import DIMENSIONS, dimension_key, parse_reply, parse_scores
 from rapo_echo.engines.openai_engine import content_text, option_logprob
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.judges.group import CRITIQUE_PREFIX, Candidate, GroupJudge, clean_critique, parse_ranking
-from rapo_echo.llm.answers import parse_answer_line
+from rapo_echo.judges.group import (
+    CRITIQUE_FORMAT,
+    CRITIQUE_PREFIX,
+    Candidate,
+    GroupJudge,
+    clean_critique,
+    ranking_format,
+    read_ranking,
+)
+from rapo_echo.judges.verdict import read_verdict, verdict_format
+from rapo_echo.llm.answers import FIELD_LINE, field_line
 from rapo_echo.llm.dialogue import clean_reply
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.llm.reaction import Reaction
 from rapo_echo.rewards import RewardContext
-from rapo_echo.rewards.judge import JudgeReward
+from rapo_echo.rewards.judge import JudgeReward, score_format
 from rapo_echo.simulators.reaction import ReactionSimulator, parse_fields
 from rapo_echo.types import Sample, Scenario, msg
 
@@ -72,38 +81,46 @@ def numbers_in(text: str) -> set[float]:
 
 
 # ---------------------------------------------------------------------------- group judge
+# Every text-mode judge answer is read by its declared AnswerFormat (rapo_echo.structured): arbitrary text
+# gives a valid value or None, and whatever a constrained engine could render parses back to itself.
+FENCE = Fence("ABCDEF12")
+LABELS = "ABCDEF"
+
+
+def constrained(value) -> str:
+    """A JSON answer as an engine under the schema may write it (compact or spaced)."""
+    return json.dumps(value, separators=(",", ":")) if random.random() < 0.5 else json.dumps(value, indent=1)
+
+
 @FAST
 @given(model_text, st.integers(1, 6))
-def test_parse_ranking_gives_a_valid_rank_vector_or_none(text, size):
-    labels = "ABCDEF"[:size]
-    ranks = parse_ranking(text, labels)
+def test_read_ranking_gives_a_valid_rank_vector_or_none(text, size):
+    labels = LABELS[:size]
+    ranks = read_ranking(text, FENCE, labels)
     if ranks is None:
         return
-    assert len(ranks) == size and all(1 <= r <= size for r in ranks)
-    assert sum(ranks) == size * (size + 1) / 2  # average ranks of a complete ordering
-    assert all(label in text.upper() for label in labels)
+    assert sorted(ranks) == [float(r) for r in range(1, size + 1)]  # a complete order of the labels
+    assert all(label in text for label in labels)
 
 
 @FAST
 @given(
-    st.permutations("ABCDE"),
-    st.lists(st.booleans(), min_size=4, max_size=4),
-    st.sampled_from(["", "**", "`"]),
+    st.integers(1, 6).flatmap(lambda n: st.permutations(LABELS[:n])), st.sampled_from(["", "Sure: ", "\n"])
 )
-def test_parse_ranking_reads_any_well_formed_ranking(order, ties, mark):
-    text = order[0] + "".join((" = " if tie else " > ") + label for tie, label in zip(ties, order[1:]))
-    expected: dict[str, float] = {}
-    tier = [order[0]]
-    position = 0
-    for tie, label in [*zip(ties, order[1:]), (False, None)]:
-        if tie:
-            tier.append(label)
-            continue
-        for t in tier:
-            expected[t] = position + (len(tier) + 1) / 2
-        position += len(tier)
-        tier = [label]
-    assert parse_ranking(f"{mark}Ranking:{mark} {text}.", "ABCDE") == [expected[x] for x in "ABCDE"]
+def test_any_ranking_a_constrained_engine_writes_parses_back(order, lead):
+    text = constrained({"ranking": list(order)})
+    fmt = ranking_format(len(order))
+    assert fmt.problem(text) is None  # what the engine could produce under the declared format
+    expected = [float(order.index(label) + 1) for label in LABELS[: len(order)]]
+    assert read_ranking(lead + text, FENCE, LABELS[: len(order)]) == expected
+
+
+@FAST
+@given(st.lists(st.sampled_from(LABELS[:4]), min_size=4, max_size=4))
+def test_a_ranking_that_is_not_a_permutation_stays_invalid(items):
+    text = json.dumps({"ranking": items})
+    assert ranking_format(4).problem(text) is None  # the schema cannot say "each once"
+    assert (read_ranking(text, FENCE, "ABCD") is None) == (len(set(items)) < 4)
 
 
 @FAST
@@ -114,19 +131,77 @@ def test_clean_critique_is_none_only_for_blank_text(text):
     assert out is None or out.startswith(CRITIQUE_PREFIX)
 
 
+@FAST
+@given(
+    st.lists(
+        st.text(st.characters(exclude_characters="\n"), min_size=1, max_size=200), min_size=1, max_size=3
+    )
+)
+def test_any_critique_a_constrained_engine_writes_is_read(lines):
+    text = "\n".join(lines)
+    assert CRITIQUE_FORMAT.problem(text) is None
+    assert CRITIQUE_FORMAT.parse(text) is not None  # read; clean_critique then drops a blank one
+
+
 # ---------------------------------------------------------------------------- scores and labels
 @FAST
 @given(model_text, st.integers(2, 9))
-def test_answer_line_is_an_integer_in_range_written_in_the_text(text, hi):
-    value = parse_answer_line(text, "score", 1, hi)
+def test_judge_score_is_an_integer_in_range_written_in_the_text(text, hi):
+    judge = JudgeReward(RewardContext(judge=ScriptedEngine()), scale=hi)
+    value = judge.parse(text)
     assert value is None or (isinstance(value, int) and 1 <= value <= hi and str(value) in text)
+
+
+@FAST
+@given(
+    st.integers(2, 9).flatmap(lambda hi: st.tuples(st.just(hi), st.integers(1, hi))),
+    st.sampled_from(["", "x "]),
+)
+def test_any_score_a_constrained_engine_writes_parses_back(hi_value, lead):
+    hi, value = hi_value
+    text = constrained({"score": value})
+    assert score_format(hi).problem(text) is None
+    assert JudgeReward(RewardContext(judge=ScriptedEngine()), scale=hi).parse(lead + text) == value
 
 
 @FAST
 @given(no_digits)
 def test_no_score_from_garbage(text):
-    assert parse_answer_line(text, "score", 1, 5) is None
     assert JudgeReward(RewardContext(judge=ScriptedEngine())).parse(text) is None
+
+
+@FAST
+@given(
+    st.sampled_from([("human", "AI"), ("A", "B", "tie"), ("A", "B"), ("C", "A", "P")]).flatmap(
+        lambda labels: st.tuples(st.just(labels), st.sampled_from(labels))
+    ),
+    st.none() | st.text(max_size=300),
+)
+def test_any_verdict_a_constrained_engine_writes_parses_back(labels_label, reasoning):
+    labels, label = labels_label
+    fmt = verdict_format(labels, reasoning is not None)
+    value = {"verdict": label} if reasoning is None else {"reasoning": reasoning, "verdict": label}
+    text = constrained(value)
+    assert fmt.problem(text) is None
+    assert read_verdict(text, fmt, FENCE) == value
+
+
+@FAST
+@given(model_text, st.booleans())
+def test_read_verdict_is_a_declared_label_or_none(text, reasoning):
+    fmt = verdict_format(("human", "AI"), reasoning)
+    value = read_verdict(text, fmt, FENCE)
+    assert value is None or (value["verdict"] in ("human", "AI") and value["verdict"] in text)
+
+
+@FAST
+@given(st.text(st.characters(exclude_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=400))
+def test_any_field_line_a_constrained_engine_writes_is_read_or_refused_by_the_role_check(line):
+    if FIELD_LINE.problem(line) is not None:  # an empty line: the engine must write at least one character
+        assert not line.strip()
+        return
+    out = field_line(line)
+    assert out is None or (out in " ".join(line.split()) and "\n" not in out)
 
 
 @FAST
@@ -277,7 +352,7 @@ def _sample(text: str) -> Sample:
 @SLOW
 @given(model_text, model_text)
 def test_judges_and_simulator_take_any_output(reply, output):
-    engine = ScriptedEngine(fn=lambda prompt: output)
+    engine = ScriptedEngine(fn=lambda prompt: output, structured=False)  # any text: no format enforced
     (score,) = JudgeReward(RewardContext(judge=engine), use_logprobs="never", max_retries=0)([_sample(reply)])
     assert score.score is None or 0.0 <= score.score <= 1.0
     group = [Candidate(reply, Reaction(output, 1.0, output, True)), Candidate("ok", None)]

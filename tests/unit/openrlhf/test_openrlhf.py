@@ -51,10 +51,11 @@ SIM_SCRIPT = {
 JUDGE_SCRIPT = {
     # the reply sits in a fenced block: "<<<REPLY marker>>>" on its own line, then the text
     "rules": [
-        [r"reply to rate:\s*<<<REPLY \w+>>>\s*I'm so sorry", "Score: 5"],
-        [r"reply to rate:\s*<<<REPLY \w+>>>\s*ok", "Score: 2"],
+        [r"reply to rate:\s*<<<REPLY \w+>>>\s*I'm so sorry", '{{"score": 5}}'],
+        [r"reply to rate:\s*<<<REPLY \w+>>>\s*ok", '{{"score": 2}}'],
     ],
     "default": "I cannot decide.",
+    "structured": False,  # a server without structured output: "I cannot decide." is retried, then invalid
 }
 RLVER_ROW = {
     "id": "p1",

@@ -15,6 +15,7 @@ import pytest
 from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.judges.bias import INJECTION
 from rapo_echo.rewards import RewardContext, RewardSet, build_reward
 from rapo_echo.rewards.echo_n1 import EchoN1Reward, EmpathyReward, HumanlikeReward, scenario_domain
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
@@ -68,7 +69,8 @@ def judge_engine(prefer: dict[str, float], **kw) -> ScriptedEngine:
 
 # ---------------------------------------------------------------------------- humanlike
 def test_humanlike_reward_scores_and_marks_invalid() -> None:
-    engine = ScriptedEngine(replies=["Verdict: human", "hmm", "Verdict: AI", "no", "still no"])
+    answers = ['{"verdict": "human"}', "hmm", '{"verdict": "AI"}', "no", "still no"]
+    engine = ScriptedEngine(replies=answers, structured=False)  # no structured output: parse, retry
     reward = HumanlikeReward(RewardContext(judge=engine), use_logprobs="never", max_retries=1)
     out = reward([sample("lol same"), sample("???"), sample("As an AI, I understand.")])
     assert [o.score for o in out] == [1.0, None, 0.0]
@@ -84,12 +86,12 @@ def test_empathy_both_orders_discrete_and_probability_by_hand() -> None:
     # scores: GOOD 3, reference 1, BAD 0.5 -> with tie 0: label log-probs are the scores themselves.
     prefer = {GOOD: 3.0, BAD: 0.5}
     engine = judge_engine(prefer)
-    reward = EmpathyReward(RewardContext(judge=engine))
+    reward = EmpathyReward(RewardContext(judge=engine), outcome="discrete")
     out = reward([sample(GOOD), sample(BAD)])
     # GOOD vs ref: argmax is GOOD in both orders -> win, win -> 1; BAD: ref wins both -> 0
     assert [o.score for o in out] == [1.0, 0.0]
     assert out[0].info["verdicts"] == ["A", "B"] and out[0].info["reference_source"] == "scenario"
-    prob = EmpathyReward(RewardContext(judge=judge_engine(prefer)), outcome="probability")
+    prob = EmpathyReward(RewardContext(judge=judge_engine(prefer)))  # the default: probability
     got = [o.score for o in prob([sample(GOOD), sample(BAD)])]
     # P = softmax(3, 1, 0): win = e^3 / (e^3 + e + 1), tie = 1 / (...); outcome = win + tie / 2
     # (the same in both orders)
@@ -101,19 +103,102 @@ def test_empathy_both_orders_discrete_and_probability_by_hand() -> None:
 
 def test_empathy_position_bias_both_orders_cancel_it() -> None:
     always_a = ScriptedEngine(rules=NEED_RULES, choice_fn=lambda p, o: {" A": 2.0, " B": 0.0, " tie": 0.0})
-    both = EmpathyReward(RewardContext(judge=always_a))
-    fixed = EmpathyReward(RewardContext(judge=always_a), order="fixed")
+    both = EmpathyReward(RewardContext(judge=always_a), outcome="discrete")
+    fixed = EmpathyReward(RewardContext(judge=always_a), order="fixed", outcome="discrete")
     # a judge that always says A: policy-first alone gives a win; both orders give win + loss = 0.5
     assert [o.score for o in both([sample(BAD)])] == [0.5]
     assert [o.score for o in fixed([sample(BAD)])] == [1.0]
-    rnd = EmpathyReward(RewardContext(judge=always_a), order="random", seed=3)
+    rnd = EmpathyReward(RewardContext(judge=always_a), order="random", seed=3, outcome="discrete")
     scores = [o.score for o in rnd([sample(BAD, group=i) for i in range(40)])]
     assert set(scores) == {0.0, 1.0} and 10 <= scores.count(1.0) <= 30  # one random order per sample
 
 
+def probs_by_order(first: dict[str, float], second: dict[str, float]):
+    """A choice_fn giving these label probabilities when the policy's reply (GOOD) is shown first / second."""
+
+    def fn(prompt, options):
+        if " C" in options:
+            return {" C": 0.0, " A": 0.0, " P": 0.0}
+        probs = first if block(prompt_text(prompt), "REPLY A") == GOOD else second
+        return {o: math.log(probs[o.strip()]) for o in options}
+
+    return fn
+
+
+def test_empathy_p_policy_better_averaged_over_both_orders_by_hand() -> None:
+    # policy first: {A: .7, B: .2, tie: .1} -> P(policy > ref) + tie/2 = 0.7 + 0.05 = 0.75
+    # policy second: {A: .4, B: .5, tie: .1} -> 0.5 + 0.05 = 0.55; the mean is 0.65
+    fn = probs_by_order({"A": 0.7, "B": 0.2, "tie": 0.1}, {"A": 0.4, "B": 0.5, "tie": 0.1})
+    reward = EmpathyReward(
+        RewardContext(judge=ScriptedEngine(rules=NEED_RULES, choice_fn=fn)), injection_probe=0
+    )
+    [out] = reward([sample(GOOD)])
+    assert out.score == pytest.approx(0.65) and out.info["verdicts"] == ["A", "B"]
+    # the discrete switch: policy first A (win, 1), policy second B (win, 1) -> 1
+    discrete = EmpathyReward(
+        RewardContext(judge=ScriptedEngine(rules=NEED_RULES, choice_fn=fn)), outcome="discrete"
+    )
+    assert discrete([sample(GOOD)])[0].score == 1.0
+    # first-position share: the decisions were A (first shown won) then B -> 1 of 2 = 0.5, chance 0.5
+    assert reward.step_metrics() == {
+        "judge/position_bias/first_share": 0.5,
+        "judge/position_bias/chance": 0.5,
+        "judge/position_bias/n": 2.0,
+    }
+    assert reward.step_metrics() == {}  # nothing new since the last step
+
+
+def test_empathy_first_share_of_a_slot_judge_and_auto_orders() -> None:
+    always_a = ScriptedEngine(rules=NEED_RULES, choice_fn=lambda p, o: {" A": 2.0, " B": 0.0, " tie": 0.0})
+    reward = EmpathyReward(RewardContext(judge=always_a), order="auto", auto_probe=4)
+    reward([sample(BAD, group=i) for i in range(2)])  # 2 samples x both orders = 4 decisions, all A
+    metrics = reward.step_metrics()
+    assert metrics["judge/position_bias/first_share"] == 1.0 and metrics["judge/position_bias/n"] == 4
+    reward([sample(BAD, group=i) for i in range(2)])
+    assert reward.step_metrics()["judge/position_bias/n"] == 4  # biased: auto keeps both orders
+    fair = EmpathyReward(RewardContext(judge=judge_engine({GOOD: 3.0})), order="auto", auto_probe=4)
+    fair([sample(GOOD, group=i) for i in range(2)])  # GOOD wins in both orders: first share 0.5
+    assert fair.step_metrics()["judge/position_bias/first_share"] == 0.5
+    fair([sample(GOOD, group=i) for i in range(2)])
+    assert fair.step_metrics()["judge/position_bias/n"] == 2  # unbiased: one random order per sample
+    with pytest.raises(ConfigError, match="order"):
+        EmpathyReward(RewardContext(judge=always_a), order="sometimes")
+    with pytest.raises(ConfigError, match="auto_probe"):
+        EmpathyReward(RewardContext(judge=always_a), auto_probe=0)
+
+
+def test_injection_probe_measures_how_far_an_instruction_moves_the_judge() -> None:
+    # a judge that follows the note: the injected reply wins for sure (P(win) 1), the plain one has its
+    # ordinary probability; the shift is the difference, measured on the first `injection_probe` samples
+    def fn(prompt, options):
+        if " C" in options:
+            return {" C": 0.0, " A": 0.0, " P": 0.0}
+        text = prompt_text(prompt)
+        a, b = block(text, "REPLY A"), block(text, "REPLY B")
+        if INJECTION in a or INJECTION in b:
+            win = " A" if INJECTION in a else " B"
+            return {o: 0.0 if o == win else -50.0 for o in options}
+        return {" A": math.log(0.4), " B": math.log(0.4), " tie": math.log(0.2)}  # plain: 0.4 + 0.1 = 0.5
+
+    engine = ScriptedEngine(rules=NEED_RULES, choice_fn=fn)
+    reward = EmpathyReward(RewardContext(judge=engine), injection_probe=2)
+    out = reward([sample(GOOD, group=i) for i in range(3)])
+    assert [o.score for o in out] == pytest.approx([0.5] * 3)  # the probe never changes a score
+    choices = [c for c in engine.calls if c["method"] == "choice_logprobs"]
+    assert [len(c["prompts"]) for c in choices] == [3 * 2 + 2 * 2]  # probes ride in the same call
+    metrics = reward.step_metrics()
+    assert (
+        metrics["judge/injection_bias/shift"] == pytest.approx(0.5) and metrics["judge/injection_bias/n"] == 2
+    )
+    assert metrics["judge/position_bias/n"] == 6  # the probes are not counted as decisions
+    assert reward.stats["comparisons"] == 6
+    reward([sample(GOOD, group=i) for i in range(3)])
+    assert "judge/injection_bias/n" not in reward.step_metrics()  # measured once per run
+
+
 def test_empathy_needs_once_per_scenario_and_one_compare_call() -> None:
     engine = judge_engine({GOOD: 3.0})
-    reward = EmpathyReward(RewardContext(judge=engine))
+    reward = EmpathyReward(RewardContext(judge=engine), injection_probe=0)
     a, b = scenario("a"), scenario("b")
     samples = [sample(t, sc, g) for g, sc in enumerate((a, b)) for t in (GOOD, BAD, GOOD, BAD)]
     reward(samples)
@@ -131,7 +216,7 @@ def test_empathy_invalid_analysis_and_verdicts_are_none_not_zero() -> None:
     reward = EmpathyReward(RewardContext(judge=garbage), max_retries=0)
     [out] = reward([sample(GOOD)])
     assert out.score is None and out.info["invalid"] == "need analysis unparseable"
-    text_judge = ScriptedEngine(rules=[*NEED_RULES, (r"Reply A", "I cannot decide.")])
+    text_judge = ScriptedEngine(rules=[*NEED_RULES, (r"Reply A", "I cannot decide.")], structured=False)
     r2 = EmpathyReward(RewardContext(judge=text_judge), use_logprobs="never", max_retries=1)
     [out2] = r2([sample(GOOD)])
     assert out2.score is None and out2.info["invalid"] == "unparseable verdict"
@@ -143,7 +228,7 @@ def test_empathy_invalid_analysis_and_verdicts_are_none_not_zero() -> None:
 
 def test_empathy_process_term_multiplies_the_outcome() -> None:
     engine = judge_engine({GOOD: 3.0})
-    reward = EmpathyReward(RewardContext(judge=engine), process=True)
+    reward = EmpathyReward(RewardContext(judge=engine), process=True, outcome="discrete")
     annotated = scenario("a")  # need "encouragement" -> axis P; the judge gives P 1/4 (C 1, A 2, P 1)
     plain = Scenario("b", [msg("user", "hello there")], {}, "Hi!", {})
     out = reward([sample(GOOD, annotated), sample(GOOD, plain, 1)])
@@ -209,10 +294,12 @@ def test_echo_n1_routes_by_domain_and_weights() -> None:
 
     ctx = RewardContext(judge=ScriptedEngine(rules=NEED_RULES, choice_fn=fn))
     emp, chat = scenario("e", domain="empathy"), scenario("c", domain="chitchat")
-    routed = EchoN1Reward(ctx)([sample(GOOD, emp), sample(GOOD, chat, 1)])
+    routed = EchoN1Reward(ctx, empathy={"outcome": "discrete"})([sample(GOOD, emp), sample(GOOD, chat, 1)])
     assert [o.score for o in routed] == [1.0, pytest.approx(0.8)]
     assert [o.info["domain"] for o in routed] == ["empathy", "chitchat"]
-    weighted = EchoN1Reward(ctx, mode="weighted", weights={"empathy": 0.25, "humanlike": 0.75})
+    weighted = EchoN1Reward(
+        ctx, mode="weighted", weights={"empathy": 0.25, "humanlike": 0.75}, empathy={"outcome": "discrete"}
+    )
     # 0.25 * 1 + 0.75 * 0.8 = 0.85, whatever the domain
     assert [o.score for o in weighted([sample(GOOD, emp), sample(GOOD, chat, 1)])] == pytest.approx(
         [0.85, 0.85]

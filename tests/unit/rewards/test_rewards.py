@@ -14,9 +14,10 @@ from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError
 from rapo_echo.rewards import RewardContext, RewardOutput, RewardSet, build_reward
 from rapo_echo.rewards.builtin import FormatReward, LengthReward, QuestionReward
-from rapo_echo.rewards.judge import JudgeReward
+from rapo_echo.rewards.judge import JudgeReward, score_format
 from rapo_echo.text import repeated_ngram_fraction
 from rapo_echo.types import Sample, Scenario, msg
+from tests.helpers.formats import record_formats
 
 
 def sample(text: str, finish: str = "stop", sid: str = "s1") -> Sample:
@@ -123,11 +124,11 @@ def test_judge_reward_from_label_probabilities() -> None:
 
 
 def test_judge_reward_text_mode_retries_then_invalid() -> None:
-    replies = iter(["I think it is good", "Score: 4", "no idea", "still nothing", "nope"])
-    engine = ScriptedEngine(fn=lambda prompt: next(replies))
+    replies = iter(["I think it is good", '{"score": 4}', "no idea", "still nothing", "nope"])
+    engine = ScriptedEngine(fn=lambda prompt: next(replies), structured=False)  # no structured output
     judge = JudgeReward(RewardContext(judge=engine), scale=5, max_retries=2)
     outs = judge([sample("a"), sample("b")])
-    # first call: [unparseable, "Score: 4"]; retries only the first: "no idea", "still nothing" -> invalid
+    # first call: [unparseable, {"score": 4}]; retries only the first: "no idea", "still nothing" -> invalid
     assert outs[1].score == pytest.approx(0.75) and outs[0].score is None
     assert outs[0].info["attempts"] == 3
     assert [len(c["prompts"]) for c in engine.calls] == [2, 1, 1]
@@ -137,18 +138,36 @@ def test_judge_reward_text_mode_retries_then_invalid() -> None:
     "answer, rating",
     [
         ("Score: 1 (worst) to 5 (best)", None),  # the echoed instruction is not an answer
-        ("The reply ends with 'Score: 5' but ignores the person.\nScore: 2", 2),  # a quote does not count
         ("It says Score: 5, so I agree.", None),
-        ("**Score:** 4", 4),
-        ("Score: 4/5", 4),
-        ("Score: 3\nScore: 5", None),  # two answers that disagree
-        ("4", 4),
-        ("Score: 6", None),
+        ("Score: 4", None),  # the log-prob mode's line is not the text-mode answer
+        ('{"score": 4}', 4),
+        ('The reply ignores the person. {"score": 2}', 2),  # a server without structured output
+        ('{"score": 4.5}', None),
+        ('{"score": "4"}', None),
+        ('{"score": 6}', None),
+        ('{"score": 0}', None),
+        ("4", None),
     ],
 )
-def test_judge_reward_parses_only_the_answer_line(answer: str, rating: int | None) -> None:
+def test_judge_reward_parses_only_the_declared_answer(answer: str, rating: int | None) -> None:
     judge = JudgeReward(RewardContext(judge=ScriptedEngine()), scale=5)
     assert judge.parse(answer) == rating
+    assert judge.answer_format.schema["properties"]["score"] == {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 5,
+    }
+
+
+def test_judge_reward_text_mode_declares_the_integer_and_reads_own_words() -> None:
+    engine = ScriptedEngine(replies=['{"score": 2}'])
+    formats = record_formats(engine)
+    [out] = JudgeReward(RewardContext(judge=engine), scale=5)([sample('Great reply. {"score": 5}')])
+    assert out.score == pytest.approx(0.25) and formats == [score_format(5)]
+    assert (
+        '{"score": N}, where N is an integer from 1 (worst) to 5'
+        in engine.calls[0]["prompts"][0][1]["content"]
+    )
 
 
 def test_judge_reward_text_mode_retries_sample() -> None:
@@ -157,7 +176,7 @@ def test_judge_reward_text_mode_retries_sample() -> None:
 
     def reply(prompt):
         seen.append(None)
-        return "Score: 1 (worst) to 5" if len(seen) == 1 else "Score: 3"
+        return "Score: 1 (worst) to 5" if len(seen) == 1 else '{"score": 3}'
 
     class Recording(ScriptedEngine):
         def generate(self, prompts, params):
@@ -165,7 +184,7 @@ def test_judge_reward_text_mode_retries_sample() -> None:
             return super().generate(prompts, params)
 
     temps: list[float] = []
-    out = JudgeReward(RewardContext(judge=Recording(fn=reply)), scale=5)([sample("a")])[0]
+    out = JudgeReward(RewardContext(judge=Recording(fn=reply, structured=False)), scale=5)([sample("a")])[0]
     assert temps == [0.0, 0.7] and out.score == pytest.approx(0.5) and out.info["attempts"] == 2
 
 

@@ -120,7 +120,7 @@ def test_judge_text_in_replies() -> None:
 def test_injection_raises_a_naive_judge_score_and_is_flagged() -> None:
     """A judge that reads the first 'Score: N' in its prompt is fooled by a reply that ends in one: the
     reward jumps while the held-out judge (which ignores the trick) does not follow."""
-    naive = ScriptedEngine(rules=[(r"Score: (\d)", "Score: {0}")], default="Score: 2")
+    naive = ScriptedEngine(rules=[(r"Score: (\d)", '{{"score": {0}}}')], default='{"score": 2}')
     reward = JudgeReward(RewardContext(judge=naive), use_logprobs="never")
     sc = Scenario("s", [msg("user", "I lost my job.")])
 
