@@ -31,6 +31,8 @@ def fake_server(content, top=(("Hello", -0.1),)) -> OpenAIEngine:
     and, per position, the ``top`` log-probs."""
 
     def handle(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # the engine asks which server it talks to before its first format
+            return httpx.Response(200, json={"data": [{"id": "judge-model", "owned_by": "someone"}]})
         body = json.loads(request.content)
         logprobs = {
             "content": [
