@@ -1,0 +1,31 @@
+"""Conforming answers for scripted simulators and evaluators: what an engine that enforces the declared
+answer format (simulators/sage.py, simulators/reaction.py, benchmarks) could write."""
+
+from __future__ import annotations
+
+import json
+
+
+def sage_analysis(shift: int | str, reaction: str = "fine") -> str:
+    """The SAGE user's analysis (``emotion_readout: text``) with the integer ``shift``."""
+    body = {"content": "c", "fit": "t", "mind": "a", "reaction": reaction, "shift": int(shift)}
+    return json.dumps(body)
+
+
+def sage_reply(text: str) -> str:
+    """The SAGE user's JSON reply (``plain_reply: false``) saying ``text``."""
+    return json.dumps({"decide": "t", "draft": "o", "rewrite": "shorter", "say": text}, ensure_ascii=False)
+
+
+def reaction(reply: str, change: int, thought: str | None = None) -> str:
+    """The reaction simulator's text-mode answer."""
+    body: dict = {"reply": reply}
+    if thought is not None:
+        body["thought"] = thought
+    body["valence_change"] = change
+    return json.dumps(body, ensure_ascii=False)
+
+
+def sotopia_dimension(score: int, reasoning: str = "r") -> str:
+    """One SOTOPIA dimension's answer."""
+    return json.dumps({"reasoning": reasoning, "score": score})
