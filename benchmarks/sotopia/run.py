@@ -157,7 +157,7 @@ class Sotopia:
     @staticmethod
     def _ours(
         episodes: list[_Episode], roles: Roles, settings: EvalSettings
-    ) -> list[tuple[dict[str, float] | None, Any, int]]:
+    ) -> list[tuple[dict[str, float] | None, dict[str, Any], int]]:
         """Our evaluator: per dimension one batched call over the episodes, declaring that dimension's
         answer (its score range); an episode's scores are None when any dimension stays unreadable. The
         raw answers are kept per dimension."""
@@ -180,7 +180,15 @@ class Sotopia:
         for k in range(len(episodes)):
             answers = {d: per_dim[d][k] for d in DIMENSIONS}
             scores = {d: float(a.value["score"]) for d, a in answers.items() if a.value is not None}
-            raw = {d: a.raw for d, a in answers.items()}
+            readable = "\n".join(
+                (
+                    f"{d}: {a.value['score']} ({a.value['reasoning']})"
+                    if a.value
+                    else f"{d}: unreadable: {a.raw}"
+                )
+                for d, a in answers.items()
+            )
+            raw = {"text": readable, "answers": {d: a.raw for d, a in answers.items()}}
             attempts = max(a.attempts for a in answers.values())
             out.append((scores if len(scores) == len(DIMENSIONS) else None, raw, attempts))
         return out
@@ -188,13 +196,13 @@ class Sotopia:
     @staticmethod
     def _official(
         episodes: list[_Episode], settings: EvalSettings
-    ) -> list[tuple[dict[str, float] | None, Any, int]]:
+    ) -> list[tuple[dict[str, float] | None, dict[str, Any], int]]:
         """SOTOPIA's own evaluator (:mod:`.official`)."""
         from rapo_echo.benchmarks.sotopia.official import load_evaluator, official_scores
 
         evaluator = load_evaluator(settings.sotopia_model)
         items = [(e.pair.env, e.pair.agents, e.history, e.policy_agent) for e in episodes]
-        return [(scores, notes, 1) for scores, notes in official_scores(evaluator, items)]
+        return [(scores, {"text": notes}, 1) for scores, notes in official_scores(evaluator, items)]
 
     @staticmethod
     def _transcript(e: _Episode) -> list[dict[str, str]]:
@@ -208,7 +216,7 @@ class Sotopia:
         ]
 
     @staticmethod
-    def _info(e: _Episode, raw: Any, attempts: int) -> dict[str, Any]:
+    def _info(e: _Episode, raw: dict[str, Any], attempts: int) -> dict[str, Any]:
         own = [t for t in e.history if t.agent == e.policy_agent]
         return {
             "codename": e.pair.env.codename,
@@ -231,7 +239,8 @@ class Sotopia:
                 }
                 for t in e.history
             ],
-            "evaluator_raw": raw,
+            "evaluator_raw": raw["text"],  # per dimension: score (reasoning), or the unreadable answer
+            **({"evaluator_answers": raw["answers"]} if "answers" in raw else {}),
             "evaluator_attempts": attempts,
         }
 

@@ -29,3 +29,26 @@ def reaction(reply: str, change: int, thought: str | None = None) -> str:
 def sotopia_dimension(score: int, reasoning: str = "r") -> str:
     """One SOTOPIA dimension's answer."""
     return json.dumps({"reasoning": reasoning, "score": score})
+
+
+def sotopia_rules(scores: dict[str, int]) -> list[tuple[str, str]]:
+    """Scripted-engine rules answering each SOTOPIA dimension's prompt with its score in ``scores``
+    (rule replies are format strings: braces doubled)."""
+    return [
+        (
+            f"on one dimension, {d.replace('_', ' ')}:",
+            sotopia_dimension(v, f"about {d}").replace("{", "{{").replace("}", "}}"),
+        )
+        for d, v in scores.items()
+    ]
+
+
+SOTOPIA_SCORES = {
+    "believability": 8,
+    "relationship": 2,
+    "knowledge": 5,
+    "secret": -1,
+    "social_rules": 0,
+    "financial_and_material_benefits": -3,
+    "goal": 7,
+}
