@@ -159,7 +159,7 @@ class EpmJudge:
 
     # ------------------------------------------------------------------ prompts
     def iedr_prompt(self, card: str, question: str | None, fence: Fence) -> Conversation:
-        """The IEDR prompt for one case; ``question`` None asks for all nine lines (text mode)."""
+        """The IEDR prompt for one case; ``question`` None asks for the whole form (text mode)."""
         body = (
             "Before the conversation starts, rate how deep the person's unmet needs are.\n\n"
             f"The person's card:\n{fence.block('CARD', card)}\n\n{iedr_instructions()}\n\n"
