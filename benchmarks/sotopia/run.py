@@ -16,11 +16,17 @@ dimension and overall over all valid cases, and goal / overall over the hard sub
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
-from rapo_echo.benchmarks.sotopia.agent import AgentTurn, agent_fence, agent_prompt, parse_action
+from rapo_echo.benchmarks.sotopia.agent import (
+    ACTION_FORMAT,
+    AgentTurn,
+    agent_fence,
+    agent_prompt,
+    parse_action,
+)
 from rapo_echo.benchmarks.sotopia.evaluator import (
     DIMENSIONS,
     dimension_format,
@@ -115,7 +121,8 @@ class Sotopia:
             theirs = [e for e in active if e.policy_agent != actor]
             for group, engine, params in (
                 (mine, roles.policy, settings.policy_params()),
-                (theirs, roles.simulator, settings.simulator_params()),
+                # the partner's action is declared; the policy under test is never constrained
+                (theirs, roles.simulator, replace(settings.simulator_params(), answer_format=ACTION_FORMAT)),
             ):
                 if not group:
                     continue

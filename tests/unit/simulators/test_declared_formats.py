@@ -112,3 +112,21 @@ def test_sage_eval_defaults_give_valid_dialogues_with_spread(tmp_path):
     assert summary["n_invalid"] == 0 and summary["n_valid"] == 4
     assert summary["metrics"]["score"] == (60 + 30 + 60 + 30) / 4  # 40 +- per reaction, two reactions
     assert set(sim.formats) == {reply_format(plain=True), analysis_format(with_shift=False)}
+
+
+def test_sotopia_partner_and_evaluator_declare_their_answers_and_the_policy_is_free():
+    from rapo_echo.benchmarks.sotopia.agent import ACTION_FORMAT
+    from rapo_echo.benchmarks.sotopia.evaluator import DIMENSIONS, dimension_format
+    from rapo_echo.benchmarks.sotopia.run import Sotopia
+    from tests.helpers.answers import SOTOPIA_SCORES, sotopia_rules
+
+    speak = json.dumps({"action_type": "speak", "argument": "Hello."})
+    policy, partner = Recording(default="Just talking."), Recording(default=speak)
+    judge = Recording(rules=sotopia_rules(SOTOPIA_SCORES))
+    bench, settings, records = Sotopia(), EvalSettings(max_turns=2), []
+    bench.run_batch(
+        bench.load_cases(None, settings)[:2], Roles(policy, partner, judge), settings, records.append
+    )
+    assert set(policy.formats) == {None} and set(partner.formats) == {ACTION_FORMAT}
+    assert judge.formats == [dimension_format(d) for d in DIMENSIONS]
+    assert all(r["valid"] for r in records)
