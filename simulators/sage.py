@@ -85,10 +85,12 @@ class SageSettings:
     emotion reaches 100 (SAGE; RLVER's release does not); ``closing_message`` writes the
     user's last words after a dialogue has ended (SAGE's transcripts have them; training does not need
     them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
-    ``emotion_readout`` reads the change from the parsed ``Change`` field (``text``), from the label
-    probabilities of the options in :data:`CHANGE_OPTIONS` after the analysis (``logprobs``; robust with
-    small simulators), or from probabilities when the engine exposes them (``auto``); ``plain_reply``
-    asks for the user's message alone instead of SAGE's four labelled fields (small simulators)."""
+    ``emotion_readout`` reads the change from the analysis's integer ``shift`` (``text``), from the label
+    probabilities of the options in :data:`CHANGE_OPTIONS` after a free analysis line (``logprobs``;
+    robust with small simulators), or from probabilities when the engine exposes them (``auto``);
+    ``plain_reply`` asks for the user's message alone instead of SAGE's reasoning fields (small
+    simulators). This dataclass keeps SAGE's protocol by default (``text``, reasoning fields); RLVER's
+    run config and ``eval --benchmark sage`` default to ``auto`` and plain replies."""
 
     initial_emotion: float = 40.0
     max_delta: float | None = 10.0
