@@ -188,7 +188,7 @@ def _sample(text: str) -> Sample:
 @SLOW
 @given(model_text, model_text)
 def test_judges_and_simulator_take_any_output(reply, output):
-    engine = ScriptedEngine(fn=lambda prompt: output, structured=False)  # any output: nothing enforced
+    engine = ScriptedEngine(fn=lambda prompt: output, structured=False)  # any text: no format enforced
     (score,) = JudgeReward(RewardContext(judge=engine), use_logprobs="never", max_retries=0)([_sample(reply)])
     assert score.score is None or 0.0 <= score.score <= 1.0
     group = [Candidate(reply, Reaction(output, 1.0, output, True)), Candidate("ok", None)]
