@@ -44,12 +44,15 @@ class RlverSimulatorConfig(Strict):
         2, ge=0, le=10, description="Retries of an unparseable output, then the dialogue is masked."
     )
     emotion_readout: Literal["text", "logprobs", "auto"] = Field(
-        "text",
-        description="`text`: the `Change:` number; `logprobs`: the expectation over -10..+10 from label "
-        "probabilities (small simulators); `auto`: logprobs when the engine has them.",
+        "auto",
+        description="`text`: the analysis's integer `shift`; `logprobs`: the expectation over -10..+10 from "
+        "label probabilities after a free analysis line (one forward; usable with small simulators); `auto` "
+        "(default): logprobs when the engine has them (hf, vllm, servers with log-probs), else text.",
     )
     plain_reply: bool = Field(
-        False, description="The user's message alone instead of SAGE's labelled fields (small simulators)."
+        True,
+        description="The user's message alone, one line (default; usable with small simulators), instead of "
+        "SAGE's reasoning fields (false: a JSON object of decisions, draft, rewrite and message).",
     )
     end_at_max_emotion: bool | None = Field(
         None,

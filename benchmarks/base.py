@@ -43,6 +43,10 @@ class EvalSettings:
     sage_system_prompt: str = "sage"  # SAGE: sage (SAGE's kind of prompt) | ours (``system_prompt``)
     batch_size: int = 8
     subset: str = "all"  # SOTOPIA: all | hard
+    sotopia_scorer: str = "ours"  # SOTOPIA: ours (the judge role) | sotopia (the official evaluator)
+    sotopia_model: str = "gpt-4o"  # SOTOPIA with the official scorer: its evaluator model (litellm name)
+    emotion_readout: str = "auto"  # SAGE: the user's emotion change from text | logprobs | auto
+    sage_reply: str = "plain"  # SAGE: the user's message alone (plain) or SAGE's reasoning fields (fields)
     epm: dict[str, Any] = field(default_factory=dict)  # EPM: EpmConfig overrides (benchmarks/epm/vectors.py)
 
     def __post_init__(self) -> None:
@@ -58,6 +62,12 @@ class EvalSettings:
             raise ValueError(f"sage_system_prompt must be 'sage' or 'ours', got {self.sage_system_prompt!r}")
         if self.subset not in ("all", "hard"):
             raise ValueError(f"subset must be 'all' or 'hard', got {self.subset!r}")
+        if self.sotopia_scorer not in ("ours", "sotopia"):
+            raise ValueError(f"sotopia_scorer must be 'ours' or 'sotopia', got {self.sotopia_scorer!r}")
+        if self.emotion_readout not in ("auto", "text", "logprobs"):
+            raise ValueError(f"emotion_readout must be auto, text or logprobs, got {self.emotion_readout!r}")
+        if self.sage_reply not in ("plain", "fields"):
+            raise ValueError(f"sage_reply must be 'plain' or 'fields', got {self.sage_reply!r}")
 
     def policy_params(self) -> SamplingParams:
         return SamplingParams(

@@ -118,6 +118,34 @@ def register(subparsers: Any) -> None:
         "--subset", choices=("all", "hard"), default="all", help="sotopia: all scenarios or the hard ones"
     )
     ev.add_argument(
+        "--scorer",
+        choices=("ours", "sotopia"),
+        default="ours",
+        help="sotopia: our evaluator on the --judge engine (default) or SOTOPIA's own evaluator (needs "
+        "pip install 'rapo-echo[sotopia]'; comparable with published figures with a GPT-4-class model)",
+    )
+    ev.add_argument(
+        "--sotopia-model",
+        default="gpt-4o",
+        help="sotopia --scorer sotopia: the evaluator model in sotopia's naming (gpt-4o, or "
+        "custom/<model>@<base_url> for an OpenAI-compatible server)",
+    )
+    ev.add_argument(
+        "--emotion-readout",
+        choices=("auto", "text", "logprobs"),
+        default="auto",
+        help="sage: the user's emotion change from label probabilities (logprobs; one forward, usable "
+        "with small simulators), from the analysis's stated number (text: SAGE's protocol), or auto "
+        "(logprobs when the simulator engine has them; the default)",
+    )
+    ev.add_argument(
+        "--sage-reply",
+        choices=("plain", "fields"),
+        default="plain",
+        help="sage: the simulated user writes its message alone (plain, the default) or with SAGE's "
+        "reasoning fields first (fields: SAGE's protocol, needs a capable simulator)",
+    )
+    ev.add_argument(
         "--epm",
         action="append",
         default=[],
@@ -168,6 +196,10 @@ def settings_from_args(args: argparse.Namespace) -> EvalSettings:
             sage_system_prompt=args.sage_system_prompt,
             batch_size=args.batch_size,
             subset=args.subset,
+            sotopia_scorer=args.scorer,
+            sotopia_model=args.sotopia_model,
+            emotion_readout=args.emotion_readout,
+            sage_reply=args.sage_reply,
             epm=epm_overrides(args.epm),
         )
     except ValueError as exc:

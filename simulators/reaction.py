@@ -5,19 +5,23 @@ reply) the simulator plays the person behind the hidden profile and returns what
 their feelings changed and a short inner thought. Every stage is one batched engine call.
 
 * Log-prob mode (the engine exposes log-probs): the next message is generated with the roles flipped
-  (the simulator LLM is ``assistant`` = the person, the supporter's turns are ``user`` turns), the
-  emotion change is read from the probabilities of the labels ``1``..``7`` (see :func:`emotion_delta`),
-  and, with ``with_thought``, one more generation writes the inner thought.
-* Text mode: one generation per attempt writes labelled fields (``Thought:``, ``Reply:``,
-  ``Emotion change: N``), parsed leniently; what does not parse is asked again together, then marked
+  (the simulator LLM is ``assistant`` = the person, the supporter's turns are ``user`` turns) as one
+  bounded line (:data:`MESSAGE_FORMAT`), the emotion change is read from the probabilities of the labels
+  ``1``..``7`` (see :func:`emotion_delta`), and, with ``with_thought``, one more generation writes the
+  inner thought (one bounded line, :data:`THOUGHT_FORMAT`).
+* Text mode: one generation per attempt writes a JSON object (:meth:`ReactionSimulator.answer_format`:
+  ``reply``, ``thought`` when asked, and the integer ``valence_change`` in ``[-scale, scale]``) that an
+  engine with structured output enforces; what does not parse is asked again together, then marked
   invalid (never a silent 0).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.llm.answers import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
@@ -26,11 +30,19 @@ from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import read_label_probabilities
 from rapo_echo.llm.reaction import Reaction, render_profile
 from rapo_echo.simulators.base import UserSimulator
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 PARAGRAPH_STOP = ("\n\n",)  # a message or thought is one short paragraph
 EMOTION_LABELS = ("1", "2", "3", "4", "5", "6", "7")
 EMOTION_PREFIX = "Answer: "  # "...: " then a digit tokenises as ':', ' ', digit: digits are single tokens
+MESSAGE_CHARS = 400  # the longest message the person says
+THOUGHT_CHARS = 200  # the longest inner thought
+MESSAGE_FORMAT = AnswerFormat.regex(rf"[^\n]{{1,{MESSAGE_CHARS}}}", name="reaction_message")
+THOUGHT_FORMAT = AnswerFormat.regex(rf"[^\n]{{1,{THOUGHT_CHARS}}}", name="reaction_thought")
+CHANGE_KEY = "valence_change"  # sorts after "reply" and "thought": the number is written last
+
+
 def emotion_delta(probs: Mapping[str, float], scale: float) -> float:
     """Expected 7-point label mapped linearly onto ``[-scale, +scale]``.
 
@@ -44,36 +56,9 @@ def emotion_delta(probs: Mapping[str, float], scale: float) -> float:
     return (expected - 4.0) / 3.0 * scale
 
 
-_LABEL = r"(inner thought|thought|reply|emotion(?:al)?(?:[ _-]*change)?)[\s*_`]*[:=][\s*_`]*"
-_FIELD_AT_LINE_START = re.compile(r"^[\s>*_#`-]*" + _LABEL, re.I | re.M)
-_FIELD_ANYWHERE = re.compile(r"\b" + _LABEL, re.I)
 _THOUGHT_LABEL = re.compile(
     r"^[\s*_`]*(?:(?:the|my)\s+)?(?:inner\s+|private\s+)?thought[\s*_`]*[:=][\s*_`]*", re.I
 )
-
-
-def parse_fields(text: str) -> dict[str, str]:
-    """Labelled fields of a text-mode reaction, keys ``thought`` / ``reply`` / ``emotion``: each value
-    runs from its label (any case, markdown bold allowed, ``:`` or ``=``) to the next label; the first
-    occurrence of a field wins. Labels at line starts are preferred when they give both ``reply`` and
-    ``emotion`` (so "their reply: ..." inside a thought line is not a label), else labels anywhere
-    (one-line answers); the other reading fills missing fields."""
-    text = text.replace("\u2212", "-")
-    line_start, anywhere = (_fields(text, p) for p in (_FIELD_AT_LINE_START, _FIELD_ANYWHERE))
-    if "reply" in line_start and "emotion" in line_start:
-        return {**anywhere, **line_start}
-    return {**line_start, **anywhere}
-
-
-def _fields(text: str, pattern: re.Pattern[str]) -> dict[str, str]:
-    found = list(pattern.finditer(text))
-    out: dict[str, str] = {}
-    for i, m in enumerate(found):
-        key = m.group(1).lower()
-        key = "emotion" if key.startswith("emotion") else "thought" if key.endswith("thought") else key
-        end = found[i + 1].start() if i + 1 < len(found) else len(text)
-        out.setdefault(key, text[m.end() : end].strip().strip("*_`").strip())
-    return out
 
 
 def _unquote(text: str) -> str:
@@ -199,21 +184,44 @@ class ReactionSimulator(UserSimulator):
         )
         return [msg("system", self.system_prompt(scenario, fence)), msg("user", question)]
 
-    def text_prompt(self, scenario: Scenario, reply: str, fence: Fence | None = None) -> Conversation:
-        """Text mode: one prompt asking for the labelled fields."""
-        fence = fence or self.fence([(scenario, reply)])
-        bound = f"{self.scale:g}"
-        lines = []
+    def answer_format(self) -> AnswerFormat:
+        """Text mode's answer: ``{"reply": str, "thought": str, "valence_change": int}`` (``thought`` only
+        ``with_thought``), the change an integer in ``[-scale, scale]``."""
+        bound = math.floor(self.scale)
+        props: dict[str, Any] = {"reply": {"type": "string", "minLength": 1, "maxLength": MESSAGE_CHARS}}
         if self.with_thought:
-            lines.append("Thought: <one short sentence you think but do not say>")
-        lines += [
-            "Reply: <what you say next, 1-3 sentences>",
-            f"Emotion change: <an integer from -{bound} (much worse) to {bound} (much better), 0 = same>",
-        ]
+            props["thought"] = {"type": "string", "minLength": 1, "maxLength": THOUGHT_CHARS}
+        props[CHANGE_KEY] = {"type": "integer", "minimum": -bound, "maximum": bound}
+        schema = {
+            "type": "object",
+            "properties": props,
+            "required": list(props),
+            "additionalProperties": False,
+        }
+        return AnswerFormat.json_schema(schema, name="reaction")
+
+    def text_prompt(self, scenario: Scenario, reply: str, fence: Fence | None = None) -> Conversation:
+        """Text mode: one prompt asking for the JSON object of :meth:`answer_format`."""
+        fence = fence or self.fence([(scenario, reply)])
+        bound = f"{math.floor(self.scale)}"
+        lines = ['"reply": what you say next, 1-3 sentences']
+        if self.with_thought:
+            lines.append('"thought": one short sentence you think but do not say')
+        lines.append(
+            f'"{CHANGE_KEY}": how the reply changed your feelings, an integer from -{bound} (much worse) to '
+            f"{bound} (much better), 0 = same"
+        )
+        example = ", ".join(
+            [
+                '"reply": "..."',
+                *(['"thought": "..."'] if self.with_thought else []),
+                f'"{CHANGE_KEY}": 0',
+            ]
+        )
         question = (
             self._situation(scenario, reply, fence)
-            + "React as this person. Write exactly these lines and nothing else:\n"
-            + "\n".join(lines)
+            + "React as this person. Answer with one JSON object with exactly these keys, in this order, "
+            "and nothing else:\n" + "\n".join(lines) + f"\nShape: {{{example}}}"
         )
         return [msg("system", self.system_prompt(scenario, fence)), msg("user", question)]
 
@@ -230,17 +238,15 @@ class ReactionSimulator(UserSimulator):
         return ReactionSimulator.clean_message(_THOUGHT_LABEL.sub("", text.strip(), count=1))
 
     def parse_text(self, text: str) -> tuple[str, float, str] | None:
-        """``(message, emotion_delta, thought)`` from a text-mode answer, or None when the reply is
-        missing/empty or the emotion change is missing, not an integer, or outside ``[-scale, scale]``."""
-        fields = parse_fields(text)
-        message = self.clean_message(fields.get("reply", ""))
-        m = re.match(r"\(?\s*([+-]?\d+)(?![\d.])", fields.get("emotion", ""))
-        if message is None or m is None:
+        """``(message, emotion_delta, thought)`` from a text-mode answer (:meth:`answer_format`), or None
+        when it does not parse or the reply is empty once cleaned."""
+        value = self.answer_format().parse(text)
+        if value is None:
             return None
-        delta = int(m.group(1))
-        if abs(delta) > self.scale:
+        message = self.clean_message(value["reply"])
+        if message is None:
             return None
-        return message, float(delta), self.clean_thought(fields.get("thought", "")) or ""
+        return message, float(value[CHANGE_KEY]), self.clean_thought(value.get("thought", "")) or ""
 
     # ------------------------------------------------------------------ running
     def react(self, pairs: Sequence[tuple[Scenario, str]]) -> list[Reaction]:
@@ -263,6 +269,7 @@ class ReactionSimulator(UserSimulator):
             self._params(self.max_new_tokens, stop=PARAGRAPH_STOP),
             max_retries=self.max_retries,
             role="simulator",
+            answer_format=MESSAGE_FORMAT,
         )
         probs = read_label_probabilities(
             self.engine,
@@ -283,6 +290,7 @@ class ReactionSimulator(UserSimulator):
                 params,
                 max_retries=0,
                 role="simulator",
+                answer_format=THOUGHT_FORMAT,
             )
             thoughts = dict(zip(ok, written))
         out = []
@@ -311,6 +319,7 @@ class ReactionSimulator(UserSimulator):
             self._params(self.max_new_tokens + (self.thought_tokens if self.with_thought else 0)),
             max_retries=self.max_retries,
             role="simulator",
+            answer_format=self.answer_format(),
         )
         out = []
         for p in parsed:

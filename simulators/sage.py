@@ -4,11 +4,18 @@ SAGE benchmark and the OpenRLHF agent alike.
 A user is a persona, a background (scene), a goal and a hidden intention, plus an emotion from 0 to
 100. Per policy turn the simulator LLM is called twice, for every dialogue of a batch at once:
 
-1. *analysis* (``Content / TargetCompletion / Activity / Analyse / Change``): how the supporter's
-   newest reply lands; ``Change`` is the signed emotion change, clamped to ``[-max_delta, max_delta]``
+1. *analysis*: how the supporter's newest reply lands (SAGE's ``Content / TargetCompletion / Activity /
+   Analyse``) and the signed emotion change (SAGE's ``Change``), clamped to ``[-max_delta, max_delta]``
    (SAGE; RLVER's training simulator does not clamp), then the emotion is capped at 100;
-2. *reply* (``Thinking / Origin / Change / Response``), written from the new emotion tier
-   (S >= 100, A >= 70, B >= 40, C >= 10, F below); only ``Response`` is said to the supporter.
+2. *reply* (SAGE's ``Thinking / Origin / Change / Response``), written from the new emotion tier
+   (S >= 100, A >= 70, B >= 40, C >= 10, F below); only the final message is said to the supporter.
+
+Each call declares its answer (:mod:`rapo_echo.structured`): the analysis is a JSON object
+(:func:`analysis_format`: four bounded strings and the integer ``shift`` in -10..10) or, with the
+``logprobs`` readout, one bounded line of free analysis after which the change is read from label
+probabilities; the reply is a JSON object (:func:`reply_format`) or, with ``plain_reply``, one bounded
+line. An engine that constrains decoding can then only write a readable answer; on one that does not, the
+answer is read by :meth:`AnswerFormat.parse <rapo_echo.structured.AnswerFormat.parse>` and retried.
 
 A dialogue ends after ``max_turns`` supporter replies, when the user says goodbye, when the emotion
 falls below the floor (SAGE: < 10; RLVER: <= 0), and, with ``end_at_max`` (SAGE's evaluation loop),
@@ -40,12 +47,21 @@ from rapo_echo.errors import DataError
 from rapo_echo.llm.answers import generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, msg
 
-PROMPT_VERSION = "rapo-echo-sage-en-1"
+PROMPT_VERSION = "rapo-echo-sage-en-2"
 EMOTION_MAX = 100.0
-ANALYSIS_FIELDS = ("Content", "TargetCompletion", "Activity", "Analyse", "Change")
-REPLY_FIELDS = ("Thinking", "Origin", "Change", "Response")
+# The answer's JSON keys and the SAGE field each stands for (logs and transcripts keep SAGE's names). The
+# keys sort in the order they are to be written (an engine writes a schema's properties in sorted order),
+# so the reasoning comes before the number and the draft before the final message.
+ANALYSIS_KEYS = {"content": "Content", "fit": "TargetCompletion", "mind": "Activity", "reaction": "Analyse"}
+SHIFT_KEY = "shift"  # SAGE's ``Change`` of the analysis: the signed emotion change
+REPLY_KEYS = {"decide": "Thinking", "draft": "Origin", "rewrite": "Change"}
+SAY_KEY = "say"  # SAGE's ``Response``: what the user says
+FIELD_CHARS = 300  # the longest reasoning string an answer may hold
+MESSAGE_CHARS = 400  # the longest message the user may say
+ANALYSIS_CHARS = 800  # the longest free analysis line (``emotion_readout: logprobs``)
 TIERS = (("S", 100.0), ("A", 70.0), ("B", 40.0), ("C", 10.0), ("F", -float("inf")))
 TIER_BEHAVIOUR = {
     "S": "your emotion is at its highest; thank the supporter and end the talk with a goodbye",
@@ -69,10 +85,12 @@ class SageSettings:
     emotion reaches 100 (SAGE; RLVER's release does not); ``closing_message`` writes the
     user's last words after a dialogue has ended (SAGE's transcripts have them; training does not need
     them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
-    ``emotion_readout`` reads the change from the parsed ``Change`` field (``text``), from the label
-    probabilities of the options in :data:`CHANGE_OPTIONS` after the analysis (``logprobs``; robust with
-    small simulators), or from probabilities when the engine exposes them (``auto``); ``plain_reply``
-    asks for the user's message alone instead of SAGE's four labelled fields (small simulators)."""
+    ``emotion_readout`` reads the change from the analysis's integer ``shift`` (``text``), from the label
+    probabilities of the options in :data:`CHANGE_OPTIONS` after a free analysis line (``logprobs``;
+    robust with small simulators), or from probabilities when the engine exposes them (``auto``);
+    ``plain_reply`` asks for the user's message alone instead of SAGE's reasoning fields (small
+    simulators). This dataclass keeps SAGE's protocol by default (``text``, reasoning fields); RLVER's
+    run config and ``eval --benchmark sage`` default to ``auto`` and plain replies."""
 
     initial_emotion: float = 40.0
     max_delta: float | None = 10.0
@@ -207,42 +225,73 @@ def final_reward(emotion: float) -> float:
     return max(0.0, emotion) / EMOTION_MAX
 
 
-# ---------------------------------------------------------------------------- parsing
+# ---------------------------------------------------------------------------- answers
 
 
-def parse_fields(text: str, names: Sequence[str]) -> dict[str, str]:
-    """Labelled fields ``Name: value`` (any case, optional markdown bold / bullets, ASCII or full-width
-    colon); each value runs until the next known label; the first occurrence of a label wins."""
-    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-    label = re.compile(rf"^[ \t>*#\-]*\**\s*({alternatives})\s*\**\s*[:：]\s*\**", re.I | re.M)
-    found = list(label.finditer(text))
-    canonical = {n.lower(): n for n in names}
-    out: dict[str, str] = {}
-    for i, m in enumerate(found):
-        end = found[i + 1].start() if i + 1 < len(found) else len(text)
-        name = canonical[m.group(1).lower()]
-        out.setdefault(name, text[m.end() : end].strip().strip("*").strip())
-    return out
+def _text(description: str, max_chars: int = FIELD_CHARS) -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, "maxLength": max_chars, "description": description}
 
 
-def parse_change(text: str) -> float | None:
-    """The emotion change of an analysis: the first signed number of its ``Change`` field (SAGE reads
-    the first integer the same way); None when the field is missing or holds no number."""
-    value = parse_fields(text, ANALYSIS_FIELDS).get("Change")
-    if value is None:
-        return None
-    m = re.search(r"[-+−]?\s*\d+(?:\.\d+)?", value)
-    if not m:
-        return None
-    return float(m.group(0).replace("−", "-").replace(" ", ""))
+def analysis_format(*, with_shift: bool = True, max_delta: int = 10) -> AnswerFormat:
+    """What the analysis call answers: a JSON object of the four reasoning strings and, ``with_shift``,
+    the integer ``shift`` in ``[-max_delta, max_delta]``; without (``emotion_readout: logprobs``) one line
+    of free analysis, after which the change is read from label probabilities."""
+    if not with_shift:
+        return AnswerFormat.regex(rf"[^\n]{{1,{ANALYSIS_CHARS}}}", name="sage_analysis_line")
+    props: dict[str, Any] = {
+        "content": _text("what the supporter means to say"),
+        "fit": _text("whether the reply serves the goal and hidden intention, and what could upset"),
+        "mind": _text("what goes on in the character's mind"),
+        "reaction": _text("how the character feels about the reply"),
+        SHIFT_KEY: {"type": "integer", "minimum": -max_delta, "maximum": max_delta},
+    }
+    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return AnswerFormat.json_schema(schema, name="sage_analysis")
 
 
-def parse_response(text: str) -> str | None:
-    """The ``Response`` field of a reply (what the user says), or None when it is missing or empty."""
-    value = parse_fields(text, REPLY_FIELDS).get("Response")
-    if not value:
-        return None
-    return value.strip().strip('"').strip("“”").strip() or None
+def reply_format(*, plain: bool = False) -> AnswerFormat:
+    """What the reply call answers: a JSON object (the decisions, the draft, how it was rewritten, and
+    ``say``, the final message) or, ``plain``, the message alone on one line."""
+    if plain:
+        return AnswerFormat.regex(rf"[^\n]{{1,{MESSAGE_CHARS}}}", name="sage_plain_reply")
+    props: dict[str, Any] = {
+        "decide": _text("attitude, aim, tone and what to say"),
+        "draft": _text("a first draft of the message"),
+        "rewrite": _text("how the draft was made to sound like a real person"),
+        SAY_KEY: _text("the final message", MESSAGE_CHARS),
+    }
+    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return AnswerFormat.json_schema(schema, name="sage_reply")
+
+
+def analysis_fields(value: Any) -> dict[str, str]:
+    """The reasoning of a parsed analysis under SAGE's field names (``Content``, ``TargetCompletion``,
+    ``Activity``, ``Analyse``); a free analysis line (``logprobs`` readout) is the ``Analyse``."""
+    if isinstance(value, str):
+        return {"Analyse": value}
+    if not isinstance(value, dict):
+        return {}
+    return {name: str(value[key]) for key, name in ANALYSIS_KEYS.items() if key in value}
+
+
+def reply_thinking(value: Any) -> dict[str, str]:
+    """The user's reasoning of a parsed JSON reply under SAGE's names (``Thinking``, ``Origin``,
+    ``Change``); empty for a plain reply."""
+    if not isinstance(value, dict):
+        return {}
+    return {name: str(value[key]) for key, name in REPLY_KEYS.items() if key in value}
+
+
+_CHANGE_LABEL = re.compile(r"[>*#\-]*\**\s*\bChange\s*\**\s*[:：]", re.I)
+
+
+def analysis_line(text: str) -> str | None:
+    """The free analysis (``emotion_readout: logprobs``) as the prefix after which the change is read:
+    the text up to a ``Change:`` label a model may still write (the number it states is not the
+    readout); None when empty."""
+    m = _CHANGE_LABEL.search(text)
+    head = (text[: m.start()] if m else text).strip()
+    return head or None
 
 
 _SPEAKER_TAG = re.compile(r"^\s*\**\s*(?:response|you|me|user|final message)\s*\**\s*[:：]\s*\**\s*", re.I)
@@ -257,12 +306,13 @@ def parse_plain_reply(text: str) -> str | None:
     return text.strip('"').strip("“”").strip() or None
 
 
-def analysis_before_change(text: str) -> str | None:
-    """The analysis text up to (not including) its ``Change`` label, or the whole text when it has none
-    (the prefix after which ``emotion_readout: logprobs`` reads the change); None when empty."""
-    m = re.search(r"^[ \t>*#\-]*\**\s*Change\s*\**\s*[:：]", text, re.I | re.M)
-    head = (text[: m.start()] if m else text).rstrip()
-    return head or None
+def spoken(value: Any) -> str | None:
+    """What the user says in a parsed reply: a plain reply as it is, a JSON reply's ``say`` without
+    surrounding quotes; None when empty."""
+    text = value.get(SAY_KEY) if isinstance(value, dict) else value
+    if not isinstance(text, str):
+        return None
+    return text.strip().strip('"').strip("“”").strip() or None
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -279,10 +329,36 @@ def _character(profile: SageProfile, fence: Fence) -> str:
 
 
 def analysis_prompt(
-    profile: SageProfile, history: Sequence[Mapping[str, str]], emotion: float, fence: Fence
+    profile: SageProfile,
+    history: Sequence[Mapping[str, str]],
+    emotion: float,
+    fence: Fence,
+    *,
+    free: bool = False,
 ) -> Conversation:
     """Call A: how the supporter's newest reply (the last message of ``history``) lands with the
-    character, ending in a signed change of the emotion."""
+    character, ending in a signed change of the emotion (:func:`analysis_format`). ``free`` (the
+    ``logprobs`` readout) asks for one line of analysis only; the change is then read after it."""
+    if free:
+        answer = (
+            "Answer with one line of plain text, as the character's analyst: what the supporter means to "
+            "say; whether the reply serves the character's goal and hidden intention and what in it could "
+            "upset them; what goes on in the character's mind; how the character feels about this reply (a "
+            "reply that is not natural language, garbled or full of symbols, feels very bad)."
+        )
+    else:
+        answer = (
+            "Answer with one JSON object with exactly these keys, in this order:\n"
+            '"content": what the supporter means to say;\n'
+            '"fit": whether the reply serves the character\'s goal and hidden intention, which parts do, '
+            "and what in it could upset them;\n"
+            '"mind": what goes on in the character\'s mind right now;\n'
+            '"reaction": how the character feels about this reply (a reply that is not natural language, '
+            "garbled or full of symbols, feels very bad);\n"
+            f'"{SHIFT_KEY}": the change of the character\'s emotion, one integer from -10 to 10.\n'
+            f"Keep each text short (at most {FIELD_CHARS} characters). Example of the shape: "
+            '{"content": "...", "fit": "...", "mind": "...", "reaction": "...", "shift": -5}'
+        )
     body = (
         f"{fence.rules()}\n\n"
         f"The character's goal in this conversation: {profile.goal}\n\n"
@@ -294,14 +370,7 @@ def analysis_prompt(
         "The conversation (the last line is the supporter's newest reply):\n"
         f"{fence.block('DIALOGUE', render_dialogue(history, **AS_USER))}\n\n"
         "Think as the character, with their temperament and the reactions the background describes. "
-        "Answer in exactly this format:\n"
-        "Content: what the supporter means to say\n"
-        "TargetCompletion: whether the reply serves the character's goal and hidden intention, which "
-        "parts do, and what in it could upset them\n"
-        "Activity: what goes on in the character's mind right now\n"
-        "Analyse: how the character feels about this reply (a reply that is not natural language, "
-        "garbled or full of symbols, feels very bad)\n"
-        "Change: the change of the character's emotion, one signed integer from -10 to 10, nothing else"
+        + answer
     )
     return [
         msg(
@@ -358,13 +427,15 @@ def reply_prompt(
         "emotion carried by the tone instead of named, nothing repeated from earlier, at most two "
         "questions, a new detail from your background where it helps, in the language of your persona.\n"
         + (
-            "Answer with the final message you say and nothing else."
+            "Answer with the final message you say, on one line, and nothing else."
             if plain
-            else "Answer in exactly this format:\n"
-            "Thinking: your decisions\n"
-            "Origin: the draft\n"
-            "Change: how you rewrote it\n"
-            "Response: the final message you say"
+            else "Answer with one JSON object with exactly these keys, in this order:\n"
+            '"decide": your decisions;\n'
+            '"draft": the draft;\n'
+            '"rewrite": how you rewrote it;\n'
+            f'"{SAY_KEY}": the final message you say.\n'
+            f"Keep each text short (at most {FIELD_CHARS} characters). Example of the shape: "
+            '{"decide": "...", "draft": "...", "rewrite": "...", "say": "..."}'
         )
     )
     return [
@@ -441,15 +512,24 @@ class SageSimulator:
         )
         return first, again
 
-    def _ask(self, prompts: list[Conversation], parse: Any) -> list[Any]:
+    def _ask(self, prompts: list[Conversation], fmt: AnswerFormat, parse: Any = None) -> list[Any]:
+        """One batched call declaring ``fmt``; ``parse`` (a role check on the format's text) or the
+        format's own parser reads each answer; unparseable ones are asked again, then left None."""
         first, again = self._params()
         return generate_parsed(
-            self.engine, prompts, parse, first, max_retries=self.settings.max_retries, retry_params=again
+            self.engine,
+            prompts,
+            parse,
+            first,
+            max_retries=self.settings.max_retries,
+            retry_params=again,
+            role="simulator",
+            answer_format=fmt,
         )
 
-    @property
-    def _reply_parser(self) -> Any:
-        return parse_plain_reply if self.settings.plain_reply else parse_response
+    def _ask_replies(self, prompts: list[Conversation]) -> list[Any]:
+        plain = self.settings.plain_reply
+        return self._ask(prompts, reply_format(plain=plain), parse_plain_reply if plain else None)
 
     # ------------------------------------------------------------------ the two calls
     def start(
@@ -487,14 +567,15 @@ class SageSimulator:
                 )
                 for d in write
             ]
-            for d, r in zip(write, self._ask(prompts, self._reply_parser)):
-                if r.value is None:
+            for d, r in zip(write, self._ask_replies(prompts)):
+                said = spoken(r.value)
+                if said is None:
                     d.parse_failures += 1
                     d.end("invalid")
                     d.log.append({"turn": 0, "error": "opening did not parse", "raw": r.raw})
                 else:
-                    d.history.append(msg("user", r.value))
-                    d.log.append({"turn": 0, "message": r.value, "thinking": _thinking(r.raw)})
+                    d.history.append(msg("user", said))
+                    d.log.append({"turn": 0, "message": said, "thinking": reply_thinking(r.value)})
         return out
 
     def step(self, dialogues: Sequence[SageDialogue], replies: Sequence[str]) -> None:
@@ -530,19 +611,21 @@ class SageSimulator:
         self._speak(speaking)
 
     def _analyse(self, dialogues: list[SageDialogue]) -> list[float | None]:
-        """The parsed emotion change of every dialogue's analysis (None: never parsed). With the
-        ``logprobs`` readout the change is the expectation over :data:`CHANGE_OPTIONS` after the
-        analysis text instead of the number the text states."""
+        """The emotion change of every dialogue's analysis (None: never parsed): the analysis's integer
+        ``shift`` or, with the ``logprobs`` readout, the expectation over :data:`CHANGE_OPTIONS` after a
+        free analysis line."""
+        free = self._logprobs
         prompts = [
-            analysis_prompt(d.profile, d.history, d.emotion, self.fence(d, "analysis")) for d in dialogues
+            analysis_prompt(d.profile, d.history, d.emotion, self.fence(d, "analysis"), free=free)
+            for d in dialogues
         ]
-        results = self._ask(prompts, analysis_before_change if self._logprobs else parse_change)
+        fmt = analysis_format(with_shift=not free)
+        results = self._ask(prompts, fmt, analysis_line if free else None)
         for d, r in zip(dialogues, results):
-            fields = parse_fields(r.raw, ANALYSIS_FIELDS)
-            d.log[-1]["analysis"] = {k: v for k, v in fields.items() if k != "Change"}
+            d.log[-1]["analysis"] = analysis_fields(r.value)
             d.log[-1]["raw_analysis"] = r.raw
-        if not self._logprobs:
-            return [r.value for r in results]
+        if not free:
+            return [None if r.value is None else float(r.value[SHIFT_KEY]) for r in results]
         deltas: list[float | None] = [None] * len(results)
         ready = [i for i, r in enumerate(results) if r.value is not None]
         if ready:
@@ -571,21 +654,17 @@ class SageSimulator:
                     plain=self.settings.plain_reply,
                 )
             )
-        for d, r in zip(dialogues, self._ask(prompts, self._reply_parser)):
+        for d, r in zip(dialogues, self._ask_replies(prompts)):
             entry = d.log[-1]
-            if r.value is None:
+            said = spoken(r.value)
+            if said is None:
                 d.parse_failures += 1
                 entry["error"] = "reply did not parse"
                 entry["raw_reply"] = r.raw
                 if not d.done:  # the score is already fixed when the dialogue has ended
                     d.end("invalid")
                 continue
-            d.history.append(msg("user", r.value))
-            entry.update(message=r.value, thinking=_thinking(r.raw))
-            if not d.done and says_goodbye(r.value, self.settings.goodbye_words):
+            d.history.append(msg("user", said))
+            entry.update(message=said, thinking=reply_thinking(r.value))
+            if not d.done and says_goodbye(said, self.settings.goodbye_words):
                 d.end("goodbye")
-
-
-def _thinking(raw: str) -> dict[str, str]:
-    """The user's reasoning fields of a reply (everything but ``Response``)."""
-    return {k: v for k, v in parse_fields(raw, REPLY_FIELDS).items() if k != "Response"}

@@ -10,10 +10,11 @@ prompts (our own wording of the published method, calibrated to be strict) and r
   a space, so each prompt needs one forward pass). Regress is asked as a severity 0/1/2 and stored as
   0/-1/-2. All indicators of all cases go in one ``choice_logprobs`` call. A case whose options all
   have probability 0 falls back to text.
-* Text mode: one prompt per case asking for every indicator on its own line (``C.1: 2`` /
-  ``C progress: 1`` / ``C regress: -1``); a reply missing one, or giving an out-of-range level, is
-  asked again (sampled), then the form is invalid: ``levels`` None, counted by the caller, never
-  filled with a default.
+* Text mode: one prompt per case asking for the whole form as one JSON object under a schema
+  (:func:`iedr_format`: ``{"C.1": 2, ...}``; :func:`mdep_format`: ``{"C progress": 1, "C regress": 0,
+  ...}``, regress as a severity 0..2 stored as 0/-1/-2) that an engine with structured output enforces;
+  an answer that does not parse is asked again (sampled), then the form is invalid: ``levels`` None,
+  counted by the caller, never filled with a default.
 
 The persona card, the dialogue and the latest exchange reach the prompt only inside fenced blocks.
 """
@@ -21,7 +22,6 @@ The persona card, the dialogue and the latest exchange reach the prompt only ins
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,9 +29,10 @@ from rapo_echo.benchmarks.epm.user import Turn
 from rapo_echo.benchmarks.epm.vectors import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
 from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.errors import CapabilityError
-from rapo_echo.llm.answers import parse_with_retries, wants_logprobs
+from rapo_echo.llm.answers import generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue, turn_messages
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, msg
 
 SYSTEM = (
@@ -99,35 +100,43 @@ def mdep_instructions() -> str:
     )
 
 
+def _levels_format(keys: dict[str, tuple[int, int]], name: str) -> AnswerFormat:
+    props = {k: {"type": "integer", "minimum": lo, "maximum": hi} for k, (lo, hi) in keys.items()}
+    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return AnswerFormat.json_schema(schema, name=name)
+
+
+def mdep_answer_key(key: str) -> str:
+    """The JSON key of an MDEP level: ``C.Prog`` -> ``C progress``, ``C.Neg`` -> ``C regress``."""
+    axis, kind = key.split(".")
+    return f"{axis} {'progress' if kind == 'Prog' else 'regress'}"
+
+
+def iedr_format() -> AnswerFormat:
+    """The IEDR form as one JSON object: the nine indicators ``C.1`` .. ``P.3``, each an integer 0..3."""
+    return _levels_format(dict.fromkeys(IEDR_KEYS, (0, 3)), "epm_iedr")
+
+
+def mdep_format() -> AnswerFormat:
+    """The MDEP form as one JSON object: ``C progress`` 0..2 and ``C regress`` (a severity) 0..2, for C, A
+    and P."""
+    return _levels_format({mdep_answer_key(k): (0, 2) for k in MDEP_KEYS}, "epm_mdep")
+
+
 def parse_iedr(text: str) -> dict[str, int] | None:
-    """Nine ``C.1: 2`` lines (any order, extra text allowed) -> levels, or None if one is missing or
-    out of 0..3. The first rating of a key counts."""
-    found: dict[str, int] = {}
-    for m in re.finditer(r"\b([CAP])\s*[._-]?\s*([123])\b[^\n:=]{0,40}[:=]\s*[*_`]*\s*(-?\d+)", text):
-        key = f"{m.group(1)}.{m.group(2)}"
-        found.setdefault(key, int(m.group(3)))
-    if any(found.get(k) not in (0, 1, 2, 3) for k in IEDR_KEYS):
-        return None
-    return {k: found[k] for k in IEDR_KEYS}
+    """The nine IEDR levels of a text-mode answer (:func:`iedr_format`), or None."""
+    value = iedr_format().parse(text)
+    return None if value is None else {k: int(value[k]) for k in IEDR_KEYS}
 
 
 def parse_mdep(text: str) -> dict[str, int] | None:
-    """Six ``C progress: 1`` / ``C regress: -1`` lines -> levels (regress stored as 0/-1/-2; a
-    severity written without its minus sign is read as negative), or None if one is missing or out of
-    range."""
-    found: dict[str, int] = {}
-    pattern = r"\b([CAP])\b[^\n:=]{0,30}?\b(prog\w*|regr\w*|neg\w*)[^\n:=]{0,20}[:=]\s*[*_`]*\s*([+-]?\d+)"
-    for m in re.finditer(pattern, text, re.I):
-        kind = "Prog" if m.group(2).lower().startswith("prog") else "Neg"
-        value = int(m.group(3))
-        if kind == "Neg":
-            value = -abs(value)
-        found.setdefault(f"{m.group(1).upper()}.{kind}", value)
-    for key in MDEP_KEYS:
-        allowed = (0, 1, 2) if key.endswith("Prog") else (0, -1, -2)
-        if found.get(key) not in allowed:
-            return None
-    return {k: found[k] for k in MDEP_KEYS}
+    """The six MDEP levels of a text-mode answer (:func:`mdep_format`), regress stored as 0/-1/-2; or
+    None."""
+    value = mdep_format().parse(text)
+    if value is None:
+        return None
+    levels = {k: int(value[mdep_answer_key(k)]) for k in MDEP_KEYS}
+    return {k: -v if k.endswith("Neg") else v for k, v in levels.items()}
 
 
 class EpmJudge:
@@ -150,13 +159,16 @@ class EpmJudge:
 
     # ------------------------------------------------------------------ prompts
     def iedr_prompt(self, card: str, question: str | None, fence: Fence) -> Conversation:
-        """The IEDR prompt for one case; ``question`` None asks for all nine lines (text mode)."""
+        """The IEDR prompt for one case; ``question`` None asks for the whole form (text mode)."""
         body = (
             "Before the conversation starts, rate how deep the person's unmet needs are.\n\n"
             f"The person's card:\n{fence.block('CARD', card)}\n\n{iedr_instructions()}\n\n"
         )
         if question is None:
-            body += "Answer with exactly nine lines, one per indicator, like 'C.1: 2'."
+            body += (
+                "Answer with one JSON object and nothing else: the nine indicators as keys, each with its "
+                'level, e.g. {"A.1": 1, "A.2": 0, "A.3": 2, "C.1": 2, ..., "P.3": 0}.'
+            )
             return [msg("system", SYSTEM + " " + fence.rules()), msg("user", body)]
         body += f"Rate {question} only. Answer with that one digit and nothing else."
         return [msg("system", SYSTEM + " " + fence.rules()), msg("user", body)]
@@ -181,7 +193,12 @@ class EpmJudge:
             f"{mdep_instructions()}\n\n"
         )
         if question is None:
-            body += "Answer with exactly six lines like 'C progress: 1' and 'C regress: -1', for C, A and P."
+            body += (
+                "Answer with one JSON object and nothing else, with a progress level (0 to 2) and a regress "
+                "severity (0 none, 1 a misstep, 2 a serious one) for each axis: "
+                '{"A progress": 1, "A regress": 0, "C progress": 0, "C regress": 1, "P progress": 0, '
+                '"P regress": 0}.'
+            )
             return [msg("system", SYSTEM + " " + fence.rules()), msg("user", body)]
         body += f"Rate {question} only. Answer with that one digit and nothing else."
         return [msg("system", SYSTEM + " " + fence.rules()), msg("user", body)]
@@ -192,7 +209,13 @@ class EpmJudge:
         questions = [
             (i.key, f"indicator {i.key} ({i.name}) from 0 to 3", (0, 1, 2, 3)) for i in IEDR_INDICATORS
         ]
-        return self._fill(len(cards), questions, lambda c, q, f: self.iedr_prompt(cards[c], q, f), parse_iedr)
+        return self._fill(
+            len(cards),
+            questions,
+            lambda c, q, f: self.iedr_prompt(cards[c], q, f),
+            parse_iedr,
+            iedr_format(),
+        )
 
     def fill_mdep(
         self,
@@ -213,6 +236,7 @@ class EpmJudge:
             questions,
             lambda c, q, f: self.mdep_prompt(cards[c], names[c], earlier[c], latest[c], q, f),
             parse_mdep,
+            mdep_format(),
         )
 
     def _fill(
@@ -221,6 +245,7 @@ class EpmJudge:
         questions: Sequence[tuple[str, str, tuple[int, ...]]],
         prompt: Callable[[int, str | None, Fence], Conversation],
         parse: Callable[[str], dict[str, int] | None],
+        fmt: AnswerFormat,
     ) -> list[EpmForm]:
         """Log-prob mode per indicator where the engine allows, text mode (with retries) otherwise.
         One fence per case, shared by its prompts (their common prefix is then prefilled once)."""
@@ -250,12 +275,13 @@ class EpmJudge:
                 else:
                     text_cases.append(c)
         if text_cases:
-            parsed = parse_with_retries(
+            parsed = generate_parsed(
                 self.engine,
                 [prompt(c, None, fences[c]) for c in text_cases],
                 parse,
                 self.params,
-                self.retries,
+                max_retries=self.retries,
+                answer_format=fmt,
             )
             for c, p in zip(text_cases, parsed):
                 out[c] = EpmForm(p.value, p.raw, p.attempts, "text")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
@@ -61,8 +61,10 @@ from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.labels import judge_labels
 from rapo_echo.prompting import policy_conversation
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Scenario, msg
 
+DIRECTOR_FORMAT = AnswerFormat.choice(ACTIONS, name="epm_director")
 SUMMARY_KEYS = ("success_rate", "epmq", "outcome", "efficiency", "stability", *INDEX_KEYS)
 
 
@@ -270,7 +272,7 @@ class Epm:
                 prompts,
                 {a: float(i) for i, a in enumerate(ACTIONS)},
                 parse_action,
-                settings.judge_params(),
+                replace(settings.judge_params(), answer_format=DIRECTOR_FORMAT),
                 retries=settings.judge_retries,
                 logprobs=settings.judge_logprobs,
             )

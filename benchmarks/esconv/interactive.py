@@ -7,13 +7,15 @@ expectation of that value under the critic's label probabilities -- what PPDPP's
 critic answers estimates; without, the parsed label's value. The case succeeds at the first turn whose
 reward exceeds 0.5; after ``max_turns`` (default 8) it fails. Reported: success rate (SR) and average
 turns (AT; a failed case counts ``max_turns``), over valid cases. A critic reply that stays unparseable
-after the retries ends the case as invalid: counted, excluded from SR and AT.
+after the retries ends the case as invalid: counted, excluded from SR and AT. The critic's call declares
+its answer, one of the four labels (:data:`CRITIC_FORMAT`), which an engine with structured output
+enforces; label probabilities (one forward) are read instead where the engine has log-probs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -34,8 +36,10 @@ from rapo_echo.errors import ConfigError
 from rapo_echo.llm.dialogue import clean_reply
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import judge_labels
+from rapo_echo.structured import AnswerFormat
 
 DEFAULT_MAX_TURNS = 8
+CRITIC_FORMAT = AnswerFormat.choice(tuple(CRITIC_LABELS), name="esconv_critic")
 SUCCESS_THRESHOLD = 0.5
 DATA_HINT = (
     "pass an ESConv-format file with --data, e.g. the PPDPP test split ppdpp_esc-test.jsonl "
@@ -110,7 +114,7 @@ class EsconvInteractive:
                 [critic_prompt(e.conv.profile, e.turns, e.fence) for e in active],
                 CRITIC_LABELS,
                 [partial(_own_verdict, fence=e.fence) for e in active],
-                settings.judge_params(),
+                replace(settings.judge_params(), answer_format=CRITIC_FORMAT),
                 retries=settings.judge_retries,
                 logprobs=settings.judge_logprobs,
             )

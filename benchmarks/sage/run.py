@@ -103,6 +103,8 @@ class Sage:
             temperature=settings.simulator_temperature,
             max_new_tokens=settings.simulator_max_new_tokens or DEFAULT_SIMULATOR_TOKENS,
             max_retries=settings.judge_retries,
+            emotion_readout=settings.emotion_readout,
+            plain_reply=settings.sage_reply == "plain",
         )
         return SageSimulator(roles.simulator, sim_settings, seed=settings.seed or 0)
 

@@ -6,9 +6,11 @@ only as far as their relationship reveals it, the partner's goal as "Unknown", a
 it answers with a JSON action ``{"action_type": ..., "argument": ...}`` where the type is one of none /
 speak / non-verbal communication / action / leave. Wording here is ours.
 
-Small models seldom write valid JSON, so :func:`parse_action` is lenient: a reply that is not a JSON
-action is taken as speech (an empty one as ``none``, a bare "leave" as leaving) and flagged
-``strict=False`` so the benchmark can report how often that happened.
+The partner's calls declare the action's JSON schema (:data:`ACTION_FORMAT`), which an engine with
+structured output enforces; the policy under test is never constrained. Small models seldom write valid
+JSON unaided, so :func:`parse_action` is lenient: a reply that is not a JSON action is taken as speech (an
+empty one as ``none``, a bare "leave" as leaving) and flagged ``strict=False`` so the benchmark can
+report how often that happened.
 """
 
 from __future__ import annotations
@@ -19,9 +21,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, msg
 
 ACTION_TYPES = ("none", "speak", "non-verbal communication", "action", "leave")
+ARGUMENT_CHARS = 400  # the longest argument (what is said or done) of a constrained action
+# A JSON action: its type, then its argument (the keys sort in writing order; an argument may be left out
+# for none and leave).
+ACTION_FORMAT = AnswerFormat.json_schema(
+    {
+        "type": "object",
+        "properties": {
+            "action_type": {"type": "string", "enum": list(ACTION_TYPES)},
+            "argument": {"type": "string", "maxLength": ARGUMENT_CHARS},
+        },
+        "required": ["action_type"],
+        "additionalProperties": False,
+    },
+    name="sotopia_action",
+)
 # sotopia's RelationshipType, in its integer order.
 RELATIONSHIPS = (
     "stranger",

@@ -1,23 +1,25 @@
-"""SOTOPIA-Eval: the seven dimensions, the evaluator prompt, and parsing of its scores.
+"""SOTOPIA-Eval: the seven dimensions, the evaluator prompt, and its declared answer.
 
 Dimensions and ranges as in sotopia's ``SotopiaDimensions`` (descriptions in our words); overall is the
 unweighted mean of the seven. The evaluator sees everything (both backgrounds with secrets, both goals,
-the whole episode) and scores one agent. Its reply is parsed as JSON (``{"goal": 7, ...}``, values may be
-``[reasoning, score]`` or ``{"score": ...}``, optionally nested under an agent key) or as
-``dimension: score`` lines. A missing dimension or a value outside its range makes the parse invalid
-(the benchmark retries, then marks the case invalid).
+the whole episode) and scores one agent, one dimension per prompt: it writes its reasoning, then a score
+in the dimension's range, as a JSON object ``{"reasoning": "...", "score": N}`` under a schema
+(:func:`dimension_format`) that an engine with structured output enforces, so the score is always an
+integer in range. One prompt per dimension rather than one object for all seven: each answer stays short
+(a reasoning of at most :data:`REASONING_CHARS` characters fits the judge's usual token budget, where
+seven would not), the engine enforces each dimension's own range (one batched call per dimension over
+the episodes), a small evaluator faces one rubric at a time, and a failed dimension is asked again alone;
+the cost is seven prefills of the episode instead of one. A dimension whose answer stays unreadable
+after the retries makes the case invalid (counted, not scored).
 
-Scores are read from text, not label log-probs: a score is a signed multi-token number (``-10``), which
-a first-token log-prob cannot tell apart from ``-1``.
+Scores are read from text under the schema, not from label log-probs: a score is a signed multi-token
+number (``-10``), which a first-token log-prob cannot tell apart from ``-1``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Sequence
-from typing import Any
 
 from rapo_echo.benchmarks.sotopia.agent import (
     AgentProfile,
@@ -28,6 +30,7 @@ from rapo_echo.benchmarks.sotopia.agent import (
     inline,
 )
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, msg
 
 DIMENSIONS: dict[str, tuple[int, int]] = {
@@ -49,37 +52,24 @@ DESCRIPTIONS = {
     "financial_and_material_benefits": "the agent's material or financial gains (+) or losses (-)",
     "goal": "how far the agent achieved their social goal (0 = not at all, 10 = fully)",
 }
-_ALIASES = {
-    "financial": "financial_and_material_benefits",
-    "financial_benefits": "financial_and_material_benefits",
-    "financial_and_material": "financial_and_material_benefits",
-    "material_benefits": "financial_and_material_benefits",
-    "social_rule": "social_rules",
-    "goal_completion": "goal",
-    "goals": "goal",
-    "secrets": "secret",
-    "relationships": "relationship",
-}
-_LINE = re.compile(
-    r"(?P<name>[a-z][a-z _&/-]*?)[\s*]*(?:\([^)]*\))?[\s*]*[:=][\s*]*\(?\s*(?P<score>[-+]?\d+(?:\.\d+)?)",
-    re.I,
-)
+REASONING_CHARS = 300  # the longest reasoning an answer may hold
 SYSTEM = "You are an impartial evaluator of social interactions between two characters."
-# The evaluator's reply is started with the first dimension name (a continuation prefix): small judges then
-# keep to the 'dimension: score' format far more often. Parse ``REPLY_PREFIX + reply``.
-REPLY_PREFIX = "believability:"
 
 
-def dimension_key(name: str) -> str | None:
-    """The canonical dimension for a name as written (``Social rules`` -> ``social_rules``; words before a
-    dimension name are ignored: ``Score for goal`` -> ``goal``), or None."""
-    words = re.sub(r"[^a-z]+", "_", name.strip().lower()).strip("_").split("_")
-    for i in range(len(words)):
-        key = "_".join(words[i:])
-        key = _ALIASES.get(key, key)
-        if key in DIMENSIONS:
-            return key
-    return None
+def dimension_format(dimension: str) -> AnswerFormat:
+    """The answer to one dimension's prompt: ``{"reasoning": str, "score": int in the range}`` (the keys
+    sort in the order they are written: reasoning first)."""
+    lo, hi = DIMENSIONS[dimension]
+    schema = {
+        "type": "object",
+        "properties": {
+            "reasoning": {"type": "string", "minLength": 1, "maxLength": REASONING_CHARS},
+            "score": {"type": "integer", "minimum": lo, "maximum": hi},
+        },
+        "required": ["reasoning", "score"],
+        "additionalProperties": False,
+    }
+    return AnswerFormat.json_schema(schema, name=f"sotopia_{dimension}")
 
 
 def overall(scores: dict[str, float]) -> float:
@@ -92,87 +82,38 @@ def evaluator_prompt(
     agents: Sequence[AgentProfile],
     history: Sequence[AgentTurn],
     evaluated: int,
+    dimension: str,
     fence: Fence | None = None,
 ) -> Conversation:
-    """The evaluator's prompt for agent ``evaluated`` (0 or 1) of a finished episode: the scenario,
-    backgrounds, goals and episode in fenced blocks, the instructions outside. Parse its reply with
-    ``parse_reply(fence.own_words(reply))``."""
+    """The evaluator's prompt for ``dimension`` of agent ``evaluated`` (0 or 1) of a finished episode:
+    the scenario, backgrounds, goals and episode in fenced blocks, the instructions outside. Read its
+    answer with ``read_score(dimension, fence.own_words(reply))``."""
     fence = fence or Fence.derived([env.scenario, env.codename], salt="sotopia")
     names = [inline(a.name, fence) for a in agents]
     bgs = [background(a, own=True, relationship=env.relationship) for a in agents]
-    ranges = "\n".join(
-        f"{d}: an integer from {lo} to {hi} -- {DESCRIPTIONS[d]}" for d, (lo, hi) in DIMENSIONS.items()
-    )
+    lo, hi = DIMENSIONS[dimension]
+    label = dimension.replace("_", " ")
     text = (
         f"{fence.rules()}\n\n"
         + episode_blocks(env, names, bgs, env.agent_goals, history, fence, "(nothing happened)")
         + f"\nRelationship: {inline(env.relationship.replace('_', ' '), fence)}\n\n"
-        f"Evaluate {names[evaluated]} on these seven dimensions:\n{ranges}\n\n"
-        "Reply with exactly seven lines of the form 'dimension: score', using the dimension names above."
+        f"Evaluate {names[evaluated]} on one dimension, {label}: {DESCRIPTIONS[dimension]}.\n"
+        f"First reason briefly (at most {REASONING_CHARS} characters) about what in the episode bears on "
+        f"it, then give the score, an integer from {lo} to {hi}.\n"
+        'Answer with one JSON object and nothing else: {"reasoning": "...", "score": N}'
     )
-    return [msg("system", SYSTEM), msg("user", text), msg("assistant", REPLY_PREFIX)]
+    return [msg("system", SYSTEM), msg("user", text)]
 
 
-def parse_reply(reply: str) -> dict[str, float] | None:
-    """:func:`parse_scores` of a reply to :func:`evaluator_prompt` (the prefix put back in front)."""
-    return parse_scores(reply if reply.lstrip().startswith(("{", REPLY_PREFIX)) else REPLY_PREFIX + reply)
+def read_score(dimension: str, text: str) -> float | None:
+    """The score of one dimension's answer (``{"reasoning": ..., "score": N}`` with N in range), or None."""
+    value = dimension_format(dimension).parse(text)
+    return None if value is None else float(value["score"])
 
 
-def parse_scores(text: str) -> dict[str, float] | None:
-    """The seven scores in an evaluator's reply, or None when one is missing or out of range."""
-    scores = _json_scores(text)
-    if scores is None:
-        scores = {}
-        for m in _LINE.finditer(text):
-            key = dimension_key(m.group("name"))
-            if key is not None and key not in scores:
-                scores[key] = float(m.group("score"))
-    return scores if _complete(scores) else None
-
-
-def _complete(scores: dict[str, float]) -> bool:
+def complete(scores: dict[str, float]) -> bool:
+    """Whether ``scores`` holds every dimension, finite and in its range."""
     return all(
         d in scores and math.isfinite(scores[d]) and lo <= scores[d] <= hi
         for d, (lo, hi) in DIMENSIONS.items()
     )
-
-
-def _json_scores(text: str) -> dict[str, float] | None:
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        return None
-    try:
-        obj: Any = json.loads(text[start : end + 1])
-    except json.JSONDecodeError:
-        return None
-    while isinstance(obj, dict) and not any(dimension_key(k) for k in obj):
-        inner = [v for v in obj.values() if isinstance(v, dict)]
-        if len(inner) != 1:
-            return None
-        obj = inner[0]  # e.g. {"evaluations": {"agent_1": {...}}}
-    if not isinstance(obj, dict):
-        return None
-    scores: dict[str, float] = {}
-    for name, value in obj.items():
-        key = dimension_key(name)
-        number = _number(value)
-        if key is not None and number is not None and key not in scores:
-            scores[key] = number
-    return scores
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, (list, tuple)) and value:
-        return _number(value[-1])  # sotopia's (reasoning, score)
-    if isinstance(value, dict):
-        return _number(value.get("score"))
-    return None

@@ -4,22 +4,35 @@ Each scenario/agent pair gives two cases, the policy playing agent 1 and then ag
 protocol). Agents act in round-robin order, agent 1 first; one batched engine call per role per turn
 covers every active episode. An episode ends after ``max_turns`` actions (default 20), when an agent
 leaves, or after more than 2 consecutive ``none`` actions (sotopia's ``RuleBasedTerminatedEvaluator``).
-The evaluator (the ``judge`` role, temperature 0) then scores the policy's agent on the seven
-SOTOPIA-Eval dimensions; overall = their mean. An evaluator reply that stays unparseable after the
-retries makes the case invalid (counted, not scored). The summary reports every dimension and overall
-over all valid cases, and goal / overall over the hard subset.
+The evaluator then scores the policy's agent on the seven SOTOPIA-Eval dimensions; overall = their mean.
+The scorer is ours (``--scorer ours``, the default: the ``judge`` role at temperature 0, one prompt per
+dimension asking for reasoning then a score under a JSON schema, :mod:`.evaluator`) or SOTOPIA's own
+evaluator (``--scorer sotopia``, :mod:`.official`, with the official package and ``--sotopia-model``);
+each record names its scorer (``info['scorer']``) and the summary counts them. An answer that stays
+unreadable after the retries makes the case invalid (counted, not scored). The summary reports every
+dimension and overall over all valid cases, and goal / overall over the hard subset.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
-from rapo_echo.benchmarks.sotopia.agent import AgentTurn, agent_fence, agent_prompt, parse_action
-from rapo_echo.benchmarks.sotopia.evaluator import DIMENSIONS, evaluator_prompt, overall, parse_reply
+from rapo_echo.benchmarks.sotopia.agent import (
+    ACTION_FORMAT,
+    AgentTurn,
+    agent_fence,
+    agent_prompt,
+    parse_action,
+)
+from rapo_echo.benchmarks.sotopia.evaluator import (
+    DIMENSIONS,
+    dimension_format,
+    evaluator_prompt,
+    overall,
+)
 from rapo_echo.benchmarks.sotopia.profiles import SotopiaPair, load_sotopia
 from rapo_echo.engines.base import generate_texts
 from rapo_echo.errors import ConfigError, DataError
@@ -47,9 +60,14 @@ def termination(history: Sequence[AgentTurn], max_turns: int, max_stale: int = M
     return None
 
 
-def _own_scores(text: str, fence: Fence) -> dict[str, float] | None:
-    """The evaluator's scores in its own words (blocks it copied from the prompt removed)."""
-    return parse_reply(fence.own_words(text))
+SCORERS = ("ours", "sotopia")
+
+
+def _own_answer(dimension: str, fence: Fence) -> Any:
+    """The reader of one dimension's answer in the evaluator's own words (blocks it copied from the
+    prompt removed): the parsed ``{"reasoning", "score"}`` object, or None."""
+    fmt = dimension_format(dimension)
+    return lambda text: fmt.parse(fence.own_words(text))
 
 
 @dataclass
@@ -103,7 +121,8 @@ class Sotopia:
             theirs = [e for e in active if e.policy_agent != actor]
             for group, engine, params in (
                 (mine, roles.policy, settings.policy_params()),
-                (theirs, roles.simulator, settings.simulator_params()),
+                # the partner's action is declared; the policy under test is never constrained
+                (theirs, roles.simulator, replace(settings.simulator_params(), answer_format=ACTION_FORMAT)),
             ):
                 if not group:
                     continue
@@ -123,27 +142,74 @@ class Sotopia:
     def _evaluate(self, episodes: list[_Episode], roles: Roles, settings: EvalSettings, emit: Emit) -> None:
         if not episodes:
             return
-        assert roles.judge is not None
-        prompts = [
-            evaluator_prompt(e.pair.env, e.pair.agents, e.history, e.policy_agent, e.fence) for e in episodes
-        ]
-        parsers = [partial(_own_scores, fence=e.fence) for e in episodes]
-        verdicts = generate_parsed(
-            roles.judge, prompts, parsers, settings.judge_params(), max_retries=settings.judge_retries
-        )
-        for e, v in zip(episodes, verdicts):
+        if settings.sotopia_scorer == "sotopia":
+            verdicts = self._official(episodes, settings)
+        else:
+            verdicts = self._ours(episodes, roles, settings)
+        for e, (scores, raw, attempts) in zip(episodes, verdicts):
             metrics: dict[str, Any] = {}
-            if v.value is not None:
-                metrics = {**v.value, "overall": overall(v.value), "turns": len(e.history)}
+            if scores is not None:
+                metrics = {**scores, "overall": overall(scores), "turns": len(e.history)}
+            info = {**self._info(e, raw, attempts), "scorer": settings.sotopia_scorer}
             emit(
                 make_record(
                     e.case,
-                    valid=v.value is not None,
+                    valid=scores is not None,
                     metrics=metrics,
                     transcript=self._transcript(e),
-                    info=self._info(e, v.raw, v.attempts),
+                    info=info,
                 )
             )
+
+    @staticmethod
+    def _ours(
+        episodes: list[_Episode], roles: Roles, settings: EvalSettings
+    ) -> list[tuple[dict[str, float] | None, dict[str, Any], int]]:
+        """Our evaluator: per dimension one batched call over the episodes, declaring that dimension's
+        answer (its score range); an episode's scores are None when any dimension stays unreadable. The
+        raw answers are kept per dimension."""
+        assert roles.judge is not None
+        per_dim = {}
+        for d in DIMENSIONS:
+            prompts = [
+                evaluator_prompt(e.pair.env, e.pair.agents, e.history, e.policy_agent, d, e.fence)
+                for e in episodes
+            ]
+            per_dim[d] = generate_parsed(
+                roles.judge,
+                prompts,
+                [_own_answer(d, e.fence) for e in episodes],
+                settings.judge_params(),
+                max_retries=settings.judge_retries,
+                answer_format=dimension_format(d),
+            )
+        out = []
+        for k in range(len(episodes)):
+            answers = {d: per_dim[d][k] for d in DIMENSIONS}
+            scores = {d: float(a.value["score"]) for d, a in answers.items() if a.value is not None}
+            readable = "\n".join(
+                (
+                    f"{d}: {a.value['score']} ({a.value['reasoning']})"
+                    if a.value
+                    else f"{d}: unreadable: {a.raw}"
+                )
+                for d, a in answers.items()
+            )
+            raw = {"text": readable, "answers": {d: a.raw for d, a in answers.items()}}
+            attempts = max(a.attempts for a in answers.values())
+            out.append((scores if len(scores) == len(DIMENSIONS) else None, raw, attempts))
+        return out
+
+    @staticmethod
+    def _official(
+        episodes: list[_Episode], settings: EvalSettings
+    ) -> list[tuple[dict[str, float] | None, dict[str, Any], int]]:
+        """SOTOPIA's own evaluator (:mod:`.official`)."""
+        from rapo_echo.benchmarks.sotopia.official import load_evaluator, official_scores
+
+        evaluator = load_evaluator(settings.sotopia_model)
+        items = [(e.pair.env, e.pair.agents, e.history, e.policy_agent) for e in episodes]
+        return [(scores, {"text": notes}, 1) for scores, notes in official_scores(evaluator, items)]
 
     @staticmethod
     def _transcript(e: _Episode) -> list[dict[str, str]]:
@@ -157,7 +223,7 @@ class Sotopia:
         ]
 
     @staticmethod
-    def _info(e: _Episode, raw: str, attempts: int) -> dict[str, Any]:
+    def _info(e: _Episode, raw: dict[str, Any], attempts: int) -> dict[str, Any]:
         own = [t for t in e.history if t.agent == e.policy_agent]
         return {
             "codename": e.pair.env.codename,
@@ -180,7 +246,8 @@ class Sotopia:
                 }
                 for t in e.history
             ],
-            "evaluator_raw": raw,
+            "evaluator_raw": raw["text"],  # per dimension: score (reasoning), or the unreadable answer
+            **({"evaluator_answers": raw["answers"]} if "answers" in raw else {}),
             "evaluator_attempts": attempts,
         }
 
@@ -194,6 +261,8 @@ class Sotopia:
         out["n_hard"] = len(hard)
         out["avg_turns"] = mean([r["info"]["turns"] for r in records])
         actions = sum(r["info"]["policy_actions"] for r in records)
+        for scorer in SCORERS:
+            out[f"scorer/{scorer}"] = sum(r["info"].get("scorer", "ours") == scorer for r in valid)
         out["policy_loose_action_rate"] = (
             sum(r["info"]["policy_loose_actions"] for r in records) / actions if actions else None
         )

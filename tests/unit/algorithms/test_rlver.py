@@ -22,6 +22,7 @@ from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet, build_reward
 from rapo_echo.types import Generation, SamplingParams, Scenario
+from tests.helpers.answers import sage_analysis
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false"]
 
@@ -56,17 +57,20 @@ def echo_policy(prompt: str) -> str:
     return f"you said {last_user(prompt)[:24]}"
 
 
-def simulator(step_of: dict[str, str], reply: str = "Response: tell me more, {name}") -> ScriptedEngine:
+def simulator(
+    step_of: dict[str, str], reply: str = "Response: tell me more, {name}", structured: bool = True
+) -> ScriptedEngine:
     """Each profile's emotion moves by its own step; the user's answer names the profile."""
 
     def fn(prompt):
         text = prompt_text(prompt)
         name = re.search(r"I am (\w+)", text).group(1)
         if "emotion right now" in text:
-            return f"Content: c\nAnalyse: a\nChange: {step_of[name]}"
-        return "Thinking: t\n" + reply.format(name=name)
+            step = step_of[name]
+            return sage_analysis(int(step)) if step.lstrip("+-").isdigit() else f"Change: {step}"
+        return reply.format(name=name)  # the user's message alone: plain_reply is the default
 
-    return ScriptedEngine(fn=fn)
+    return ScriptedEngine(fn=fn, structured=structured)
 
 
 def scenario(name: str) -> Scenario:
@@ -224,7 +228,8 @@ def test_budgets_truncate_and_count(policy):
 
 def test_invalid_dialogues_are_masked_and_counted(policy):
     policy.rollout_engine = TokenScript(policy.tokenizer, echo_policy)
-    sim = simulator({"Good": "+5", "Bad": "no number"})
+    # a server without structured output: parse, then invalid
+    sim = simulator({"Good": "+5", "Bad": "no number"}, structured=False)
     algo = make_algo(policy, sim, "rlver.simulator.max_turns=2", "rlver.simulator.max_retries=0")
     out = algo.rollout([scenario("Bad"), scenario("Good")], step=0)
     assert [s.reward for s in out.samples][:2] == [None, None]
@@ -236,7 +241,7 @@ def test_goodbye_ends_and_a_shared_generated_opening(policy):
     def sim_fn(prompt):
         text = prompt_text(prompt)
         if "emotion right now" in text:
-            return "Change: +10"
+            return sage_analysis(10)
         if "conversation begins now" in text:
             return "Response: ugh, long week"
         return "Response: thanks, bye!"
@@ -260,7 +265,7 @@ def test_thinking_mode_strips_thoughts_and_trains_each_turn(policy):
     def sim_fn(prompt):
         text = prompt_text(prompt)
         seen.append(text)
-        return "Change: +5" if "emotion right now" in text else "Response: go on"
+        return sage_analysis(5) if "emotion right now" in text else "Response: go on"
 
     rewards = RewardSet([(build_reward("think_format", {}, None), 0.5)])
     algo = make_algo(
@@ -347,7 +352,11 @@ def test_ppo_values_and_gae(policy):
 
 # ---------------------------------------------------------------------------- through the trainer
 
-SIM_SCRIPT = "{rules: [['emotion right now', 'Change: +10'], ['Response: the final', 'Response: hm, go on']]}"
+SIM_SCRIPT = (
+    "{rules: [['emotion right now', '"
+    + sage_analysis(10).replace("{", "{{").replace("}", "}}")  # a script reply is a format string
+    + "'], ['the final message you say', 'Response: hm, go on']]}"
+)
 
 
 def rlver_cfg(model: Path, out: Path, *extra: str):

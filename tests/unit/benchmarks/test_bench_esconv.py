@@ -110,15 +110,17 @@ def test_reader_on_the_real_ppdpp_and_failed_files():
     assert len(failed) == 196 and failed[0].meta.get("experience_type")
 
 
-
 def test_training_and_benchmark_read_one_parse_joined_their_own_way(tmp_path):
     """One parser: training's turns keep the text as written and join with a newline; the benchmark's
     squash whitespace and join with a space; the turns, roles and ids are the same."""
-    conv = {**CONV, "dialog": [
-        {"speaker": "usr", "text": "Not  good."},
-        {"speaker": "usr", "text": " I lost\tmy job. "},
-        {"speaker": "sys", "text": "I am sorry."},
-    ]}
+    conv = {
+        **CONV,
+        "dialog": [
+            {"speaker": "usr", "text": "Not  good."},
+            {"speaker": "usr", "text": " I lost\tmy job. "},
+            {"speaker": "sys", "text": "I am sorry."},
+        ],
+    }
     path = write_jsonl(tmp_path / "esc.jsonl", [conv])
     (dialogue,) = load_dialogues(path)
     (bench,) = read_esconv(path)
@@ -135,6 +137,7 @@ def test_benchmark_turns_are_the_training_turns_squashed(name):
     for d, c in zip(dialogues, convs):
         squashed = [(t.role, " ".join(t.content.split())) for t in d.turns()]
         assert [(SEEKER if r == "user" else SUPPORTER, t) for r, t in squashed] == c.turns
+
 
 # ---------------------------------------------------------------------- prompts and parsing
 PROFILE = SeekerProfile("sadness", "breakup with partner", "My partner left me.")
@@ -228,10 +231,10 @@ def _conv(i: int):
     return EsconvConversation(f"c{i}", SeekerProfile("anxiety", "job crisis", f"case {i} situation"), [])
 
 
-def run_interactive(cases, critic_fn, settings=None):
+def run_interactive(cases, critic_fn, settings=None, structured=True):
     policy = ScriptedEngine(default="I hear you.")
     seeker = ScriptedEngine(default="Patient: okay. Therapist: more")
-    judge = ScriptedEngine(fn=critic_fn)
+    judge = ScriptedEngine(fn=critic_fn, structured=structured)
     records = []
     EsconvInteractive().run_batch(
         cases, Roles(policy, seeker, judge), settings or EvalSettings(), records.append
@@ -280,11 +283,39 @@ def test_better_is_not_success_threshold_is_strict():
 
 def test_unparseable_critic_marks_the_case_invalid_and_it_is_not_counted():
     schedule = {0: ["solved"], 1: ["I refuse to answer"] * 8}
-    records, *_ = run_interactive(make_cases(2), critic_by_case(schedule), EvalSettings(judge_retries=1))
+    # a critic on a server without structured output: parse, retry, then invalid
+    records, *_ = run_interactive(
+        make_cases(2), critic_by_case(schedule), EvalSettings(judge_retries=1), structured=False
+    )
     bad = next(r for r in records if r["id"] == "c1")
     assert bad["valid"] is False and bad["metrics"] == {} and bad["info"]["critic"][-1]["attempts"] == 2
     summary = EsconvInteractive().summarize(records)
     assert summary["success_rate"] == 1.0 and summary["avg_turns"] == 1.0
+
+
+def test_the_critic_declares_its_four_labels():
+    from rapo_echo.benchmarks.esconv.interactive import CRITIC_FORMAT
+
+    seen = []
+
+    class Recording(ScriptedEngine):
+        def generate(self, prompts, params):
+            seen.append(params.answer_format)
+            return super().generate(prompts, params)
+
+    judge = Recording(default="better")
+    EsconvInteractive().run_batch(
+        make_cases(1),
+        Roles(ScriptedEngine(default="I hear you."), ScriptedEngine(default="ok"), judge),
+        EvalSettings(max_turns=2),
+        lambda r: None,
+    )
+    assert seen == [CRITIC_FORMAT, CRITIC_FORMAT] and CRITIC_FORMAT.choices == (
+        "worse",
+        "same",
+        "better",
+        "solved",
+    )
 
 
 def test_interactive_needs_data_and_roles():

@@ -18,11 +18,18 @@ from rapo_echo.benchmarks.report import build_report, comparison_table, discover
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import DataError
+from tests.helpers.answers import SOTOPIA_SCORES, sotopia_rules
 
-SCORES = (
-    "believability: 8\nrelationship: 2\nknowledge: 5\nsecret: -1\nsocial_rules: 0\nfinancial: -3\ngoal: 7"
-)
-LOW = "believability: 2\nrelationship: -2\nknowledge: 1\nsecret: -5\nsocial_rules: -3\nfinancial: 0\ngoal: 1"
+SCORES = SOTOPIA_SCORES
+LOW = {
+    "believability": 2,
+    "relationship": -2,
+    "knowledge": 1,
+    "secret": -5,
+    "social_rules": -3,
+    "financial_and_material_benefits": 0,
+    "goal": 1,
+}
 
 
 def esconv_file(tmp_path: Path) -> str:
@@ -74,7 +81,7 @@ def results(tmp_path) -> Path:
         )
         run_eval(
             get_benchmark("sotopia"),
-            Roles(speaker, speaker, ScriptedEngine(default=scores)),
+            Roles(speaker, speaker, ScriptedEngine(rules=sotopia_rules(scores))),
             EvalSettings(max_turns=2),
             root / f"{policy}-sotopia",
             limit=4,

@@ -15,10 +15,7 @@ from rapo_echo.benchmarks.results import ResultWriter, read_records
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
-
-SCORES = (
-    "believability: 8\nrelationship: 2\nknowledge: 5\nsecret: -1\nsocial_rules: 0\nfinancial: -3\ngoal: 7"
-)
+from tests.helpers.answers import SOTOPIA_SCORES, sotopia_rules
 
 
 def esconv_file(tmp_path: Path, n: int = 5) -> str:
@@ -192,7 +189,7 @@ def fake_engines(monkeypatch):
 
     def fake(spec, **kw):
         engine = ScriptedEngine(
-            rules=[(r"seven lines", SCORES), (r"Has the Patient's issue", "solved")],
+            rules=[*sotopia_rules(SOTOPIA_SCORES), (r"Has the Patient's issue", "solved")],
             default='{"action_type": "speak", "argument": "Hello there."}',
         )
         made.setdefault(spec, []).append(engine)

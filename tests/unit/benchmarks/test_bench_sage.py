@@ -19,8 +19,9 @@ from rapo_echo.cli import main
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.simulators.sage import PROMPT_VERSION
+from tests.helpers.answers import sage_analysis
 
-REPLY = "Thinking: t\nOrigin: o\nChange: c\nResponse: {}"
+REPLY = "{}"  # the user's message alone (the eval's default: --sage-reply plain)
 
 
 def profiles_file(tmp_path: Path, rows: list[dict]) -> str:
@@ -37,17 +38,17 @@ def row(ident: str, step: str, first_talk: str | None = "hi") -> dict:
     return out
 
 
-def stepping_simulator() -> ScriptedEngine:
+def stepping_simulator(structured: bool = True) -> ScriptedEngine:
     def fn(prompt):
         text = prompt_text(prompt)
         step = re.search(r"STEP\[(.*?)\]", text).group(1)
         if "emotion right now" in text:
-            return f"Content: c\nAnalyse: a\nChange: {step}"
+            return sage_analysis(int(step)) if step.lstrip("+-").isdigit() else f"Change: {step}"
         if "conversation begins now" in text:
             return REPLY.format("I need to talk.")
         return REPLY.format("mm, go on")
 
-    return ScriptedEngine(fn=fn)
+    return ScriptedEngine(fn=fn, structured=structured)
 
 
 def test_sage_loop_scores_all_replies_but_the_last(tmp_path):
@@ -69,7 +70,12 @@ def test_sage_loop_scores_all_replies_but_the_last(tmp_path):
         10,
         0,
     ]
-    assert recs["down"]["transcript"][2]["inner"] == {"Content": "c", "Analyse": "a"}  # inner thoughts
+    assert recs["down"]["transcript"][2]["inner"] == {  # inner thoughts, under SAGE's field names
+        "Content": "c",
+        "TargetCompletion": "t",
+        "Activity": "a",
+        "Analyse": "fine",
+    }
     # flat: no first_talk, so the simulator wrote the opening
     assert recs["flat"]["transcript"][0]["content"] == "I need to talk."
     assert recs["flat"]["metrics"]["final_emotion"] == 40.0
@@ -85,7 +91,7 @@ def test_sage_loop_scores_all_replies_but_the_last(tmp_path):
 
 def test_success_at_100_and_invalid_dialogues_are_counted_not_scored(tmp_path):
     data = profiles_file(tmp_path, [row("win", "+10"), row("bad", "nothing")])
-    sim = stepping_simulator()
+    sim = stepping_simulator(structured=False)  # a server without structured output: parse, retry, invalid
     settings = EvalSettings(judge_retries=1)
     summary = run_eval(
         get_benchmark("sage"), Roles(ScriptedEngine(), sim), settings, tmp_path / "o", data=data
@@ -109,7 +115,7 @@ def hashing_simulator() -> ScriptedEngine:
         text = prompt_text(prompt)
         h = zlib.crc32(text.encode())
         if "emotion right now" in text:
-            return f"Change: {(-10, -5, 5, 10)[h % 4]}"
+            return sage_analysis((-10, -5, 5, 10)[h // 7 % 4])
         return REPLY.format(f"answer {h % 97}")
 
     return ScriptedEngine(fn=fn)

@@ -4,6 +4,7 @@ the evaluator's parsing and the benchmark's records, with scripted engines."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,10 @@ from rapo_echo.benchmarks.sotopia.agent import (
 )
 from rapo_echo.benchmarks.sotopia.evaluator import (
     DIMENSIONS,
-    REPLY_PREFIX,
-    dimension_key,
+    dimension_format,
     evaluator_prompt,
     overall,
-    parse_reply,
-    parse_scores,
+    read_score,
 )
 from rapo_echo.benchmarks.sotopia.profiles import SOTOPIA_HARD_ENV_IDS, bundled_scenarios_path, load_sotopia
 from rapo_echo.benchmarks.sotopia.run import Sotopia, termination
@@ -33,6 +32,7 @@ from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.llm.fencing import Fence
 from tests.conftest import shared_data
+from tests.helpers.answers import sotopia_dimension
 
 ALICE = AgentProfile(
     "Alice",
@@ -61,9 +61,32 @@ BOB = AgentProfile(
 ENV = EnvironmentProfile(
     "lend_money", "Bob asks Alice for a loan.", ("Lend wisely.", "Borrow 500 dollars."), "friend", pk="e1"
 )
-SCORES = (
-    "believability: 8\nrelationship: 2\nknowledge: 5\nsecret: -1\nsocial_rules: 0\nfinancial: -3\ngoal: 7"
-)
+SCORES = {
+    "believability": 8,
+    "relationship": 2,
+    "knowledge": 5,
+    "secret": -1,
+    "social_rules": 0,
+    "financial_and_material_benefits": -3,
+    "goal": 7,
+}
+
+
+def asked_dimension(prompt) -> str:
+    """The dimension an evaluator prompt asks about."""
+    label = re.search(r"on one dimension, ([a-z ]+):", prompt_text(prompt)).group(1)
+    return label.replace(" ", "_")
+
+
+def evaluator(fail=lambda prompt, dimension: False, structured: bool = True) -> ScriptedEngine:
+    """Answers each dimension's prompt with its score in :data:`SCORES` (reasoning first), or with
+    unreadable text where ``fail`` says so."""
+
+    def fn(prompt):
+        d = asked_dimension(prompt)
+        return "no scores here" if fail(prompt, d) else sotopia_dimension(SCORES[d], f"about {d}")
+
+    return ScriptedEngine(fn=fn, structured=structured)
 
 
 # ---------------------------------------------------------------------- the bundled English set
@@ -271,8 +294,8 @@ def speak(prompt):
 
 
 def test_round_robin_with_policy_in_both_positions_and_batched_calls():
-    evaluator = ScriptedEngine(default=SCORES)
-    _, records, policy, partner = run_sotopia(speak, speak, evaluator, EvalSettings(max_turns=4))
+    judge = evaluator()
+    _, records, policy, partner = run_sotopia(speak, speak, judge, EvalSettings(max_turns=4))
     assert [r["id"] for r in records] == ["000-comfort_after_layoff-p1", "000-comfort_after_layoff-p2"]
     first, second = records
     assert first["info"]["policy_agent"] == 0 and second["info"]["policy_agent"] == 1
@@ -283,8 +306,10 @@ def test_round_robin_with_policy_in_both_positions_and_batched_calls():
     assert first["transcript"][0]["role"] == "Maya Okafor (policy)"
     assert second["transcript"][0]["role"] == "Maya Okafor (partner)"
     assert first["info"]["end"] == "max turns" and first["info"]["turns"] == 4
-    # one evaluator call for both episodes, which ended at the same turn
-    assert len(evaluator.calls) == 1 and len(evaluator.calls[0]["prompts"]) == 2
+    # one evaluator call per dimension for both episodes, which ended at the same turn
+    assert len(judge.calls) == 7 and all(len(c["prompts"]) == 2 for c in judge.calls)
+    assert [asked_dimension(c["prompts"][0]) for c in judge.calls] == list(DIMENSIONS)
+    assert first["info"]["scorer"] == "ours" and first["info"]["evaluator_answers"]["goal"].endswith("7}")
     # believability 8, relationship 2, knowledge 5, secret -1, social_rules 0, financial -3, goal 7:
     # sum 18 -> overall 18/7
     assert first["metrics"]["overall"] == pytest.approx(18 / 7) and first["metrics"]["goal"] == 7.0
@@ -296,19 +321,19 @@ def test_leaving_and_idling_end_episodes_early():
 
     # turn 2 is the first agent's: the policy leaves in the first case, the partner in the second
     _, records, *_ = run_sotopia(
-        leave_at_turn_2, leave_at_turn_2, ScriptedEngine(default=SCORES), EvalSettings()
+        leave_at_turn_2, leave_at_turn_2, evaluator(), EvalSettings()
     )
     assert all(r["info"]["turns"] == 3 and r["info"]["end"] == "an agent left" for r in records)
     idle = '{"action_type": "none", "argument": ""}'
     _, records, *_ = run_sotopia(
-        lambda p: idle, lambda p: idle, ScriptedEngine(default=SCORES), EvalSettings()
+        lambda p: idle, lambda p: idle, evaluator(), EvalSettings()
     )
     assert all(r["info"]["turns"] == 3 and r["info"]["end"].startswith("stale") for r in records)
 
 
 def test_twenty_turns_by_default_and_loose_actions_are_counted():
     bench, records, *_ = run_sotopia(
-        lambda p: "Just talking.", speak, ScriptedEngine(default=SCORES), EvalSettings(), n_cases=1
+        lambda p: "Just talking.", speak, evaluator(), EvalSettings(), n_cases=1
     )
     (r,) = records
     assert (
@@ -320,14 +345,24 @@ def test_twenty_turns_by_default_and_loose_actions_are_counted():
 
 
 def test_invalid_evaluator_is_retried_then_the_case_is_invalid():
-    evaluator = ScriptedEngine(replies=["no scores here", SCORES, "still nothing", "nope", "nothing"])
-    bench, records, *_ = run_sotopia(speak, speak, evaluator, EvalSettings(max_turns=2, judge_retries=2))
+    # a server without structured output: the first case's goal answer never parses
+    judge = evaluator(lambda prompt, d: d == "goal" and "-p1" in _case_of(prompt), structured=False)
+    bench, records, *_ = run_sotopia(speak, speak, judge, EvalSettings(max_turns=2, judge_retries=2))
     first, second = records
-    # attempt 1: case 1 "no scores here" x, case 2 ok; attempts 2 and 3 for case 1 fail too
+    # attempt 1: case 1's goal x, everything else ok; attempts 2 and 3 ask case 1's goal alone, and fail
     assert first["valid"] is False and first["metrics"] == {} and first["info"]["evaluator_attempts"] == 3
+    assert first["info"]["evaluator_answers"]["goal"] == "no scores here"
     assert second["valid"] is True and second["info"]["evaluator_attempts"] == 1
+    goal_calls = [c for c in judge.calls if asked_dimension(c["prompts"][0]) == "goal"]
+    assert [len(c["prompts"]) for c in goal_calls] == [2, 1, 1]
     summary = bench.summarize(records)
     assert summary["goal"] == 7.0 and summary["hard/goal"] is None and summary["n_hard"] == 0
+    assert summary["scorer/ours"] == 1 and summary["scorer/sotopia"] == 0
+
+
+def _case_of(prompt) -> str:
+    """The case a prompt belongs to, told by the agent it evaluates (p1: the first agent)."""
+    return "-p1" if "Evaluate Maya Okafor" in prompt_text(prompt) else "-p2"
 
 
 def test_hard_subset_and_summary():
@@ -338,7 +373,7 @@ def test_hard_subset_and_summary():
     records: list[dict] = []
     engine = ScriptedEngine(fn=speak)
     bench.run_batch(
-        cases[:2], Roles(engine, engine, ScriptedEngine(default=SCORES)), settings, records.append
+        cases[:2], Roles(engine, engine, evaluator()), settings, records.append
     )
     summary = bench.summarize(records)
     assert (
@@ -351,42 +386,47 @@ def test_hard_subset_and_summary():
 
 
 # ---------------------------------------------------------------------- evaluator
-def test_evaluator_prompt_is_omniscient_and_primes_the_format():
-    prompt = evaluator_prompt(ENV, (ALICE, BOB), [AgentTurn(0, 0, AgentAction("speak", "Hi"))], evaluated=1)
+def test_evaluator_prompt_is_omniscient_and_asks_for_reasoning_then_a_score_in_range():
+    history = [AgentTurn(0, 0, AgentAction("speak", "Hi"))]
+    prompt = evaluator_prompt(ENV, (ALICE, BOB), history, evaluated=1, dimension="secret")
     text = prompt[1]["content"]
     assert (
         "afraid of dogs" in text and "owes money" in text and "Lend wisely." in text and "Borrow 500" in text
     )
-    assert "Evaluate Bob Tan" in text and all(d in text for d in DIMENSIONS)
-    assert prompt[-1] == {"role": "assistant", "content": REPLY_PREFIX}
+    assert "Evaluate Bob Tan on one dimension, secret:" in text and "an integer from -10 to 0" in text
+    assert prompt[-1]["role"] == "user"  # the answer's shape is declared, not primed
 
 
-def test_parse_scores_lines_json_and_ranges():
-    want = {
-        "believability": 8.0,
-        "relationship": 2.0,
-        "knowledge": 5.0,
-        "secret": -1.0,
-        "social_rules": 0.0,
-        "financial_and_material_benefits": -3.0,
-        "goal": 7.0,
-    }
-    assert parse_scores(SCORES) == want
-    # the reply to the primed prompt starts after "believability:"
-    assert parse_reply(" 8\n" + SCORES.split("\n", 1)[1]) == want
-    as_json = json.dumps({"evaluations": {"agent_2": {k: ["because", int(v)] for k, v in want.items()}}})
-    assert parse_reply(as_json) == want
-    assert parse_scores(json.dumps({**want, "goal": {"reasoning": "r", "score": 7}})) == want
-    markdown = (
-        "**Believability** (0-10): 8\n- Relationship: 2\nKnowledge = 5\nSecret: -1\nSocial rules: 0\n"
-        "Financial and material benefits: -3\nScore for goal: 7"
-    )
-    assert parse_scores(markdown) == want
-    assert parse_scores(SCORES.replace("goal: 7", "goal: 11")) is None  # out of range
-    assert parse_scores(SCORES.replace("secret: -1", "secret: 1")) is None  # secret is -10..0
-    assert parse_scores(SCORES.replace("knowledge: 5\n", "")) is None  # missing
-    assert parse_scores("nothing") is None
-    assert dimension_key("Financial") == "financial_and_material_benefits" and dimension_key("mood") is None
+# SOTOPIA's seven dimensions and their ranges, by hand (sotopia's SotopiaDimensions)
+RANGES = {
+    "believability": (0, 10),
+    "relationship": (-5, 5),
+    "knowledge": (0, 10),
+    "secret": (-10, 0),
+    "social_rules": (-10, 0),
+    "financial_and_material_benefits": (-5, 5),
+    "goal": (0, 10),
+}
+
+
+@pytest.mark.parametrize("dimension", list(RANGES))
+def test_each_dimension_declares_reasoning_then_a_score_in_its_range(dimension):
+    lo, hi = RANGES[dimension]
+    assert DIMENSIONS[dimension] == (lo, hi)
+    fmt = dimension_format(dimension)
+    assert list(fmt.schema["properties"]) == ["reasoning", "score"]  # written in this order
+    assert fmt.schema["properties"]["score"] == {"type": "integer", "minimum": lo, "maximum": hi}
+    assert fmt.schema["additionalProperties"] is False and fmt.schema["required"] == ["reasoning", "score"]
+    for score in (lo, hi):
+        assert read_score(dimension, sotopia_dimension(score)) == float(score)
+        assert fmt.problem(sotopia_dimension(score)) is None
+    for score in (lo - 1, hi + 1):  # out of range: never clamped
+        assert read_score(dimension, sotopia_dimension(score)) is None
+        assert fmt.problem(sotopia_dimension(score)) is not None
+    assert read_score(dimension, '{"reasoning": "r", "score": 2.5}') is None  # an integer only
+    assert read_score(dimension, '{"score": 0}') is None  # the reasoning comes first, always
+    assert read_score(dimension, "23.5") is None and read_score(dimension, "#1") is None
+    assert read_score(dimension, f"{dimension}: {hi}") is None  # the old line form is not the answer
 
 
 def test_overall_is_the_mean_of_seven():

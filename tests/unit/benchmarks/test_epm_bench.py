@@ -13,7 +13,7 @@ import pytest
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.epm.data import load_empa_cases, load_epm_cases
 from rapo_echo.benchmarks.epm.director import DirectorState, apply_action, parse_action
-from rapo_echo.benchmarks.epm.judge import EpmJudge, parse_iedr, parse_mdep
+from rapo_echo.benchmarks.epm.judge import EpmJudge, iedr_format, mdep_format, parse_iedr, parse_mdep
 from rapo_echo.benchmarks.epm.recompute import published_success, recompute
 from rapo_echo.benchmarks.epm.user import PersonaCard, Stage, clean_user_reply, user_prompt
 from rapo_echo.benchmarks.epm.vectors import INDEX_KEYS, EpmConfig, epmq
@@ -23,10 +23,20 @@ from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.types import SamplingParams
 
-IEDR_TEXT = "C.1: 2\nC.2: 2\nC.3: 2\nA.1: 1\nA.2: 1\nA.3: 1\nP.1: 1\nP.2: 1\nP.3: 1"
-GOOD = "C progress: 2\nC regress: 0\nA progress: 2\nA regress: 0\nP progress: 2\nP regress: 0"
-BAD = "C progress: 0\nC regress: -2\nA progress: 0\nA regress: -2\nP progress: 0\nP regress: -2"
-NEUTRAL = "C progress: 0\nC regress: 0\nA progress: 0\nA regress: 0\nP progress: 0\nP regress: 0"
+IEDR_LEVELS = {"C.1": 2, "C.2": 2, "C.3": 2, "A.1": 1, "A.2": 1, "A.3": 1, "P.1": 1, "P.2": 1, "P.3": 1}
+IEDR_TEXT = json.dumps(IEDR_LEVELS)
+
+
+def mdep(progress: int, severity: int) -> str:
+    """An MDEP answer with the same progress level and regress severity on every axis."""
+    return json.dumps(
+        {f"{a} {k}": v for a in "CAP" for k, v in (("progress", progress), ("regress", severity))}
+    )
+
+
+GOOD = mdep(2, 0)
+BAD = mdep(0, 2)
+NEUTRAL = mdep(0, 0)
 PARAMS = SamplingParams(max_new_tokens=64, temperature=0.0)
 
 
@@ -34,31 +44,40 @@ PARAMS = SamplingParams(max_new_tokens=64, temperature=0.0)
 
 
 def test_parse_iedr_reads_nine_levels_or_nothing():
-    text = "Ratings:\nC.1 (complexity): 2\nC2: 1\n**C.3**: 3\nA.1: 0\nA.2 = 2\nA.3: 1\nP-1: 3\nP.2: 0\nP.3: 2"
-    assert parse_iedr(text) == {
-        "C.1": 2,
-        "C.2": 1,
-        "C.3": 3,
-        "A.1": 0,
-        "A.2": 2,
-        "A.3": 1,
-        "P.1": 3,
-        "P.2": 0,
-        "P.3": 2,
-    }
-    assert parse_iedr(IEDR_TEXT.replace("P.3: 1", "")) is None  # one missing
-    assert parse_iedr(IEDR_TEXT.replace("A.2: 1", "A.2: 4")) is None  # out of range
-    assert parse_iedr("C.1: 2, C.1: 3\n" + IEDR_TEXT)["C.1"] == 2  # the first rating counts
-    assert parse_iedr("no idea") is None
+    levels = {"C.1": 2, "C.2": 1, "C.3": 3, "A.1": 0, "A.2": 2, "A.3": 1, "P.1": 3, "P.2": 0, "P.3": 2}
+    assert parse_iedr("Ratings: " + json.dumps(levels)) == levels
+    assert iedr_format().problem(json.dumps(levels)) is None
+    assert parse_iedr(json.dumps({k: v for k, v in IEDR_LEVELS.items() if k != "P.3"})) is None  # one missing
+    assert parse_iedr(json.dumps({**IEDR_LEVELS, "A.2": 4})) is None  # out of range
+    assert parse_iedr(json.dumps({**IEDR_LEVELS, "C.4": 1})) is None  # an unknown indicator
+    assert parse_iedr("C.1: 2\nC.2: 2") is None and parse_iedr("no idea") is None  # lines are not the answer
+    schema = iedr_format().schema
+    assert schema["properties"]["C.1"] == {"type": "integer", "minimum": 0, "maximum": 3}
 
 
 def test_parse_mdep_reads_progress_and_regress_per_axis():
     assert parse_mdep(GOOD) == {"C.Prog": 2, "C.Neg": 0, "A.Prog": 2, "A.Neg": 0, "P.Prog": 2, "P.Neg": 0}
-    mixed = "C (cognitive) progress: 1\nC regress: 1\nA Progress = 0\nA regression: -2\nP prog: 2\nP neg: 0"
-    assert parse_mdep(mixed) == {"C.Prog": 1, "C.Neg": -1, "A.Prog": 0, "A.Neg": -2, "P.Prog": 2, "P.Neg": 0}
-    assert parse_mdep(GOOD.replace("A progress: 2", "A progress: 3")) is None
-    assert parse_mdep(GOOD.replace("P regress: 0", "")) is None
-    assert parse_mdep(GOOD.replace("C regress: 0", "C regress: -3")) is None
+    mixed = {
+        "C progress": 1,
+        "C regress": 1,
+        "A progress": 0,
+        "A regress": 2,
+        "P progress": 2,
+        "P regress": 0,
+    }
+    # regress is asked as a severity and stored as a negative level
+    assert parse_mdep(json.dumps(mixed)) == {
+        "C.Prog": 1,
+        "C.Neg": -1,
+        "A.Prog": 0,
+        "A.Neg": -2,
+        "P.Prog": 2,
+        "P.Neg": 0,
+    }
+    assert parse_mdep(json.dumps({**mixed, "A progress": 3})) is None
+    assert parse_mdep(json.dumps({k: v for k, v in mixed.items() if k != "P regress"})) is None
+    assert parse_mdep(json.dumps({**mixed, "C regress": -1})) is None  # a severity is 0..2
+    assert mdep_format().problem(GOOD) is None
 
 
 def test_director_action_and_user_reply_cleaning():
@@ -111,11 +130,12 @@ def test_director_actions_release_stages_in_order_and_end_only_from_min_turns():
 
 def test_judge_text_mode_retries_then_marks_the_form_invalid():
     replies = iter(["I cannot rate this.", IEDR_TEXT])
-    engine = ScriptedEngine(fn=lambda p: next(replies, "still nothing"))
+    # a server without structured output: parse, retry, then invalid
+    engine = ScriptedEngine(fn=lambda p: next(replies, "still nothing"), structured=False)
     judge = EpmJudge(engine, PARAMS, use_logprobs="never", retries=1)
     [form] = judge.fill_iedr(["card text"])
     assert form.levels["C.1"] == 2 and form.attempts == 2 and form.mode == "text"
-    [bad] = EpmJudge(ScriptedEngine(default="no"), PARAMS, retries=2).fill_iedr(["card"])
+    [bad] = EpmJudge(ScriptedEngine(default="no", structured=False), PARAMS, retries=2).fill_iedr(["card"])
     assert bad.levels is None and bad.attempts == 3  # invalid, never a default level
 
 
@@ -154,10 +174,10 @@ def test_judge_falls_back_to_text_when_no_option_has_probability():
 # ---------------------------------------------------------------------------- runner
 
 
-def engines(mdep=GOOD, director="wait", user="I still feel lost.", iedr=IEDR_TEXT):
+def engines(mdep=GOOD, director="wait", user="I still feel lost.", iedr=IEDR_TEXT, structured=True):
     def judge(prompt):
         text = prompt_text(prompt)
-        if "nine lines" in text:
+        if "the nine indicators as keys" in text:
             return iedr
         return mdep(text) if callable(mdep) else mdep
 
@@ -168,7 +188,9 @@ def engines(mdep=GOOD, director="wait", user="I still feel lost.", iedr=IEDR_TEX
         return user
 
     return Roles(
-        ScriptedEngine(default="That sounds hard."), ScriptedEngine(fn=sim), ScriptedEngine(fn=judge)
+        ScriptedEngine(default="That sounds hard."),
+        ScriptedEngine(fn=sim, structured=structured),
+        ScriptedEngine(fn=judge, structured=structured),
     )
 
 
@@ -220,11 +242,14 @@ def test_no_verdict_ends_at_max_turns_as_a_timeout(tmp_path):
 
 
 def test_unparseable_judge_makes_the_case_invalid_and_counted(tmp_path):
-    summary, records = run(tmp_path, engines(mdep="I refuse."), settings(min_turns=3), limit=1)
+    # a judge on a server without structured output
+    summary, records = run(
+        tmp_path, engines(mdep="I refuse.", structured=False), settings(min_turns=3), limit=1
+    )
     assert records[0]["valid"] is False and records[0]["info"]["end"] == "invalid: MDEP unparseable at turn 1"
     assert records[0]["info"]["turn_log"][0]["mdep"]["attempts"] == 2
     assert summary["n_invalid"] == 1 and summary["metrics"] == {"success_rate": None}  # nothing scored
-    summary, records = run(tmp_path, engines(iedr="??"), settings(), limit=1, name="iedr")
+    summary, records = run(tmp_path, engines(iedr="??", structured=False), settings(), limit=1, name="iedr")
     assert records[0]["info"]["end"] == "invalid: IEDR unparseable" and records[0]["transcript"] == []
 
 

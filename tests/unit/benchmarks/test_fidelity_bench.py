@@ -136,11 +136,11 @@ def scripted_user() -> ScriptedEngine:
         text = prompt[-1]["content"]
         block = text.split("The supporter now says:")[-1]
         if "listening" in block:
-            return "I do not know."  # no labelled fields: invalid, counted
+            return "I do not know."  # no answer object: invalid, counted
         change = 5 if "?" in block else -5
-        return f"Reply: ok\nEmotion change: {change}"
+        return json.dumps({"reply": "ok", "valence_change": change})
 
-    return ScriptedEngine(fn=reply)
+    return ScriptedEngine(fn=reply, structured=False)  # a server without structured output (one bad answer)
 
 
 def run(tmp_path, engine, **kw):
@@ -191,7 +191,7 @@ def test_an_interrupted_run_resumes_without_redoing_or_losing_points(tmp_path):
         return inner.fn(prompt)
 
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path, ScriptedEngine(fn=flaky))
+        run(tmp_path, ScriptedEngine(fn=flaky, structured=False))
     kept = read_records(tmp_path / "out" / "results.jsonl")
     assert 0 < len(kept) < 6
     engine = scripted_user()

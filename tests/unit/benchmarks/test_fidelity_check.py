@@ -15,7 +15,7 @@ from rapo_echo.config import EngineConfig
 from rapo_echo.errors import ConfigError
 from tests.unit.benchmarks.test_fidelity_bench import conversation, write
 
-SCRIPT = {"rules": [["Emotion change", "Reply: ok\nEmotion change: 2"]]}
+SCRIPT = {"rules": [["valence_change", '{{"reply": "ok", "valence_change": 2}}']]}
 
 
 def config(tmp_path, **check):
@@ -33,7 +33,7 @@ def test_the_check_runs_once_and_is_cached_by_the_simulator_spec(tmp_path):
     again = run_fidelity_check(cfg)
     assert again["cached"] and again["summary"] == first["summary"]
     other = cfg.model_copy(deep=True)
-    other.simulator.script = {"rules": [["Emotion change", "Reply: hm\nEmotion change: -1"]]}
+    other.simulator.script = {"rules": [["valence_change", '{{"reply": "hm", "valence_change": -1}}']]}
     assert cache_folder(other) != cache_folder(cfg)  # another simulator: another check
 
 

@@ -27,6 +27,7 @@ from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError, DataError, RapoEchoError
 from rapo_echo.types import msg
+from tests.helpers.answers import sage_analysis, sage_reply
 
 ROOT = Path(__file__).resolve().parents[3]
 HAS_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
@@ -36,16 +37,17 @@ needs_openrlhf = pytest.mark.skipif(
 )
 
 # A scripted simulator: the analysis answer depends on the current emotion, the reply on the tier.
+def _rule_reply(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")  # a rule's reply is a format string
+
+
 SIM_SCRIPT = {
     "rules": [
-        [r"emotion right now: 40\n", "Content: kind words\nAnalyse: a bit better\nChange: +10"],
-        [r"emotion right now: 50\n", "Content: ok\n**Change:** +10"],
-        [r"emotion right now: 60\n", "Change：+10"],
-        [
-            r"now it is A:",
-            "Thinking: relieved\nOrigin: thanks\nChange: shorter\nResponse: Thanks, that helped. Bye!",
-        ],
-        [r"now it is [BC]:", "Thinking: guarded\nResponse: It still hurts, honestly."],
+        [r"emotion right now: 40\n", _rule_reply(sage_analysis(10, "a bit better"))],
+        [r"emotion right now: 50\n", _rule_reply(sage_analysis(10))],
+        [r"emotion right now: 60\n", _rule_reply(sage_analysis(10))],
+        [r"now it is A:", _rule_reply(sage_reply("Thanks, that helped. Bye!"))],
+        [r"now it is [BC]:", _rule_reply(sage_reply("It still hurts, honestly."))],
     ]
 }
 JUDGE_SCRIPT = {

@@ -14,9 +14,9 @@ from rapo_echo.simulators.reaction import (
     EMOTION_PREFIX,
     ReactionSimulator,
     emotion_delta,
-    parse_fields,
 )
 from rapo_echo.types import Conversation, Scenario, msg
+from tests.helpers.answers import reaction
 
 PROFILE = {
     "persona": "34-year-old night-shift nurse",
@@ -67,30 +67,33 @@ def test_render_profile_renders_what_exists_in_a_fixed_order():
     assert render_profile({}) == ""
 
 
-def test_parse_fields_is_lenient_about_case_and_markdown():
-    text = "Sure! **Thought:** she doesn't get it\n**REPLY**: I guess.\nemotion change = -2 (worse)"
-    assert parse_fields(text) == {
-        "thought": "she doesn't get it",
-        "reply": "I guess.",
-        "emotion": "-2 (worse)",
-    }
+def test_text_mode_answer_is_a_json_object_in_writing_order():
+    fmt = ReactionSimulator(ScriptedEngine(), scale=10).answer_format()
+    assert list(fmt.schema["properties"]) == ["reply", "thought", "valence_change"]  # the number last
+    assert fmt.schema["properties"]["valence_change"] == {"type": "integer", "minimum": -10, "maximum": 10}
+    assert fmt.problem(reaction("I guess.", -2, "she doesn't get it")) is None
+    no_thought = ReactionSimulator(ScriptedEngine(), scale=2.5, with_thought=False).answer_format()
+    assert list(no_thought.schema["properties"]) == ["reply", "valence_change"]
+    assert no_thought.schema["properties"]["valence_change"]["maximum"] == 2  # integers within the scale
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("Thought: ok\nReply: Thanks, that helps.\nEmotion change: 3", ("Thanks, that helps.", 3.0, "ok")),
-        ('reply: "I feel heard."\nEmotion change: +10', ("I feel heard.", 10.0, "")),
-        ("Reply: Whatever. Emotion change: \u22124", ("Whatever.", -4.0, "")),  # unicode minus, one line
+        (reaction("Thanks, that helps.", 3, "ok"), ("Thanks, that helps.", 3.0, "ok")),
+        (reaction('"I feel heard."', 10, ""), None),  # an empty thought is not an answer
+        (reaction('"I feel heard."', 10, "hm"), ("I feel heard.", 10.0, "hm")),
+        ("Sure! " + reaction("Whatever.", -4, "meh") + " Hope it helps.", ("Whatever.", -4.0, "meh")),
         (
-            "Thought: I hate their reply: so cold\nReply: Okay.\nEmotion change: -2",
+            reaction("Okay.", -2, "I hate their reply: so cold"),
             ("Okay.", -2.0, "I hate their reply: so cold"),
         ),
-        ("Reply: fine\nEmotion change: 2.5", None),  # not an integer
-        ("Reply: fine\nEmotion change: 11", None),  # out of range: never clamped
-        ("Reply: fine", None),  # no emotion change
-        ("Reply:   \nEmotion change: 1", None),  # empty message
-        ("I feel better now. 4", None),  # no labels at all
+        (reaction("fine", 0, "x").replace('"valence_change": 0', '"valence_change": 2.5'), None),  # integer
+        (reaction("fine", 11, "x"), None),  # out of range: never clamped
+        ('{"reply": "fine", "thought": "x"}', None),  # no emotion change
+        (reaction("   ", 1, "x"), None),  # empty message
+        ("Thought: ok\nReply: Thanks.\nEmotion change: 3", None),  # labelled lines are not the answer
+        ("I feel better now. 4", None),  # no answer at all
     ],
 )
 def test_parse_text(text, expected):
@@ -185,6 +188,7 @@ def test_logprob_mode_without_thought_makes_two_calls():
 
 def test_empty_messages_are_retried_together_then_invalid():
     engine = logprob_engine({"A": "   ", "B": "Fine.", "C": ""})
+    engine.structured = False  # a server without structured output: empty answers are parsed, retried
     sim = ReactionSimulator(engine, max_retries=2)
     out = sim.react([(scenario(), "A"), (scenario(), "B"), (scenario(), "C")])
     methods = [c["method"] for c in engine.calls]
@@ -198,7 +202,7 @@ def test_empty_messages_are_retried_together_then_invalid():
 
 def test_use_logprobs_switch():
     engine = logprob_engine({"Hm.": "Okay."})
-    engine.fn = lambda p: "Reply: Okay.\nEmotion change: 1"
+    engine.fn = lambda p: reaction("Okay.", 1, "hm")
     out = ReactionSimulator(engine, use_logprobs="never").react([(scenario(), "Hm.")])
     assert [c["method"] for c in engine.calls] == ["generate"] and out[0].emotion_delta == 1.0
     with pytest.raises(CapabilityError, match="always"):
@@ -210,10 +214,8 @@ def test_use_logprobs_switch():
 def test_text_mode_parses_retries_and_marks_invalid():
     asked: dict[str, int] = {}
     answers = {
-        "good": [
-            "**Thought:** finally someone listens\n**Reply:** Yes, exactly that.\n**Emotion change:** +4"
-        ],
-        "late": ["Reply: hm\nEmotion change: 42", "reply: I suppose so.\nemotion change: -1"],
+        "good": ["```json\n" + reaction("Yes, exactly that.", 4, "finally someone listens") + "\n```"],
+        "late": [reaction("hm", 42, "x"), reaction("I suppose so.", -1, "meh")],
         "never": ["I don't know."],
     }
 
@@ -223,12 +225,12 @@ def test_text_mode_parses_retries_and_marks_invalid():
         options = answers[reply]
         return options[min(asked[reply], len(options)) - 1]
 
-    engine = ScriptedEngine(fn=fn)
+    engine = ScriptedEngine(fn=fn, structured=False)  # a server without structured output: parse and retry
     sim = ReactionSimulator(engine, scale=5, max_retries=2)
     out = sim.react([(scenario(), "good"), (scenario(), "late"), (scenario(), "never")])
     assert [len(c["prompts"]) for c in engine.calls] == [3, 2, 1]  # failures asked again together
     text = engine.calls[0]["prompts"][0][-1]["content"]
-    assert "Thought:" in text and "Reply:" in text and "from -5 (much worse) to 5" in text
+    assert '"thought"' in text and '"reply"' in text and "from -5 (much worse) to 5" in text
     assert (out[0].message, out[0].emotion_delta, out[0].thought) == (
         "Yes, exactly that.",
         4.0,
@@ -240,9 +242,9 @@ def test_text_mode_parses_retries_and_marks_invalid():
 
 
 def test_text_mode_without_thought_omits_the_field():
-    engine = ScriptedEngine(fn=lambda p: "Thought: x\nReply: Ok.\nEmotion change: 0")
+    engine = ScriptedEngine(fn=lambda p: reaction("Ok.", 0))
     out = ReactionSimulator(engine, with_thought=False).react([(scenario(), "Hi")])
-    assert "Thought:" not in engine.calls[0]["prompts"][0][-1]["content"]
+    assert '"thought"' not in engine.calls[0]["prompts"][0][-1]["content"]
     assert (out[0].message, out[0].emotion_delta, out[0].thought, out[0].valid) == ("Ok.", 0.0, "", True)
 
 

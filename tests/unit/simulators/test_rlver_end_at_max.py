@@ -35,10 +35,11 @@ def test_the_presets_end_at_100_as_their_sources_do():
 @pytest.mark.parametrize(("switch", "reason", "turns"), [(None, "max_turns", 4), ("true", "emotion_high", 2)])
 def test_rlver_rollout_goes_on_at_100_unless_switched(policy, switch, reason, turns):  # noqa: F811
     policy.rollout_engine = TokenScript(policy.tokenizer, echo_policy)
-    sets = ["rlver.simulator.max_turns=4", "rollout.group_size=1"]
+    sets = ["rlver.simulator.max_turns=4", "rlver.simulator.initial_emotion=80", "rollout.group_size=1"]
     if switch is not None:
         sets.append(f"rlver.simulator.end_at_max_emotion={switch}")
-    algo = make_algo(policy, simulator({"Up": "+40"}), *sets)  # 30 -> 70 -> 100 (capped) -> 100 -> 100
+    # the change is an integer in -10..10 (the answer's schema): 80 -> 90 -> 100 -> 100 (capped) -> 100
+    algo = make_algo(policy, simulator({"Up": "+10"}), *sets)
     episode = algo.rollout([scenario("Up")], step=0).extra["episodes"][0]
     assert (episode.dialogue.reason, len(episode.turns)) == (reason, turns)
     assert episode.dialogue.emotion == 100.0

@@ -14,20 +14,23 @@ from rapo_echo.errors import DataError
 from rapo_echo.simulators.sage import (
     SageSettings,
     SageSimulator,
-    analysis_before_change,
+    analysis_fields,
+    analysis_format,
+    analysis_line,
     clamp_delta,
     end_reason,
     final_reward,
-    parse_change,
-    parse_fields,
     parse_plain_reply,
-    parse_response,
     preset,
+    reply_format,
+    reply_thinking,
     says_goodbye,
+    spoken,
     tier,
     update_emotion,
 )
 from tests.conftest import shared_data
+from tests.helpers.answers import sage_analysis, sage_reply
 
 ROW = {
     "id": "p1",
@@ -39,11 +42,11 @@ ROW = {
 
 
 def analysis(change: str) -> str:
-    return f"Content: c\nTargetCompletion: t\nActivity: a\nAnalyse: fine\nChange: {change}"
+    return sage_analysis(int(change))
 
 
 def reply(text: str) -> str:
-    return f"Thinking: t\nOrigin: o\nChange: shorter\nResponse: {text}"
+    return sage_reply(text)
 
 
 # ---------------------------------------------------------------------------- emotion rules
@@ -86,27 +89,44 @@ def test_goodbye_detection():
     assert not says_goodbye("maybe tomorrow", words) and not says_goodbye("byebye", ("bye",))
 
 
-def test_field_parsing_never_invents_a_number():
-    assert parse_change("Content: hi\n**Change:** -5") == -5
-    assert parse_change("Change：+10") == 10
-    assert parse_change("change: 3 points") == 3
-    assert parse_change("Change: −4") == -4  # unicode minus
-    for garbage in ("Change: none", "Content: x", "I feel better, maybe +5", ""):
-        assert parse_change(garbage) is None, garbage
-    assert (
-        parse_response('Thinking: t\nOrigin: o\nChange: c\nResponse: "I guess.\nMaybe."')
-        == "I guess.\nMaybe."
-    )
-    assert parse_response("Thinking: t\nResponse:") is None
-    assert parse_fields("- **Analyse**: fine\nChange: 2", ("Analyse", "Change")) == {
-        "Analyse": "fine",
-        "Change": "2",
+def test_answers_are_read_by_their_format_and_never_invent_a_number():
+    fmt = analysis_format()
+    assert fmt.parse(sage_analysis(-5))["shift"] == -5
+    assert fmt.parse("```json\n" + sage_analysis(10) + "\n```")["shift"] == 10  # a fenced answer
+    assert fmt.parse("Sure: " + sage_analysis(3) + " Hope that helps.")["shift"] == 3
+    for garbage in ("Change: none", "Content: x\nChange: -5", "I feel better, maybe +5", ""):
+        assert fmt.parse(garbage) is None, garbage
+    for bad in (11, -11):  # outside -10..10
+        assert fmt.parse(sage_analysis(0).replace('"shift": 0', f'"shift": {bad}')) is None
+    assert fmt.parse(sage_analysis(0).replace('"shift": 0', '"shift": 2.5')) is None  # an integer only
+    assert fmt.parse('{"content": "c", "shift": 1}') is None  # a field missing
+    assert fmt.problem(sage_analysis(4)) is None and fmt.schema["additionalProperties"] is False
+    assert analysis_fields(fmt.parse(sage_analysis(1, "warm"))) == {
+        "Content": "c",
+        "TargetCompletion": "t",
+        "Activity": "a",
+        "Analyse": "warm",
     }
-    assert analysis_before_change("Content: a\nAnalyse: b\nChange: 7") == "Content: a\nAnalyse: b"
+    assert analysis_fields("free words") == {"Analyse": "free words"}
+    value = reply_format().parse(sage_reply('"I guess. Maybe."'))
+    assert spoken(value) == "I guess. Maybe."
+    assert reply_thinking(value) == {"Thinking": "t", "Origin": "o", "Change": "shorter"}
+    assert reply_format().parse('{"decide": "t", "say": "hi"}') is None
+    assert spoken({"say": "  "}) is None
+    # the JSON keys are written in schema (sorted) order: reasoning before the number and the message
+    assert list(fmt.schema["properties"]) == ["content", "fit", "mind", "reaction", "shift"]
+    assert list(reply_format().schema["properties"]) == ["decide", "draft", "rewrite", "say"]
+    # plain replies: one bounded line, and the role check on what is said
+    assert reply_format(plain=True).problem("ugh, fine.") is None
+    assert reply_format(plain=True).problem("two\nlines") is not None
     assert parse_plain_reply('**Response:** "ugh, fine."\n\nSupporter: more') == "ugh, fine."
     assert parse_plain_reply("You: not really") == "not really"
     assert parse_plain_reply("Supporter: I hear you") is None and parse_plain_reply("  ") is None
-    assert analysis_before_change("   ") is None
+    # the free analysis of the log-prob readout: cut at a stated change, never empty
+    assert analysis_format(with_shift=False).problem("They mean well. I feel seen.") is None
+    assert analysis_line("Content: a\nAnalyse: b\nChange: 7") == "Content: a\nAnalyse: b"
+    assert analysis_line("I feel seen. Change: 99") == "I feel seen."
+    assert analysis_line("   ") is None and analysis_line("Change: 5") is None
 
 
 # ---------------------------------------------------------------------------- profiles
@@ -166,8 +186,8 @@ def test_bad_profile_file_names_the_line(tmp_path):
 # ---------------------------------------------------------------------------- the batched simulator
 
 
-def scripted(fn) -> ScriptedEngine:
-    return ScriptedEngine(fn=lambda prompt: fn(prompt_text(prompt)))
+def scripted(fn, structured: bool = True) -> ScriptedEngine:
+    return ScriptedEngine(fn=lambda prompt: fn(prompt_text(prompt)), structured=structured)
 
 
 def per_persona(text: str) -> str:
@@ -258,7 +278,7 @@ def test_unparseable_analysis_is_retried_then_the_dialogue_is_invalid():
             return "I feel things." if "I am Bad" in text else analysis("+5")
         return reply("ok")
 
-    engine = scripted(fn)
+    engine = scripted(fn, structured=False)  # a server without structured output: parse and retry
     sim = SageSimulator(engine, SageSettings(max_retries=2))
     bad, good = sim.start([profile("Bad"), profile("Good")], ["b", "g"])
     sim.step([bad, good], ["hello", "hello"])
@@ -280,7 +300,7 @@ def test_unparseable_reply_or_opening_makes_the_dialogue_invalid():
             return "no fields here" if "I am Mute" in text else reply("Hey. Rough week.")
         return "rambling without the label"
 
-    sim = SageSimulator(scripted(fn), SageSettings(max_retries=1))
+    sim = SageSimulator(scripted(fn, structured=False), SageSettings(max_retries=1))
     mute = SageProfile(persona="I am Mute", background="b")
     talk = SageProfile(persona="I am Talk", background="b")
     m, t = sim.start([mute, talk], ["m", "t"])
@@ -347,7 +367,8 @@ def test_plain_reply_mode_asks_for_the_message_alone():
     sim.step([d], ["hi"])
     assert d.history[-1]["content"] == "Mm. Not sure, honestly."
     reply_prompt = prompt_text(engine.calls[-1]["prompts"][0])
-    assert "and nothing else" in reply_prompt and "Origin: the draft" not in reply_prompt
+    assert "and nothing else" in reply_prompt and '"draft"' not in reply_prompt
+    assert engine.calls[-1]["prompts"] and reply_format(plain=True).kind == "regex"
 
 
 def test_logprob_readout_is_the_expected_change():
@@ -362,12 +383,13 @@ def test_logprob_readout_is_the_expected_change():
         return {o: math.log(probs[o.strip()]) if probs[o.strip()] else -math.inf for o in options}
 
     engine = ScriptedEngine(
-        fn=lambda p: analysis("99") if "emotion right now" in prompt_text(p) else reply("ok"),
+        fn=lambda p: "I feel seen. Change: 99" if "emotion right now" in prompt_text(p) else reply("ok"),
         choice_fn=choice,
     )
     sim = SageSimulator(engine, SageSettings(emotion_readout="logprobs"))
     [d] = sim.start([profile("X")], ["x"])
     sim.step([d], ["hi"])
     assert d.emotion == pytest.approx(45.0) and d.log[-1]["delta"] == pytest.approx(5.0)
+    assert d.log[-1]["analysis"] == {"Analyse": "I feel seen."}
     assert sim._logprobs and SageSimulator(engine, SageSettings(emotion_readout="auto"))._logprobs
     assert not SageSimulator(ScriptedEngine(), SageSettings(emotion_readout="auto"))._logprobs
