@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import CapabilityError
+from rapo_echo.llm.strength import warn_if_weak
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams
 
@@ -109,7 +110,10 @@ def generate_parsed(
     ``answer_format`` declares the shape of the answer: it travels in the sampling parameters (also of the
     retries) so that an engine that can constrain decoding produces only that shape, and ``parse`` may
     then be None (the format's own :meth:`~rapo_echo.structured.AnswerFormat.parse`). On an engine that
-    enforces nothing (a server without structured output) the same parse and retries apply."""
+    enforces nothing (a server without structured output) the same parse and retries apply. The first call
+    of a ``role`` on a model too small to give a meaningful signal logs why, once
+    (:func:`~rapo_echo.llm.strength.warn_if_weak`)."""
+    warn_if_weak(engine, role)
     if answer_format is not None:
         params = replace(params, answer_format=answer_format)
         retry_params = None if retry_params is None else replace(retry_params, answer_format=answer_format)

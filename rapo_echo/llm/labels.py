@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from rapo_echo.engines.base import ChatEngine, normalize_choices
 from rapo_echo.errors import CapabilityError
 from rapo_echo.llm.answers import describe_engine, generate_parsed, wants_logprobs
+from rapo_echo.llm.strength import warn_if_weak
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams
 
@@ -55,6 +56,7 @@ def read_label_probabilities(
     and one warning names the ``role`` (judge / simulator), the engine and its endpoint."""
     if not prompts:
         return []
+    warn_if_weak(engine, role)
     rows = engine.choice_logprobs(prompts, labels)
     out = [usable_probabilities(row, labels) for row in rows]
     bad = sum(p is None for p in out)
@@ -104,6 +106,7 @@ def judge_labels(
     is in a server's top log-probs) falls back to text. Text: generate, ``parse_label`` (one function, or
     one per prompt), retry; ``answer_format`` declares the generated answer's shape to the engine
     (:func:`~rapo_echo.llm.answers.generate_parsed`)."""
+    warn_if_weak(engine, "judge")
     labels = list(values)
     out: list[LabelVerdict | None] = [None] * len(prompts)
     text_rows = list(range(len(prompts)))

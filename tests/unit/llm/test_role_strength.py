@@ -44,3 +44,19 @@ def test_warned_once_per_engine_and_role(caplog) -> None:
         warn_if_weak(engine, "judge")
         warn_if_weak(engine, "simulator")
     assert len(caplog.records) == 2
+
+
+def test_first_answer_of_a_small_role_says_so(caplog) -> None:
+    from rapo_echo.llm.answers import generate_parsed
+    from rapo_echo.structured import AnswerFormat
+    from rapo_echo.types import SamplingParams, msg
+
+    engine = ScriptedEngine(replies=["3"])
+    engine.model = torch.nn.Linear(4, 1)  # a local model of 5 parameters behind the scripted replies
+    with caplog.at_level(logging.WARNING, logger="rapo_echo.llm.strength"):
+        for _ in range(2):
+            generate_parsed(
+                engine, [[msg("user", "x")]], None, SamplingParams(), role="simulator",
+                answer_format=AnswerFormat.integer(0, 9),
+            )
+    assert [r.getMessage()[:40] for r in caplog.records] == ["the simulator runs on a 0M-parameter mod"]
