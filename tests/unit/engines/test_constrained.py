@@ -150,11 +150,14 @@ def check_answers(gens, fmt: AnswerFormat, budget: int) -> int:
     return finished
 
 
-@pytest.mark.parametrize("loop", LOOPS)
-@pytest.mark.parametrize("kind", list(FORMATS))
-def test_every_finished_answer_conforms(tiny_model, smol_tokenizer, loop: str, kind: str) -> None:
-    """Greedy and sampled (n = 2 per prompt, 4 rows batched) over 8 seeds; every row finishes within
-    its budget except, for json, a string the random model may not close in time."""
+CASES = [(kind, loop) for kind in FORMATS for loop in LOOPS if loop != "compiled" or kind == "json"]
+
+
+@pytest.mark.parametrize(("kind", "loop"), CASES)
+def test_every_finished_answer_conforms(tiny_model, smol_tokenizer, kind: str, loop: str) -> None:
+    """Greedy and sampled (n = 2 per prompt, 4 rows batched) over 5 seeds; every row finishes within
+    its budget except, for json, a string the random model may not close in time. The compiled loop
+    (aot_eager here) samples through the same callback as the static one: json covers it."""
     engine = engine_for(tiny_model, smol_tokenizer, loop)
     fmt = FORMATS[kind]
     budget = BUDGET[kind]
@@ -162,7 +165,7 @@ def test_every_finished_answer_conforms(tiny_model, smol_tokenizer, loop: str, k
     greedy = engine.generate(PROMPTS, p)
     finished = check_answers(greedy, fmt, budget)
     total = 4
-    for seed in range(8):
+    for seed in range(5):
         p = SamplingParams(max_new_tokens=budget, n=2, temperature=1.0, seed=seed, answer_format=fmt)
         finished += check_answers(engine.generate(PROMPTS, p), fmt, budget)
         total += 4
