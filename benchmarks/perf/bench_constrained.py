@@ -3,12 +3,14 @@
 answer format and under each format (choice, integer, json), side by side in one run. One JSON line per
 method, then a summary line.
 
-Each method gets one untimed warm-up call (which also builds the llguidance tokenizer and compiles the
-format's grammar: reported once as ``setup_s``), then ``--repeats`` timed calls; medians are reported.
-Answers under a format are shorter than free text (a label is one or two tokens), so beside tokens per
-second the lines give the time per decode step (``ms_per_step``: one forward plus sampling for the whole
-batch) and the part of it spent computing the grammar's token masks (``mask_ms_per_step``), which is
-what constraining adds.
+Each method gets one untimed warm-up call (the first format's also builds the llguidance tokenizer, and
+each compiles its grammar: ``setup_s``), then ``--repeats`` timed calls, taken in turns across the
+methods; the median call is reported. Answers under a format are shorter than free text (a label is one
+or two tokens, then EOS), so a call under ``choice`` or ``integer`` is mostly the prompts' prefill; the
+lines therefore also give the time per decode step after the prefill (``decode_ms_per_step``: the call
+less a one-token call, per further step) and the time spent computing the grammar's token masks
+(``mask_ms_per_step``, per step for the whole batch, and ``mask_share`` of the call), which is what
+constraining adds.
 
     python benchmarks/perf/bench_constrained.py                       # CPU, fp32, the embedded model
     python benchmarks/perf/bench_constrained.py --device cuda --loop compiled --prompts 16 --n 8
@@ -98,55 +100,75 @@ def main() -> None:
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(line) + "\n")
 
-    lines: list[dict] = []
-    for name in [x for x in args.formats.split(",") if x]:
-        fmt = formats[name]
-        params = SamplingParams(
-            max_new_tokens=args.max_new_tokens,
+    def params_for(name: str, max_new_tokens: int) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
             temperature=args.temperature,
             n=args.n,
             seed=args.seed,
-            answer_format=fmt,
+            answer_format=formats[name],
         )
+
+    names = [x for x in args.formats.split(",") if x]
+    width = model.get_output_embeddings().weight.shape[0]
+    setup: dict[str, float] = {}
+    for name in names:
         t0 = time.perf_counter()
-        if fmt is not None:
-            engine.grammar.template(fmt, model.get_output_embeddings().weight.shape[0])
-        setup = time.perf_counter() - t0
-        engine.generate_ids(prompts, params)  # warm-up
-        times, tokens, steps, valid, mask_s, mask_steps = [], [], [], [], [], []
-        for _ in range(args.repeats):
+        if formats[name] is not None:
+            engine.grammar.template(formats[name], width)  # the llguidance tokenizer, then the grammar
+        setup[name] = time.perf_counter() - t0
+        engine.generate_ids(prompts, params_for(name, args.max_new_tokens))  # warm-up
+    # the repeats go round the methods in turn, so that a busy spell of a shared machine hits them alike
+    Run = tuple[float, int, int, int, float, int]  # seconds, tokens, steps, valid, mask seconds, mask steps
+    runs: dict[str, list[Run]] = {name: [] for name in ["prefill", *names]}
+    for _ in range(args.repeats):
+        for name in ["prefill", *names]:
+            fmt = formats.get(name)
+            params = params_for("none", 1) if name == "prefill" else params_for(name, args.max_new_tokens)
             before = (engine.grammar.mask_seconds, engine.grammar.mask_steps)
             sync()
             t0 = time.perf_counter()
             gens = engine.generate_ids(prompts, params)
             sync()
-            times.append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
             flat = [g for group in gens for g in group]
-            tokens.append(sum(len(g.token_ids) for g in flat))
-            steps.append(max(len(g.token_ids) for g in flat))
-            valid.append(sum(fmt.problem(g.text) is None for g in flat) if fmt else len(flat))
-            mask_s.append(engine.grammar.mask_seconds - before[0])
-            mask_steps.append(engine.grammar.mask_steps - before[1])
-        i = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]  # the median run
-        med = times[i]
+            runs[name].append(
+                (
+                    took,
+                    sum(len(g.token_ids) for g in flat),
+                    max(len(g.token_ids) for g in flat),
+                    sum(fmt.problem(g.text) is None for g in flat) if fmt else len(flat),
+                    engine.grammar.mask_seconds - before[0],
+                    engine.grammar.mask_steps - before[1],
+                )
+            )
+
+    def median_run(name: str) -> Run:
+        return sorted(runs[name])[len(runs[name]) // 2]
+
+    prefill = median_run("prefill")[0]
+    emit({"bench": "constrained", "format": "prefill (1 token)", "rows": rows, "s_median": round(prefill, 3)})
+    lines: list[dict] = []
+    for name in names:
+        took, tokens, steps, valid, mask_s, mask_steps = median_run(name)
         line = {
             "bench": "constrained",
             "format": name,
             "rows": rows,
             "max_new_tokens": args.max_new_tokens,
-            "s_median": round(med, 3),
-            "s_all": [round(t, 3) for t in times],
-            "tokens": tokens[i],
-            "tokens_per_s": round(tokens[i] / med, 1),
-            "steps": steps[i],
-            "ms_per_step": round(1e3 * med / steps[i], 2),
-            "valid": f"{valid[i]}/{rows}",
+            "s_median": round(took, 3),
+            "s_all": [round(r[0], 3) for r in runs[name]],
+            "tokens": tokens,
+            "tokens_per_s": round(tokens / took, 1),
+            "steps": steps,
+            "decode_ms_per_step": round(1e3 * max(0.0, took - prefill) / max(1, steps - 1), 1),
+            "valid": f"{valid}/{rows}",
         }
-        if fmt is not None:
+        if formats[name] is not None:
             line.update(
-                setup_s=round(setup, 3),
-                mask_ms_per_step=round(1e3 * mask_s[i] / max(1, mask_steps[i]), 3),
-                mask_share=round(mask_s[i] / times[i], 3),
+                setup_s=round(setup[name], 3),
+                mask_ms_per_step=round(1e3 * mask_s / max(1, mask_steps), 3),
+                mask_share=round(mask_s / took, 4),
             )
         lines.append(line)
         emit(line)
@@ -164,8 +186,8 @@ def main() -> None:
         "temperature": args.temperature,
     }
     if base:
-        summary["ms_per_step_vs_none"] = {
-            x["format"]: round(x["ms_per_step"] / base["ms_per_step"], 3) for x in lines if x is not base
+        summary["tokens_per_s_vs_none"] = {
+            x["format"]: round(x["tokens_per_s"] / base["tokens_per_s"], 3) for x in lines if x is not base
         }
     emit(summary)
 
