@@ -35,7 +35,7 @@ FORMATS = {
     "integer": AnswerFormat.integer(1, 7),
     "regex": AnswerFormat.regex(r"(yes|no), [a-z]{1,8}"),
 }
-BUDGET = {"json": 40, "choice": 4, "integer": 3, "regex": 8}
+BUDGET = {"json": 40, "choice": 4, "integer": 3, "regex": 12}  # regex: 3 + 8 letters + EOS
 SEEDS = {"json": 3, "choice": 8, "integer": 8, "regex": 4}  # x 8 rows (2 prompts x n = 4) per seed
 
 
