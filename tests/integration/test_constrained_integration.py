@@ -73,7 +73,7 @@ def test_static_loop_and_logprobs(static_engine: HFEngine) -> None:
     assert static_engine.decode_mode == "static"
     for kind in ("choice", "json"):
         fmt = FORMATS[kind]
-        for seed in range(2):
+        for seed in range(2 if kind == "choice" else 1):  # json: 40 steps on static buffers is the slow part
             p = SamplingParams(max_new_tokens=BUDGET[kind], n=2, seed=seed, answer_format=fmt)
             gens = static_engine.generate(PROMPTS, p)
             done, total = conforming(gens, fmt)
