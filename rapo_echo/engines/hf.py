@@ -6,7 +6,9 @@ that were sampled from, and nothing wider than one row of vocabulary logits per 
 Two decode loops (``decode_loop``): ``dynamic`` grows a dynamic KV cache and drops finished rows from the
 batch (the CPU default); ``static`` / ``compiled`` decode on pre-allocated fixed-shape buffers,
 ``compiled`` through ``torch.compile`` -- CUDA graphs on a GPU, the GPU default
-(:mod:`rapo_echo.engines.static_decode`).
+(:mod:`rapo_echo.engines.static_decode`). A call with an answer format is decoded under its grammar
+in either loop: a token mask per step, applied when sampling, outside the compiled step
+(:mod:`rapo_echo.engines.constrained`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from rapo_echo.engines.base import split_continuation, truncate_at_stop
+from rapo_echo.engines.constrained import GrammarCache, TokenConstraint
 from rapo_echo.engines.static_decode import StaticDecoder, resolve_decode, supports_static_cache
 from rapo_echo.errors import ConfigError
 from rapo_echo.prompting import fit_conversation
@@ -29,17 +32,26 @@ log = logging.getLogger(__name__)
 
 
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; returns (tokens, their log-probs under the temperature-scaled,
-    untruncated distribution). ``top_k``/``top_p`` only restrict which tokens can be drawn."""
+    untruncated distribution). ``top_k``/``top_p`` and ``allowed`` (bool ``[rows, vocab]``, the tokens a
+    grammar permits: :class:`~rapo_echo.engines.constrained.TokenConstraint`) only restrict which tokens
+    can be drawn; ``top_k``/``top_p`` apply to the allowed tokens. Greedy decoding takes the most likely
+    allowed token. A row with no allowed token is drawn unrestricted (a constraint never gives one)."""
     logits = logits.float()
+    if allowed is not None:
+        allowed = allowed | ~allowed.any(dim=-1, keepdim=True)
     if params.temperature == 0:
         logp = torch.log_softmax(logits, dim=-1)
-        tokens = logp.argmax(dim=-1)
+        pick = logp if allowed is None else logp.masked_fill(~allowed, float("-inf"))
+        tokens = pick.argmax(dim=-1)
         return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
     logp = torch.log_softmax(logits / params.temperature, dim=-1)
-    draw = logp
+    draw = logp if allowed is None else logp.masked_fill(~allowed, float("-inf"))
     if params.top_k and params.top_k < logp.shape[-1]:
         kth = torch.topk(draw, params.top_k, dim=-1).values[:, -1:]
         draw = draw.masked_fill(draw < kth, float("-inf"))
@@ -115,9 +127,13 @@ def context_length(model: Any) -> int | None:
 
 
 class HFEngine:
-    """A transformers causal LM (optionally a PEFT model) as a :class:`ChatEngine`."""
+    """A transformers causal LM (optionally a PEFT model) as a :class:`ChatEngine`.
+
+    A call with :attr:`SamplingParams.answer_format` is decoded under that format's grammar (every row,
+    both decode loops and streaming; :mod:`rapo_echo.engines.constrained`)."""
 
     supports_logprobs = True
+    structured_output = "grammar"
 
     def __init__(
         self,
@@ -146,6 +162,7 @@ class HFEngine:
         self._static: StaticDecoder | None = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = self._eos_ids()
+        self._grammar: GrammarCache | None = None
         self._warned_context = False
         self.prompt_cuts = 0  # prompts cut to fit the model's context (see _prompt)
 
@@ -173,6 +190,20 @@ class HFEngine:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def grammar(self) -> GrammarCache:
+        """The engine's compiled answer-format grammars (made on first use; rebuilt if ``eos_ids``
+        changed); its ``mask_seconds`` / ``mask_steps`` count the time spent on token masks."""
+        if self._grammar is None or self._grammar.eos_ids != sorted(self.eos_ids):
+            self._grammar = GrammarCache(self.tokenizer, self.eos_ids)
+        return self._grammar
+
+    def _constraint(self, params: SamplingParams, rows: int, vocab: int) -> TokenConstraint | None:
+        """The grammar state of ``rows`` rows under ``params.answer_format`` (None without one)."""
+        if params.answer_format is None:
+            return None
+        return self.grammar.constraint(params.answer_format, rows, vocab)
 
     @property
     def decode_mode(self) -> str:
@@ -329,13 +360,23 @@ class HFEngine:
             stop_hit = lambda r, tokens: self._hit_stop(tokens, params.stop, window)  # noqa: E731
         with self._mode(), torch.inference_mode():
             cache, mask, positions, logits = self._prefill_rows(prompts, params.n)
+            constraint = self._constraint(params, len(rows), logits.shape[-1])
+            every = range(len(rows))
+
+            def sample(lg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                if constraint is None:
+                    return sample_next(lg, params, generator)
+                tok, lp = sample_next(lg, params, generator, constraint.allowed(every, lg.device))
+                constraint.advance(every, tok.tolist())
+                return tok, lp
+
             tokens, logprobs, stopped = self._static.decode(
                 cache,
                 mask,
                 positions,
                 logits,
                 max_new_tokens=params.max_new_tokens,
-                sample=lambda lg: sample_next(lg, params, generator),
+                sample=sample,
                 eos_ids=self.eos_ids,
                 pad_id=self.pad_id,
                 stop_hit=stop_hit,
@@ -362,11 +403,15 @@ class HFEngine:
         stop_window = max((len(s) for s in params.stop), default=0)
         with self._mode(), torch.inference_mode():
             cache, mask, positions, logits = self._prefill_rows(prompts, n)
+            constraint = self._constraint(params, len(rows), logits.shape[-1])
             position = positions[:, -1:]
             active = list(range(len(rows)))  # row index of each batch line
             for _step in range(params.max_new_tokens):
-                tokens, logps = sample_next(logits, params, generator)
+                allowed = None if constraint is None else constraint.allowed(active, logits.device)
+                tokens, logps = sample_next(logits, params, generator, allowed)
                 tok_list, lp_list = tokens.tolist(), logps.tolist()
+                if constraint is not None:
+                    constraint.advance(active, tok_list)
                 keep: list[int] = []
                 for line, r in enumerate(active):
                     row = rows[r]
