@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FORMAT_KINDS = ("json", "choice", "integer", "regex")
+MAX_INTEGER_VALUES = 1000  # an integer format's regex lists its values: exact on every engine
 SCHEMA_KEYWORDS = frozenset(
     {
         "type",
@@ -173,17 +174,21 @@ class AnswerFormat:
             raise ValueError(
                 f"answer format {self.name!r}: a choice needs non-empty labels, got {self.choices}"
             )
-        if self.kind == "integer" and self.lo > self.hi:
-            raise ValueError(f"answer format {self.name!r}: integer range [{self.lo}, {self.hi}] is empty")
+        if self.kind == "integer" and not 0 <= self.hi - self.lo <= MAX_INTEGER_VALUES:
+            raise ValueError(
+                f"answer format {self.name!r}: integer range [{self.lo}, {self.hi}] is empty or holds more "
+                f"than {MAX_INTEGER_VALUES} values (use a json schema with minimum / maximum)"
+            )
         if self.kind == "regex":
             re.compile(self.pattern)
 
     # ---------------------------------------------------------------- constructors
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any], name: str = "answer") -> AnswerFormat:
-        """A JSON value conforming to ``schema`` (checked against our keyword subset now)."""
+        """A JSON value conforming to ``schema`` (checked against our keyword subset now). Properties keep
+        their given order: constrained engines write them in that order (reasoning before a score)."""
         check_schema(schema, f"answer format {name!r}")
-        return cls("json", name=name, schema_text=json.dumps(schema, sort_keys=True))
+        return cls("json", name=name, schema_text=json.dumps(schema))
 
     @classmethod
     def choice(cls, labels: Sequence[str], name: str = "answer") -> AnswerFormat:
@@ -212,11 +217,7 @@ class AnswerFormat:
         if self.kind == "choice":
             return "(" + "|".join(re.escape(c) for c in self.choices) + ")"
         if self.kind == "integer":
-            return (
-                "(" + "|".join(str(v) for v in range(self.lo, self.hi + 1)) + ")"
-                if self.hi - self.lo <= 200
-                else r"-?[0-9]+"
-            )
+            return "(" + "|".join(str(v) for v in range(self.lo, self.hi + 1)) + ")"
         if self.kind == "regex":
             return self.pattern
         raise ValueError("a json answer format has no regular expression; use its schema")

@@ -53,7 +53,7 @@ from rapo_echo.types import Conversation, SamplingParams, msg
 PROMPT_VERSION = "rapo-echo-sage-en-2"
 EMOTION_MAX = 100.0
 # The answer's JSON keys and the SAGE field each stands for (logs and transcripts keep SAGE's names). The
-# keys sort in the order they are to be written (an engine writes a schema's properties in sorted order),
+# schemas list them in the order they are to be written (a constrained engine follows the schema's order),
 # so the reasoning comes before the number and the draft before the final message.
 ANALYSIS_KEYS = {"content": "Content", "fit": "TargetCompletion", "mind": "Activity", "reaction": "Analyse"}
 SHIFT_KEY = "shift"  # SAGE's ``Change`` of the analysis: the signed emotion change

@@ -61,11 +61,12 @@ class Verdict:
 def verdict_format(labels: Sequence[str], reasoning: bool) -> AnswerFormat:
     """The text-mode answer: a JSON object with ``verdict`` (one of ``labels``) and, with ``reasoning``,
     a bounded ``reasoning`` string before it."""
-    props: dict[str, Any] = {VERDICT_KEY: {"type": "string", "enum": list(labels)}}
-    if reasoning:
+    props: dict[str, Any] = {}
+    if reasoning:  # first: a constrained engine writes the properties in the schema's order
         props[REASONING_KEY] = {"type": "string", "maxLength": REASONING_CHARS}
+    props[VERDICT_KEY] = {"type": "string", "enum": list(labels)}
     return AnswerFormat.json_schema(
-        {"type": "object", "properties": props, "required": sorted(props), "additionalProperties": False},
+        {"type": "object", "properties": props, "required": list(props), "additionalProperties": False},
         name="verdict",
     )
 

@@ -85,3 +85,18 @@ def test_server_without_structured_output_keeps_retry_then_invalid() -> None:
     engine = ScriptedEngine(replies=["four", "5"], structured=False)
     out = generate_parsed(engine, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt)
     assert out[0].value == 5 and out[0].attempts == 2
+
+
+def test_integer_regex_is_exact_and_schema_keeps_its_order() -> None:
+    wide = AnswerFormat.integer(1, 300)
+    assert wide.problem("93362") is not None and wide.parse("300") == 300
+    assert __import__("re").fullmatch(wide.as_regex(), "93362") is None  # what vllm / servers receive
+    with pytest.raises(ValueError, match="more than 1000 values"):
+        AnswerFormat.integer(0, 5000)
+    fmt = AnswerFormat.json_schema(
+        {"type": "object", "properties": {"reasoning": {"type": "string"}, "a": {"type": "integer"}}}
+    )
+    assert list(fmt.schema["properties"]) == [
+        "reasoning",
+        "a",
+    ]  # a constrained engine writes them in this order
