@@ -27,6 +27,7 @@ from typing import Any
 SMALL_TRAIN = ["--max-steps", "1", "--set", "rollout.batch_size=2", "--set", "rollout.group_size=2"]
 RLVER = ["--max-steps", "1", "--set", "rollout.batch_size=1", "--set", "rollout.group_size=2"]
 RLVER += ["--set", "rlver.simulator.max_turns=2"]
+ESCONV = "../shared/data/esconv/ppdpp_esc-test.jsonl"
 SMALL_EVAL = ["--policy", "default", "--limit", "1", "--max-turns", "2"]
 
 COMMANDS: dict[str, list[str]] = {
@@ -37,7 +38,7 @@ COMMANDS: dict[str, list[str]] = {
     "grpo-echo_n1": ["train", "--algo", "grpo", "--reward", "echo_n1", "--set", "persona.enabled=true"]
     + SMALL_TRAIN,
     "rapo": ["train", "--algo", "rapo", *SMALL_TRAIN],
-    "esconv": ["eval", "--benchmark", "esconv", *SMALL_EVAL],
+    "esconv": ["eval", "--benchmark", "esconv", *SMALL_EVAL, "--data", ESCONV],
     "sage": ["eval", "--benchmark", "sage", *SMALL_EVAL],
     "sotopia": ["eval", "--benchmark", "sotopia", *SMALL_EVAL],
     "epm": ["eval", "--benchmark", "epm", *SMALL_EVAL],
