@@ -63,6 +63,7 @@ from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.llm.ranks import average_ranks
 from rapo_echo.llm.reaction import Reaction, render_profile
+from rapo_echo.llm.strength import warn_if_weak
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
@@ -380,6 +381,7 @@ class GroupJudge:
         for k, group in enumerate(groups):
             if not 1 <= len(group) <= len(LABELS):
                 raise ValueError(f"GroupJudge.rank: group {k} has {len(group)} candidates; allowed 1..26")
+        warn_if_weak(self.engine, "judge")
         self._fence = Fence(rng=self.rng)
         passes = self._presentation_orders(groups)
         text_mode = not wants_logprobs(self.engine, self.use_logprobs)

@@ -60,3 +60,16 @@ def test_first_answer_of_a_small_role_says_so(caplog) -> None:
                 answer_format=AnswerFormat.integer(0, 9),
             )
     assert [r.getMessage()[:40] for r in caplog.records] == ["the simulator runs on a 0M-parameter mod"]
+
+
+def test_the_group_judge_says_so_at_its_first_ranking(caplog) -> None:
+    from rapo_echo.judges.group import Candidate, GroupJudge
+    from rapo_echo.llm.reaction import Reaction
+    from rapo_echo.types import Scenario, msg
+
+    engine = ScriptedEngine(choice_fn=lambda p, o: dict.fromkeys(o, 0.0))
+    engine.model = torch.nn.Linear(4, 1)
+    group = [Candidate(r, Reaction(f"reaction to {r}", 1.0, "", True)) for r in ("a", "b")]
+    with caplog.at_level(logging.WARNING, logger="rapo_echo.llm.strength"):
+        GroupJudge(engine).rank([Scenario("s", [msg("user", "hi")])], [group], with_critiques=False)
+    assert any(r.getMessage().startswith("the judge runs on a 0M-parameter") for r in caplog.records)
