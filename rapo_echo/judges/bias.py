@@ -66,15 +66,18 @@ def check_orders(owner: str, orders: str, auto_probe: int, auto_threshold: float
 
 
 def merge_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """One step's position-bias metrics from several judges' :meth:`PositionBias.step_metrics` (e.g. the
-    group ranker and an empathy reward in one run): shares and chance weighted by their decision counts."""
-    parts = [p for p in parts if p.get(METRIC_PREFIX + "n")]
-    n = sum(p[METRIC_PREFIX + "n"] for p in parts)
-    if not n:
-        return {}
-    out = {METRIC_PREFIX + "n": n}
-    for key in ("first_share", "chance"):
-        out[METRIC_PREFIX + key] = sum(p[METRIC_PREFIX + key] * p[METRIC_PREFIX + "n"] for p in parts) / n
+    """One step's judge-bias metrics from several judges' ``step_metrics()`` (e.g. the group ranker and an
+    empathy reward in one run): position-bias shares and chance, and the injection probe's shift, each
+    weighted by its own decision count."""
+    out: dict[str, float] = {}
+    for prefix, keys in ((METRIC_PREFIX, ("first_share", "chance")), (INJECTION_PREFIX, ("shift",))):
+        counted = [p for p in parts if p.get(prefix + "n")]
+        n = sum(p[prefix + "n"] for p in counted)
+        if not n:
+            continue
+        out[prefix + "n"] = n
+        for key in keys:
+            out[prefix + key] = sum(p[prefix + key] * p[prefix + "n"] for p in counted) / n
     return out
 
 

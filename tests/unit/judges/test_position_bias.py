@@ -90,3 +90,18 @@ def test_report_table_shows_each_runs_bias() -> None:
     header, rows = judge_bias_table(runs)  # type: ignore[misc]
     assert header[0] == "run" and rows == [["run_a", "0.900 (chance 0.500, n 10)", "+0.250 (n 8)"]]
     assert judge_bias_table(runs[1:]) is None
+
+
+def test_merge_keeps_the_injection_shift() -> None:
+    """The trainer merges every judge's step metrics through merge_metrics: the injection probe's shift
+    must survive it (it had been dropped, so no run showed judge/injection_bias/*)."""
+    inj = "judge/injection_bias/"
+    merged = merge_metrics(
+        [
+            {P + "first_share": 1.0, P + "chance": 0.5, P + "n": 8.0, inj + "shift": 0.2, inj + "n": 2.0},
+            {inj + "shift": -0.1, inj + "n": 1.0},
+        ]
+    )
+    # (0.2 x 2 - 0.1 x 1) / 3 = 0.1
+    assert merged[inj + "shift"] == pytest.approx(0.1) and merged[inj + "n"] == 3.0
+    assert merged[P + "first_share"] == 1.0
