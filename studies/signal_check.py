@@ -27,7 +27,8 @@ from typing import Any
 SMALL_TRAIN = ["--max-steps", "1", "--set", "rollout.batch_size=2", "--set", "rollout.group_size=2"]
 RLVER = ["--max-steps", "1", "--set", "rollout.batch_size=1", "--set", "rollout.group_size=2"]
 RLVER += ["--set", "rlver.simulator.max_turns=2"]
-ESCONV = "../shared/data/esconv/ppdpp_esc-test.jsonl"
+ESCONV = "{shared}/data/esconv/ppdpp_esc-test.jsonl"  # the PPDPP test split in the shared data folder
+SHARED = "../shared"
 SMALL_EVAL = ["--policy", "default", "--limit", "1", "--max-turns", "2"]
 
 COMMANDS: dict[str, list[str]] = {
@@ -101,6 +102,7 @@ def run_one(name: str, argv: list[str], root: Path, timeout: float) -> dict[str,
     """Run one command into ``root / name`` and read what it wrote."""
     out = root / name
     cmd = [sys.executable, "-m", "rapo_echo.cli", *argv, "--output", str(out)]
+    cmd = [part.format(shared=SHARED) if "{shared}" in part else part for part in cmd]
     start = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
@@ -122,8 +124,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--only", default="", help="comma-separated names of " + ",".join(COMMANDS))
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per command")
+    parser.add_argument("--shared", default="../shared", help="the shared folder holding data/ (ESConv)")
     parser.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args()
+    global SHARED
+    SHARED = str(Path(args.shared).resolve())
     names = [n for n in args.only.split(",") if n] or list(COMMANDS)
     unknown = sorted(set(names) - set(COMMANDS))
     if unknown:
