@@ -149,14 +149,3 @@ def generate_parsed(
             max_retries + 1,
         )
     return results
-
-
-def parse_with_retries(
-    engine: ChatEngine,
-    prompts: Sequence[Conversation],
-    parse: Callable[[str], T | None],
-    params: SamplingParams,
-    retries: int,
-) -> list[Parsed[T]]:
-    """:func:`generate_parsed` with ``retries`` (the benchmarks' call form)."""
-    return generate_parsed(engine, prompts, parse, params, max_retries=retries)

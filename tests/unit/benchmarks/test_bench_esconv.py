@@ -27,7 +27,7 @@ from rapo_echo.benchmarks.text_metrics import reference_metrics
 from rapo_echo.data import load_dialogues
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.llm.answers import parse_with_retries
+from rapo_echo.llm.answers import generate_parsed
 from rapo_echo.llm.dialogue import clean_reply
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import judge_labels
@@ -214,7 +214,7 @@ def test_text_judge_retries_only_unparseable_and_samples_on_retry():
     judge = ScriptedEngine(replies=["hmm", "better", "no idea", "still no idea"])
     prompts = [[{"role": "user", "content": str(i)}] for i in range(2)]
     greedy = SamplingParams(temperature=0.0, seed=5)
-    out = parse_with_retries(judge, prompts, parse_critic, greedy, retries=2)
+    out = generate_parsed(judge, prompts, parse_critic, greedy, max_retries=2)
     # attempt 1 (both): "hmm" x, "better" ok; attempt 2 (first only): "no idea" x; attempt 3: x -> invalid
     assert [(r.value, r.attempts) for r in out] == [(None, 3), ("better", 1)]
     assert [len(c["prompts"]) for c in judge.calls] == [2, 1, 1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
-from rapo_echo.llm.answers import RETRY_TEMPERATURE, generate_parsed, parse_with_retries, retry_sampling
+from rapo_echo.llm.answers import RETRY_TEMPERATURE, generate_parsed, retry_sampling
 from rapo_echo.types import SamplingParams, msg
 
 
@@ -49,11 +49,10 @@ def test_explicit_retry_params_win():
     assert engine.params == [(0.0, None, ()), (0.25, 99, ())]
 
 
-def test_benchmark_call_form_is_the_same_mechanism():
-    # llm/answers.parse_with_retries (the benchmarks' form) retries exactly as generate_parsed does
+def test_retries_sample_hotter_with_the_next_seeds():
     engine = RecordingEngine(replies=["no", "no", "no"])
-    (out,) = parse_with_retries(
-        engine, [[msg("user", "x")]], digit, SamplingParams(temperature=0.0, seed=1), 2
+    (out,) = generate_parsed(
+        engine, [[msg("user", "x")]], digit, SamplingParams(temperature=0.0, seed=1), max_retries=2
     )
     assert out.value is None and out.attempts == 3
     assert [t for t, _, _ in engine.params] == [0.0, RETRY_TEMPERATURE, RETRY_TEMPERATURE]
