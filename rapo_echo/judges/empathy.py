@@ -30,12 +30,12 @@ from typing import Any
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.bias import PositionBias
 from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_probability
-from rapo_echo.llm.answers import FIELD_LINE, check_logprobs_mode, field_line, generate_parsed, wants_logprobs
+from rapo_echo.llm.answers import check_logprobs_mode, generate_field_lines, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.reaction import render_profile
 from rapo_echo.prompting import PERSONA_KEY
-from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+from rapo_echo.types import Conversation, Scenario, msg
 
 AXES = ("cognitive", "affective", "proactive")
 AXIS_LETTERS = {"cognitive": "C", "affective": "A", "proactive": "P"}
@@ -231,17 +231,7 @@ class EmpathyJudge:
             return []
         fence = Fence(rng=self.rng)
         prompts = [self.needs_prompt(sc, axis, fence) for sc in scenarios for axis in AXES]
-        params = SamplingParams(max_new_tokens=self.need_tokens, temperature=0.0, stop=("\n",))
-        retry = SamplingParams(max_new_tokens=self.need_tokens, temperature=0.7, stop=("\n",))
-        parsed = generate_parsed(
-            self.engine,
-            prompts,
-            field_line,
-            params,
-            max_retries=self.max_retries,
-            retry_params=retry,
-            answer_format=FIELD_LINE,
-        )
+        parsed = generate_field_lines(self.engine, prompts, self.need_tokens, self.max_retries, "judge")
         out: list[NeedAnalysis | None] = []
         for i in range(len(scenarios)):
             lines = [p.value for p in parsed[3 * i : 3 * i + 3]]

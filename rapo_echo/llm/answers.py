@@ -149,3 +149,22 @@ def generate_parsed(
             max_retries + 1,
         )
     return results
+
+
+def generate_field_lines(
+    engine: ChatEngine, prompts: Sequence[Conversation], max_new_tokens: int, max_retries: int, role: str
+) -> list[Parsed[str]]:
+    """One field line per prompt (a prompt that continues ``<Field>:``): greedy, then sampled retries at
+    temperature 0.7, each up to the first newline, under :data:`FIELD_LINE` and read by :func:`field_line`."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=("\n",))
+    retry = replace(params, temperature=0.7)
+    return generate_parsed(
+        engine,
+        prompts,
+        field_line,
+        params,
+        max_retries=max_retries,
+        retry_params=retry,
+        role=role,
+        answer_format=FIELD_LINE,
+    )

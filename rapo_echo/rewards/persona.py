@@ -26,12 +26,12 @@ from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
-from rapo_echo.llm.answers import FIELD_LINE, field_line, generate_parsed
+from rapo_echo.llm.answers import generate_field_lines
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.prompting import PERSONA_KEY, PERSONA_PROMPT_KEY
 from rapo_echo.rewards.references import scenario_key
-from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+from rapo_echo.types import Conversation, Scenario, msg
 
 FIELDS = {
     "traits": "Traits",
@@ -116,16 +116,8 @@ class PersonaInference:
         if todo:
             fence = Fence(rng=self.rng)
             prompts = [self.prompt(sc, field, fence) for sc in todo.values() for field in FIELDS]
-            params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0, stop=("\n",))
-            retry = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.7, stop=("\n",))
-            parsed = generate_parsed(
-                self.engine,
-                prompts,
-                field_line,
-                params,
-                max_retries=self.max_retries,
-                retry_params=retry,
-                answer_format=FIELD_LINE,
+            parsed = generate_field_lines(
+                self.engine, prompts, self.max_new_tokens, self.max_retries, role="judge"
             )
             n = len(FIELDS)
             for i, key in enumerate(todo):

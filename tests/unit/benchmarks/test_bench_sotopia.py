@@ -32,6 +32,7 @@ from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.llm.fencing import Fence
 from tests.conftest import shared_data
+from tests.helpers.answers import SOTOPIA_SCORES as SCORES
 from tests.helpers.answers import sotopia_dimension
 
 ALICE = AgentProfile(
@@ -61,15 +62,6 @@ BOB = AgentProfile(
 ENV = EnvironmentProfile(
     "lend_money", "Bob asks Alice for a loan.", ("Lend wisely.", "Borrow 500 dollars."), "friend", pk="e1"
 )
-SCORES = {
-    "believability": 8,
-    "relationship": 2,
-    "knowledge": 5,
-    "secret": -1,
-    "social_rules": 0,
-    "financial_and_material_benefits": -3,
-    "goal": 7,
-}
 
 
 def asked_dimension(prompt) -> str:
