@@ -505,6 +505,7 @@ def test_a_reply_whose_reaction_failed_is_masked_not_ranked(tiny_folder: Path) -
     algo, _, sim, jud = make_rapo(tiny_folder, "rapo.simulator.max_retries=0", "rapo.sd.enabled=false")
     base = sim.fn
     sim.fn = lambda prompt: "" if base(prompt) == "reaction to good" else base(prompt)  # type: ignore[misc]
+    sim.structured = False  # an empty answer is what a server without structured output can send
     out = algo.rollout(SCENARIOS[:1], 0)
     s = out.samples
     assert [x.info["reaction"]["valid"] for x in s] == [True, False, True, True]
