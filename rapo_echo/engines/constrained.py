@@ -51,7 +51,7 @@ def grammar_text(fmt: AnswerFormat) -> str:
 
     if fmt.kind == "json":
         return LLMatcher.grammar_from_json_schema(fmt.schema, overrides=JSON_LAYOUT)
-    if fmt.kind == "integer":  # exact for any range (as_regex lists values only up to 200 of them)
+    if fmt.kind == "integer":  # a bounded JSON integer: exact, and smaller than the regex of every value
         bounds = {"type": "integer", "minimum": fmt.lo, "maximum": fmt.hi}
         return LLMatcher.grammar_from_json_schema(bounds, overrides=JSON_LAYOUT)
     return LLMatcher.grammar_from_regex(fmt.as_regex())

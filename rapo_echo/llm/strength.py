@@ -9,12 +9,14 @@ is the only place a user learns that the numbers are noise; it names what to use
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 WEAK_ROLE_PARAMETERS = 1_000_000_000  # below this many parameters a role's verdicts are treated as noise
-_warned: set[tuple[int, str]] = set()
+_checked: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()  # roles read per engine
+_unreferenced: dict[int, set[str]] = {}
 
 INSTEAD = {
     "train": (
@@ -53,10 +55,17 @@ def weak_role_message(engine: Any, role: str, command: str = "train") -> str | N
 
 
 def warn_if_weak(engine: Any, role: str, command: str = "train") -> str | None:
-    """Log :func:`weak_role_message` once per engine and role; returns the message (None when silent)."""
+    """Log :func:`weak_role_message` once per engine and role; returns the message when it was logged.
+    Called on every judge and simulator call, so the engine's size is read only at its first call in a
+    role (an engine that cannot be weakly referenced is remembered by its id)."""
+    try:
+        roles = _checked.setdefault(engine, set())
+    except TypeError:
+        roles = _unreferenced.setdefault(id(engine), set())
+    if role in roles:
+        return None
+    roles.add(role)
     message = weak_role_message(engine, role, command)
-    key = (id(engine), role)
-    if message is not None and key not in _warned:
-        _warned.add(key)
+    if message is not None:
         log.warning(message)
     return message
