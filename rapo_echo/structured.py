@@ -64,6 +64,13 @@ def check_schema(schema: Any, where: str = "schema") -> None:
         check_schema(schema["items"], f"{where}.items")
 
 
+def object_schema(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """A closed JSON object of exactly ``properties``, all required, in their given order (the order a
+    constrained engine writes them; the shape strict servers accept)."""
+    props = dict(properties)
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
 def validate_json(value: Any, schema: Mapping[str, Any], where: str = "$") -> str | None:
     """Why ``value`` does not conform to ``schema`` (our keyword subset), or None when it does."""
     if "enum" in schema and value not in schema["enum"]:
@@ -189,6 +196,11 @@ class AnswerFormat:
         their given order: constrained engines write them in that order (reasoning before a score)."""
         check_schema(schema, f"answer format {name!r}")
         return cls("json", name=name, schema_text=json.dumps(schema))
+
+    @classmethod
+    def json_object(cls, properties: Mapping[str, Any], name: str = "answer") -> AnswerFormat:
+        """A closed JSON object of ``properties``, all required, in their order (:func:`object_schema`)."""
+        return cls.json_schema(object_schema(properties), name=name)
 
     @classmethod
     def choice(cls, labels: Sequence[str], name: str = "answer") -> AnswerFormat:

@@ -192,13 +192,7 @@ class ReactionSimulator(UserSimulator):
         if self.with_thought:
             props["thought"] = {"type": "string", "minLength": 1, "maxLength": THOUGHT_CHARS}
         props[CHANGE_KEY] = {"type": "integer", "minimum": -bound, "maximum": bound}
-        schema = {
-            "type": "object",
-            "properties": props,
-            "required": list(props),
-            "additionalProperties": False,
-        }
-        return AnswerFormat.json_schema(schema, name="reaction")
+        return AnswerFormat.json_object(props, name="reaction")
 
     def text_prompt(self, scenario: Scenario, reply: str, fence: Fence | None = None) -> Conversation:
         """Text mode: one prompt asking for the JSON object of :meth:`answer_format`."""

@@ -245,8 +245,7 @@ def analysis_format(*, with_shift: bool = True, max_delta: int = 10) -> AnswerFo
         "reaction": _text("how the character feels about the reply"),
         SHIFT_KEY: {"type": "integer", "minimum": -max_delta, "maximum": max_delta},
     }
-    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-    return AnswerFormat.json_schema(schema, name="sage_analysis")
+    return AnswerFormat.json_object(props, name="sage_analysis")
 
 
 def reply_format(*, plain: bool = False) -> AnswerFormat:
@@ -260,8 +259,7 @@ def reply_format(*, plain: bool = False) -> AnswerFormat:
         "rewrite": _text("how the draft was made to sound like a real person"),
         SAY_KEY: _text("the final message", MESSAGE_CHARS),
     }
-    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-    return AnswerFormat.json_schema(schema, name="sage_reply")
+    return AnswerFormat.json_object(props, name="sage_reply")
 
 
 def analysis_fields(value: Any) -> dict[str, str]:

@@ -102,8 +102,7 @@ def mdep_instructions() -> str:
 
 def _levels_format(keys: dict[str, tuple[int, int]], name: str) -> AnswerFormat:
     props = {k: {"type": "integer", "minimum": lo, "maximum": hi} for k, (lo, hi) in keys.items()}
-    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-    return AnswerFormat.json_schema(schema, name=name)
+    return AnswerFormat.json_object(props, name=name)
 
 
 def mdep_answer_key(key: str) -> str:

@@ -39,14 +39,10 @@ QUESTIONS = [
     "Someone wrote: 'My brother stopped talking to me.' A friend replied: 'That must hurt. Do you know "
     "why?' Does the reply invite them to say more?",
 ]
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "reason": {"type": "string", "maxLength": 40},
-        "score": {"type": "integer", "minimum": 0, "maximum": 10},
-    },
-    "required": ["reason", "score"],
-    "additionalProperties": False,
+# The json format's properties: a closed object, both required, written in this order.
+PROPERTIES = {
+    "reason": {"type": "string", "maxLength": 40},
+    "score": {"type": "integer", "minimum": 0, "maximum": 10},
 }
 
 
@@ -78,7 +74,7 @@ def main() -> None:
         "none": None,
         "choice": AnswerFormat.choice(["A", "B", "tie"]),
         "integer": AnswerFormat.integer(1, 7),
-        "json": AnswerFormat.json_schema(SCHEMA),
+        "json": AnswerFormat.json_object(PROPERTIES),
     }
     spec = args.model or str(resolve("default").path)
     model, tok = load_model(spec, dtype=args.dtype, device=args.device)

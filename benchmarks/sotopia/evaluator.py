@@ -57,19 +57,14 @@ SYSTEM = "You are an impartial evaluator of social interactions between two char
 
 
 def dimension_format(dimension: str) -> AnswerFormat:
-    """The answer to one dimension's prompt: ``{"reasoning": str, "score": int in the range}`` (the keys
-    sort in the order they are written: reasoning first)."""
+    """The answer to one dimension's prompt: ``{"reasoning": str, "score": int in the range}``, written in
+    that order (reasoning first)."""
     lo, hi = DIMENSIONS[dimension]
-    schema = {
-        "type": "object",
-        "properties": {
-            "reasoning": {"type": "string", "minLength": 1, "maxLength": REASONING_CHARS},
-            "score": {"type": "integer", "minimum": lo, "maximum": hi},
-        },
-        "required": ["reasoning", "score"],
-        "additionalProperties": False,
+    props = {
+        "reasoning": {"type": "string", "minLength": 1, "maxLength": REASONING_CHARS},
+        "score": {"type": "integer", "minimum": lo, "maximum": hi},
     }
-    return AnswerFormat.json_schema(schema, name=f"sotopia_{dimension}")
+    return AnswerFormat.json_object(props, name=f"sotopia_{dimension}")
 
 
 def overall(scores: dict[str, float]) -> float:

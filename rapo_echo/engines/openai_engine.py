@@ -56,7 +56,7 @@ import httpx
 from rapo_echo.engines.deadline import Deadline
 from rapo_echo.engines.vllm_engine import version_tuple
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
-from rapo_echo.structured import AnswerFormat
+from rapo_echo.structured import AnswerFormat, object_schema
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -191,12 +191,7 @@ def response_format_field(fmt: AnswerFormat) -> dict[str, Any]:
     value = wrapped_value_schema(fmt)
     schema = fmt.schema
     if value is not None:
-        schema = {
-            "type": "object",
-            "properties": {WRAP_KEY: value},
-            "required": [WRAP_KEY],
-            "additionalProperties": False,
-        }
+        schema = object_schema({WRAP_KEY: value})
     spec = {"name": schema_name(fmt.name), "schema": schema, "strict": strict_compatible(schema)}
     return {"response_format": {"type": "json_schema", "json_schema": spec}}
 

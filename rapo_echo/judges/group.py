@@ -119,19 +119,14 @@ def ranking_format(size: int) -> AnswerFormat:
     of the group's labels and exactly ``size`` of them (that each appears once is :func:`ranking_ranks`'
     check: a schema cannot say it)."""
     labels = list(LABELS[:size])
-    return AnswerFormat.json_schema(
+    return AnswerFormat.json_object(
         {
-            "type": "object",
-            "properties": {
-                RANKING_KEY: {
-                    "type": "array",
-                    "items": {"type": "string", "enum": labels},
-                    "minItems": size,
-                    "maxItems": size,
-                }
-            },
-            "required": [RANKING_KEY],
-            "additionalProperties": False,
+            RANKING_KEY: {
+                "type": "array",
+                "items": {"type": "string", "enum": labels},
+                "minItems": size,
+                "maxItems": size,
+            }
         },
         name="ranking",
     )

@@ -65,10 +65,7 @@ def verdict_format(labels: Sequence[str], reasoning: bool) -> AnswerFormat:
     if reasoning:  # first: a constrained engine writes the properties in the schema's order
         props[REASONING_KEY] = {"type": "string", "maxLength": REASONING_CHARS}
     props[VERDICT_KEY] = {"type": "string", "enum": list(labels)}
-    return AnswerFormat.json_schema(
-        {"type": "object", "properties": props, "required": list(props), "additionalProperties": False},
-        name="verdict",
-    )
+    return AnswerFormat.json_object(props, name="verdict")
 
 
 def answer_instruction(

@@ -23,15 +23,8 @@ DEFAULT_RUBRIC = (
 
 def score_format(scale: int) -> AnswerFormat:
     """The text-mode answer of a 1..``scale`` rating: ``{"score": N}``."""
-    return AnswerFormat.json_schema(
-        {
-            "type": "object",
-            "properties": {"score": {"type": "integer", "minimum": 1, "maximum": scale}},
-            "required": ["score"],
-            "additionalProperties": False,
-        },
-        name="score",
-    )
+    score = {"type": "integer", "minimum": 1, "maximum": scale}
+    return AnswerFormat.json_object({"score": score}, name="score")
 
 
 class JudgeReward:

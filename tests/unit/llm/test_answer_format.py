@@ -6,7 +6,7 @@ import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.llm.answers import generate_parsed
-from rapo_echo.structured import AnswerFormat, json_object_text, validate_json
+from rapo_echo.structured import AnswerFormat, json_object_text, object_schema, validate_json
 from rapo_echo.types import SamplingParams, msg
 
 SCHEMA = {
@@ -100,3 +100,16 @@ def test_integer_regex_is_exact_and_schema_keeps_its_order() -> None:
         "reasoning",
         "a",
     ]  # a constrained engine writes them in this order
+
+
+def test_object_schema_is_closed_all_required_and_ordered() -> None:
+    schema = object_schema({"b": {"type": "string"}, "a": {"type": "integer"}})
+    assert schema == {
+        "type": "object",
+        "properties": {"b": {"type": "string"}, "a": {"type": "integer"}},
+        "required": ["b", "a"],
+        "additionalProperties": False,
+    }
+    fmt = AnswerFormat.json_object({"b": {"type": "string"}, "a": {"type": "integer"}})
+    assert fmt.schema == schema and fmt.parse('{"b": "x", "a": 1}') == {"b": "x", "a": 1}
+    assert fmt.parse('{"b": "x"}') is None and fmt.parse('{"b": "x", "a": 1, "c": 0}') is None
