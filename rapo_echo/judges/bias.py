@@ -65,41 +65,51 @@ def check_orders(owner: str, orders: str, auto_probe: int, auto_threshold: float
         raise ValueError(f"{owner}: auto_probe must be >= 1 and auto_threshold in [0, 1]")
 
 
+def weighted_means(
+    rows: Sequence[Mapping[str, object]], prefix: str, keys: Sequence[str]
+) -> tuple[float, dict[str, float]] | None:
+    """The decision count and the means of ``keys`` under ``prefix`` over ``rows``, each row weighted by
+    its own ``prefix + "n"``; rows without a positive count or with a value that is not a finite number
+    are left out. None when no row counts."""
+    n = 0.0
+    sums = dict.fromkeys(keys, 0.0)
+    for row in rows:
+        values = [row.get(prefix + "n"), *(row.get(prefix + key) for key in keys)]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            continue
+        count = float(values[0])  # type: ignore[arg-type]
+        if count <= 0:
+            continue
+        n += count
+        for key, value in zip(keys, values[1:]):
+            sums[key] += float(value) * count  # type: ignore[arg-type]
+    return (n, {key: total / n for key, total in sums.items()}) if n else None
+
+
 def merge_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """One step's judge-bias metrics from several judges' ``step_metrics()`` (e.g. the group ranker and an
     empathy reward in one run): position-bias shares and chance, and the injection probe's shift, each
     weighted by its own decision count."""
     out: dict[str, float] = {}
     for prefix, keys in ((METRIC_PREFIX, ("first_share", "chance")), (INJECTION_PREFIX, ("shift",))):
-        counted = [p for p in parts if p.get(prefix + "n")]
-        n = sum(p[prefix + "n"] for p in counted)
-        if not n:
-            continue
-        out[prefix + "n"] = n
-        for key in keys:
-            out[prefix + key] = sum(p[prefix + key] * p[prefix + "n"] for p in counted) / n
+        merged = weighted_means(parts, prefix, keys)
+        if merged is not None:
+            out[prefix + "n"] = merged[0]
+            out.update({prefix + key: value for key, value in merged[1].items()})
     return out
 
 
 def run_injection_shift(rows: Sequence[Mapping[str, object]]) -> tuple[float, int] | None:
     """A run's instruction bias from its metrics rows: (mean shift, probed comparisons); None if none."""
-    n = total = 0.0
-    for row in rows:
-        k, s = row.get(INJECTION_PREFIX + "n"), row.get(INJECTION_PREFIX + "shift")
-        if all(isinstance(v, (int, float)) and math.isfinite(v) for v in (k, s)) and k > 0:  # type: ignore[operator]
-            n, total = n + k, total + s * k  # type: ignore[operator]
-    return (total / n, int(n)) if n else None
+    merged = weighted_means(rows, INJECTION_PREFIX, ("shift",))
+    return None if merged is None else (merged[1]["shift"], int(merged[0]))
 
 
 def run_first_share(rows: Sequence[Mapping[str, object]]) -> tuple[float, float, int] | None:
     """A run's position bias from its metrics rows: (first share, chance, decisions), the steps weighted by
     their decision counts; None when the run logged none."""
-    n = share = chance = 0.0
-    for row in rows:
-        k, s, c = (row.get(METRIC_PREFIX + key) for key in ("n", "first_share", "chance"))
-        if all(isinstance(v, (int, float)) and math.isfinite(v) for v in (k, s, c)) and k > 0:  # type: ignore[operator]
-            n, share, chance = n + k, share + s * k, chance + c * k  # type: ignore[operator]
-    return (share / n, chance / n, int(n)) if n else None
+    merged = weighted_means(rows, METRIC_PREFIX, ("first_share", "chance"))
+    return None if merged is None else (merged[1]["first_share"], merged[1]["chance"], int(merged[0]))
 
 
 def first_rank_share(ranks: Sequence[float], first: int) -> float:
