@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from rapo_echo.engines.grouped_attention import use_grouped_attention
+
 log = logging.getLogger(__name__)
 
 DECODE_MODES = ("auto", "dynamic", "static", "compiled")
@@ -114,6 +116,7 @@ class StaticDecoder:
         self.backend = backend
         self._pool: OrderedDict[tuple, _Buffers] = OrderedDict()
         self._step: Callable[..., torch.Tensor] = _forward_step
+        use_grouped_attention(model)  # no repeated keys / values in a one-token step (grouped_attention.py)
         if compiled:
             mode = "reduce-overhead" if backend == "inductor" and self._device.type == "cuda" else None
             limit = getattr(torch._dynamo.config, "recompile_limit", None)
