@@ -27,8 +27,9 @@ expression.
 log-probs (``prompt_logprobs``, temperature 1), the same teacher-forced quantity as the ``hf`` engine; all
 prompts go through one ``LLM.generate`` call.
 
-Weights: :meth:`VLLMEngine.sync_from` streams a trained model's tensors into vLLM's own
-``model.load_weights`` through ``LLM.apply_model`` (run in this process), one tensor at a time
+Weights: :meth:`VLLMEngine.sync_from` streams a trained model's tensors into vLLM's in-place weight reload
+(the worker's ``reload_weights``, which runs the model's own ``load_weights``; run in this process through
+``LLM.collective_rpc``), one tensor at a time
 (:func:`~rapo_echo.engines.vllm_sync.weights_for_vllm`: ZeRO-3 gathers, LoRA merged into temporaries).
 With sleep mode (where the platform has it) the rollout copy sleeps while the policy trains
 (:meth:`VLLMEngine.sleep`, level 2: weights and KV cache released) and wakes its weights, then its KV cache,
@@ -131,6 +132,25 @@ def token_logprob(position: Any, token_id: int, where: str) -> float:
     if entry is None:
         raise EngineError(f"{where}: vLLM returned no log-prob for token {token_id}")
     return float(getattr(entry, "logprob", entry))
+
+
+def refresh_tied_head(model: Any) -> bool:
+    """Process an output head tied to the input embedding again after a weight load (runs on vLLM's model).
+
+    A checkpoint of a tied model has no ``lm_head.weight``, so vLLM's reload never revisits the head; where
+    its processing keeps a derived copy of the weight (the CPU build packs it for oneDNN,
+    ``UnquantizedEmbeddingMethod.process_weights_after_loading``), the head would keep computing logits from
+    the old embedding. Re-running that processing rebuilds the copy from the loaded weight; it does nothing
+    where the method keeps no copy (CUDA). True when the head is tied."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or embed is None or weight.data_ptr() != embed.weight.data_ptr():
+        return False
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)
+    return True
 
 
 def sleep_mode_available() -> bool:
@@ -345,10 +365,14 @@ class VLLMEngine:
         return getattr(getattr(self.llm, "llm_engine", None), "model_executor", None)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
-        """Stream ``(name, tensor)`` pairs (Hugging Face checkpoint names) into vLLM's own
-        ``model.load_weights``, in this process, one at a time; then drop the prefix cache (its KV entries
-        were computed with the old weights). Returns the number of tensors loaded."""
-        if self._model_executor() is None:
+        """Stream ``(name, tensor)`` pairs (Hugging Face checkpoint names) into the model in this process, one
+        at a time, through vLLM's in-place reload (the worker's ``reload_weights``: each layer's loading-time
+        parameters are restored, loaded by the model's own ``load_weights``, and processed again into the
+        kernel layout, e.g. the CPU build's repacked linear weights); a vLLM without it gets the model's
+        ``load_weights`` through ``LLM.apply_model``. Then the prefix cache is dropped (its KV entries were
+        computed with the old weights). Returns the number of tensors loaded."""
+        executor = self._model_executor()
+        if executor is None:
             raise EngineError(
                 f"{self.name}: vLLM runs its engine core in another process here, so weights cannot be "
                 "loaded in place; build the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, "
@@ -365,10 +389,14 @@ class VLLMEngine:
         if self.asleep:
             self._wake(["weights"])
         try:
-            self.llm.apply_model(lambda model: model.load_weights(weights=counted()))
+            if hasattr(executor.driver_worker, "reload_weights"):
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
+            else:
+                self.llm.apply_model(lambda model: model.load_weights(weights=counted()))
+            self.llm.apply_model(refresh_tied_head)
         except Exception as exc:
             raise EngineError(
-                f"{self.name}: vLLM's load_weights failed at tensor {count}: {type(exc).__name__}: {exc}"
+                f"{self.name}: vLLM's weight loading failed at tensor {count}: {type(exc).__name__}: {exc}"
             ) from exc
         if count == 0:
             raise ValueError("load_weights: no tensors given")

@@ -99,7 +99,7 @@ def weights_for_vllm(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     if not is_peft_model(model):
         for name, param in model.named_parameters():
             with gathered([param]):
-                yield name, param.data
+                yield name, _own(param)
         return
     layers = lora_layers(model)
     for name, param in model.named_parameters():
@@ -108,7 +108,7 @@ def weights_for_vllm(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
         layer = layers.get(name)
         if layer is None:
             with gathered([param]):
-                yield vllm_name(name), param.data
+                yield vllm_name(name), _own(param)
             continue
         adapter_params = [
             p for a in layer.active_adapters if a in layer.lora_A for p in _lora_params(layer, a)
@@ -117,6 +117,12 @@ def weights_for_vllm(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             merged = merged_weight(layer)
             yield vllm_name(name), merged
             del merged
+
+
+def _own(param: Any) -> torch.Tensor:
+    """A parameter's tensor to hand over: itself, or for a ZeRO-3 parameter a copy (the gathered storage
+    is released after the gather, while vLLM's reload may keep a tensor until its layer is complete)."""
+    return param.data.clone() if is_zero3_param(param) else param.data
 
 
 def _lora_params(layer: Any, adapter: str) -> list[Any]:

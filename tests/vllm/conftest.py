@@ -92,7 +92,13 @@ def _launch(model_path: str, log_dir: Path) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the server at once when a collected test needs it (it loads while other tests run)."""
+    """Start the server and the resolver dry runs at once when collected tests need them (they run while
+    other tests do)."""
+    if any(item.path.name == "test_extras_resolve.py" for item in session.items):
+        from tests.vllm.resolve import RESOLVE_RUNS, start
+
+        for name in RESOLVE_RUNS:
+            start(name)
     if any("vllm_server" in getattr(item, "fixturenames", ()) for item in session.items):
         from rapo_echo.models import resolve
 
@@ -102,6 +108,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.vllm.resolve import stop_all
+
+    stop_all()
     proc = _Server.process
     if proc is not None and proc.poll() is None:
         proc.terminate()

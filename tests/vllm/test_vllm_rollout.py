@@ -96,7 +96,9 @@ def test_grpo_trains_on_vllm_samples_and_a_skipped_sync_is_caught(
     from rapo_echo.trainer import Trainer
 
     run = tmp_path / "grpo"
-    cfg = run_config(smol_path, run, "grpo", "rewards=[{name: length, args: {target: 4}}]", "train.lr=1e-4")
+    cfg = run_config(
+        smol_path, run, "grpo", "rewards=[{name: length, args: {target: 4}}]", "train.lr=1e-4", "loss.beta=0"
+    )
     trainer = Trainer(cfg)
     (asked,) = shared_llm
     assert asked["max_model_len"] == 256 + 8  # rollout.max_prompt_tokens + max_new_tokens
@@ -129,9 +131,10 @@ def test_grpo_trains_on_vllm_samples_and_a_skipped_sync_is_caught(
 def test_rapo_with_lora_syncs_merged_weights_without_touching_the_base(
     shared_llm, vllm_engine, smol_path, tmp_path
 ):
-    """Two RAPO steps with LoRA (configs/rapo.yaml's adapter; simulator and judge on the policy): vLLM samples
-    every rollout, gets ``W + s*B@A`` after each step (the adapter's own tensors are not sent) and then scores
-    as the adapted model does, while the frozen base (the reference) stays bit-identical."""
+    """Two RAPO steps with LoRA (the hidden-preference user and the reactions judge: no model besides the
+    policy; a length reward spreads the ranks): vLLM samples every rollout, gets ``W + s*B@A`` after each
+    step (the adapter's own tensors are not sent) and then scores as the adapted model does, while the frozen
+    base (the reference) stays bit-identical. A served simulator and judge: test_vllm_serve.py."""
     from rapo_echo.trainer import Trainer
 
     run = tmp_path / "rapo"
@@ -142,11 +145,11 @@ def test_rapo_with_lora_syncs_merged_weights_without_touching_the_base(
         "model.lora.enabled=true",
         "model.lora.r=8",
         "model.lora.alpha=16",
-        "train.lr=2e-3",
-        "rapo.simulator.max_new_tokens=16",
-        "rapo.simulator.thought_tokens=8",
-        "rapo.judge.critique_tokens=16",
+        "train.lr=1e-2",
+        "rapo.simulator.name=hidden_preference",
+        "rapo.judge.kind=reactions",
         "rapo.sd.enabled=false",
+        "rewards=[{name: length, args: {target: 4}}]",
     )
     trainer = Trainer(cfg)
     lm = trainer.policy.lm
