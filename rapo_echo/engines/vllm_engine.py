@@ -257,12 +257,15 @@ class VLLMEngine:
             text += prefix
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _run(self, prompt_ids: Sequence[Sequence[int]], sampling: Any) -> list[Any]:
+    def _check_awake(self) -> None:
         if self.asleep:
             raise EngineError(
                 f"{self.name}: asked to generate while asleep (its weights were released after the rollout); "
                 "load the policy's weights first (sync_from)"
             )
+
+    def _run(self, prompt_ids: Sequence[Sequence[int]], sampling: Any) -> list[Any]:
+        self._check_awake()
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
         outputs = list(self.llm.generate(prompts, sampling, use_tqdm=False))
         if len(outputs) != len(prompts):
@@ -280,6 +283,7 @@ class VLLMEngine:
         """Like :meth:`generate` but from already tokenised prompts."""
         if not prompt_ids:
             return []
+        self._check_awake()
         if (params.top_k > 0 or params.top_p < 1.0) and params.temperature > 0 and not self._warned_truncated:
             log.warning(
                 "%s: top_k/top_p are on, so vLLM's sampled-token log-probs are those of the truncated "

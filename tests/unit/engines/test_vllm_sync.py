@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -135,3 +136,49 @@ def test_zero3_parameters_are_gathered_one_at_a_time(monkeypatch):
     assert log == [
         "gather w", "load weight (2, 3)", "release w", "gather b", "load bias (2,)", "release b",
     ]  # fmt: skip
+
+
+class SleepModeStandIn:
+    """Stands in for ``vllm.LLM`` where sleep mode exists (CUDA, ROCm, XPU; not the CPU build this suite
+    has): records the calls the engine makes around a weight load."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        executor = SimpleNamespace(driver_worker=SimpleNamespace(reload_weights=None))
+        self.llm_engine = SimpleNamespace(model_executor=executor)
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.calls.append(f"wake {','.join(tags)}")
+
+    def collective_rpc(self, method: str, kwargs: dict) -> None:
+        names = [n for n, _ in kwargs["weights_iterator"]]
+        self.calls.append(f"{method} {len(names)}")
+
+    def apply_model(self, fn) -> None:
+        self.calls.append("apply_model")
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append("reset_prefix_cache")
+
+
+def test_sleep_mode_releases_after_the_rollout_and_wakes_around_the_load():
+    """Where sleep mode exists: the copy sleeps (level 2) after a rollout, refuses to generate while
+    asleep, and wakes its weights, then its KV cache, around the next load (sleep-mode platforms only:
+    the calls are checked on a stand-in)."""
+    from rapo_echo.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.name, engine.llm = "policy:vllm", SleepModeStandIn()
+    engine.sleep_enabled, engine.asleep = True, False
+    engine.sleep()
+    engine.sleep()  # once
+    with pytest.raises(EngineError, match="asleep"):
+        engine.generate_ids([[1, 2]], SamplingParams())
+    assert engine.load_weights([("a", torch.zeros(1)), ("b", torch.ones(1))]) == 2
+    assert engine.llm.calls == [
+        "sleep 2", "wake weights", "reload_weights 2", "apply_model", "wake kv_cache", "reset_prefix_cache",
+    ]  # fmt: skip
+    assert not engine.asleep
