@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from benchmarks.perf.bench_grpo import set_workload_dir, workload  # noqa: E402
+from benchmarks.perf.bench_grpo import set_workload_dir, workload
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
@@ -70,13 +70,13 @@ def main() -> None:
     llm_args = {"enforce_eager": True} if args.device == "cpu" else {}
     vl = VLLMEngine(args.model, dtype=args.dtype, max_model_len=1024, **llm_args)
     load_s = time.perf_counter() - t0
-    common = {"device": args.device, "dtype": args.dtype, "host": platform.node(), "threads": torch.get_num_threads()}
-    common["vllm"] = vllm.__version__
+    common = {"device": args.device, "dtype": args.dtype, "host": platform.node()}
+    common.update(threads=torch.get_num_threads(), vllm=vllm.__version__)
     for name, engine in (("hf", hf), ("vllm", vl)):
         seconds, gens = timed(lambda e=engine: e.generate_ids(prompts, params), args.repeats)
         tokens = sum(len(g.token_ids) for group in gens for g in group)
-        lines.append({"measure": f"generate:{name}", "seconds": seconds, "tokens": tokens,
-                      "tokens_per_s": tokens / seconds, "rows": len(prompts) * params.n, **common})  # fmt: skip
+        rate = {"tokens": tokens, "tokens_per_s": tokens / seconds, "rows": len(prompts) * params.n}
+        lines.append({"measure": f"generate:{name}", "seconds": seconds, **rate, **common})
     sync_s, sent = timed(lambda: vl.sync_from(hf.model), args.repeats)
     lines.append({"measure": "sync", "seconds": sync_s, "tensors": sent, **common})
     lines.append({"measure": "load", "seconds": load_s, **common})

