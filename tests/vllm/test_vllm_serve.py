@@ -76,14 +76,12 @@ SMALL = [
 
 
 def served_role(role: str, url: str) -> list[str]:
+    """A role on the served model; a long request deadline, since a loaded 2-core machine answers a batch
+    of judge prompts slowly (on 2026-11-27, at load 25, requests passed the default 120 s)."""
     return [
-        "--set",
-        f"{role}.engine=openai",
-        "--set",
-        f"{role}.base_url={url}",
-        "--set",
-        f"{role}.model=judge",
-    ]
+        "--set", f"{role}.engine=openai", "--set", f"{role}.base_url={url}", "--set", f"{role}.model=judge",
+        "--set", f"{role}.timeout_s=900",
+    ]  # fmt: skip
 
 
 def test_grpo_with_a_served_empathy_judge_has_no_invalid_answer(vllm_server, tmp_path) -> None:
