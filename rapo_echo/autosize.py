@@ -10,7 +10,9 @@ per token at 16 bits (Korthikanti et al. 2022, "Reducing Activation Recomputatio
 Transformer Models", without the attention-score term that SDPA does not store) over the prompt's
 share (prompts run once per group) plus the reply; a rollout row holds its KV cache for the longest
 prompt plus the reply and a few vocabulary-wide float rows for sampling. Both sizes are rounded down
-to a power of two and clamped. The resolved values and the figures behind them are written to the
+to a power of two and clamped. With ``rollout.engine: vllm`` the vLLM copy's share of the device
+(``rollout.vllm_gpu_memory_utilization`` of its total memory, taken when vLLM starts after sizing) is
+subtracted from the free memory first. The resolved values and the figures behind them are written to the
 run directory (``config.yaml`` holds the values, ``resolved.json`` the basis).
 """
 
@@ -96,6 +98,13 @@ def gpu_batch_sizes(
     return micro, rollout, basis
 
 
+def vllm_reserved_bytes(rollout: Any, total_bytes: int) -> int:
+    """Bytes of the device the rollout's vLLM copy will take (0 with the ``hf`` sampler)."""
+    if getattr(rollout, "engine", "hf") != "vllm":
+        return 0
+    return int(rollout.vllm_gpu_memory_utilization * total_bytes)
+
+
 def resolve_batch_sizes(cfg: Any, lm: Any, device: torch.device) -> BatchSizes:
     """Resolve the ``auto`` entries of ``cfg.train.micro_batch_size`` and
     ``cfg.rollout.max_batch_size`` for ``lm`` on ``device`` (set values are kept)."""
@@ -103,8 +112,10 @@ def resolve_batch_sizes(cfg: Any, lm: Any, device: torch.device) -> BatchSizes:
     basis: dict[str, Any] = {}
     if device.type == "cuda" and "auto" in (micro, rollout):
         params = list(lm.parameters())
+        free, total = free_device_memory(device)
+        vllm_share = vllm_reserved_bytes(cfg.rollout, total)
         gpu_micro, gpu_rollout, basis = gpu_batch_sizes(
-            free_bytes=free_device_memory(device)[0],
+            free_bytes=max(0, free - vllm_share),
             model_config=lm.config,
             trainable_params=sum(p.numel() for p in params if p.requires_grad),
             param_bytes=params[0].element_size(),
@@ -114,6 +125,7 @@ def resolve_batch_sizes(cfg: Any, lm: Any, device: torch.device) -> BatchSizes:
             shared_prompt_forward=cfg.train.shared_prompt_forward,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
         )
+        basis["vllm_reserved_bytes"] = vllm_share
         micro = gpu_micro if micro == "auto" else micro
         rollout = gpu_rollout if rollout == "auto" else rollout
     else:

@@ -174,13 +174,13 @@ class Trainer:
         if cfg.rollout.engine == "vllm":
             from rapo_echo.engines.vllm_engine import VLLMEngine
 
-            self.policy.rollout_engine = VLLMEngine(
+            acc = self.accelerator  # in-process, on this rank's device (vllm_sync.rollout_llm_kwargs)
+            self.policy.rollout_engine = VLLMEngine.for_rollout(
+                cfg,
                 self.policy.resolved.path,
-                dtype=cfg.model.dtype,
-                trust_remote_code=cfg.model.trust_remote_code,
-                name="policy:vllm",
-                gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-                seed=cfg.train.seed + self.accelerator.process_index,
+                rank=acc.process_index,
+                local_rank=acc.local_process_index,
+                world_size=acc.num_processes,
             )
         simulator = self._role("simulator")
         judge = self._role("judge")
@@ -544,6 +544,8 @@ class Trainer:
                 self.persona.annotate(scenarios)
                 persona_metrics = self.persona.step_metrics()  # persona/inferred, persona/invalid
             rollout = self.algorithm.rollout(scenarios, self.step)
+        if self.policy.rollout_engine is not None:
+            self.policy.rollout_engine.sleep()  # vLLM's memory is free for training (where it can sleep)
         timings = dict(rollout.timings)
         items = rollout.items
         t0 = time.perf_counter()

@@ -57,7 +57,11 @@ class EngineConfig(Strict):
     )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Role-level nucleus sampling bound.")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Role-level reply length bound.")
-    dtype: Dtype = Field("float32", description="`hf`/`vllm`: the weights' dtype.")
+    dtype: Dtype = Field(
+        "float32",
+        description="`hf`/`vllm`: the weights' dtype (`vllm` left unset: `auto`, vLLM's choice from the "
+        "model, 16-bit on a GPU).",
+    )
     autocast: Autocast = Field(
         "auto",
         description="`policy`/`hf`: forwards in lower precision (`auto`: bfloat16 where the hardware has it; "
@@ -66,12 +70,23 @@ class EngineConfig(Strict):
     device: str = Field("auto", description="`hf`: `auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
     trust_remote_code: bool = Field(False, description="`hf`/`vllm`: allow the model's own code.")
     max_batch_size: int = Field(64, ge=1, description="`policy`/`hf`: sequences decoded at once.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0.0, lt=1.0, description="`vllm`: share of GPU memory the role's vLLM may take."
+    )
+    vllm_max_model_len: int | None = Field(
+        None, ge=16, description="`vllm`: longest prompt + reply in tokens (unset: the model's context)."
+    )
+    vllm_tensor_parallel_size: int = Field(
+        1, ge=1, description="`vllm`: GPUs the role's model is split over."
+    )
     script: dict[str, Any] = Field(default_factory=dict, description="`scripted`: the canned replies.")
 
     @model_validator(mode="after")
     def _needs(self) -> EngineConfig:
         if self.engine == "openai" and not self.base_url:
             raise ValueError("engine 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        if self.engine == "vllm" and self.temperature > 2.0:
+            raise ValueError(f"temperature {self.temperature:g}: engine 'vllm' accepts at most 2")
         problem = script_problem(self.script)
         if problem:
             raise ValueError(f"script: {problem}")

@@ -54,7 +54,13 @@ def make_engine(
         from rapo_echo.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(
-            cfg.model, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code, name=f"{role}:vllm"
+            cfg.model,
+            dtype=cfg.dtype if "dtype" in cfg.model_fields_set else "auto",
+            trust_remote_code=cfg.trust_remote_code,
+            name=f"{role}:vllm",
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            max_model_len=cfg.vllm_max_model_len,
+            tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         )
     raise ConfigError(f"{role}.engine: got {cfg.engine!r}; allowed: policy, hf, openai, scripted, vllm")
 

@@ -108,3 +108,19 @@ def test_bad_sizes_are_refused_with_the_key(value) -> None:
 
     with pytest.raises(ConfigError, match=r"train.micro_batch_size: got .*whole number >= 1 or 'auto'"):
         load_config(overrides=[f"train.micro_batch_size={value}"])
+
+
+def test_the_vllm_copy_share_is_set_aside(monkeypatch) -> None:
+    """``rollout.engine: vllm``: vLLM starts after sizing and takes ``vllm_gpu_memory_utilization`` of the
+    device, so the sizes come from what is left: 0.3 x 1 GB out of 0.6 GB free leaves 0.3 GB."""
+    lm = torch.nn.Linear(2, 2)
+    lm.config = SimpleNamespace(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=100
+    )
+    monkeypatch.setattr(autosize, "free_device_memory", lambda device: (6 * 10**8, 10**9))
+    hf = autosize.resolve_batch_sizes(load_config(), lm, torch.device("cuda"))
+    cfg = load_config(overrides=["rollout.engine=vllm"])
+    vllm = autosize.resolve_batch_sizes(cfg, lm, torch.device("cuda"))
+    assert hf.basis["vllm_reserved_bytes"] == 0 and hf.basis["free_bytes"] == 6 * 10**8
+    assert vllm.basis["vllm_reserved_bytes"] == 3 * 10**8 and vllm.basis["free_bytes"] == 3 * 10**8
+    assert (hf.micro_batch_size, vllm.micro_batch_size) == (64, 32)  # 0.45 x free / 5.6 MB a sequence
