@@ -26,7 +26,7 @@ from rapo_echo.logprobs import (
     chunked_topk_logprobs,
     logit_transform,
 )
-from rapo_echo.models import load_model, resolve
+from rapo_echo.models import load_model, pick_device, resolve, resolve_dtype
 from rapo_echo.prompting import fit_prompt, policy_conversation
 from rapo_echo.types import Conversation, Scenario
 
@@ -324,6 +324,8 @@ class Policy:
         self.rollout_cfg = rollout_cfg
         self.truncations = 0  # prompts cut to fit rollout.max_prompt_tokens (see take_truncations)
         self.resolved = resolve(model_cfg.name)
+        # ``auto`` becomes the dtype used (bfloat16 on a CUDA GPU with it), so config.yaml records it
+        model_cfg.dtype = resolve_dtype(model_cfg.dtype, pick_device(device or model_cfg.device))
         lm, tokenizer = load_model(
             self.resolved,
             dtype=model_cfg.dtype,
