@@ -403,6 +403,21 @@ class Policy:
     def pad_id(self) -> int:
         return self.engine.pad_id
 
+    def rollout_decode_shape(
+        self, scenarios: Sequence[Scenario], *, dialogue_prompts: bool
+    ) -> tuple[int, int]:
+        """(rows, length) of one rollout chunk's decode, the shape the trainer pins: rows = the
+        prompts of a chunk (``rollout.batch_size``, at most ``max_batch_size // group_size``) times
+        ``group_size``; length = the longest prompt (of ``scenarios``, or ``rollout.max_prompt_tokens``
+        when ``dialogue_prompts`` grow during the rollout) plus ``max_new_tokens``."""
+        r = self.rollout_cfg
+        rows = min(r.batch_size, max(1, self.engine.max_batch_size // r.group_size)) * r.group_size
+        if dialogue_prompts or not scenarios:
+            longest = r.max_prompt_tokens
+        else:
+            longest = max(len(self.prompt_ids(s)) for s in scenarios)
+        return rows, longest + r.max_new_tokens
+
     @property
     def is_lora(self) -> bool:
         return self.cfg.lora.enabled

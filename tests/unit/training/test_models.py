@@ -183,9 +183,26 @@ def test_auto_dtype_loads_float32_on_cpu_and_is_recorded(tiny_folder: Path) -> N
     import torch
 
     from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.data import load_scenarios
     from rapo_echo.policy import Policy
 
-    cfg = load_config(overrides=[f"model.name={tiny_folder}", "model.device=cpu"])
+    cfg = load_config(
+        overrides=[
+            f"model.name={tiny_folder}",
+            "model.device=cpu",
+            "rollout.batch_size=5",
+            "rollout.group_size=4",
+            "rollout.max_batch_size=12",
+            "rollout.max_new_tokens=50",
+            "rollout.max_prompt_tokens=300",
+        ]
+    )
     assert cfg.model.dtype == "auto"
     policy = Policy(cfg.model, cfg.rollout, need_reference=False)
     assert cfg.model.dtype == "float32" and policy.dtype == torch.float32
+    # C2's one decode shape: rows = min(5 prompts, 12 // 4 = 3) x 4 = 12; length = the longest prompt
+    # of the scenarios + 50, or max_prompt_tokens + 50 when prompts grow (dialogues)
+    scenarios = load_scenarios(None)[:6]
+    longest = max(len(policy.prompt_ids(s)) for s in scenarios)
+    assert policy.rollout_decode_shape(scenarios, dialogue_prompts=False) == (12, longest + 50)
+    assert policy.rollout_decode_shape(scenarios, dialogue_prompts=True) == (12, 350)
