@@ -67,7 +67,8 @@ def build_config(args: argparse.Namespace):
         if args.output and Path(args.output) != run_dir:
             raise ConfigError("--resume continues in RUN_DIR; --output must be omitted or equal to it")
         path, flags["output"] = str(saved), str(run_dir)
-    cfg = load_config(path, algo=args.algo, overrides=args.set, flags=flags)
+    dry = getattr(args, "dry_run", False)
+    cfg = load_config(path, algo=args.algo, overrides=args.set, flags=flags, check_devices=not dry)
     if not cfg.output:
         cfg.output = str(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     return cfg
