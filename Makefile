@@ -63,6 +63,13 @@ $(TRL_VENV)/.installed:
 bench-compare: install $(TRL_VENV)/.installed
 	$(BIN)/python benchmarks/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
 
+# One GPU check in one call (benchmarks/gpu_check.sh; about 5 minutes on an H200): make gpu-check
+# GPU_CHECK_OUT=DIR [GPU_CHECK_ARGS="--zero3 --vllm"]; GPU_CHECK_ARGS=--smoke runs it on a CPU.
+GPU_CHECK_OUT ?= runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmarks/gpu_check.sh $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
 # The dependency floors (docs/guarantees.md, "Dependency floors"): a venv with the lowest version
 # pyproject.toml allows of every dependency (tests/helpers/floors.py), running the engine and trainer
 # unit tests. torch is the local CPU build 2.13.0: no CPU wheel of its floor is reachable here.
