@@ -70,7 +70,7 @@ GPU_CHECK_ARGS ?=
 gpu-check:
 	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmarks/gpu_check.sh $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
-# The dependency floors (docs/guarantees.md, "Dependency floors"): a venv with the lowest version
+# The dependency floors (docs/guarantees.md): a venv with the lowest version
 # pyproject.toml allows of every dependency (tests/helpers/floors.py), running the engine and trainer
 # unit tests. torch is the local CPU build 2.13.0: no CPU wheel of its floor is reachable here.
 FLOORS_VENV ?= .venv-floors
