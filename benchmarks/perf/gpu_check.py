@@ -128,7 +128,7 @@ def profile_decode(args: argparse.Namespace) -> dict[str, Any]:
         compile_backend=args.compile_backend,
     )
     prompts = [engine.encode(p) for p in w.prompts()]
-    rows, steps = len(prompts) * w.GROUP_SIZE, w.MAX_COMPLETION_TOKENS
+    rows, steps = len(prompts) * w.GROUP_SIZE, args.new_tokens or w.MAX_COMPLETION_TOKENS
     longest = max(len(p) for p in prompts)
     torch._dynamo.reset()
     t0 = time.perf_counter()
@@ -267,6 +267,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
     ap.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
+    ap.add_argument("--new-tokens", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -333,6 +334,8 @@ def main() -> int:
     profile += ["--dtype", dtype, "--compile-backend", backend] + (
         ["--workload", workload] if workload else []
     )
+    if args.smoke:
+        profile += ["--new-tokens", "8"]
     plan.append(("profile", profile))
     if (args.zero3 or args.all) and not args.smoke:
         zero3 = [
