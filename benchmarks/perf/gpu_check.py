@@ -325,7 +325,8 @@ def main() -> int:
         "--model",
         str(model),
     ]
-    decode += ["--loops", "compiled", "--repeats", "1", "--compile-backend", backend]
+    loops = "dynamic" if args.smoke else "compiled"  # smoke: the profile part compiles; keep this one short
+    decode += ["--loops", loops, "--repeats", "1", "--compile-backend", backend]
     decode += ["--out", str(out / "decode.jsonl")] + (["--workload", workload] if workload else [])
     if args.smoke:
         decode += ["--no-generate"]

@@ -46,7 +46,7 @@ def test_smoke_mode_prints_one_table_and_json_lines(tmp_path: Path) -> None:
     # the pinned shape compiled once; rollouts of two prompt widths added no graph
     assert profile["unique_graphs_after_rollouts"] == profile["unique_graphs_after_pin"] >= 1
     assert profile["top_kernels"] and (out / "profile_kernels.txt").read_text().strip()
-    assert any(r.get("method") == "rapo_echo_compiled" for r in rows if r["part"] == "decode")
+    assert any(r.get("method") == "rapo_echo_dynamic" for r in rows if r["part"] == "decode")
 
 
 def test_a_failing_part_costs_its_row(tmp_path: Path) -> None:
