@@ -198,7 +198,11 @@ def run_part(name: str, cmd: list[str], out: Path, timeout: int, env: dict[str, 
         "seconds": round(time.perf_counter() - t0, 1),
         "lines": lines,
         "log": str(log),
-        "error": "" if code == 0 else (stderr.strip().splitlines() or ["no output"])[-1][:200],
+        "error": ""
+        if code == 0
+        else f"no result within {timeout} s"
+        if code == 124
+        else (stderr.strip().splitlines() or ["no output"])[-1][:200],
     }
 
 
