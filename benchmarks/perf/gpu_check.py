@@ -244,7 +244,7 @@ def summary_of(row: dict[str, Any]) -> str:
         )
     if row["part"] == "models":
         return ", ".join(
-            f"{Path(x['model']).name} {x.get('params', 0) / 1e9:.2f}B" for x in lines if "model" in x
+            f"{Path(x['model']).name} {x.get('params', 0) / 1e6:,.0f}M" for x in lines if "model" in x
         )
     return "done" if row["status"] == "ok" else row["error"]
 
