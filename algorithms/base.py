@@ -131,6 +131,9 @@ class Algorithm:
     validation_key: str | None = None
     # whether :meth:`validate` can play held-out contexts on as dialogues (``validation.turns`` > 1)
     validation_dialogues: bool = False
+    # whether the policy's prompts grow during a rollout (multi-turn dialogues): its decode shape is then
+    # sized for ``rollout.max_prompt_tokens`` rather than the longest scenario prompt
+    dialogue_prompts: bool = False
 
     def greedy_replies(self, scenarios: list[Scenario], max_new_tokens: int) -> list[Sample]:
         """One greedy reply per scenario, as the policy is used after training."""

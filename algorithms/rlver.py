@@ -115,6 +115,7 @@ class RLVER(Algorithm):
     """Multi-turn RL against a simulated user whose final emotion is the reward."""
 
     name = "rlver"
+    dialogue_prompts = True
     progress_keys = ("emotion/final", "reward/mean", "loss/total")
 
     @staticmethod

@@ -26,7 +26,7 @@ from rapo_echo.logprobs import (
     chunked_topk_logprobs,
     logit_transform,
 )
-from rapo_echo.models import load_model, resolve
+from rapo_echo.models import load_model, pick_device, resolve, resolve_dtype
 from rapo_echo.prompting import fit_prompt, policy_conversation
 from rapo_echo.types import Conversation, Scenario
 
@@ -324,6 +324,8 @@ class Policy:
         self.rollout_cfg = rollout_cfg
         self.truncations = 0  # prompts cut to fit rollout.max_prompt_tokens (see take_truncations)
         self.resolved = resolve(model_cfg.name)
+        # ``auto`` becomes the dtype used (bfloat16 on a CUDA GPU with it), so config.yaml records it
+        model_cfg.dtype = resolve_dtype(model_cfg.dtype, pick_device(device or model_cfg.device))
         lm, tokenizer = load_model(
             self.resolved,
             dtype=model_cfg.dtype,
@@ -400,6 +402,21 @@ class Policy:
     @property
     def pad_id(self) -> int:
         return self.engine.pad_id
+
+    def rollout_decode_shape(
+        self, scenarios: Sequence[Scenario], *, dialogue_prompts: bool
+    ) -> tuple[int, int]:
+        """(rows, length) of one rollout chunk's decode, the shape the trainer pins: rows = the
+        prompts of a chunk (``rollout.batch_size``, at most ``max_batch_size // group_size``) times
+        ``group_size``; length = the longest prompt (of ``scenarios``, or ``rollout.max_prompt_tokens``
+        when ``dialogue_prompts`` grow during the rollout) plus ``max_new_tokens``."""
+        r = self.rollout_cfg
+        rows = min(r.batch_size, max(1, self.engine.max_batch_size // r.group_size)) * r.group_size
+        if dialogue_prompts or not scenarios:
+            longest = r.max_prompt_tokens
+        else:
+            longest = max(len(self.prompt_ids(s)) for s in scenarios)
+        return rows, longest + r.max_new_tokens
 
     @property
     def is_lora(self) -> bool:

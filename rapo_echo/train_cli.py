@@ -32,6 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, help="number of training steps")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
+    plan = p.add_argument_group("plan (--dry-run: load no weights, print the per-GPU plan, train nothing)")
+    plan.add_argument("--dry-run", action="store_true", help="print the plan of the run and exit")
+    plan.add_argument("--gpus", type=int, metavar="N", help="processes / GPUs to plan for (default 1)")
+    plan.add_argument("--gpu-memory", type=float, metavar="GB", help="memory of each GPU (default 80)")
+    plan.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage to plan for")
+    plan.add_argument(
+        "--accelerate-config", metavar="YAML", help="read the ZeRO stage (and process count) from this file"
+    )
+    plan.add_argument("--no-bf16", action="store_true", help="plan for GPUs without bfloat16 (pre-Ampere)")
+    plan.add_argument("--plan-json", metavar="FILE", help="also write the plan as JSON")
     p.set_defaults(func=run)
 
 
@@ -57,7 +67,8 @@ def build_config(args: argparse.Namespace):
         if args.output and Path(args.output) != run_dir:
             raise ConfigError("--resume continues in RUN_DIR; --output must be omitted or equal to it")
         path, flags["output"] = str(saved), str(run_dir)
-    cfg = load_config(path, algo=args.algo, overrides=args.set, flags=flags)
+    dry = getattr(args, "dry_run", False)
+    cfg = load_config(path, algo=args.algo, overrides=args.set, flags=flags, check_devices=not dry)
     if not cfg.output:
         cfg.output = str(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     return cfg
@@ -68,8 +79,51 @@ def build_config(args: argparse.Namespace):
 STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
 
 
+def hardware(args: argparse.Namespace, cfg) -> object:
+    """The :class:`~rapo_echo.plan.Hardware` the flags and the config name."""
+    from rapo_echo.plan import Hardware, zero_stage_of
+
+    zero, processes, source = args.zero or 0, None, ""
+    if args.accelerate_config:
+        zero, processes = zero_stage_of(args.accelerate_config)
+        source = args.accelerate_config
+        zero = args.zero if args.zero is not None else zero
+    elif args.zero is not None:
+        source = "--zero"
+    gpus = args.gpus or processes or 1
+    if gpus < 1 or (args.gpu_memory is not None and args.gpu_memory <= 0):
+        raise ConfigError("--gpus and --gpu-memory must be positive")
+    named = args.gpus or args.gpu_memory or args.zero is not None or args.accelerate_config
+    device = cfg.model.device
+    if named or device.startswith("cuda"):
+        device = "cuda"
+    elif device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        device = "cpu"
+    memory = 80e9 if args.gpu_memory is None else args.gpu_memory * 1e9
+    return Hardware(device, gpus, int(memory), bf16=not args.no_bf16, zero_stage=zero, source=source)
+
+
+def dry_run(args: argparse.Namespace, cfg) -> int:
+    """Print the plan (``rapo_echo.plan``); nothing is loaded but config.json and the tokenizer."""
+    import json
+
+    from rapo_echo.plan import format_plan, make_plan
+
+    plan = make_plan(cfg, hardware(args, cfg))
+    print(format_plan(plan))
+    if args.plan_json:
+        Path(args.plan_json).write_text(json.dumps(plan, indent=2) + "\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
+    if args.dry_run:
+        return dry_run(args, cfg)
     from rapo_echo.trainer import run_training
 
     check = None

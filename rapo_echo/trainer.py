@@ -278,18 +278,24 @@ class Trainer:
         self.resolved["train.lr"] = lr_record(asked, t.lr, params, lora)
 
     def _warm_up_decode(self) -> None:
-        """Allocate (and compile) the static decode buffers before the first step, sized for a
-        rollout of the first scenarios, so the first generation is not slower than the rest."""
+        """Pin the static decode's shape (one rollout chunk: its rows, the longest prompt plus the
+        reply) and allocate (and compile) it before the first step, so a run compiles once and the
+        first generation is not slower than the rest."""
         engine = self.policy.engine
         if engine.decode_mode == "dynamic" or self.policy.rollout_engine is not None:
             return
-        r = self.cfg.rollout
-        first = self.scenarios[: r.batch_size]
-        width = max(len(self.policy.prompt_ids(s)) for s in first)
-        rows = min(len(first), max(1, engine.max_batch_size // r.group_size)) * r.group_size
+        rows, length = self.policy.rollout_decode_shape(
+            self.scenarios, dialogue_prompts=self.algo_cls.dialogue_prompts
+        )
         t0 = time.perf_counter()
-        engine.warmup(width, rows, r.max_new_tokens)
-        log.info("decode warm-up (%s, %d rows): %.1f s", engine.decode_mode, rows, time.perf_counter() - t0)
+        engine.pin_decode_shape(rows, length)
+        log.info(
+            "decode warm-up (%s, %d rows x %d positions): %.1f s",
+            engine.decode_mode,
+            rows,
+            length,
+            time.perf_counter() - t0,
+        )
 
     def _role(self, role: str) -> Any:
         cfg = getattr(self.cfg, role)

@@ -58,9 +58,9 @@ class EngineConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Role-level nucleus sampling bound.")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Role-level reply length bound.")
     dtype: Dtype = Field(
-        "float32",
-        description="`hf`/`vllm`: the weights' dtype (`vllm` left unset: `auto`, vLLM's choice from the "
-        "model, 16-bit on a GPU).",
+        "auto",
+        description="`hf`/`vllm`: the weights' dtype (`hf` `auto`: bfloat16 on a CUDA GPU that has it, else "
+        "float32; `vllm` `auto`: vLLM's own choice).",
     )
     autocast: Autocast = Field(
         "auto",

@@ -55,7 +55,7 @@ def make_engine(
 
         return VLLMEngine(
             cfg.model,
-            dtype=cfg.dtype if "dtype" in cfg.model_fields_set else "auto",
+            dtype=cfg.dtype,
             trust_remote_code=cfg.trust_remote_code,
             name=f"{role}:vllm",
             gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,

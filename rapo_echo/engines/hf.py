@@ -229,6 +229,17 @@ class HFEngine:
         own = torch.Generator(device=self.device).manual_seed(0)  # leaves the global RNG untouched
         self._decode_static([prompt], params, own, length=max(1, prompt_tokens) + max_new_tokens)
 
+    def pin_decode_shape(self, rows: int, length: int) -> bool:
+        """Fix the static decode's shape at ``rows`` x ``length`` (see
+        :meth:`~rapo_echo.engines.static_decode.StaticDecoder.pin`) and allocate (and compile) it now;
+        False, doing nothing, for the dynamic loop."""
+        if self.decode_mode == "dynamic" or rows < 1:
+            return False
+        assert self._static is not None
+        self._static.pin(rows, length)
+        self.warmup(1, rows, max(1, length - 1))
+        return True
+
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Conversation) -> list[int]:
         """Token ids of a prompt through the tokenizer's chat template (ready for the reply)."""
