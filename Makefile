@@ -51,7 +51,7 @@ quickstart: install
 	@echo "report:        $(QUICKSTART_RUN)/report/report.html"
 
 bench: install
-	$(BIN)/python benchmarks/perf/bench_grpo.py
+	$(BIN)/python algorithms/perf/bench_grpo.py
 
 # TRL's GRPOTrainer (the peer) lives in its own venv so that TRL never becomes our dependency.
 TRL_VENV ?= .venv-trl
@@ -61,7 +61,7 @@ $(TRL_VENV)/.installed:
 	touch $@
 
 bench-compare: install $(TRL_VENV)/.installed
-	$(BIN)/python benchmarks/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
+	$(BIN)/python algorithms/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

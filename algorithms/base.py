@@ -126,7 +126,7 @@ class Algorithm:
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
         raise NotImplementedError
 
-    # The score held-out validation ranks checkpoints by (higher is better; see rapo_echo/validation);
+    # The score held-out validation ranks checkpoints by (higher is better; see algorithms/validation);
     # None: this algorithm has no single-reply score to validate with.
     validation_key: str | None = None
     # whether :meth:`validate` can play held-out contexts on as dialogues (``validation.turns`` > 1)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from rapo_echo.algorithms.learner import Trainer, TrainingError
 from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.algorithms.train_cli import build_config
 from rapo_echo.checkpoint import latest_checkpoint
 from rapo_echo.errors import ConfigError
-from rapo_echo.train_cli import build_config
-from rapo_echo.trainer import Trainer, TrainingError
 from tests.helpers.plugin_rewards import NeedsKey
 
 BASE = [

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.trainer import Trainer
+from rapo_echo.algorithms.learner import Trainer
 from rapo_echo.types import Sample, Scenario
 
 FIELDS = ("group", "prompt_ids", "completion_ids", "logprobs", "text", "finish_reason")

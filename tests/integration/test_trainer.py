@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
+from rapo_echo.algorithms.learner import Trainer, TrainingError, lr_lambda
 from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.trainer import Trainer, TrainingError, lr_lambda
 
 BASE = [
     "rollout.batch_size=2",

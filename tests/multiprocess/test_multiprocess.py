@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
+from rapo_echo.algorithms.learner import Trainer
 from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.trainer import Trainer
 from tests.helpers.launch import ROOT, accelerate, run_processes, torchrun
 from tests.helpers.multiproc_probe import record_file, replaying, weights_file
 

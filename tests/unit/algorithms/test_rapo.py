@@ -261,7 +261,7 @@ def test_rapo_step_on_the_embedded_model(tmp_path) -> None:
     simulator and judge see the base with the adapter off)."""
     import json
 
-    from rapo_echo.trainer import Trainer
+    from rapo_echo.algorithms.learner import Trainer
 
     run = tmp_path / "run"
     cfg = load_config(

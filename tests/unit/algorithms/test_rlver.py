@@ -380,7 +380,7 @@ def rlver_cfg(model: Path, out: Path, *extra: str):
 def test_ppo_trains_and_its_value_head_is_checkpointed_and_restored(tmp_path, tiny_folder):
     from safetensors.torch import load_file
 
-    from rapo_echo.trainer import Trainer
+    from rapo_echo.algorithms.learner import Trainer
 
     run = tmp_path / "run"
     t = Trainer(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=1"))

@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rapo_echo.algorithms.config_cli import reference
 from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.cli import main
 from rapo_echo.config.reference import config_sections
-from rapo_echo.config_cli import reference
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "config.md"

@@ -460,8 +460,8 @@ def test_trainer_samples_with_vllm_and_syncs_weights_every_step(vllm_module, tin
     (vLLM's numerics differ from the training forward), and pushes the weights after every step."""
     import json
 
+    from rapo_echo.algorithms.learner import Trainer
     from rapo_echo.algorithms.run_config import load_config
-    from rapo_echo.trainer import Trainer
 
     run = tmp_path / "run"
     cfg = load_config(
@@ -496,8 +496,8 @@ def test_vllm_sampler_gap_is_logged(vllm_module, tiny_folder, tmp_path, monkeypa
     import json
 
     from rapo_echo.algorithms.grpo import GRPO
+    from rapo_echo.algorithms.learner import Trainer
     from rapo_echo.algorithms.run_config import load_config
-    from rapo_echo.trainer import Trainer
 
     seen = []
     rollout = GRPO.rollout

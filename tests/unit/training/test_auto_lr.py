@@ -74,7 +74,7 @@ def test_config_default_is_auto_and_bad_values_name_the_key() -> None:
 
 @pytest.mark.parametrize(("lora", "asked"), [(False, "auto"), (True, "auto"), (False, 3e-4)])
 def test_trainer_uses_and_writes_the_resolved_rate(tmp_path: Path, tiny_folder: Path, lora, asked) -> None:
-    from rapo_echo.trainer import Trainer
+    from rapo_echo.algorithms.learner import Trainer
 
     run = tmp_path / "run"
     cfg = load_config(

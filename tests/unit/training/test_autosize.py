@@ -80,7 +80,7 @@ def test_trainer_writes_the_resolved_sizes(tmp_path: Path, tiny_folder: Path, mo
     """The GPU branch through the trainer (free memory faked, device reported as CUDA): the values
     land in config.yaml and resolved.json, and the policy's engine uses them."""
     from rapo_echo import trainer as trainer_module
-    from rapo_echo.trainer import Trainer
+    from rapo_echo.algorithms.learner import Trainer
 
     asked = []
     monkeypatch.setattr(autosize, "free_device_memory", lambda device: asked.append(device) or (2 * 10**9, 0))

@@ -70,7 +70,7 @@ STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    from rapo_echo.trainer import run_training
+    from rapo_echo.algorithms.learner import run_training
 
     check = None
     if cfg.fidelity is not None:  # once per run, cached by simulator / judge spec (docs/fidelity.md)

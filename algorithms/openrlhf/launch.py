@@ -38,11 +38,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from rapo_echo.algorithms.openrlhf.dataset import LABEL_KEY, PROMPT_KEY, count_rows
+from rapo_echo.algorithms.openrlhf.export import AGENT_FILE, PROMPTS_FILE, REWARD_FILE, as_config
 from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.autosize import CPU_MICRO_BATCH
 from rapo_echo.errors import ConfigError
-from rapo_echo.openrlhf.dataset import LABEL_KEY, PROMPT_KEY, count_rows
-from rapo_echo.openrlhf.export import AGENT_FILE, PROMPTS_FILE, REWARD_FILE, as_config
 
 ESTIMATORS = {"grpo": "group_norm", "dr_grpo": "dr_grpo", "rloo": "rloo"}
 POLICY_LOSSES = {"clip": "ppo", "gspo": "gspo"}

@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 
 # name -> import string, imported on first use
 CHECKS = {
-    "min_gain": "rapo_echo.validation.checks:MinGain",
-    "subset_floor": "rapo_echo.validation.checks:SubsetFloor",
-    "rule_floor": "rapo_echo.validation.checks:RuleFloor",
-    "variety_floor": "rapo_echo.validation.checks:VarietyFloor",
+    "min_gain": "rapo_echo.algorithms.validation.checks:MinGain",
+    "subset_floor": "rapo_echo.algorithms.validation.checks:SubsetFloor",
+    "rule_floor": "rapo_echo.algorithms.validation.checks:RuleFloor",
+    "variety_floor": "rapo_echo.algorithms.validation.checks:VarietyFloor",
 }
 
 Gains = dict[str, dict[str, float]]

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rapo_echo.algorithms.validation.checks import Check, Comparison, build_checks, replaces_best
 from rapo_echo.atomic import replace_dir
 from rapo_echo.checkpoint import rng_state, set_rng_state
 from rapo_echo.data import load_scenarios
 from rapo_echo.errors import ConfigError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
-from rapo_echo.validation.checks import Check, Comparison, build_checks, replaces_best
+from rapo_echo.rundir import BEST_DIR, BEST_FILE, VALIDATION_FILE
 from rapo_echo.variety import distinct_n, paired_distinct_gain
 
 if TYPE_CHECKING:
@@ -38,11 +39,6 @@ if TYPE_CHECKING:
     from rapo_echo.types import Scenario
 
 log = logging.getLogger(__name__)
-
-VALIDATION_FILE = "validation.jsonl"
-BEST_DIR = "best"
-BEST_FILE = "best.json"
-
 
 @dataclass
 class HeldOut:

@@ -27,6 +27,7 @@ import torch
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
 from rapo_echo.algorithms.run_config import RunConfig
+from rapo_echo.algorithms.validation import BEST_FILE, Validator, validation_scenarios
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
@@ -65,7 +66,6 @@ from rapo_echo.policy import Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.rewards.persona import PersonaInference
 from rapo_echo.rundir import check_run_dir, lock_run_dir
-from rapo_echo.validation import BEST_FILE, Validator, validation_scenarios
 
 log = logging.getLogger(__name__)
 
@@ -474,7 +474,7 @@ class Trainer:
             )
 
     def _validate(self) -> None:
-        """Held-out validation of the current weights (main process only; see rapo_echo/validation)."""
+        """Held-out validation of the current weights (main process only; see algorithms/validation)."""
         if self.validator is None or not self.is_main:
             return
         metrics = self.validator.run(self.step)
