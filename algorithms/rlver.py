@@ -30,15 +30,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
 
-from rapo_echo.algorithms.base import PG, AlgoContext, Algorithm, MicroBatch, Rollout, TrainItem
-from rapo_echo.algorithms.core import aggregate, gae_advantages, masked_whiten, value_loss
-from rapo_echo.algorithms.grpo import advantage_stats, reward_stats
-from rapo_echo.algorithms.rlver_config import RLVER_SYSTEM_PROMPT
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.checkpoint import load_trainer_state
 from rapo_echo.data.sage_profiles import SageProfile
@@ -48,7 +44,17 @@ from rapo_echo.prompting import THINK_CLOSE, split_thinking
 from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, final_reward, preset
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
+from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .core import aggregate, gae_advantages, masked_whiten, value_loss
+from .grpo import advantage_stats, group_advantages, pg_loss, policy_gradient_needs, reward_stats
+from .rlver_config import RLVER_SYSTEM_PROMPT, RlverConfig
+
+if TYPE_CHECKING:
+    from rapo_echo.policy import TokenScores
+
 EMOTION = "emotion"  # the name of the emotion reward in Sample.rewards
+# PPO's per-token fields of an item: GAE's advantages and returns, the value head's values before the update
+PPO_FIELDS = ("token_advantages", "old_values", "returns")  # in this order in RLVER.loss
 
 
 def scenario_profile(scenario: Scenario) -> SageProfile:
@@ -115,15 +121,20 @@ class RLVER(Algorithm):
     """Multi-turn RL against a simulated user whose final emotion is the reward."""
 
     name = "rlver"
+    config = RlverConfig
     progress_keys = ("emotion/final", "reward/mean", "loss/total")
 
-    @staticmethod
-    def min_group_size_for(cfg: Any) -> int:
-        """GRPO compares a profile's dialogues (2 or more); PPO's value head is its baseline (1 is fine)."""
-        return 1 if cfg.rlver.estimator == "ppo" else 2
+    @classmethod
+    def needs(cls, cfg: Any) -> Needs:
+        """GRPO compares a profile's dialogues (a group of 2 or more); PPO adds a value head, which is its
+        baseline (a group of 1 is fine), and GAE's per-token fields."""
+        ppo = cfg.rlver.estimator == "ppo"
+        return policy_gradient_needs(
+            cfg, value_head=ppo, fields=PPO_FIELDS if ppo else (), min_group_size=1 if ppo else 2
+        )
 
-    @staticmethod
-    def check_resume(cfg: Any, ckpt: Path) -> None:
+    @classmethod
+    def check_resume(cls, cfg: Any, ckpt: Path) -> None:
         """Before anything loads: a checkpoint written with a value head (PPO) resumes only as PPO, and
         one without only as GRPO (the optimizer's parameter groups differ)."""
         recorded = load_trainer_state(ckpt).get("algorithm", {}).get("estimator")
@@ -178,8 +189,8 @@ class RLVER(Algorithm):
         except ValueError as exc:  # e.g. an initial emotion below the sage preset's floor
             raise ConfigError(f"rlver.simulator (preset {sc.preset}): {exc}") from None
         self.ppo = rc.estimator == "ppo"
-        if self.ppo:
-            ctx.policy.add_value_head()
+        if self.ppo and ctx.policy.scorer.value_head is None:
+            raise ValueError("RLVER with PPO needs a value head on the policy (Needs.value_head)")
         self.markers = ChatMarkers.from_tokenizer(ctx.policy.tokenizer)
         eos = getattr(ctx.policy.engine, "eos_ids", None)
         self.eos_ids = set(eos) if eos else {ctx.policy.tokenizer.eos_token_id}
@@ -242,7 +253,7 @@ class RLVER(Algorithm):
             items, adv = self._ppo_items(episodes, samples)
             timings["values"] = time.perf_counter() - t0
         else:
-            adv = self.advantages([s.reward for s in samples], [s.group for s in samples])
+            adv = group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
             items = self._grpo_items(episodes, samples, adv)
             adv = [a for a, s in zip(adv, samples) if s.valid]
         metrics = {
@@ -417,7 +428,7 @@ class RLVER(Algorithm):
             adv, ret, mask = self._thinking_gae(chosen, samples, items, pc)
         else:
             values = pad_left_aligned(
-                [it.old_values for it in items], max(len(it.completion_ids) for it in items)
+                [it.fields["old_values"] for it in items], max(len(it.completion_ids) for it in items)
             )
             mask = pad_left_aligned([it.loss_mask for it in items], values.shape[1])
             rewards = pad_left_aligned(
@@ -429,8 +440,8 @@ class RLVER(Algorithm):
         flat_adv = rearrange(adv, "d t -> (d t)")[rearrange(mask, "d t -> (d t)") != 0].tolist()
         for row, it in enumerate(items):
             n = len(it.completion_ids)
-            it.token_advantages = adv[row, :n].tolist()
-            it.returns = ret[row, :n].tolist()
+            it.fields["token_advantages"] = adv[row, :n].tolist()
+            it.fields["returns"] = ret[row, :n].tolist()
         return items, flat_adv
 
     def _token_rewards(self, e: Episode, s: Sample) -> list[float]:
@@ -467,7 +478,7 @@ class RLVER(Algorithm):
             em = e.dialogue.emotions
             for k, it in enumerate(rows):
                 n = len(it.completion_ids)
-                values[d, k, :n] = torch.tensor(it.old_values)
+                values[d, k, :n] = torch.tensor(it.fields["old_values"])
                 mask[d, k, :n] = 1.0
                 if self.cfg.rlver.dense_reward and k + 1 < len(em):
                     rewards[d, k, n - 1] = (em[k + 1] - em[k]) / EMOTION_MAX
@@ -496,42 +507,31 @@ class RLVER(Algorithm):
         for start in range(0, len(items), size):
             mb = items[start : start + size]
             batch = policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb])
-            values = policy.scorer(batch.to(policy.device), temp, with_values=True)[2]
+            values = policy.scorer(batch.to(policy.device), temp, with_values=True).values
             for it, v in zip(mb, batch.rows(values)):
-                it.old_values = v
+                it.fields["old_values"] = v
 
     # ------------------------------------------------------------------ loss
-    def forward_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
-        return {"with_values": True} if self.ppo else {}
-
     def loss(
-        self,
-        mb: MicroBatch,
-        logp: torch.Tensor,
-        entropy: torch.Tensor,
-        totals: dict[str, dict[str, float]],
-        gathered: torch.Tensor | None = None,
+        self, mb: MicroBatch, out: TokenScores, totals: Totals
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """GRPO: the clipped loss with each dialogue's advantage. PPO: the clipped loss with per-token
-        advantages plus ``vf_coef`` times the clipped value loss (``gathered`` holds the values)."""
+        advantages plus ``vf_coef`` times the clipped value loss of the value head's values."""
         if not self.ppo:
-            return self.pg_loss(mb, logp, entropy, totals)
-        assert gathered is not None, "PPO needs the scorer's values"
+            return pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
+        assert out.values is not None, "PPO needs the value head's values"
         lc, pc = self.cfg.loss, self.cfg.rlver.ppo
-        n, dev = mb.batch.n_targets, logp.device
-        adv = pad_left_aligned([it.token_advantages or [] for it in mb.items], n).to(dev)
-        loss, metrics = self.pg_loss(dataclasses.replace(mb, advantages=adv), logp, entropy, totals)
-        old = pad_left_aligned([it.old_values or [] for it in mb.items], n).to(dev)
-        ret = pad_left_aligned([it.returns or [] for it in mb.items], n).to(dev)
+        adv, old, ret = (mb.fields[k].to(out.logp.device) for k in PPO_FIELDS)
+        loss, metrics = pg_loss(self.cfg, mb, out.logp, out.entropy, totals, advantages=adv)
         mask, tot = mb.kind_mask(PG), totals[PG]
-        per, stats = value_loss(gathered, old, ret, mask, clip=pc.value_clip)
+        per, stats = value_loss(out.values, old, ret, mask, clip=pc.value_clip)
         norm = lc.norm_constant or self.cfg.rollout.max_new_tokens
         vl = aggregate(
             per, mask, lc.agg, total_tokens=tot["tokens"], total_seqs=tot["seqs"], norm_constant=norm
         )
         metrics["loss/value"] = vl.detach()
         metrics["value/clip_frac"] = stats["clip_frac"].detach() * (mask.sum() / max(tot["tokens"], 1.0))
-        metrics["value/mean"] = (gathered.detach() * mask).sum() / max(tot["tokens"], 1.0)
+        metrics["value/mean"] = (out.values.detach() * mask).sum() / max(tot["tokens"], 1.0)
         return loss + pc.vf_coef * vl, metrics
 
     # ------------------------------------------------------------------ metrics

@@ -6,21 +6,27 @@ import argparse
 import time
 from pathlib import Path
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.config import parse_reward_flag
 from rapo_echo.errors import ConfigError
 
+from .run_config import load_config
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from rapo_echo import algorithms
+    from . import names
 
+    known = "|".join(names())
     p = sub.add_parser(
         "train",
-        help="train a policy (--algo " + "|".join(algorithms.names()) + ")",
+        help=f"train a policy (--algo {known})",
         description="Train a dialogue policy. Precedence: algorithm defaults < --config < flags < --set.",
     )
     p.add_argument("--config", help="YAML run config (see configs/)")
-    p.add_argument("--algo", choices=algorithms.names(), help="algorithm (overrides the config's algo)")
+    p.add_argument(
+        "--algo",
+        metavar="NAME",
+        help=f"algorithm: {known}, another registered one, or module:Class (overrides the config's algo)",
+    )
     p.add_argument("--model", help="policy model: default, a folder, a .gguf file or a hub id")
     p.add_argument(
         "--reward",
@@ -57,7 +63,7 @@ def build_config(args: argparse.Namespace):
         if args.output and Path(args.output) != run_dir:
             raise ConfigError("--resume continues in RUN_DIR; --output must be omitted or equal to it")
         path, flags["output"] = str(saved), str(run_dir)
-    cfg = load_config(path, algo=args.algo, overrides=args.set, flags=flags)
+    cfg = load_config(path, algo=args.algo, overrides=args.set, flags=flags, saved=bool(args.resume))
     if not cfg.output:
         cfg.output = str(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     return cfg
@@ -70,7 +76,7 @@ STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    from rapo_echo.algorithms.learner import run_training
+    from .learner import run_training
 
     check = None
     if cfg.fidelity is not None:  # once per run, cached by simulator / judge spec (docs/fidelity.md)

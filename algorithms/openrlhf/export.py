@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import __version__
-from rapo_echo.algorithms.openrlhf.agent import AGENT_SETTINGS, write_agent_settings
-from rapo_echo.algorithms.openrlhf.dataset import write_profiles, write_prompts
-from rapo_echo.algorithms.openrlhf.reward_runtime import default_invalid_reward
-from rapo_echo.algorithms.run_config import RunConfig, load_config
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import dump_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.simulators.sage import SageSettings
+
+from ..run_config import RunConfig, load_config
+from .agent import AGENT_SETTINGS, write_agent_settings
+from .dataset import write_profiles, write_prompts
+from .reward_runtime import default_invalid_reward
 
 CONFIG_FILE = "run_config.yaml"
 TOKENIZER_DIR = "tokenizer"

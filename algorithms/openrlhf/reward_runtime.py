@@ -25,12 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rapo_echo.algorithms.openrlhf.dataset import scenario_from_label
-from rapo_echo.algorithms.run_config import RunConfig, load_config
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.errors import ConfigError
 from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.types import Sample, Scenario
+
+from ..run_config import RunConfig, load_config
+from .dataset import scenario_from_label
 
 log = logging.getLogger(__name__)
 

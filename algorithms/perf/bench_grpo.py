@@ -68,9 +68,10 @@ def run_ours(args: argparse.Namespace) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from rapo_echo.algorithms.learner import Trainer
-    from rapo_echo.algorithms.run_config import load_config
     from rapo_echo.models import resolve
+
+    from ..learner import Learner
+    from ..run_config import load_config
 
     w = workload()
     tmp = Path(tempfile.mkdtemp(prefix="rapo-bench-"))
@@ -118,7 +119,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         overrides += RLVER_OVERRIDES
     cfg = load_config(algo=args.algo, overrides=overrides + args.set)
     t_load = time.perf_counter()
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     trainer.open_logs()
     load_s = time.perf_counter() - t_load
     steps, per_stage, tokens = [], {s: [] for s in STAGES}, 0

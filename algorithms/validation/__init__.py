@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rapo_echo.algorithms.validation.checks import Check, Comparison, build_checks, replaces_best
 from rapo_echo.atomic import replace_dir
 from rapo_echo.checkpoint import rng_state, set_rng_state
 from rapo_echo.data import load_scenarios
@@ -30,13 +29,16 @@ from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
 from rapo_echo.rundir import BEST_DIR, BEST_FILE, VALIDATION_FILE
 from rapo_echo.variety import distinct_n, paired_distinct_gain
 
+from .checks import Check, Comparison, build_checks, replaces_best
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
-    from rapo_echo.algorithms.base import Algorithm
-    from rapo_echo.algorithms.run_config import RunConfig
     from rapo_echo.policy import Policy
     from rapo_echo.types import Scenario
+
+    from ..base import Algorithm
+    from ..run_config import RunConfig
 
 log = logging.getLogger(__name__)
 

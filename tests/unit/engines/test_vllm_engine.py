@@ -460,7 +460,7 @@ def test_trainer_samples_with_vllm_and_syncs_weights_every_step(vllm_module, tin
     (vLLM's numerics differ from the training forward), and pushes the weights after every step."""
     import json
 
-    from rapo_echo.algorithms.learner import Trainer
+    from rapo_echo.algorithms.learner import Learner
     from rapo_echo.algorithms.run_config import load_config
 
     run = tmp_path / "run"
@@ -478,7 +478,7 @@ def test_trainer_samples_with_vllm_and_syncs_weights_every_step(vllm_module, tin
             "logging.tensorboard=false",
         ]
     )
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     llm = FakeLLM.instances[-1]
     trainer.train()
     assert len(llm.calls) == 2 and all(s.n == 2 for _, s in llm.calls)  # one batched call per step
@@ -496,7 +496,7 @@ def test_vllm_sampler_gap_is_logged(vllm_module, tiny_folder, tmp_path, monkeypa
     import json
 
     from rapo_echo.algorithms.grpo import GRPO
-    from rapo_echo.algorithms.learner import Trainer
+    from rapo_echo.algorithms.learner import Learner
     from rapo_echo.algorithms.run_config import load_config
 
     seen = []
@@ -519,7 +519,7 @@ def test_vllm_sampler_gap_is_logged(vllm_module, tiny_folder, tmp_path, monkeypa
             "logging.tensorboard=false",
         ]
     )
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     trainer.train()
     items = seen[0].items
     # the gap is measured in the step's training forward, on the starting weights: score the same
