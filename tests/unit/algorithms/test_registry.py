@@ -70,7 +70,8 @@ def test_a_name_two_packages_claim_is_refused(monkeypatch) -> None:
 
     found = [ep("a.x:One", "pkg-a"), ep("b.y:Two", "pkg-b")]
     monkeypatch.setattr(algorithms, "entry_points", lambda group: found)
-    with pytest.raises(ConfigError, match=r"'twice' is registered twice: a.x:One \(pkg-a\), b.y:Two \(pkg-b\)"):
+    twice = r"'twice' is registered twice: a.x:One \(pkg-a\), b.y:Two \(pkg-b\)"
+    with pytest.raises(ConfigError, match=twice):
         algorithms.get("twice")
 
 
@@ -85,7 +86,8 @@ def test_a_saved_config_holds_the_chosen_algorithms_section_only(tmp_path: Path)
 def test_another_algorithms_section_is_refused_with_the_way_on(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("algo: rapo\nrlver:\n  thinking: true\n")
-    with pytest.raises(ConfigError, match=r"run.yaml:2: rlver: the section of --algo rlver, and this run is --algo rapo"):
+    refused = r"run.yaml:2: rlver: the section of --algo rlver, and this run is --algo rapo"
+    with pytest.raises(ConfigError, match=refused):
         load_config(path)
 
 
