@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, create_model
 
 from rapo_echo.config import (
+    SAMPLING_KEYS,
     ConfigTree,
     DataConfig,
     EngineConfig,
@@ -54,11 +55,12 @@ class RunConfig(Strict):
     )
     output: str | None = Field(None, description="Run directory (None: `runs/ALGO-TIMESTAMP`).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The trainable policy.")
-    simulator: EngineConfig = Field(default_factory=EngineConfig, description="The simulated user's engine.")
-    judge: EngineConfig = Field(
-        default_factory=lambda: EngineConfig(temperature=0.0),
-        description="The judge's engine (its `temperature` defaults to 0).",
+    simulator: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="The engine the simulated user runs on (who the user is, and how the algorithm samples "
+        "it, is the algorithm's own section, e.g. `rapo.simulator`).",
     )
+    judge: EngineConfig = Field(default_factory=EngineConfig, description="The judge's engine.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How the policy samples.")
     loss: LossConfig = Field(default_factory=LossConfig, description="The GRPO core.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation and checkpoints.")
@@ -123,6 +125,7 @@ def load_config(
     tree.tree["algo"] = chosen
     tree.apply(flags, overrides)
     drop_other_sections(tree, algo_cls, saved)
+    refuse_engine_sampling(tree, saved)
     tree.refuse_secrets()
     tree.refuse_nonfinite()
     cfg = tree.validate(run_config_class(algo_cls))
@@ -151,6 +154,33 @@ def drop_other_sections(tree: ConfigTree, algo: type[Algorithm], saved: bool) ->
         for k in others
     ]
     raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
+
+
+def refuse_engine_sampling(tree: ConfigTree, saved: bool) -> None:
+    """``simulator`` / ``judge`` name an engine; how each call samples is set by its caller. Older versions
+    accepted ``temperature``, ``top_p`` and ``max_new_tokens`` there and never read them (the algorithm's
+    own settings were used): refused with the way on, or dropped from a saved config (``saved``)."""
+    found = [
+        (role, key)
+        for role in ("simulator", "judge")
+        if isinstance(section := tree.tree.get(role), dict)
+        for key in SAMPLING_KEYS
+        if key in section
+    ]
+    if saved:
+        for role, key in found:
+            del tree.tree[role][key]
+        return
+    if found:
+        lines = [f"{tree.where(f'{r}.{k}')}{r}.{k}: an engine section names an engine" for r, k in found]
+        raise ConfigError(
+            "invalid config:\n  "
+            + "\n  ".join(lines)
+            + "\n  How a call samples is set by its caller: the simulated person's temperature and lengths "
+            "in the algorithm's own section (rapo.simulator, rlver.simulator) or a reward's args; judges "
+            "decode greedily with their own lengths (rapo.judge.max_new_tokens, critique_tokens). Older "
+            "versions accepted this key and ignored it: remove it."
+        )
 
 
 def check_rewards(cfg: RunConfig, where: str = "") -> None:

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from rapo_echo.config import parse_reward_flag
+from rapo_echo.config import engine_settings, parse_reward_flag
 from rapo_echo.errors import ConfigError
 
 from .run_config import load_config
@@ -34,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME[=WEIGHT]",
         help="reward plugin: a built-in name, an entry point, or module:attr; repeatable",
     )
+    for role, plays in (("simulator", "the simulated user"), ("judge", "the judge")):
+        p.add_argument(
+            f"--{role}",
+            metavar="SPEC",
+            help=f"engine of {plays}, as on eval: 'policy' (share its weights), default, a model folder, "
+            f"a .gguf file, a hub id, or an http(s):// OpenAI-compatible endpoint (sets {role}.engine, "
+            f"{role}.model, {role}.base_url; --set {role}.model=NAME names a served model)",
+        )
     p.add_argument("--output", help="run directory (default runs/ALGO-TIMESTAMP)")
     p.add_argument("--max-steps", type=int, help="number of training steps")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
@@ -50,6 +58,9 @@ def build_config(args: argparse.Namespace):
     }
     if args.reward:
         flags["rewards"] = [parse_reward_flag(r) for r in args.reward]
+    for role in ("simulator", "judge"):
+        if getattr(args, role, None):
+            flags[role] = engine_settings(getattr(args, role))
     path = args.config
     if args.resume:
         run_dir = Path(args.resume)
