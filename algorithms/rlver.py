@@ -19,8 +19,9 @@ the reply, so each policy turn is its own training row (prompt = what it was sam
 Reward: the final emotion / 100, floored at 0 (plus any reward plugins, scored per policy turn and
 averaged over the dialogue's turns, e.g. ``think_format``); a dialogue whose simulator output never
 parses is invalid: masked out and counted. Estimators: ``grpo`` (``loss.advantage`` over each profile's
-dialogues) or ``ppo`` (a value head on the policy's last hidden state, GAE over the policy's tokens,
-clipped value loss; ``rlver.dense_reward`` adds each turn's emotion change / 100 at the turn's end).
+dialogues) or ``ppo``, the multi-turn use of ``--algo ppo`` (:mod:`.ppo`: a value head on the policy's
+last hidden state, GAE over the policy's tokens skipping the user's, clipped value loss;
+``rlver.dense_reward`` adds each turn's emotion change / 100 at the turn's end).
 """
 
 from __future__ import annotations
@@ -45,16 +46,14 @@ from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, 
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
 from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem
-from .core import aggregate, gae_advantages, masked_whiten, value_loss
 from .grpo import advantage_stats, group_advantages, pg_loss, policy_gradient_needs, reward_stats
+from .ppo import OLD_VALUES, estimate, fill_old_values, ppo_loss, set_value_fields, value_needs
 from .rlver_config import RLVER_SYSTEM_PROMPT, RlverConfig
 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
 
 EMOTION = "emotion"  # the name of the emotion reward in Sample.rewards
-# PPO's per-token fields of an item: GAE's advantages and returns, the value head's values before the update
-PPO_FIELDS = ("token_advantages", "old_values", "returns")  # in this order in RLVER.loss
 
 
 def scenario_profile(scenario: Scenario) -> SageProfile:
@@ -128,10 +127,7 @@ class RLVER(Algorithm):
     def needs(cls, cfg: Any) -> Needs:
         """GRPO compares a profile's dialogues (a group of 2 or more); PPO adds a value head, which is its
         baseline (a group of 1 is fine), and GAE's per-token fields."""
-        ppo = cfg.rlver.estimator == "ppo"
-        return policy_gradient_needs(
-            cfg, value_head=ppo, fields=PPO_FIELDS if ppo else (), min_group_size=1 if ppo else 2
-        )
+        return value_needs(cfg) if cfg.rlver.estimator == "ppo" else policy_gradient_needs(cfg)
 
     @classmethod
     def check_resume(cls, cfg: Any, ckpt: Path) -> None:
@@ -416,33 +412,28 @@ class RLVER(Algorithm):
     def _ppo_items(
         self, episodes: list[Episode], samples: list[Sample]
     ) -> tuple[list[TrainItem], list[float]]:
-        """Items with per-token advantages and returns from GAE over each dialogue's policy tokens (the
-        value head's values before the update; rewards at each turn's last token)."""
+        """Items with per-token advantages and returns from PPO's estimate (:mod:`.ppo`) over each
+        dialogue's policy tokens: the value head's values before the update, rewards at each turn's last
+        token, GAE skipping the user's tokens."""
         chosen = [(i, e) for i, (e, s) in enumerate(zip(episodes, samples)) if s.valid and e.trainable]
         items = self._grpo_items(episodes, samples, [0.0] * len(episodes))
         if not items:
             return items, []
-        self._fill_values(items)
-        pc = self.cfg.rlver.ppo
+        r, pc = self.cfg.rollout, self.cfg.rlver.ppo
+        fill_old_values(self.ctx.policy, items, self.cfg.train.micro_batch_size, r.temperature)
         if self.cfg.rlver.thinking:
-            adv, ret, mask = self._thinking_gae(chosen, samples, items, pc)
+            adv, ret, mask = self._thinking_estimate(chosen, samples, items, pc)
         else:
             values = pad_left_aligned(
-                [it.fields["old_values"] for it in items], max(len(it.completion_ids) for it in items)
+                [it.fields[OLD_VALUES] for it in items], max(len(it.completion_ids) for it in items)
             )
             mask = pad_left_aligned([it.loss_mask for it in items], values.shape[1])
             rewards = pad_left_aligned(
                 [self._token_rewards(e, samples[i]) for i, e in chosen], values.shape[1]
             )
-            adv, ret = gae_advantages(rewards, values, mask, gamma=pc.gamma, lam=pc.lam)
-        if pc.whiten:
-            adv = masked_whiten(adv, mask)
-        flat_adv = rearrange(adv, "d t -> (d t)")[rearrange(mask, "d t -> (d t)") != 0].tolist()
-        for row, it in enumerate(items):
-            n = len(it.completion_ids)
-            it.fields["token_advantages"] = adv[row, :n].tolist()
-            it.fields["returns"] = ret[row, :n].tolist()
-        return items, flat_adv
+            adv, ret = estimate(rewards, values, mask, pc)
+        set_value_fields(items, adv, ret)
+        return items, adv[mask != 0].tolist()
 
     def _token_rewards(self, e: Episode, s: Sample) -> list[float]:
         """Per response token: the reward at the last token of each policy turn, 0 elsewhere. Sparse:
@@ -459,11 +450,11 @@ class RLVER(Algorithm):
             out[ends[-1]] = float(s.reward)
         return out
 
-    def _thinking_gae(
+    def _thinking_estimate(
         self, chosen: list[tuple[int, Episode]], samples: list[Sample], items: list[TrainItem], pc: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """GAE across a dialogue's turn rows: rows are laid out [dialogue, turn, token], flattened to
-        [dialogue, turn * token] for GAE (padding masked), then laid back out per row."""
+        """PPO's estimate across a dialogue's turn rows: rows are laid out [dialogue, turn, token],
+        flattened to [dialogue, turn * token] for GAE (padding masked), then laid back out per row."""
         rows_of: list[list[TrainItem]] = []
         j = 0
         for _, e in chosen:
@@ -478,7 +469,7 @@ class RLVER(Algorithm):
             em = e.dialogue.emotions
             for k, it in enumerate(rows):
                 n = len(it.completion_ids)
-                values[d, k, :n] = torch.tensor(it.fields["old_values"])
+                values[d, k, :n] = torch.tensor(it.fields[OLD_VALUES])
                 mask[d, k, :n] = 1.0
                 if self.cfg.rlver.dense_reward and k + 1 < len(em):
                     rewards[d, k, n - 1] = (em[k + 1] - em[k]) / EMOTION_MAX
@@ -491,48 +482,22 @@ class RLVER(Algorithm):
             )
             rewards[d, last, len(rows[last].completion_ids) - 1] += extra
         flat = {k: rearrange(v, "d k t -> d (k t)") for k, v in (("r", rewards), ("v", values), ("m", mask))}
-        adv, ret = gae_advantages(flat["r"], flat["v"], flat["m"], gamma=pc.gamma, lam=pc.lam)
+        adv, ret = estimate(flat["r"], flat["v"], flat["m"], pc)
         adv_rows = rearrange(adv, "d (k t) -> (d k) t", k=turns)
         ret_rows = rearrange(ret, "d (k t) -> (d k) t", k=turns)
         mask_rows = rearrange(mask, "d k t -> (d k) t")
         keep = [d * turns + k for d, rows in enumerate(rows_of) for k in range(len(rows))]
         return adv_rows[keep], ret_rows[keep], mask_rows[keep]
 
-    @torch.no_grad()
-    def _fill_values(self, items: list[TrainItem]) -> None:
-        """The value head's values of every completion position before the update (no gradient)."""
-        policy = self.ctx.policy
-        size = self.cfg.train.micro_batch_size
-        temp = self.cfg.rollout.temperature
-        for start in range(0, len(items), size):
-            mb = items[start : start + size]
-            batch = policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb])
-            values = policy.scorer(batch.to(policy.device), temp, with_values=True).values
-            for it, v in zip(mb, batch.rows(values)):
-                it.fields["old_values"] = v
-
     # ------------------------------------------------------------------ loss
     def loss(
         self, mb: MicroBatch, out: TokenScores, totals: Totals
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """GRPO: the clipped loss with each dialogue's advantage. PPO: the clipped loss with per-token
-        advantages plus ``vf_coef`` times the clipped value loss of the value head's values."""
-        if not self.ppo:
-            return pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
-        assert out.values is not None, "PPO needs the value head's values"
-        lc, pc = self.cfg.loss, self.cfg.rlver.ppo
-        adv, old, ret = (mb.fields[k].to(out.logp.device) for k in PPO_FIELDS)
-        loss, metrics = pg_loss(self.cfg, mb, out.logp, out.entropy, totals, advantages=adv)
-        mask, tot = mb.kind_mask(PG), totals[PG]
-        per, stats = value_loss(out.values, old, ret, mask, clip=pc.value_clip)
-        norm = lc.norm_constant or self.cfg.rollout.max_new_tokens
-        vl = aggregate(
-            per, mask, lc.agg, total_tokens=tot["tokens"], total_seqs=tot["seqs"], norm_constant=norm
-        )
-        metrics["loss/value"] = vl.detach()
-        metrics["value/clip_frac"] = stats["clip_frac"].detach() * (mask.sum() / max(tot["tokens"], 1.0))
-        metrics["value/mean"] = (out.values.detach() * mask).sum() / max(tot["tokens"], 1.0)
-        return loss + pc.vf_coef * vl, metrics
+        """GRPO: the clipped loss with each dialogue's advantage. PPO: PPO's loss (:func:`.ppo.ppo_loss`),
+        the clipped loss with per-token advantages plus ``vf_coef`` times the clipped value loss."""
+        if self.ppo:
+            return ppo_loss(self.cfg, self.cfg.rlver.ppo, mb, out, totals)
+        return pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
 
     # ------------------------------------------------------------------ metrics
     def _dialogue_metrics(self, episodes: list[Episode], lost: int) -> dict[str, float]:

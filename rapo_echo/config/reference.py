@@ -137,14 +137,20 @@ def reference_markdown(
         "chosen algorithm's section only.",
         "",
     ]
-    for model, paths in sections.items():
-        out += _section_table(model, paths)
-    for name, (section, defaults) in (algorithms or {}).items():
-        if section is not None:
-            for model, paths in config_sections(section, name).items():
-                if model not in sections:
-                    sections[model] = paths
-                    out += _section_table(model, paths)
+    own: dict[str, list[type[BaseModel]]] = {}  # each algorithm's classes not listed before it
+    for name, (section, _) in (algorithms or {}).items():
+        own[name] = []
+        for model, paths in (config_sections(section, name) if section is not None else {}).items():
+            if model not in sections:
+                own[name].append(model)
+            sections.setdefault(model, [])
+            sections[model] += [p for p in paths if p not in sections[model]]
+    shared = [m for m in sections if not any(m in models for models in own.values())]
+    for model in shared:
+        out += _section_table(model, sections[model])
+    for name, (_, defaults) in (algorithms or {}).items():
+        for model in own[name]:
+            out += _section_table(model, sections[model])
         text = yaml.safe_dump(defaults, sort_keys=False, allow_unicode=True, width=100).rstrip()
         out += [f"## Defaults of `--algo {name}`", "", "```yaml", text, "```", ""]
     return "\n".join(out).rstrip() + "\n"
