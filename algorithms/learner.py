@@ -12,7 +12,6 @@ config before the policy is built.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -28,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from rapo_echo.atomic import write_text_atomic
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
 from rapo_echo.checkpoint import (
@@ -43,7 +41,6 @@ from rapo_echo.checkpoint import (
     staging_path,
     write_state_files,
 )
-from rapo_echo.config import dump_config
 from rapo_echo.data import ScenarioStream, load_scenarios
 from rapo_echo.distributed import (
     accelerator_kwargs,
@@ -58,7 +55,6 @@ from rapo_echo.distributed import (
 from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
-from rapo_echo.jsonl import append_jsonl, keep_jsonl
 from rapo_echo.judges.bias import merge_metrics
 from rapo_echo.models import autocast_dtype
 from rapo_echo.monitor import RewardHackingMonitor
@@ -70,6 +66,7 @@ from rapo_echo.rundir import check_run_dir, lock_run_dir
 from . import get as algorithm_class
 from .base import AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem, pad_rows, totals_of
 from .run_config import RunConfig
+from .run_log import RunLog
 from .validation import BEST_FILE, Validator, validation_scenarios
 
 log = logging.getLogger(__name__)
@@ -238,9 +235,7 @@ class Learner:
         self.stopped_by = ""  # the signal that stopped the run early, if any
         self.best_step: int | None = None  # keep_best: the step final/ comes from, when not the last
         self.warned_truncation = False
-        self.metrics_file = self.run_dir / "metrics.jsonl"
-        self.samples_file = self.run_dir / "samples.jsonl"
-        self.tb: Any = None
+        self.logs = RunLog(cfg, self.run_dir, self.is_main)
 
     # ------------------------------------------------------------------ setup helpers
     def _resolve_batch_sizes(self) -> None:
@@ -309,24 +304,8 @@ class Learner:
         return make_engine(cfg, role=role)
 
     def open_logs(self) -> None:
-        if not self.is_main:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(self.cfg, self.run_dir / "config.yaml")
-        write_text_atomic(self.run_dir / "resolved.json", json.dumps(self.resolved, indent=2) + "\n")
-        if self.cfg.logging.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-        if self.cfg.logging.wandb:
-            import wandb
-
-            wandb.init(
-                project=self.cfg.logging.wandb_project,
-                dir=str(self.run_dir),
-                resume="allow",
-                config=json.loads(json.dumps(self.cfg.model_dump(mode="json"))),
-            )
+        """Write the run's config and what its ``auto`` settings became; open the metric sinks."""
+        self.logs.open(self.resolved)
 
     def _sync_generator(self) -> None:
         """Push the policy's weights into a separate sampler (vLLM), if there is one."""
@@ -354,11 +333,9 @@ class Learner:
         load_rng(ckpt, self.accelerator.process_index)
         self._sync_generator()
         log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
-        if self.is_main:  # drop lines written after that checkpoint (they will be recomputed), atomically
-            for f in (self.metrics_file, self.samples_file):
-                keep_jsonl(f, lambda r: not isinstance(r, dict) or r.get("step", 0) <= self.step)
-            if self.validator is not None:
-                self.validator.resumed_at(self.step)
+        self.logs.resumed_at(self.step)  # lines written after that checkpoint are recomputed
+        if self.is_main and self.validator is not None:
+            self.validator.resumed_at(self.step)
 
     def _trainer_state(self) -> dict[str, Any]:
         return {
@@ -434,14 +411,14 @@ class Learner:
             self._restore()
         self.open_logs()
         self.stop.install()
-        bar = self._progress()
+        bar = self.logs.progress(self.step)
         try:
             if self.validator is not None and not self.validator.has(self.step):
                 self._validate()  # the base, or the checkpoint a stopped run resumes from
             while self.step < self.cfg.train.max_steps:
                 metrics = self.train_step()
                 self.step += 1
-                self._log(metrics)
+                self.logs.step(self.step, metrics)
                 self._check_valid(metrics)
                 if bar is not None:
                     bar.update(1)
@@ -466,8 +443,7 @@ class Learner:
             self.stop.restore()
             if bar is not None:
                 bar.close()
-            if self.tb is not None:
-                self.tb.close()
+            self.logs.close()
         return self.run_dir
 
     def _check_valid(self, metrics: dict[str, float]) -> None:
@@ -488,11 +464,7 @@ class Learner:
         """Held-out validation of the current weights (main process only; see algorithms/validation)."""
         if self.validator is None or not self.is_main:
             return
-        metrics = self.validator.run(self.step)
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if math.isfinite(v):
-                    self.tb.add_scalar(k, v, self.step)
+        self.logs.scalars(self.step, self.validator.run(self.step))
 
     def _save_final(self) -> None:
         """The final model in Hugging Face format: merged under LoRA (plain transformers loads it);
@@ -519,13 +491,6 @@ class Learner:
             lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
             head = {k[len("value_head.") :]: v for k, v in full.items() if k.startswith("value_head.")}
             self.policy.save(folder, merged=False, state_dict=lm_state, value_state=head or None)
-
-    def _progress(self) -> Any:
-        if not (self.is_main and self.cfg.logging.progress):
-            return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.cfg.train.max_steps, initial=self.step, desc=f"{self.cfg.algo}", unit="step")
 
     def _batch(self) -> list:
         n, world, rank = (
@@ -593,7 +558,7 @@ class Learner:
                 "prompt kept); metric prompt_truncated counts them",
                 self.cfg.rollout.max_prompt_tokens,
             )
-        self._write_samples(rollout)
+        self.logs.samples(self.step + 1, rollout)
         return self.monitor.update(self.step + 1, self._mean_over_processes(metrics), rollout.samples)
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -907,49 +872,6 @@ class Learner:
         params = self.policy.trainable_parameters()
         return float(self.accelerator.clip_grad_norm_(params, self.cfg.train.max_grad_norm))
 
-    # ------------------------------------------------------------------ logging
-    def _log(self, metrics: dict[str, float]) -> None:
-        if not self.is_main:
-            return
-        record = {"step": self.step, **{k: _num(v) for k, v in metrics.items()}}
-        append_jsonl(self.metrics_file, [record], fix=self._write_fix())
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, self.step)
-        if self.cfg.logging.wandb:
-            import wandb
-
-            wandb.log(record, step=self.step)
-
-    def _write_samples(self, rollout: Rollout) -> None:
-        if not self.is_main or (self.step + 1) % self.cfg.logging.samples_every:
-            return
-        records = [
-            {
-                "step": self.step + 1,
-                "scenario": s.scenario.id,
-                "group": s.group,
-                "prompt": s.scenario.messages,
-                "reply": s.text,
-                "reward": s.reward,
-                "rewards": s.rewards,
-                "advantage": s.info.get("advantage"),
-                "critique": s.critique,
-                "finish_reason": s.finish_reason,
-                "info": {k: v for k, v in s.info.items() if k != "advantage"},
-            }
-            for s in rollout.samples
-        ]
-        append_jsonl(self.samples_file, records, fix=self._write_fix())
-
-    def _write_fix(self) -> str:
-        ckpt = latest_checkpoint(self.run_dir)
-        return (
-            f"Free space, then continue with: rapo-echo train --resume {self.run_dir} "
-            f"(last checkpoint: {ckpt or 'none yet'})"
-        )
-
 
 class _LogprobGap:
     """``|sampler log-prob - training-forward log-prob|`` over the policy-gradient tokens scored with
@@ -983,10 +905,6 @@ class _LogprobGap:
             "train/sampler_logprob_gap/mean": self.total / self.tokens,
             "train/sampler_logprob_gap/max": self.max,
         }
-
-
-def _num(v: Any) -> Any:
-    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 class _nullcontext:
