@@ -129,3 +129,23 @@ def test_a_checkpoint_whose_heads_differ_is_refused(tmp_path, recorded, file, va
     else:
         with pytest.raises(ConfigError, match=refused):
             check_heads(ckpt, needs)
+
+
+def test_the_learner_knows_no_algorithm() -> None:
+    """The training loop reads an algorithm through its interface only: it names none of the built-ins
+    (as a word, in code or prose) and imports none of their modules."""
+    import ast
+    import re
+
+    root = Path(__file__).resolve().parents[3] / "algorithms"
+    builtins = algorithms.names(builtin=True)
+    for name in ("learner.py", "run_log.py"):
+        text = (root / name).read_text()
+        words = {w.lower() for w in re.findall(r"[A-Za-z0-9_-]+", text)}  # rapo_echo, rapo-echo: one word
+        assert not words & set(builtins), (name, words & set(builtins))
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.ImportFrom) and node.level and node.module
+        }
+        assert not imported & set(builtins), (name, imported)
