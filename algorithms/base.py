@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from rapo_echo.policy import Policy, TokenBatch, TokenScores
     from rapo_echo.rewards import RewardSet
 
-    from .run_config import RunConfig
+    from .run_sections import RunConfig
 
 
 @dataclass(frozen=True)

@@ -247,3 +247,19 @@ def test_a_checkout_imports_the_mapped_folders_from_where_they_lie():
     code = "import rapo_echo.algorithms as a, rapo_echo.simulators as s; print(a.__file__); print(s.__file__)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(ROOT / f / "__init__.py") for f in ("algorithms", "simulators")]
+
+
+# The training loop and its doors, inside algorithms/: above every algorithm, which never imports them.
+LOOP = ("learner", "run_log", "train_cli", "config_cli", "validation", "openrlhf", "perf")
+
+
+def test_inside_algorithms_the_loop_sits_above_the_algorithms():
+    loop = tuple(f"rapo_echo.algorithms.{m}" for m in LOOP)
+    found = [
+        f"{source} -> {target}"
+        for source, targets in import_graph().items()
+        if source.startswith("rapo_echo.algorithms.") and not source.startswith(loop)
+        for target in targets
+        if target.startswith(loop)
+    ]
+    assert found == []

@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from rapo_echo.algorithms.base import SD, AlgoContext
-from rapo_echo.algorithms.rapo import RAPO
+from rapo_echo.algorithms.base import AlgoContext
+from rapo_echo.algorithms.rapo import RAPO, SD
 from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.group import Candidate
