@@ -78,7 +78,7 @@ quickstart: install
 	@echo "report:        $(QUICKSTART_RUN)/report/report.html"
 
 bench: install
-	$(BIN)/python benchmarks/perf/bench_grpo.py
+	$(BIN)/python algorithms/perf/bench_grpo.py
 
 # TRL's GRPOTrainer (the peer) lives in its own venv so that TRL never becomes our dependency.
 TRL_VENV ?= .venv-trl
@@ -88,7 +88,7 @@ $(TRL_VENV)/.installed:
 	touch $@
 
 bench-compare: install $(TRL_VENV)/.installed
-	$(BIN)/python benchmarks/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
+	$(BIN)/python algorithms/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
 
 # One GPU check in one call (benchmarks/gpu_check.sh; about 5 minutes on an H200): make gpu-check
 # GPU_CHECK_OUT=DIR [GPU_CHECK_ARGS="--zero3 --vllm"]; GPU_CHECK_ARGS=--smoke runs it on a CPU.

@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 
 from rapo_echo.config import Strict
 
+from .ppo import PpoConfig
+
 RLVER_SYSTEM_PROMPT = (
     "You are chatting with a friend and you are good at lifting their mood with emotionally intelligent "
     "replies. Your aim is to make them feel better or to grow closer. Keep it warm, natural and everyday: "
@@ -62,18 +64,6 @@ class RlverSimulatorConfig(Strict):
     )
 
 
-class PpoConfig(Strict):
-    """PPO with a value head and GAE (``rlver.estimator: ppo``)."""
-
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount.")
-    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
-    value_clip: float | None = Field(
-        0.2, gt=0.0, description="Clip of the value change around the old value (None: no clip)."
-    )
-    vf_coef: float = Field(0.5, ge=0.0, description="Weight of the value loss.")
-    whiten: bool = Field(True, description="Normalise advantages over the batch's policy tokens.")
-
-
 class RlverConfig(Strict):
     """RLVER's own switches."""
 
@@ -84,7 +74,9 @@ class RlverConfig(Strict):
         "grpo",
         description="`grpo`: `loss.advantage` over each profile's dialogues; `ppo`: value head and GAE.",
     )
-    ppo: PpoConfig = Field(default_factory=PpoConfig, description="PPO settings.")
+    ppo: PpoConfig = Field(
+        default_factory=PpoConfig, description="`estimator: ppo`: PPO's settings (those of `--algo ppo`)."
+    )
     dense_reward: bool = Field(
         False, description="Our extension, PPO only: each turn's emotion change / 100 at the turn's end."
     )

@@ -21,4 +21,4 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import rapo_echo"
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     "$PY" -m pip install -q --no-deps --no-index --no-build-isolation -e .
 fi
-exec "$PY" benchmarks/perf/gpu_check.py "$@"
+exec "$PY" algorithms/perf/gpu_check.py "$@"

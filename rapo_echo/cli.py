@@ -17,11 +17,11 @@ from rapo_echo.errors import ConfigError, RapoEchoError
 COMMAND_MODULES = (
     "rapo_echo.chat",
     "rapo_echo.serve",
-    "rapo_echo.train_cli",
+    "rapo_echo.algorithms.train_cli",
     "rapo_echo.judges.training",
     "rapo_echo.benchmarks.cli",
-    "rapo_echo.openrlhf.cli",
-    "rapo_echo.config_cli",
+    "rapo_echo.algorithms.openrlhf.cli",
+    "rapo_echo.algorithms.config_cli",
 )
 
 

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -136,6 +136,17 @@ def pad_left_aligned(values: Sequence[Sequence[float]], n_targets: int) -> torch
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
+class TokenScores(NamedTuple):
+    """What :class:`TokenScorer` computes for the completion tokens of a batch, left-aligned ``[B, n]``:
+    log-probs and entropies; the value head's values of the states before each token (``with_values``);
+    the log-probs at the ids asked for (``gather_ids``: ``[B, n, k]``)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None = None
+    gathered: torch.Tensor | None = None
+
+
 class ValueHead(nn.Module):
     """PPO's critic: a linear map of the policy's last hidden state to a value (it shares the trunk,
     so the value loss also trains it). Starts at zero, so every first value is 0."""
@@ -183,13 +194,12 @@ class TokenScorer(nn.Module):
         entropy_grad: bool = False,
         gather_ids: torch.Tensor | None = None,
         with_values: bool = False,
-    ) -> tuple[torch.Tensor, ...]:
-        """(log-probs [B, n], entropies [B, n]) of the completion tokens, left-aligned; with
-        ``gather_ids`` [B, n, k] also the log-probs at those ids (for logit distillation); with
-        ``with_values`` instead the value head's values [B, n] of the states before each token.
-        ``temperature``: one for every row, or a tensor with one per row ([B])."""
-        if with_values and (self.value_head is None or gather_ids is not None):
-            raise ValueError("with_values needs a value head and no gather_ids")
+    ) -> TokenScores:
+        """Log-probs and entropies of the completion tokens (left-aligned), with ``with_values`` the value
+        head's values and with ``gather_ids`` [B, n, k] the log-probs at those ids (for logit
+        distillation): a :class:`TokenScores`. ``temperature``: one for every row, or one per row ([B])."""
+        if with_values and self.value_head is None:
+            raise ValueError("with_values needs a value head")
         hidden = self.target_hidden(inputs)
         weight, bias = self._head()
         logp, entropy = chunked_token_logprobs(
@@ -203,21 +213,19 @@ class TokenScorer(nn.Module):
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
         )
-        if with_values:
-            assert self.value_head is not None
-            return logp, entropy, self.value_head(hidden)
-        if gather_ids is None:
-            return logp, entropy
-        gathered = chunked_gather_logprobs(
-            hidden,
-            weight,
-            gather_ids,
-            bias=bias,
-            temperature=temperature,
-            transform=self.transform,
-            chunk_size=self.chunk_size,
-        )
-        return logp, entropy, gathered
+        values = self.value_head(hidden) if with_values and self.value_head is not None else None
+        gathered = None
+        if gather_ids is not None:
+            gathered = chunked_gather_logprobs(
+                hidden,
+                weight,
+                gather_ids,
+                bias=bias,
+                temperature=temperature,
+                transform=self.transform,
+                chunk_size=self.chunk_size,
+            )
+        return TokenScores(logp, entropy, values, gathered)
 
     def target_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Hidden states [B, n, H] that predict each completion token (either layout)."""

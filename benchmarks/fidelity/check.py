@@ -7,16 +7,25 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.fidelity.bench import Fidelity
 from rapo_echo.benchmarks.fidelity.cli import ENGINE_FREE_REWARDS
 from rapo_echo.benchmarks.results import SUMMARY_FILE, write_json_atomic
-from rapo_echo.config import redacted
+from rapo_echo.config import EngineConfig, FidelityCheckConfig, ModelConfig, redacted
 
 RUN_FILE = "fidelity.json"
+
+
+class RunConfig(Protocol):
+    """What the check reads of a run's config: the check itself, the simulator's and the judge's engines,
+    and the policy model a role may share."""
+
+    fidelity: FidelityCheckConfig | None
+    simulator: EngineConfig
+    judge: EngineConfig
+    model: ModelConfig
 
 
 def check_key(cfg: RunConfig) -> dict[str, Any]:

@@ -17,7 +17,8 @@ class EngineConfig(Strict):
     ``engine: policy`` shares the policy's weights (no second model in memory); ``hf`` loads
     ``model``; both run their forwards under ``autocast``. ``openai`` calls ``base_url`` with the key read
     from the environment variable ``api_key_env``; ``scripted`` replies from ``script``; ``vllm`` runs
-    in-process on GPUs.
+    in-process on GPUs. How each call samples (temperature, length) is set by its caller: the
+    algorithm's own section for the simulated person, the judges' own settings (they decode greedily).
     """
 
     engine: Literal["policy", "hf", "openai", "scripted", "vllm"] = Field(
@@ -49,14 +50,6 @@ class EngineConfig(Strict):
         "are parsed and retried; `auto`: `vllm` for vLLM and rapo-echo servers, else `json_schema`, and "
         "`none` (one warning) once the server refuses or ignores the fields. See docs/structured-output.md.",
     )
-    temperature: float = Field(
-        0.7,
-        ge=0.0,
-        le=5.0,
-        description="Role-level sampling temperature (the algorithms' calls set their own).",
-    )
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Role-level nucleus sampling bound.")
-    max_new_tokens: int = Field(256, ge=1, le=32768, description="Role-level reply length bound.")
     dtype: Dtype = Field(
         "auto",
         description="`hf`/`vllm`: the weights' dtype (`hf` `auto`: bfloat16 on a CUDA GPU that has it, else "
@@ -91,6 +84,22 @@ class EngineConfig(Strict):
         if problem:
             raise ValueError(f"script: {problem}")
         return self
+
+
+# Keys older versions accepted in an engine section and never read: each call's sampling is its caller's.
+SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens")
+
+
+def engine_settings(spec: str) -> dict[str, Any]:
+    """The engine section a command-line SPEC names (``train``/``eval --simulator SPEC --judge SPEC``):
+    ``policy`` shares the policy's weights, an ``http(s)://`` URL is an OpenAI-compatible endpoint (its
+    default model), anything else a model spec for the ``hf`` engine (``default``, a folder, a ``.gguf``
+    file, a hub id)."""
+    if spec == "policy":
+        return {"engine": "policy"}
+    if spec.startswith(("http://", "https://")):
+        return {"engine": "openai", "base_url": spec, "model": "default"}
+    return {"engine": "hf", "model": spec}
 
 
 def script_problem(script: dict[str, Any]) -> str | None:

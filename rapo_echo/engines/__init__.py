@@ -68,8 +68,6 @@ def make_engine(
 def engine_from_spec(spec: str, **kw: Any) -> ChatEngine:
     """An engine from a command-line spec: an ``http(s)://`` URL is an OpenAI-compatible endpoint,
     anything else a model spec (``default``, folder, ``.gguf``, hub id) for the ``hf`` engine."""
-    from rapo_echo.config import EngineConfig
+    from rapo_echo.config import EngineConfig, engine_settings
 
-    if spec.startswith(("http://", "https://")):
-        return make_engine(EngineConfig(engine="openai", base_url=spec, **kw), role="cli")
-    return make_engine(EngineConfig(engine="hf", model=spec, **kw), role="cli")
+    return make_engine(EngineConfig(**engine_settings(spec), **kw), role="cli")

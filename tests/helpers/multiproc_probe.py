@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.trainer import Trainer
+from rapo_echo.algorithms.learner import Learner
 from rapo_echo.types import Sample, Scenario
 
 FIELDS = ("group", "prompt_ids", "completion_ids", "logprobs", "text", "finish_reason")
@@ -34,7 +34,7 @@ def install_recorder(folder: Path) -> None:
     """Patch GRPO so every rank writes its samples of each step, and the trainer so every rank writes
     its final trainable weights."""
     rank = int(os.environ.get("RANK", "0"))
-    rollout, sample_group, save_final = GRPO.rollout, GRPO.sample_group, Trainer._save_final
+    rollout, sample_group, save_final = GRPO.rollout, GRPO.sample_group, Learner._save_final
 
     def rollout_at(self: GRPO, scenarios: list[Scenario], step: int) -> Any:
         self.probe_step = step + 1
@@ -46,7 +46,7 @@ def install_recorder(folder: Path) -> None:
         record_file(folder, self.probe_step, rank).write_text(json.dumps(rows))
         return samples, seconds
 
-    def final_with_weights(self: Trainer) -> None:
+    def final_with_weights(self: Learner) -> None:
         from safetensors.torch import save_file
 
         save_final(self)
@@ -57,7 +57,7 @@ def install_recorder(folder: Path) -> None:
         }
         save_file(weights, str(weights_file(folder, rank)))
 
-    GRPO.rollout, GRPO.sample_group, Trainer._save_final = rollout_at, recorded, final_with_weights
+    GRPO.rollout, GRPO.sample_group, Learner._save_final = rollout_at, recorded, final_with_weights
 
 
 def replaying(folder: Path, world: int) -> tuple[Callable, Callable]:

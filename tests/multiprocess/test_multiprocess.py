@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
+from rapo_echo.algorithms.learner import Learner
 from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.trainer import Trainer
 from tests.helpers.launch import ROOT, accelerate, run_processes, torchrun
 from tests.helpers.multiproc_probe import record_file, replaying, weights_file
 
@@ -120,7 +120,7 @@ def check_equals_single_process(tmp: Path, model: Path, run: Path, records: Path
             "train.save_every=100",
         ]
     )
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     start = {n: p.detach().clone() for n, p in trainer.policy.lm.named_parameters() if p.requires_grad}
     trainer.train()
     multi, one = metrics(run), metrics(single)

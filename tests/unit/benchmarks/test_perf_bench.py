@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import benchmarks.perf.bench_grpo as bench
+import benchmarks.perf.workload as bench
 from benchmarks.perf.bench_decode import decode_bytes
 from tests.conftest import SHARED_DATA
 

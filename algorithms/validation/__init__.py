@@ -26,23 +26,21 @@ from rapo_echo.checkpoint import rng_state, set_rng_state
 from rapo_echo.data import load_scenarios
 from rapo_echo.errors import ConfigError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl, read_jsonl
-from rapo_echo.validation.checks import Check, Comparison, build_checks, replaces_best
+from rapo_echo.rundir import BEST_DIR, BEST_FILE, VALIDATION_FILE
 from rapo_echo.variety import distinct_n, paired_distinct_gain
+
+from .checks import Check, Comparison, build_checks, replaces_best
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
-    from rapo_echo.algorithms.base import Algorithm
-    from rapo_echo.algorithms.run_config import RunConfig
     from rapo_echo.policy import Policy
     from rapo_echo.types import Scenario
 
+    from ..base import Algorithm
+    from ..run_config import RunConfig
+
 log = logging.getLogger(__name__)
-
-VALIDATION_FILE = "validation.jsonl"
-BEST_DIR = "best"
-BEST_FILE = "best.json"
-
 
 @dataclass
 class HeldOut:

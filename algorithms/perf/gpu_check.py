@@ -39,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.perf.bench_grpo import SHARED_BENCH_CANDIDATES  # noqa: E402
+from rapo_echo.algorithms.perf.bench_grpo import SHARED_BENCH_CANDIDATES  # noqa: E402
 
 # Per-part limits; the default parts also share BUDGET_S, so the call ends within 8 minutes whatever
 # hangs (--zero3 / --vllm add at most their own limits).
@@ -111,7 +111,7 @@ def profile_decode(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch._dynamo.utils import counters
 
-    from benchmarks.perf.bench_grpo import set_workload_dir, workload
+    from rapo_echo.algorithms.perf.bench_grpo import set_workload_dir, workload
     from rapo_echo.engines.hf import HFEngine
     from rapo_echo.types import SamplingParams
 
@@ -297,7 +297,7 @@ def main() -> int:
         plan.append(
             ("models", [py, me, str(out), "--part", "tiny", "--tok", str(tok), "--model", str(model)])
         )
-        compare = [py, "benchmarks/perf/bench_grpo.py", "--device", "cpu", "--steps", "1"]
+        compare = [py, "algorithms/perf/bench_grpo.py", "--device", "cpu", "--steps", "1"]
         compare += ["--model", str(model), "--out", str(out / "compare.jsonl")]
         compare += ["--set", "rollout.max_new_tokens=8"]
         workload = small
@@ -315,7 +315,7 @@ def main() -> int:
             return 2
         env.setdefault("BIG_STEPS", "3")
         plan.append(("models", [py, str(maker), "--tok", str(tok), "--out", str(models), "--which", "b"]))
-        compare = [py, "benchmarks/perf/bench_grpo.py", "--compare", "--device", "cuda"]
+        compare = [py, "algorithms/perf/bench_grpo.py", "--compare", "--device", "cuda"]
         compare += ["--workload", str(large), "--model", str(model), "--out", str(out / "compare.jsonl")]
         workload = str(large)
     plan.append(("compare", compare))

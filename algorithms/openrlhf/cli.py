@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _build_config(args: argparse.Namespace):
-    from rapo_echo.train_cli import build_config
+    from ..train_cli import build_config
 
     args.resume = None
     return build_config(args)
@@ -85,13 +85,14 @@ def _build_config(args: argparse.Namespace):
 
 def run_export(args: argparse.Namespace) -> int:
     from rapo_echo.models import load_tokenizer, resolve
-    from rapo_echo.openrlhf.export import (
+    from rapo_echo.simulators.sage import preset
+
+    from .export import (
         export_dataset,
         export_profiles,
         export_reward_file,
         export_rlver_agent,
     )
-    from rapo_echo.simulators.sage import preset
 
     cfg = _build_config(args)
     if not cfg.rewards and not args.agent:
@@ -114,8 +115,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from rapo_echo.openrlhf.export import CONFIG_FILE
-    from rapo_echo.openrlhf.launch import ClusterSpec, launch_command
+    from .export import CONFIG_FILE
+    from .launch import ClusterSpec, launch_command
 
     if args.config is None and (Path(args.bundle) / CONFIG_FILE).is_file():
         args.config = str(Path(args.bundle) / CONFIG_FILE)  # the config the folder was exported with

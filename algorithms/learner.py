@@ -1,14 +1,17 @@
-"""The training loop shared by every algorithm (docs/architecture.md, "One training step").
+"""The Learner: the training loop every algorithm shares (docs/architecture.md, "One training step").
 
 scenarios -> ``algorithm.rollout`` -> reference / old log-probs -> micro-batched loss -> optimizer
 step through ``accelerate`` -> metrics, samples, periodic atomic checkpoint. Resuming restores the
 weights, optimizer, scheduler, RNG states and data position, so the run continues as if never
 stopped. SIGINT/SIGTERM finish the current step, checkpoint and exit.
+
+It knows no algorithm by name: what an algorithm needs from it is declared in :class:`.base.Needs`
+(loss kinds and their normalisers, a reference, a value head, per-token fields), read once from the
+config before the policy is built.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -24,10 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from rapo_echo import algorithms
-from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
-from rapo_echo.algorithms.run_config import RunConfig
-from rapo_echo.atomic import write_text_atomic
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
 from rapo_echo.checkpoint import (
@@ -42,7 +41,6 @@ from rapo_echo.checkpoint import (
     staging_path,
     write_state_files,
 )
-from rapo_echo.config import dump_config
 from rapo_echo.data import ScenarioStream, load_scenarios
 from rapo_echo.distributed import (
     accelerator_kwargs,
@@ -57,15 +55,19 @@ from rapo_echo.distributed import (
 from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
-from rapo_echo.jsonl import append_jsonl, keep_jsonl
 from rapo_echo.judges.bias import merge_metrics
 from rapo_echo.models import autocast_dtype
 from rapo_echo.monitor import RewardHackingMonitor
-from rapo_echo.policy import Policy, pad_left_aligned
+from rapo_echo.policy import VALUE_HEAD_FILE, Policy, TokenScores, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.rewards.persona import PersonaInference
 from rapo_echo.rundir import check_run_dir, lock_run_dir
-from rapo_echo.validation import BEST_FILE, Validator, validation_scenarios
+
+from . import get as algorithm_class
+from .base import AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem, pad_rows, totals_of
+from .run_config import RunConfig
+from .run_log import RunLog
+from .validation import BEST_FILE, Validator, validation_scenarios
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +133,9 @@ class _StopFlag:
         log.warning("%s received: finishing this step, then checkpointing and stopping", self.signal_name)
 
 
-class Trainer:
-    """Runs one training run described by a :class:`RunConfig` into ``cfg.output``."""
+class Learner:
+    """Runs one training run described by a :class:`RunConfig` into ``cfg.output``: owns the policy, the
+    optimizer and schedule, the update and the run's state; the algorithm owns its rollout and loss."""
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
         if not cfg.output:
@@ -151,11 +154,12 @@ class Trainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         seed_everything(cfg.train.seed + self.accelerator.process_index)
-        self.algo_cls = algorithms.get(cfg.algo)
+        self.algo_cls: type[Algorithm] = algorithm_class(cfg.algo)
+        self.needs: Needs = self.algo_cls.needs(cfg)
         ckpt = latest_checkpoint(self.run_dir) if resume else None
-        check_resume = getattr(self.algo_cls, "check_resume", None)
-        if ckpt is not None and check_resume is not None:  # before any model loads or file changes
-            check_resume(cfg, ckpt)
+        if ckpt is not None:  # before any model loads or file changes
+            self.algo_cls.check_resume(cfg, ckpt)
+            check_heads(ckpt, self.needs)
         # Data and rewards are validated before any model is loaded.
         self.scenarios = load_scenarios(cfg.data.path, cfg.data.format, cfg.data.selection, cfg.data.limit)
         if not self.scenarios:
@@ -165,10 +169,12 @@ class Trainer:
         self.policy = Policy(
             cfg.model,
             cfg.rollout,
-            need_reference=cfg.loss.beta > 0,
+            need_reference=self.needs.reference,
             device=str(self.accelerator.device),
             shared_prompt_forward=cfg.train.shared_prompt_forward,
         )
+        if self.needs.value_head:  # before the optimizer: it trains with the model
+            self.policy.add_value_head()
         self._resolve_batch_sizes()
         self._resolve_lr()
         if cfg.rollout.engine == "vllm":
@@ -192,7 +198,8 @@ class Trainer:
         self.monitor = RewardHackingMonitor(
             cfg.monitor, cfg.rollout.max_new_tokens, run_dir=self.run_dir, warn=self.is_main
         )
-        self.algorithm = self.algo_cls(cfg, AlgoContext(self.policy, self.rewards, simulator, judge))
+        context = AlgoContext(self.policy, self.rewards, simulator, judge)
+        self.algorithm: Algorithm = self.algo_cls(cfg, context)
         params = self.policy.trainable_parameters()
         if not params:
             raise ConfigError("model: nothing to train (no parameter requires gradients)")
@@ -228,9 +235,7 @@ class Trainer:
         self.stopped_by = ""  # the signal that stopped the run early, if any
         self.best_step: int | None = None  # keep_best: the step final/ comes from, when not the last
         self.warned_truncation = False
-        self.metrics_file = self.run_dir / "metrics.jsonl"
-        self.samples_file = self.run_dir / "samples.jsonl"
-        self.tb: Any = None
+        self.logs = RunLog(cfg, self.run_dir, self.is_main)
 
     # ------------------------------------------------------------------ setup helpers
     def _resolve_batch_sizes(self) -> None:
@@ -305,24 +310,8 @@ class Trainer:
         return make_engine(cfg, role=role)
 
     def open_logs(self) -> None:
-        if not self.is_main:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(self.cfg, self.run_dir / "config.yaml")
-        write_text_atomic(self.run_dir / "resolved.json", json.dumps(self.resolved, indent=2) + "\n")
-        if self.cfg.logging.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-        if self.cfg.logging.wandb:
-            import wandb
-
-            wandb.init(
-                project=self.cfg.logging.wandb_project,
-                dir=str(self.run_dir),
-                resume="allow",
-                config=json.loads(json.dumps(self.cfg.model_dump(mode="json"))),
-            )
+        """Write the run's config and what its ``auto`` settings became; open the metric sinks."""
+        self.logs.open(self.resolved)
 
     def _sync_generator(self) -> None:
         """Push the policy's weights into a separate sampler (vLLM), if there is one."""
@@ -350,11 +339,9 @@ class Trainer:
         load_rng(ckpt, self.accelerator.process_index)
         self._sync_generator()
         log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
-        if self.is_main:  # drop lines written after that checkpoint (they will be recomputed), atomically
-            for f in (self.metrics_file, self.samples_file):
-                keep_jsonl(f, lambda r: not isinstance(r, dict) or r.get("step", 0) <= self.step)
-            if self.validator is not None:
-                self.validator.resumed_at(self.step)
+        self.logs.resumed_at(self.step)  # lines written after that checkpoint are recomputed
+        if self.is_main and self.validator is not None:
+            self.validator.resumed_at(self.step)
 
     def _trainer_state(self) -> dict[str, Any]:
         return {
@@ -363,6 +350,7 @@ class Trainer:
             "nonfinite_in_a_row": self.nonfinite_in_a_row,
             "invalid_in_a_row": self.invalid_in_a_row,
             "algo": self.cfg.algo,
+            "value_head": self.needs.value_head,
         }
 
     def _checkpoint(self) -> Path | None:
@@ -429,14 +417,14 @@ class Trainer:
             self._restore()
         self.open_logs()
         self.stop.install()
-        bar = self._progress()
+        bar = self.logs.progress(self.step)
         try:
             if self.validator is not None and not self.validator.has(self.step):
                 self._validate()  # the base, or the checkpoint a stopped run resumes from
             while self.step < self.cfg.train.max_steps:
                 metrics = self.train_step()
                 self.step += 1
-                self._log(metrics)
+                self.logs.step(self.step, metrics)
                 self._check_valid(metrics)
                 if bar is not None:
                     bar.update(1)
@@ -461,8 +449,7 @@ class Trainer:
             self.stop.restore()
             if bar is not None:
                 bar.close()
-            if self.tb is not None:
-                self.tb.close()
+            self.logs.close()
         return self.run_dir
 
     def _check_valid(self, metrics: dict[str, float]) -> None:
@@ -480,14 +467,10 @@ class Trainer:
             )
 
     def _validate(self) -> None:
-        """Held-out validation of the current weights (main process only; see rapo_echo/validation)."""
+        """Held-out validation of the current weights (main process only; see algorithms/validation)."""
         if self.validator is None or not self.is_main:
             return
-        metrics = self.validator.run(self.step)
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if math.isfinite(v):
-                    self.tb.add_scalar(k, v, self.step)
+        self.logs.scalars(self.step, self.validator.run(self.step))
 
     def _save_final(self) -> None:
         """The final model in Hugging Face format: merged under LoRA (plain transformers loads it);
@@ -515,13 +498,6 @@ class Trainer:
             head = {k[len("value_head.") :]: v for k, v in full.items() if k.startswith("value_head.")}
             self.policy.save(folder, merged=False, state_dict=lm_state, value_state=head or None)
 
-    def _progress(self) -> Any:
-        if not (self.is_main and self.cfg.logging.progress):
-            return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.cfg.train.max_steps, initial=self.step, desc=f"{self.cfg.algo}", unit="step")
-
     def _batch(self) -> list:
         n, world, rank = (
             self.cfg.rollout.batch_size,
@@ -531,14 +507,20 @@ class Trainer:
         batch = self.stream.next_batch(n * world)
         return batch[rank * n : (rank + 1) * n]
 
-    def _judge_metrics(self) -> dict[str, float]:
+    def _judge_metrics(self, rollout: Rollout) -> dict[str, float]:
         """This step's position bias of the comparing judges (``judge/position_bias/*``): the rewards'
-        judges and the algorithm's group judge, merged by decision count."""
-        parts = self.rewards.step_metrics()
-        bias = getattr(getattr(self.algorithm, "judge", None), "position_bias", None)
-        if bias is not None:
-            parts.append(bias.step_metrics())
-        return merge_metrics(parts)
+        judges and the algorithm's own (``Rollout.judge_metrics``), merged by decision count."""
+        return merge_metrics([*self.rewards.step_metrics(), *rollout.judge_metrics])
+
+    def _check_items(self, items: list[TrainItem]) -> None:
+        """Every item is of a kind and carries only fields its algorithm declared (:class:`.base.Needs`)."""
+        for it in items:
+            if it.kind not in self.needs.kinds or not set(it.fields) <= set(self.needs.fields):
+                raise TypeError(
+                    f"{self.algo_cls.__name__}.rollout gave an item of kind {it.kind.name!r} with fields "
+                    f"{sorted(it.fields)}; its needs() declare kinds {[k.name for k in self.needs.kinds]} "
+                    f"and fields {list(self.needs.fields)}"
+                )
 
     def train_step(self) -> dict[str, float]:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
@@ -554,6 +536,7 @@ class Trainer:
             self.policy.rollout_engine.sleep()  # vLLM's memory is free for training (where it can sleep)
         timings = dict(rollout.timings)
         items = rollout.items
+        self._check_items(items)
         t0 = time.perf_counter()
         self._fill_reference(items)
         timings["ref_logprobs"] = time.perf_counter() - t0
@@ -567,7 +550,7 @@ class Trainer:
         timings["weight_sync"] = time.perf_counter() - t0
         timings["step"] = time.perf_counter() - t_step
         tokens = sum(len(s.completion_ids) for s in rollout.samples)
-        metrics = {**rollout.metrics, **persona_metrics, **self._judge_metrics(), **update_metrics}
+        metrics = {**rollout.metrics, **persona_metrics, **self._judge_metrics(rollout), **update_metrics}
         metrics.update(gap.metrics())
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         metrics["tokens_per_s"] = tokens / timings["step"] if timings["step"] > 0 else 0.0
@@ -583,7 +566,7 @@ class Trainer:
                 "prompt kept); metric prompt_truncated counts them",
                 self.cfg.rollout.max_prompt_tokens,
             )
-        self._write_samples(rollout)
+        self.logs.samples(self.step + 1, rollout)
         return self.monitor.update(self.step + 1, self._mean_over_processes(metrics), rollout.samples)
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -641,10 +624,10 @@ class Trainer:
 
     def _fill_reference(self, items: list[TrainItem]) -> None:
         """Reference log-probs of the policy-gradient items (the KL term is taken on those only)."""
-        if not self.algorithm.needs_reference:
+        if not self.needs.reference:
             return
         temp = self.cfg.rollout.temperature
-        for mb, batch in self._no_grad_passes([it for it in items if it.kind == PG]):
+        for mb, batch in self._no_grad_passes([it for it in items if it.kind.policy_gradient]):
             for it, values in zip(mb, batch.rows(self.policy.reference_logprobs(batch, temperature=temp))):
                 it.ref_logprobs = values
 
@@ -671,7 +654,7 @@ class Trainer:
         the current policy, which also measures the sampler gap. Returns whether it measured it."""
         if self._on_policy():
             return False  # taken from the training forward itself (see _accumulate)
-        pg = [it for it in items if it.kind == PG]
+        pg = [it for it in items if it.kind.policy_gradient]
         matches = self._sampler_matches()
         for it in pg:
             it.old_logprobs = it.sampler_logprobs if matches else None
@@ -686,14 +669,21 @@ class Trainer:
         return bool(need) and len(need) == len(pg)
 
     def _micro(self, mb: list[TrainItem], batch: Any) -> MicroBatch:
+        """What the loss sees of a micro-batch: masks, old and reference log-probs, advantages, weights
+        and the declared per-token fields, padded to its width on this process's device."""
         dev = self.accelerator.device
         n = batch.n_targets
         old = pad_left_aligned([it.old_logprobs or [0.0] * len(it.completion_ids) for it in mb], n)
         ref = None
-        if self.algorithm.needs_reference:
+        if self.needs.reference:
             ref = pad_left_aligned([it.ref_logprobs or [0.0] * len(it.completion_ids) for it in mb], n).to(
                 dev
             )
+        fields = {
+            name: pad_rows([it.fields.get(name) for it in mb], n).to(dev)
+            for name in self.needs.fields
+            if any(name in it.fields for it in mb)
+        }
         return MicroBatch(
             items=mb,
             batch=batch,
@@ -703,6 +693,26 @@ class Trainer:
             advantages=torch.tensor([it.advantage for it in mb], dtype=torch.float32, device=dev),
             weights=torch.tensor([it.weight for it in mb], dtype=torch.float32, device=dev),
             kinds=[it.kind for it in mb],
+            fields=fields,
+        )
+
+    def _forward(self, mb: MicroBatch) -> TokenScores:
+        """The training forward of a micro-batch through the wrapped scorer: each row at its kind's
+        temperature, with the entropy (its gradient where the loss takes one), the value head's values
+        and the log-probs at the gathered ids where the algorithm declared them."""
+        t = self.cfg.rollout.temperature
+        temps = [t if k.temperature is None else k.temperature for k in mb.kinds]
+        temperature: float | torch.Tensor = temps[0]
+        if any(x != temps[0] for x in temps):
+            temperature = torch.tensor(temps, device=mb.mask.device)
+        gather = mb.fields.get(self.needs.gather) if self.needs.gather else None
+        return self.scorer(
+            mb.batch.to(self.accelerator.device),
+            temperature,
+            True,
+            self.needs.entropy_grad,
+            gather_ids=None if gather is None else gather.long(),
+            with_values=self.needs.value_head,
         )
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
@@ -717,11 +727,12 @@ class Trainer:
         dist.all_reduce(t, op=ops[op])
         return t.tolist()
 
-    def _global_totals(self, items: list[TrainItem]) -> dict[str, dict[str, float]]:
-        """Token and sequence counts of the mini-batch summed over the processes (a collective)."""
-        totals = {kind: totals_of(items, kind) for kind in (PG, SD)}
-        flat = self._all_reduce([totals[k][f] for k in (PG, SD) for f in ("tokens", "seqs")])
-        return {PG: {"tokens": flat[0], "seqs": flat[1]}, SD: {"tokens": flat[2], "seqs": flat[3]}}
+    def _global_totals(self, items: list[TrainItem]) -> Totals:
+        """Token and sequence counts of each declared kind in the mini-batch, summed over the processes
+        (a collective): the normalisers of each kind's loss."""
+        kinds = self.needs.kinds
+        flat = self._all_reduce([totals_of(items, k)[f] for k in kinds for f in ("tokens", "seqs")])
+        return {k: {"tokens": flat[2 * i], "seqs": flat[2 * i + 1]} for i, k in enumerate(kinds)}
 
     def _update(
         self, items: list[TrainItem], timings: dict[str, float], gap: _LogprobGap | None
@@ -746,7 +757,7 @@ class Trainer:
             for mini in (order[i :: t.mini_batches] for i in range(t.mini_batches)):
                 micro = list(self._scoring_batches(mini))
                 totals = self._global_totals(mini)
-                if totals[PG]["tokens"] + totals[SD]["tokens"] == 0:
+                if sum(t["tokens"] for t in totals.values()) == 0:
                     continue  # nothing to train on, on any rank
                 n_micro = int(self._all_reduce([float(len(micro))], "max")[0])
                 finite, step_metrics = self._accumulate(micro, totals, clock, gap, n_micro)
@@ -789,7 +800,7 @@ class Trainer:
     def _accumulate(
         self,
         micro: list[tuple[list[TrainItem], Any]],
-        totals: dict[str, dict[str, float]],
+        totals: Totals,
         clock: dict[str, float],
         gap: _LogprobGap | None = None,
         n_micro: int | None = None,
@@ -800,7 +811,7 @@ class Trainer:
         skipped except the last, whose backward runs with the loss times 0 so the synced backward
         still happens (the gradients are discarded: every rank skips the update).
         On-policy (see :meth:`_on_policy`) the forward's own detached log-probs are the old ones."""
-        dev, world = self.accelerator.device, self.accelerator.num_processes
+        world = self.accelerator.num_processes
         on_policy = self._on_policy()
         n_micro = len(micro) if n_micro is None else n_micro
         step_metrics: dict[str, float] = defaultdict(float)
@@ -819,22 +830,13 @@ class Trainer:
                     self._idle_backward()
                     clock["policy_forward"] += time.perf_counter() - t0
                     continue
-                mb_items, batch = micro[j]
-                mb = self._micro(mb_items, batch)
-                out = self.scorer(
-                    batch.to(dev),
-                    self.algorithm.forward_temperature(mb),
-                    True,
-                    self.cfg.loss.entropy_coef > 0,
-                    **self.algorithm.forward_kwargs(mb),
-                )
+                mb = self._micro(*micro[j])
+                out = self._forward(mb)
                 if on_policy:
-                    mb.old_logp = out[0].detach()
+                    mb.old_logp = out.logp.detach()
                 if gap is not None:
-                    gap.add(mb_items, out[0], mb.mask)
-                loss, metrics = self.algorithm.loss(
-                    mb, out[0], out[1], totals, out[2] if len(out) > 2 else None
-                )
+                    gap.add(mb.items, out.logp, mb.mask)
+                loss, metrics = self.algorithm.loss(mb, out, totals)
                 t1 = time.perf_counter()
                 clock["policy_forward"] += t1 - t0
                 if not torch.isfinite(loss):
@@ -863,7 +865,7 @@ class Trainer:
     def _idle_backward(self) -> None:
         """A zero-loss forward and backward through the wrapped scorer (all gradients 0; a value head,
         if any, takes part too, so every parameter joins the gradient all-reduce)."""
-        kw = {"with_values": True} if self.policy.scorer.value_head is not None else {}
+        kw = {"with_values": True} if self.needs.value_head else {}
         out = self.scorer(self._idle_batch().to(self.accelerator.device), self.cfg.rollout.temperature, **kw)
         self.accelerator.backward(sum(o.sum() for o in out if o is not None) * 0.0)
 
@@ -878,49 +880,6 @@ class Trainer:
         params = self.policy.trainable_parameters()
         return float(self.accelerator.clip_grad_norm_(params, self.cfg.train.max_grad_norm))
 
-    # ------------------------------------------------------------------ logging
-    def _log(self, metrics: dict[str, float]) -> None:
-        if not self.is_main:
-            return
-        record = {"step": self.step, **{k: _num(v) for k, v in metrics.items()}}
-        append_jsonl(self.metrics_file, [record], fix=self._write_fix())
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, self.step)
-        if self.cfg.logging.wandb:
-            import wandb
-
-            wandb.log(record, step=self.step)
-
-    def _write_samples(self, rollout: Rollout) -> None:
-        if not self.is_main or (self.step + 1) % self.cfg.logging.samples_every:
-            return
-        records = [
-            {
-                "step": self.step + 1,
-                "scenario": s.scenario.id,
-                "group": s.group,
-                "prompt": s.scenario.messages,
-                "reply": s.text,
-                "reward": s.reward,
-                "rewards": s.rewards,
-                "advantage": s.info.get("advantage"),
-                "critique": s.critique,
-                "finish_reason": s.finish_reason,
-                "info": {k: v for k, v in s.info.items() if k != "advantage"},
-            }
-            for s in rollout.samples
-        ]
-        append_jsonl(self.samples_file, records, fix=self._write_fix())
-
-    def _write_fix(self) -> str:
-        ckpt = latest_checkpoint(self.run_dir)
-        return (
-            f"Free space, then continue with: rapo-echo train --resume {self.run_dir} "
-            f"(last checkpoint: {ckpt or 'none yet'})"
-        )
-
 
 class _LogprobGap:
     """``|sampler log-prob - training-forward log-prob|`` over the policy-gradient tokens scored with
@@ -934,7 +893,7 @@ class _LogprobGap:
         rows = [
             i
             for i, it in enumerate(items)
-            if it.kind == PG
+            if it.kind.policy_gradient
             and it.sampler_logprobs is not None
             and len(it.sampler_logprobs) == len(it.completion_ids)
         ]
@@ -956,10 +915,6 @@ class _LogprobGap:
         }
 
 
-def _num(v: Any) -> Any:
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
 class _nullcontext:
     def __enter__(self) -> None:
         return None
@@ -968,13 +923,28 @@ class _nullcontext:
         return None
 
 
-def run_training(cfg: RunConfig, *, resume: bool = False) -> Trainer:
-    """Build a :class:`Trainer` and run it; returns it (``run_dir``; ``stopped_by`` a signal's name
+def check_heads(checkpoint: Path, needs: Needs) -> None:
+    """Refuse, before anything loads, a checkpoint whose heads differ from this run's: its optimizer state
+    holds a value head this run has none for, or the reverse (older checkpoints: the file tells)."""
+    recorded = load_trainer_state(checkpoint).get("value_head")
+    had = bool(recorded) if recorded is not None else (checkpoint / "model" / VALUE_HEAD_FILE).is_file()
+    if had == needs.value_head:
+        return
+    held = "holds a value head" if had else "holds no value head"
+    wants = "trains one" if needs.value_head else "trains none"
+    raise ConfigError(
+        f"--resume: the checkpoint {checkpoint} {held} and this run {wants}, so its optimizer state does not "
+        "fit; resume with the settings it was written with, or start a new run in another --output"
+    )
+
+
+def run_training(cfg: RunConfig, *, resume: bool = False) -> Learner:
+    """Build a :class:`Learner` and run it; returns it (``run_dir``; ``stopped_by`` a signal's name
     when one stopped the run early)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        trainer = Trainer(cfg, resume=resume)
-        trainer.train()
+        learner = Learner(cfg, resume=resume)
+        learner.train()
     finally:
         end_process_group()
-    return trainer
+    return learner

@@ -5,6 +5,9 @@ For each reply the simulator (``simulator``: any name ``rapo.simulator.name`` ta
 reply it could not react to is invalid (masked and counted). The reaction is kept in the sample's
 info. This is RLVER's verifiable emotion reward cut to one turn, and the scalar baseline RAPO's
 learning benchmark compares rank rewards and critiques against.
+
+It lives with the simulators it wraps, above the reward layer, and is registered by name through the
+``rapo_echo.rewards`` entry-point group (pyproject.toml), the door any reward plugin uses.
 """
 
 from __future__ import annotations

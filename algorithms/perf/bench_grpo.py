@@ -7,14 +7,14 @@ steps, lr 1e-6, the workload's deterministic reward). The figures use the peer's
 (``sec_per_step_median``, ``completion_tokens_per_s``, ``peak_rss_mb``, ``total_wall_s``) plus a
 per-stage breakdown. Model loading is not timed.
 
-    python benchmarks/perf/bench_grpo.py                 # our GRPO, full fine-tuning
-    python benchmarks/perf/bench_grpo.py --lora          # LoRA variant (reference = adapter off)
-    python benchmarks/perf/bench_grpo.py --algo rapo     # RAPO step (simulator + judge share weights)
-    python benchmarks/perf/bench_grpo.py --gradient-checkpointing   # the memory effect (peak_rss_mb)
-    python benchmarks/perf/bench_grpo.py --algo rlver    # RLVER step: 8 profiles x 4 dialogues of
+    python algorithms/perf/bench_grpo.py                 # our GRPO, full fine-tuning
+    python algorithms/perf/bench_grpo.py --lora          # LoRA variant (reference = adapter off)
+    python algorithms/perf/bench_grpo.py --algo rapo     # RAPO step (simulator + judge share weights)
+    python algorithms/perf/bench_grpo.py --gradient-checkpointing   # the memory effect (peak_rss_mb)
+    python algorithms/perf/bench_grpo.py --algo rlver    # RLVER step: 8 profiles x 4 dialogues of
                                                          # 3 policy turns of <= 48 tokens, the
                                                          # simulator sharing the policy's weights
-    python benchmarks/perf/bench_grpo.py --compare       # peer (TRL, own venv) and ours alternately + ratios
+    python algorithms/perf/bench_grpo.py --compare       # peer (TRL, own venv) and ours alternately + ratios
 
 Each run happens in a fresh process, one after another (never two at once on 2 cores).
 """
@@ -22,7 +22,6 @@ Each run happens in a fresh process, one after another (never two at once on 2 c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -35,16 +34,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-# Where the shared workload folder is looked for, in order: $RAPO_SHARED_BENCH, ../shared/bench beside
-# the checkout, .gpukit/ inside it (what ../shared/bench/gpu/README.md carries to a GPU machine).
-SHARED_BENCH_CANDIDATES = [
-    Path(p)
-    for p in (os.environ.get("RAPO_SHARED_BENCH"), ROOT.parent / "shared" / "bench", ROOT / ".gpukit")
-    if p
-]
-SHARED_BENCH = next((p for p in SHARED_BENCH_CANDIDATES if (p / "workload.py").is_file()), None)
-WORKLOAD_ENV = "RAPO_BENCH_WORKLOAD"  # a folder holding workload.py (--workload); the reward reads it too
+from rapo_echo.benchmarks.perf.workload import (
+    ROOT,
+    SHARED_BENCH,
+    SHARED_BENCH_CANDIDATES,
+    set_workload_dir,
+    workload,
+)
+
 STAGES = (
     "generate",
     "rewards",
@@ -60,40 +57,6 @@ STAGES = (
 )
 
 
-def set_workload_dir(folder: str | Path) -> None:
-    """Use ``folder/workload.py`` (e.g. ../shared/bench/gpu/large) in this process and its children."""
-    folder = Path(folder).resolve()
-    if not (folder / "workload.py").is_file():
-        sys.exit(f"--workload {folder}: no workload.py there")
-    os.environ[WORKLOAD_ENV] = str(folder)
-    if SHARED_BENCH is not None:  # gpu/large/workload.py imports the shared one from there
-        os.environ.setdefault("SHARED_BENCH_DIR", str(SHARED_BENCH))
-
-
-_WORKLOADS: dict[Path, Any] = {}
-
-
-def workload() -> Any:
-    """The workload module (prompts, reward, sizes): ``--workload``'s folder, else the shared one."""
-    chosen = os.environ.get(WORKLOAD_ENV)
-    folder = Path(chosen) if chosen else SHARED_BENCH
-    if folder is None:
-        tried = ", ".join(str(p) for p in SHARED_BENCH_CANDIDATES)
-        sys.exit(
-            f"the shared benchmark workload (workload.py) is in none of: {tried}. Point at it with "
-            "--workload DIR or RAPO_SHARED_BENCH=DIR (the folder of ../shared/bench/README.md), or copy "
-            "it into .gpukit/ on a machine without ../shared (../shared/bench/gpu/README.md)"
-        )
-    if folder not in _WORKLOADS:
-        spec = importlib.util.spec_from_file_location(
-            f"rapo_bench_workload_{len(_WORKLOADS)}", folder / "workload.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _WORKLOADS[folder] = module
-    return _WORKLOADS[folder]
-
-
 def workload_reward(prompts, completions, **columns):
     """The workload's reward as a TRL-style function (so both sides score exactly the same)."""
     w = workload()
@@ -105,9 +68,9 @@ def run_ours(args: argparse.Namespace) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
+    from rapo_echo.algorithms.learner import Learner  # absolute: this file also runs as a script
     from rapo_echo.algorithms.run_config import load_config
     from rapo_echo.models import resolve
-    from rapo_echo.trainer import Trainer
 
     w = workload()
     tmp = Path(tempfile.mkdtemp(prefix="rapo-bench-"))
@@ -141,7 +104,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         "loss.agg=token-mean",
         "loss.eps_low=0.2",
         "loss.eps_high=0.2",
-        "rewards=[{name: 'rapo_echo.benchmarks.perf.bench_grpo:workload_reward'}]",
+        "rewards=[{name: 'rapo_echo.algorithms.perf.bench_grpo:workload_reward'}]",
         "logging.progress=false",
         "logging.tensorboard=false",
         "train.save_every=1000000",
@@ -155,7 +118,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         overrides += RLVER_OVERRIDES
     cfg = load_config(algo=args.algo, overrides=overrides + args.set)
     t_load = time.perf_counter()
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     trainer.open_logs()
     load_s = time.perf_counter() - t_load
     steps, per_stage, tokens = [], {s: [] for s in STAGES}, 0

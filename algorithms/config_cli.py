@@ -21,13 +21,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def reference() -> str:
-    """The reference page: the run config's sections and each algorithm's defaults."""
-    from rapo_echo import algorithms
-    from rapo_echo.algorithms.run_config import RunConfig
+    """The reference page: the shared sections of every run, then each built-in algorithm's own section
+    and defaults (a plugin's are its own to document)."""
     from rapo_echo.config.reference import reference_markdown
 
-    overlays = {name: algorithms.get(name).defaults() for name in algorithms.names()}
-    return reference_markdown(RunConfig, overlays)
+    from . import get, names
+    from .run_config import RunConfig
+
+    algorithms = {name: get(name) for name in names(builtin=True)}
+    return reference_markdown(
+        RunConfig, {name: (cls.config, cls.defaults()) for name, cls in algorithms.items()}
+    )
 
 
 def run(args: argparse.Namespace) -> int:

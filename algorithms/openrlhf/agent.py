@@ -118,9 +118,10 @@ def episode_factory(bundle: str | Path) -> Callable[[], RLVEREpisode]:
     """A function making fresh episodes from an export folder (``run_config.yaml``, ``tokenizer/``,
     ``rlver_agent.json``). The tokenizer, markers and simulator engine are built once, on first use,
     and shared by all episodes of the process."""
-    from rapo_echo.algorithms.run_config import load_config
     from rapo_echo.engines import make_engine
-    from rapo_echo.openrlhf.reward_runtime import bundle_tokenizer
+
+    from ..run_config import load_config
+    from .reward_runtime import bundle_tokenizer
 
     root = Path(bundle)
     lock = threading.Lock()

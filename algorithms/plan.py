@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import autosize
-from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.errors import ConfigError
 from rapo_echo.models import ResolvedModel, load_tokenizer, resolve, resolve_dtype
+
+from .run_config import RunConfig
 
 GB = 1e9
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -6,13 +6,13 @@ an agent for ``--train.agent_func_path``, ``export_dataset`` the prompts, and ``
 ``ray job submit`` command line. OpenRLHF itself is only needed on the cluster.
 """
 
-from rapo_echo.openrlhf.export import (
+from .export import (
     export_dataset,
     export_profiles,
     export_reward_file,
     export_rlver_agent,
 )
-from rapo_echo.openrlhf.launch import ClusterSpec, launch_command
+from .launch import ClusterSpec, launch_command
 
 __all__ = [
     "ClusterSpec",

@@ -38,11 +38,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.autosize import CPU_MICRO_BATCH
 from rapo_echo.errors import ConfigError
-from rapo_echo.openrlhf.dataset import LABEL_KEY, PROMPT_KEY, count_rows
-from rapo_echo.openrlhf.export import AGENT_FILE, PROMPTS_FILE, REWARD_FILE, as_config
+
+from ..run_config import RunConfig
+from .dataset import LABEL_KEY, PROMPT_KEY, count_rows
+from .export import AGENT_FILE, PROMPTS_FILE, REWARD_FILE, as_config
 
 ESTIMATORS = {"grpo": "group_norm", "dr_grpo": "dr_grpo", "rloo": "rloo"}
 POLICY_LOSSES = {"clip": "ppo", "gspo": "gspo"}
@@ -77,7 +78,7 @@ class ClusterSpec:
 
 
 def _eps_defaults(policy_loss: str) -> tuple[float, float]:
-    from rapo_echo.algorithms.core import POLICY_LOSSES as LOSS_FUNCTIONS
+    from ..core import POLICY_LOSSES as LOSS_FUNCTIONS
 
     params = inspect.signature(LOSS_FUNCTIONS[policy_loss]).parameters
     return float(params["eps_low"].default), float(params["eps_high"].default)

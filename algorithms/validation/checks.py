@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rapo_echo.config import CHECK_ENTRY_POINTS
 from rapo_echo.errors import ConfigError
@@ -21,12 +21,14 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
+    from ..base import Algorithm
+
 # name -> import string, imported on first use
 CHECKS = {
-    "min_gain": "rapo_echo.validation.checks:MinGain",
-    "subset_floor": "rapo_echo.validation.checks:SubsetFloor",
-    "rule_floor": "rapo_echo.validation.checks:RuleFloor",
-    "variety_floor": "rapo_echo.validation.checks:VarietyFloor",
+    "min_gain": "rapo_echo.algorithms.validation.checks:MinGain",
+    "subset_floor": "rapo_echo.algorithms.validation.checks:SubsetFloor",
+    "rule_floor": "rapo_echo.algorithms.validation.checks:RuleFloor",
+    "variety_floor": "rapo_echo.algorithms.validation.checks:VarietyFloor",
 }
 
 Gains = dict[str, dict[str, float]]
@@ -79,7 +81,7 @@ class Check:
     def refuses(self, c: Comparison) -> list[str]:
         raise NotImplementedError
 
-    def bind(self, algorithm: Any) -> None:
+    def bind(self, algorithm: Algorithm | None) -> None:
         """Check the parameters against the run's algorithm (e.g. its simulated person's rules)."""
 
 
@@ -118,11 +120,10 @@ class RuleFloor(Check):
         self.se = se
         self.rules = None if rules is None else list(rules)
 
-    def bind(self, algorithm: Any) -> None:
-        known = getattr(getattr(algorithm, "simulator", None), "rules", None)
-        if self.rules is None or known is None:
+    def bind(self, algorithm: Algorithm | None) -> None:
+        negative = algorithm.negative_rules() if algorithm is not None else None
+        if self.rules is None or negative is None:
             return
-        negative = [r.name for r in known if r.weight < 0]
         unknown = [n for n in self.rules if n not in negative]
         if unknown:
             raise ConfigError(
@@ -147,7 +148,7 @@ class VarietyFloor(Check):
         return vetoed_by({"variety": c.variety}, self.se) if c.variety else []
 
 
-def build_checks(specs: Sequence[BaseModel], algorithm: Any = None) -> list[Check]:
+def build_checks(specs: Sequence[BaseModel], algorithm: Algorithm | None = None) -> list[Check]:
     """The checks ``validation.checks`` names, built from their specs and bound to ``algorithm``."""
     checks = []
     for i, spec in enumerate(specs):

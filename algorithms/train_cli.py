@@ -6,21 +6,27 @@ import argparse
 import time
 from pathlib import Path
 
-from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.config import parse_reward_flag
+from rapo_echo.config import engine_settings, parse_reward_flag
 from rapo_echo.errors import ConfigError
+
+from .run_config import load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from rapo_echo import algorithms
+    from . import names
 
+    known = "|".join(names())
     p = sub.add_parser(
         "train",
-        help="train a policy (--algo " + "|".join(algorithms.names()) + ")",
+        help=f"train a policy (--algo {known})",
         description="Train a dialogue policy. Precedence: algorithm defaults < --config < flags < --set.",
     )
     p.add_argument("--config", help="YAML run config (see configs/)")
-    p.add_argument("--algo", choices=algorithms.names(), help="algorithm (overrides the config's algo)")
+    p.add_argument(
+        "--algo",
+        metavar="NAME",
+        help=f"algorithm: {known}, another registered one, or module:Class (overrides the config's algo)",
+    )
     p.add_argument("--model", help="policy model: default, a folder, a .gguf file or a hub id")
     p.add_argument(
         "--reward",
@@ -28,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME[=WEIGHT]",
         help="reward plugin: a built-in name, an entry point, or module:attr; repeatable",
     )
+    for role, plays in (("simulator", "the simulated user"), ("judge", "the judge")):
+        p.add_argument(
+            f"--{role}",
+            metavar="SPEC",
+            help=f"engine of {plays}, as on eval: 'policy' (share its weights), default, a model folder, "
+            f"a .gguf file, a hub id, or an http(s):// OpenAI-compatible endpoint (sets {role}.engine, "
+            f"{role}.model, {role}.base_url; --set {role}.model=NAME names a served model)",
+        )
     p.add_argument("--output", help="run directory (default runs/ALGO-TIMESTAMP)")
     p.add_argument("--max-steps", type=int, help="number of training steps")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
@@ -54,6 +68,9 @@ def build_config(args: argparse.Namespace):
     }
     if args.reward:
         flags["rewards"] = [parse_reward_flag(r) for r in args.reward]
+    for role in ("simulator", "judge"):
+        if getattr(args, role, None):
+            flags[role] = engine_settings(getattr(args, role))
     path = args.config
     if args.resume:
         run_dir = Path(args.resume)
@@ -68,7 +85,9 @@ def build_config(args: argparse.Namespace):
             raise ConfigError("--resume continues in RUN_DIR; --output must be omitted or equal to it")
         path, flags["output"] = str(saved), str(run_dir)
     dry = getattr(args, "dry_run", False)
-    cfg = load_config(path, algo=args.algo, overrides=args.set, flags=flags, check_devices=not dry)
+    cfg = load_config(
+        path, algo=args.algo, overrides=args.set, flags=flags, saved=bool(args.resume), check_devices=not dry
+    )
     if not cfg.output:
         cfg.output = str(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     return cfg
@@ -80,8 +99,8 @@ STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
 
 
 def hardware(args: argparse.Namespace, cfg) -> object:
-    """The :class:`~rapo_echo.plan.Hardware` the flags and the config name."""
-    from rapo_echo.plan import Hardware, zero_stage_of
+    """The :class:`~rapo_echo.algorithms.plan.Hardware` the flags and the config name."""
+    from .plan import Hardware, zero_stage_of
 
     zero, processes, source = args.zero or 0, None, ""
     if args.accelerate_config:
@@ -108,10 +127,10 @@ def hardware(args: argparse.Namespace, cfg) -> object:
 
 
 def dry_run(args: argparse.Namespace, cfg) -> int:
-    """Print the plan (``rapo_echo.plan``); nothing is loaded but config.json and the tokenizer."""
+    """Print the plan (``rapo_echo.algorithms.plan``); nothing is loaded but config.json and the tokenizer."""
     import json
 
-    from rapo_echo.plan import format_plan, make_plan
+    from .plan import format_plan, make_plan
 
     plan = make_plan(cfg, hardware(args, cfg))
     print(format_plan(plan))
@@ -124,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     if args.dry_run:
         return dry_run(args, cfg)
-    from rapo_echo.trainer import run_training
+    from .learner import run_training
 
     check = None
     if cfg.fidelity is not None:  # once per run, cached by simulator / judge spec (docs/fidelity.md)

@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import __version__
-from rapo_echo.algorithms.run_config import RunConfig, load_config
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import dump_config
 from rapo_echo.errors import ConfigError
-from rapo_echo.openrlhf.agent import AGENT_SETTINGS, write_agent_settings
-from rapo_echo.openrlhf.dataset import write_profiles, write_prompts
-from rapo_echo.openrlhf.reward_runtime import FAILURES_BEFORE_ERROR, default_invalid_reward
 from rapo_echo.simulators.sage import SageSettings
+
+from ..run_config import RunConfig, load_config
+from .agent import AGENT_SETTINGS, write_agent_settings
+from .dataset import write_profiles, write_prompts
+from .reward_runtime import FAILURES_BEFORE_ERROR, default_invalid_reward
 
 CONFIG_FILE = "run_config.yaml"
 TOKENIZER_DIR = "tokenizer"
@@ -45,7 +46,7 @@ FAILURES_BEFORE_ERROR failures in a row).
 
 from pathlib import Path
 
-from rapo_echo.openrlhf.reward_runtime import BundleReward
+from rapo_echo.algorithms.openrlhf.reward_runtime import BundleReward
 
 HERE = Path(__file__).resolve().parent
 INVALID_REWARD = {invalid!r}
@@ -77,7 +78,7 @@ from pathlib import Path
 
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from rapo_echo.openrlhf.agent import episode_factory
+from rapo_echo.algorithms.openrlhf.agent import episode_factory
 
 new_episode = episode_factory(Path(__file__).resolve().parent)
 
@@ -126,7 +127,7 @@ def export_reward_file(
 ) -> Path:
     """Write ``reward_func.py`` (plus config and tokenizer) for ``--reward.remote_url``; returns its path.
 
-    ``invalid_reward`` (default ``-sum(|weight|)``, see :mod:`rapo_echo.openrlhf.reward_runtime`) is the
+    ``invalid_reward`` (default ``-sum(|weight|)``, see :mod:`.reward_runtime`) is the
     reward of a sample that a reward plugin could not score."""
     cfg = as_config(config)
     if not cfg.rewards:
