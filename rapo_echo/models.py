@@ -228,12 +228,25 @@ DTYPES = {
 }
 
 
-def torch_dtype(name: str) -> Any:
-    """``'float32' | 'bfloat16' | 'float16' | 'auto'`` to a torch dtype (or 'auto')."""
+def auto_dtype(device_type: str, bf16_supported: bool) -> str:
+    """What ``dtype: auto`` loads as: on CUDA ``bfloat16`` where the GPU computes in it (Ampere and later)
+    and ``float32`` where it does not (``float16`` weights would need loss scaling to train); on other
+    devices ``auto``, the checkpoint's own dtype."""
+    if device_type != "cuda":
+        return "auto"
+    return "bfloat16" if bf16_supported else "float32"
+
+
+def torch_dtype(name: str, device: str = "cpu") -> Any:
+    """``'float32' | 'bfloat16' | 'float16' | 'auto'`` to a torch dtype (or 'auto', the checkpoint's own);
+    ``auto`` on a CUDA ``device`` is :func:`auto_dtype`'s choice for that GPU."""
     import torch
 
     if name == "auto":
-        return "auto"
+        if device.startswith("cuda"):
+            name = auto_dtype("cuda", torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if name == "auto":
+            return "auto"
     if name not in DTYPES:
         raise ModelResolutionError(f"unknown dtype {name!r}; allowed: float32, bfloat16, float16, auto")
     return getattr(torch, DTYPES[name])
@@ -296,7 +309,8 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
-    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "trust_remote_code": trust_remote_code}
+    target = pick_device(device)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype, target), "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     adapter_cfg = Path(resolved.path) / "adapter_config.json"
@@ -315,6 +329,7 @@ def load_model(
         where = f"hub id {resolved.path!r}" if resolved.is_hub else f"folder {resolved.path}"
         raise ModelResolutionError(f"could not load model from {where}: {exc}") from exc
     tok = load_tokenizer(resolved, trust_remote_code=trust_remote_code)
-    model.to(pick_device(device))
+    if not any(hasattr(p, "ds_id") for p in model.parameters()):  # ZeRO-3 placed its partitions itself
+        model.to(target)
     model.eval()
     return model, tok
