@@ -45,17 +45,20 @@ from rapo_echo.data import ScenarioStream, load_scenarios
 from rapo_echo.distributed import (
     accelerator_kwargs,
     configure_deepspeed,
+    deepspeed_mixed_precision,
     end_process_group,
-    gathered_for_generation,
+    gathered_one_at_a_time,
     import_group_capturing_modules,
     is_deepspeed,
     mark_last_micro_batch,
+    zero_layout,
     zero_stage,
 )
 from rapo_echo.engines import make_engine
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.judges.bias import merge_metrics
+from rapo_echo.master_weights import make_optimizer
 from rapo_echo.models import autocast_dtype
 from rapo_echo.monitor import RewardHackingMonitor
 from rapo_echo.policy import VALUE_HEAD_FILE, Policy, TokenScores, pad_left_aligned
@@ -175,7 +178,7 @@ class Learner:
         )
         if self.needs.value_head:  # before the optimizer: it trains with the model
             self.policy.add_value_head()
-        self._resolve_batch_sizes()
+        self.resolved: dict[str, Any] = {}
         self._resolve_lr()
         if cfg.rollout.engine == "vllm":
             from rapo_echo.engines.vllm_engine import VLLMEngine
@@ -204,8 +207,8 @@ class Learner:
         if not params:
             raise ConfigError("model: nothing to train (no parameter requires gradients)")
         t = cfg.train
-        self.optimizer = torch.optim.AdamW(
-            params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, weight_decay=t.weight_decay
+        self.optimizer = make_optimizer(  # float32 master weights for 16-bit weights (audit D6)
+            params, t, deepspeed_mixed_precision=deepspeed_mixed_precision(self.accelerator)
         )
         updates_per_step = t.inner_epochs * t.mini_batches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -225,9 +228,10 @@ class Learner:
         )
         # The scheduler is not handed to accelerate: its wrapper would step it once per process.
         self.scorer, self.optimizer = self.accelerator.prepare(self.policy.scorer, self.optimizer)
-        if zero_stage(self.accelerator) == 3 and cfg.rollout.decode == "auto":
-            self.policy.engine.decode_loop = "static"  # gathered ZeRO-3 weights move: no CUDA graphs
-        with gathered_for_generation(self.accelerator, self.policy.lm):
+        if self.deepspeed:  # ZeRO-3 head gathers, the reference held by DeepSpeed (audit D2, D4)
+            self.policy.attach_deepspeed(self.accelerator, self.scorer, roles=(simulator, judge))
+        self._resolve_batch_sizes()  # after prepare: measures the model as it trains (audit D5)
+        with self.policy.generation_view():
             self._warm_up_decode()
         self.step = 0
         self.nonfinite_in_a_row = 0
@@ -246,7 +250,14 @@ class Learner:
             "train.micro_batch_size": cfg.train.micro_batch_size,
             "rollout.max_batch_size": cfg.rollout.max_batch_size,
         }
-        sizes = resolve_batch_sizes(cfg, self.policy.lm, self.policy.device)
+        layout = zero_layout(self.accelerator)  # after prepare: ZeRO's shards are what is resident
+        sizes = resolve_batch_sizes(
+            cfg,
+            self.policy.lm,
+            self.policy.device,
+            zero_stage=layout.get("zero_stage", 0),
+            world_size=layout.get("world", 1),
+        )
         if self.accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 
@@ -255,8 +266,8 @@ class Learner:
             sizes.rollout_max_batch_size = min(r for _, r in every)
         cfg.train.micro_batch_size = sizes.micro_batch_size
         cfg.rollout.max_batch_size = sizes.rollout_max_batch_size
-        self.policy.engine.max_batch_size = sizes.rollout_max_batch_size
-        self.resolved = as_record(sizes, asked)
+        self.policy.set_rollout_batch_size(sizes.rollout_max_batch_size)
+        self.resolved = {**as_record(sizes, asked), **self.resolved}
         if "auto" in asked.values():
             log.info(
                 "auto batch sizes on %s: train.micro_batch_size=%d, rollout.max_batch_size=%d",
@@ -325,8 +336,8 @@ class Learner:
                 f"--resume {self.run_dir}: no checkpoint found under {self.run_dir / 'checkpoints'}"
             )
         state = load_trainer_state(ckpt)
-        if self.deepspeed:
-            self.accelerator.load_state(str(ckpt / "accelerate"))
+        if self.deepspeed:  # a LoRA checkpoint holds no frozen weights: the base comes from model.name
+            self.accelerator.load_state(str(ckpt / "accelerate"), load_module_strict=not self.policy.is_lora)
         else:
             self.policy.load(ckpt / "model")
             self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
@@ -379,14 +390,19 @@ class Learner:
         return path
 
     def _deepspeed_checkpoint(self, rank_rng: dict[int, dict[str, Any]]) -> Path | None:
-        """Under DeepSpeed every rank saves its engine shard (``accelerate/``, via accelerate's
-        save_state); rank 0 also writes the gathered weights in Hugging Face format and the states."""
+        """Under DeepSpeed every rank saves its engine shard (``accelerate/``, DeepSpeed's own sharded
+        checkpoint via accelerate's save_state, frozen weights left out); under LoRA rank 0 also
+        writes the adapter in PEFT format (``model/``), gathered alone. A full fine-tuning checkpoint
+        is the shards only: no 16-bit copy of the whole model is gathered (audit D7; DeepSpeed's
+        ``zero_to_fp32.py`` in ``accelerate/`` rebuilds one)."""
         if self.is_main:
             staging_dir(self.run_dir, self.step)
         self.accelerator.wait_for_everyone()
         tmp = staging_path(self.run_dir, self.step)
-        self.accelerator.save_state(str(tmp / "accelerate"))
-        self._save_gathered(tmp / "model")
+        self.accelerator.save_state(str(tmp / "accelerate"), exclude_frozen_parameters=True)
+        if self.policy.is_lora:
+            self._save_gathered(tmp / "model")
+        self.accelerator.wait_for_everyone()  # every rank's files are written before rank 0 commits
         path = None
         if self.is_main:
             write_state_files(
@@ -491,8 +507,13 @@ class Learner:
 
     def _save_gathered(self, folder: Path) -> None:
         """Under DeepSpeed: gather the weights on every rank (ZeRO-3 partitions them) and save them in
-        Hugging Face format on rank 0 (an adapter folder under LoRA)."""
-        full = self.accelerator.get_state_dict(self.scorer)
+        Hugging Face format on rank 0 (an adapter folder under LoRA, whose trainable weights alone are
+        gathered, one at a time)."""
+        if self.policy.is_lora:
+            trainable = ((n, p) for n, p in self.policy.scorer.named_parameters() if p.requires_grad)
+            full = {n: t.detach().cpu().clone() for n, t in gathered_one_at_a_time(trainable) if self.is_main}
+        else:
+            full = self.accelerator.get_state_dict(self.scorer)
         if self.is_main:
             lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
             head = {k[len("value_head.") :]: v for k, v in full.items() if k.startswith("value_head.")}
@@ -526,7 +547,7 @@ class Learner:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
         t_step = time.perf_counter()
         scenarios = self._batch()
-        with gathered_for_generation(self.accelerator, self.policy.lm):
+        with self.policy.generation_view():  # ZeRO-3: gathered once, no collectives inside (audit D1)
             persona_metrics: dict[str, float] = {}
             if self.persona is not None:  # inferred persona summaries into the scenarios' meta
                 self.persona.annotate(scenarios)
@@ -598,7 +619,7 @@ class Learner:
         if self.accelerator.num_processes == 1:
             return
         with torch.no_grad():
-            total = sum(p.double().sum() for p in self.policy.trainable_parameters())
+            total = sum(p.sum(dtype=torch.float64) for p in self.policy.trainable_parameters())
         sums = self.accelerator.gather(total.reshape(1).to(self.accelerator.device)).tolist()
         if max(sums) - min(sums) > 1e-6 * max(1.0, abs(sums[0])):
             raise TrainingError(

@@ -110,6 +110,7 @@ def training_of(cfg: RunConfig, shape: autosize.ModelShape, dtype: str, hw: Hard
             trainable_bytes,
             zero_stage=hw.zero_stage,
             world_size=hw.gpus,
+            gathers_for_rollout=cfg.rollout.engine != "vllm",
         )
     return autosize.Training(
         base,
@@ -119,6 +120,7 @@ def training_of(cfg: RunConfig, shape: autosize.ModelShape, dtype: str, hw: Hard
         reference_copy=cfg.loss.beta > 0,
         zero_stage=hw.zero_stage,
         world_size=hw.gpus,
+        gathers_for_rollout=cfg.rollout.engine != "vllm",
     )
 
 
@@ -238,7 +240,14 @@ def make_plan(cfg: RunConfig, hw: Hardware) -> dict[str, Any]:
     total = sum(memory.values())
     if device == "cuda":
         fixed = sum(state.values()) + context
-        if fixed > hw.memory_bytes:
+        gathered = state.get("gathered", 0)
+        if gathered and fixed - gathered <= hw.memory_bytes < fixed:
+            problems.append(
+                f"under ZeRO-3 each rank gathers the whole model for the rollout ({gathered / GB:.1f} GB on "
+                f"top of its {(fixed - gathered) / GB:.1f} GB shard and state), which exceeds "
+                f"{hw.memory_bytes / GB:.0f} GB per GPU: GPUs with more memory, or a model that one GPU holds"
+            )
+        elif fixed > hw.memory_bytes:
             problems.append(
                 f"the model state alone ({fixed / GB:.1f} GB: weights, reference, gradients, optimizer) "
                 f"exceeds {hw.memory_bytes / GB:.0f} GB per GPU: use LoRA (model.lora.enabled), ZeRO-3 or "
@@ -336,6 +345,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         "optimizer": "optimizer"
         + (" (fp32 masters + moments)" if hw["fp32_masters"] else " (AdamW moments)"),
         "vllm": "vLLM share (rollout.engine: vllm)",
+        "gathered": "weights gathered for the rollout (ZeRO-3)",
         "cuda_context": "CUDA context",
         "activations": f"training activations (micro-batch {b['train.micro_batch_size']}"
         f" x {b['tokens_per_sequence']} tokens)",

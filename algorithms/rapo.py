@@ -258,12 +258,13 @@ class RAPO(GRPO):
             rng=self.rng,
         )
         policy = ctx.policy
-        self.rewriter = HFEngine(
-            policy.lm,
-            policy.tokenizer,
-            name="rewriter",
-            max_batch_size=cfg.rollout.max_batch_size,
-            autocast=autocast_dtype(rc.sd.autocast, str(policy.device)),
+        self.rewriter = policy.sized_like_rollout(  # rollout.max_batch_size is resolved after prepare
+            HFEngine(
+                policy.lm,
+                policy.tokenizer,
+                name="rewriter",
+                autocast=autocast_dtype(rc.sd.autocast, str(policy.device)),
+            )
         )
         jc = rc.judge
         self.judge: GroupJudge | ReactionJudge

@@ -4,7 +4,8 @@
 
 **Memory model** (bytes per GPU; ``b`` = the weights' element size, ``t`` = the trainable parameters'):
 
-* weights: parameters x ``b`` (divided by the process count under ZeRO-3);
+* weights: parameters x ``b`` (divided by the process count under ZeRO-3, where each rank gathers the
+  rest for the rollout: the ``gathered`` term);
 * reference: a frozen full copy, parameters x ``b``, when full fine-tuning scores a KL (``loss.beta`` >
   0); LoRA's reference is the base with the adapter off, no copy;
 * gradients: trainable x ``t`` (divided by the process count under ZeRO-2/3);
@@ -57,7 +58,7 @@ SAMPLING_VOCAB_ROWS = 6  # float32 vocabulary rows per decoding row (logits, log
 LOGIT_CHUNK_TOKENS = 512  # TokenScorer's LM-head chunk (rapo_echo.policy.TokenScorer.chunk_size)
 LOGIT_COPIES = 3  # float32 logits, their log-softmax and its gradient, live at once
 MASTER_BYTES_PER_PARAM = 12  # fp32 master weight + two fp32 AdamW moments
-STATE_TERMS = ("weights", "reference", "gradients", "optimizer", "vllm")
+STATE_TERMS = ("weights", "reference", "gradients", "optimizer", "vllm", "gathered")
 # The memory a CUDA process holds before any tensor (context, cuBLAS workspace, allocator slack); the
 # plan subtracts it from the card's size, the runtime measures free memory instead.
 CUDA_CONTEXT_BYTES = 1 << 30
@@ -168,6 +169,7 @@ class Training:
     zero_stage: int = 0
     world_size: int = 1
     master_weights: bool | None = None  # None: fp32 masters where the trainable parameters are 16-bit
+    gathers_for_rollout: bool = True  # ZeRO-3 with an hf rollout gathers the whole model (vLLM: one tensor)
 
     @property
     def masters(self) -> bool:
@@ -175,14 +177,17 @@ class Training:
 
 
 def state_bytes(t: Training, vllm_bytes: int = 0) -> dict[str, int]:
-    """Per-GPU bytes of the model state: weights, reference, gradients, optimizer, vLLM share."""
+    """Per-GPU bytes of the model state: weights, reference, gradients, optimizer, vLLM share, and under
+    ZeRO-3 the weights gathered for the rollout."""
     world = max(1, t.world_size)
     weights = t.total_params * t.weight_bytes / (world if t.zero_stage >= 3 else 1)
-    reference = t.total_params * t.weight_bytes if t.reference_copy else 0
+    reference = weights if t.reference_copy else 0  # DeepSpeed shards it like the policy under ZeRO-3
     gradients = t.trainable_params * t.trainable_bytes / (world if t.zero_stage >= 2 else 1)
     per_param = MASTER_BYTES_PER_PARAM if t.masters else 2 * t.trainable_bytes
     optimizer = t.trainable_params * per_param / (world if t.zero_stage >= 1 else 1)
-    values = (weights, reference, gradients, optimizer, vllm_bytes)
+    # ZeRO-3: the rest of the weights, which every rank gathers for the rollout (audit D5)
+    gathered = t.total_params * t.weight_bytes - weights if t.zero_stage >= 3 and t.gathers_for_rollout else 0
+    values = (weights, reference, gradients, optimizer, vllm_bytes, gathered)
     return {k: math.ceil(v) for k, v in zip(STATE_TERMS, values)}
 
 
@@ -325,6 +330,7 @@ def training_of(
     zero_stage: int = 0,
     world_size: int = 1,
     master_weights: bool | None = None,
+    gathers_for_rollout: bool = True,
 ) -> Training:
     """The :class:`Training` of a loaded policy (sizes read from its parameters)."""
     params = list(lm.parameters())
@@ -339,6 +345,7 @@ def training_of(
         zero_stage=zero_stage,
         world_size=world_size,
         master_weights=master_weights,
+        gathers_for_rollout=gathers_for_rollout,
     )
 
 
@@ -386,6 +393,7 @@ def resolve_batch_sizes(
                 zero_stage=zero_stage,
                 world_size=world_size,
                 master_weights=master_weights,
+                gathers_for_rollout=cfg.rollout.engine != "vllm",
             ),
             workload=workload_of(cfg),
             vllm_bytes=vllm,

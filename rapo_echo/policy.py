@@ -17,6 +17,13 @@ from torch import nn
 from rapo_echo.autosize import CPU_ROLLOUT_BATCH
 from rapo_echo.checkpoint import read_weights
 from rapo_echo.config import ModelConfig, RolloutConfig
+from rapo_echo.distributed import (
+    full_parameters,
+    generation_view,
+    inference_engine,
+    is_zero3_partitioned,
+    register_head_parameters,
+)
 from rapo_echo.engines.hf import HFEngine, left_pad
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.logprobs import (
@@ -179,8 +186,10 @@ class TokenScorer(nn.Module):
 
     def check(self, probe_ids: Sequence[int]) -> float:
         """Check on a few token ids that the scorer's logits are the model's own (see
-        :func:`rapo_echo.logprobs.check_logit_transform`); returns the largest difference."""
-        return check_logit_transform(self.lm, self.transform, list(probe_ids))
+        :func:`rapo_echo.logprobs.check_logit_transform`); returns the largest difference. ZeRO-3
+        weights (partitioned as they load) are gathered for it (every rank must call it)."""
+        with full_parameters(self.lm):
+            return check_logit_transform(self.lm, self.transform, list(probe_ids))
 
     def _head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         head = self.lm.get_output_embeddings()
@@ -346,7 +355,7 @@ class Policy:
         if model_cfg.lora.enabled:
             lm = self._add_lora(lm, model_cfg)
         elif need_reference:
-            self.ref_lm = copy.deepcopy(lm).eval().requires_grad_(False)
+            self.ref_lm = self._reference_copy(lm, device or model_cfg.device)
         if model_cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if model_cfg.lora.enabled:
@@ -367,6 +376,57 @@ class Policy:
         )
         # A separate rollout engine (a vLLM copy the trainer keeps in sync), or None.
         self.rollout_engine: Any = None
+        self._rollout_engines: list[Any] = []  # the DeepSpeed engines a rollout reads (attach_deepspeed)
+        self._rollout_sized: list[Any] = []  # engines sized like the rollout (sized_like_rollout)
+
+    def sized_like_rollout(self, engine: Any) -> Any:
+        """Register an engine over the policy's weights that decodes with the rollout's rows per batch
+        (``rollout.max_batch_size``, resolved after ``prepare``, see :meth:`set_rollout_batch_size`);
+        returns it."""
+        engine.max_batch_size = self.engine.max_batch_size
+        self._rollout_sized.append(engine)
+        return engine
+
+    def set_rollout_batch_size(self, rows: int) -> None:
+        """Rows per decode batch for the policy's engine and the engines registered with
+        :meth:`sized_like_rollout`."""
+        for engine in (self.engine, *self._rollout_sized):
+            engine.max_batch_size = rows
+
+    def _reference_copy(self, lm: nn.Module, device: str) -> nn.Module:
+        """The frozen full fine-tuning reference: a copy of ``lm``, or, when ZeRO-3 partitioned ``lm`` as
+        it loaded (a deep copy of partitioned parameters is not a model), the same weights loaded again
+        (partitioned the same way)."""
+        if not is_zero3_partitioned(lm):
+            return copy.deepcopy(lm).eval().requires_grad_(False)
+        ref, _ = load_model(
+            self.resolved,
+            dtype=self.cfg.dtype,
+            device=device,
+            trust_remote_code=self.cfg.trust_remote_code,
+            attn_implementation=self.cfg.attn_implementation,
+        )
+        return ref.eval().requires_grad_(False)
+
+    def attach_deepspeed(self, accelerator: Any, wrapped: Any, roles: Sequence[Any] = ()) -> None:
+        """After ``accelerator.prepare`` wrapped the scorer (``wrapped``) in a DeepSpeed engine: under
+        ZeRO-3 the scorer's forward gathers the output head it applies (audit D2); a full fine-tuning
+        reference becomes a DeepSpeed engine of its own, sharded under ZeRO-3 (audit D4); and
+        :meth:`generation_view` learns which engines a rollout reads (the reference's too when one of
+        ``roles`` generates with it). Every rank must call it."""
+        self._rollout_engines = [wrapped]
+        register_head_parameters(self.scorer, self.lm)
+        if self.ref_scorer is not None and self.ref_lm is not None:
+            ref = inference_engine(accelerator, self.ref_scorer)
+            register_head_parameters(self.ref_scorer, self.ref_lm)
+            self.ref_scorer = ref
+            if any(getattr(r, "model", None) is self.ref_lm for r in roles):
+                self._rollout_engines.append(ref)
+
+    def generation_view(self) -> contextlib.AbstractContextManager[None]:
+        """The context a rollout runs in: under ZeRO-3 the weights it reads are gathered once and
+        DeepSpeed's hooks are off (:func:`rapo_echo.distributed.generation_view`); otherwise nothing."""
+        return generation_view(self._rollout_engines)
 
     @contextlib.contextmanager
     def training_mode(self) -> Iterator[None]:

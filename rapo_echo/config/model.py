@@ -39,7 +39,7 @@ class ModelConfig(Strict):
     dtype: Dtype = Field(
         "auto",
         description="Weights' dtype (`auto`: bfloat16 on a CUDA GPU that has it, else float32; TF32 matmuls"
-        " for float32 on CUDA).",
+        " for float32 on CUDA). 16-bit full fine-tuning keeps float32 master weights.",
     )
     device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
     trust_remote_code: bool = Field(False, description="Allow the model's own code from its repository.")

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rapo_echo.distributed import is_zero3_partitioned
 from rapo_echo.engines.base import split_continuation, truncate_at_stop
 from rapo_echo.engines.constrained import GrammarCache, TokenConstraint
 from rapo_echo.engines.static_decode import StaticDecoder, resolve_decode, supports_static_cache
@@ -160,6 +161,7 @@ class HFEngine:
         self.decode_loop = decode_loop
         self.compile_backend = compile_backend
         self._static: StaticDecoder | None = None
+        self._sharded: bool | None = None  # ZeRO-3 weights (see _no_graphs), read at first use
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = self._eos_ids()
         self._grammar: GrammarCache | None = None
@@ -208,8 +210,11 @@ class HFEngine:
     @property
     def decode_mode(self) -> str:
         """The decode loop in use: ``decode_loop`` resolved for the device; ``dynamic`` for models whose
-        cache is not a plain static one (sliding-window or hybrid attention)."""
+        cache is not a plain static one (sliding-window or hybrid attention); ``static`` instead of
+        ``compiled`` over DeepSpeed ZeRO-3 weights (see :meth:`_no_graphs`)."""
         mode = resolve_decode(self.decode_loop, self.device)
+        if mode == "compiled" and self._no_graphs():
+            mode = "static"
         if mode != "dynamic" and self._static is None:
             if not supports_static_cache(self.model):
                 return "dynamic"
@@ -217,6 +222,16 @@ class HFEngine:
                 self.model, compiled=mode == "compiled", backend=self.compile_backend
             )
         return mode
+
+    def _no_graphs(self) -> bool:
+        """Whether the weights are DeepSpeed ZeRO-3 parameters (the policy's, or a role's that shares them;
+        audit D3): they are gathered into new storage for every rollout, so CUDA graphs captured on one
+        gather would replay stale addresses, and DeepSpeed's hooks break compiled graphs. Read once."""
+        if self._sharded is None:
+            self._sharded = is_zero3_partitioned(self.model)
+            if self._sharded and self.decode_loop == "compiled":
+                log.warning("%s: 'compiled' decode over ZeRO-3 weights runs 'static' (no graphs)", self.name)
+        return self._sharded
 
     def warmup(self, prompt_tokens: int, rows: int, max_new_tokens: int) -> None:
         """Allocate (and, when compiled, compile) the decode buffers for ``rows`` sequences of

@@ -178,6 +178,28 @@ def test_token_target_default_matches_the_config() -> None:
     assert load_config().train.micro_batch_tokens == autosize.DEFAULT_MICRO_BATCH_TOKENS
 
 
+def test_resolve_counts_zero3_weights_by_their_full_size(monkeypatch) -> None:
+    """Under ZeRO-3 a rank's parameters are empty slices (``numel() == 0``); the sizing reads
+    ``ds_numel`` and sets aside the rest of the weights, which each rank gathers for the rollout."""
+    lm = torch.nn.Linear(10, 10, bias=False)
+    lm.config = TINY
+    lm.weight.ds_numel = 1_000_000  # what DeepSpeed records for a partitioned weight
+    monkeypatch.setattr(autosize, "free_device_memory", lambda device: (50_000_000, 0))
+    sizes = autosize.resolve_batch_sizes(
+        load_config(), lm, torch.device("cuda"), reference_copy=False, zero_stage=3, world_size=2
+    )
+    state = sizes.basis["state_bytes"]
+    # fp32: 1e6 x 4 bytes; a rank holds half (2e6) and gathers the other half (2e6) for the rollout;
+    # gradients 4e6 / 2; AdamW's two fp32 moments 8e6 / 2 (no masters: the weights are fp32)
+    assert (state["weights"], state["gathered"], state["gradients"], state["optimizer"]) == (
+        2_000_000,
+        2_000_000,
+        2_000_000,
+        4_000_000,
+    )
+    assert sizes.basis["pending_bytes"] == 8_000_000 and sizes.basis["usable_bytes"] == 42_000_000
+
+
 def test_cpu_keeps_the_tuned_values_and_explicit_values_win() -> None:
     lm = torch.nn.Linear(2, 2)
     cfg = load_config()
@@ -191,14 +213,16 @@ def test_cpu_keeps_the_tuned_values_and_explicit_values_win() -> None:
 def test_trainer_writes_the_resolved_sizes(tmp_path: Path, tiny_folder: Path, monkeypatch) -> None:
     """The GPU branch through the trainer (free memory faked, device reported as CUDA): the values
     land in config.yaml and resolved.json, and the policy's engine uses them."""
-    from rapo_echo import trainer as trainer_module
+    from rapo_echo.algorithms import learner as trainer_module
     from rapo_echo.algorithms.learner import Learner
 
     asked = []
     monkeypatch.setattr(autosize, "free_device_memory", lambda device: asked.append(device) or (2 * 10**9, 0))
     resolve = autosize.resolve_batch_sizes
     monkeypatch.setattr(
-        trainer_module, "resolve_batch_sizes", lambda cfg, lm, device: resolve(cfg, lm, torch.device("cuda"))
+        trainer_module,
+        "resolve_batch_sizes",
+        lambda cfg, lm, device, **layout: resolve(cfg, lm, torch.device("cuda"), **layout),
     )
     run = tmp_path / "run"
     cfg = load_config(overrides=[f"model.name={tiny_folder}", f"output={run}", "logging.tensorboard=false"])

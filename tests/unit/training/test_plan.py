@@ -94,13 +94,17 @@ def test_7b_full_zero2_on_eight_gpus_from_the_accelerate_config(qwen, capsys, tm
     assert "judge reward: one rating per reply" in text  # configs/grpo.yaml's judge (the policy here)
 
 
-def test_70b_full_does_not_fit_and_says_why_lora_zero3_does(llama70) -> None:
+def test_70b_does_not_fit_80gb_gpus_and_says_why(llama70) -> None:
     full = plan_of(llama70, "model.lora.enabled=false", gpus=8, zero_stage=2)
     assert full["model"]["parameters"] == 70_553_706_496
     assert not full["fits"] and "model state alone" in full["problems"][0]
     lora = plan_of(llama70, "model.lora.enabled=true", "loss.beta=0", gpus=8, zero_stage=3)
     assert lora["memory_bytes"]["weights"] == -(-(70_553_706_496 + lora["model"]["trainable"]) * 2 // 8)
-    assert lora["fits"], lora["problems"]
+    # each rank gathers the whole 141 GB of bf16 weights for an hf rollout under ZeRO-3: no 80 GB GPU holds it
+    assert lora["memory_bytes"]["gathered"] == 2 * (70_553_706_496 + lora["model"]["trainable"]) - lora[
+        "memory_bytes"
+    ]["weights"]
+    assert not lora["fits"] and "gathers the whole model" in lora["problems"][0]
 
 
 def test_sizes_given_are_kept_and_a_role_model_on_the_gpu_is_named(qwen) -> None:
