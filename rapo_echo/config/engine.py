@@ -78,8 +78,6 @@ class EngineConfig(Strict):
     def _needs(self) -> EngineConfig:
         if self.engine == "openai" and not self.base_url:
             raise ValueError("engine 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
-        if self.engine == "vllm" and self.temperature > 2.0:
-            raise ValueError(f"temperature {self.temperature:g}: engine 'vllm' accepts at most 2")
         problem = script_problem(self.script)
         if problem:
             raise ValueError(f"script: {problem}")

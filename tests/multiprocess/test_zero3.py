@@ -43,7 +43,6 @@ from tests.multiprocess.test_multiprocess import (
 # its scores, though close, are not the single process's.
 SHARED_JUDGE = [
     "judge.engine=policy",
-    "judge.temperature=0.0",
     "rewards=[{name: length, args: {target: 4}}, {name: question, weight: 0.5}, {name: judge, weight: 0.0}]",
 ]
 
