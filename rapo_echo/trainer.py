@@ -54,7 +54,8 @@ from rapo_echo.distributed import (
     mark_last_micro_batch,
     zero_stage,
 )
-from rapo_echo.engines import make_engine
+from rapo_echo.engines import failed_items, make_engine
+from rapo_echo.engines.openai_engine import EndpointError
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl
@@ -182,8 +183,10 @@ class Trainer:
                 gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
                 seed=cfg.train.seed + self.accelerator.process_index,
             )
+        self._shared_engines: dict[Any, Any] = {}  # one engine per endpoint for the roles that share it
         simulator = self._role("simulator")
         judge = self._role("judge")
+        self.remote_engines = (simulator, judge)
         self.rewards = RewardSet.from_specs(
             cfg.rewards, RewardContext(self.policy.engine, simulator, judge, self.run_dir)
         )
@@ -296,7 +299,7 @@ class Trainer:
         if cfg.engine == "policy":
             autocast = autocast_dtype(cfg.autocast, str(self.policy.device))
             return role_engine(self.policy, role, cfg.max_batch_size, autocast)
-        return make_engine(cfg, role=role)
+        return make_engine(cfg, role=role, shared=self._shared_engines)
 
     def open_logs(self) -> None:
         if not self.is_main:
@@ -428,7 +431,14 @@ class Trainer:
             if self.validator is not None and not self.validator.has(self.step):
                 self._validate()  # the base, or the checkpoint a stopped run resumes from
             while self.step < self.cfg.train.max_steps:
-                metrics = self.train_step()
+                try:
+                    metrics = self.train_step()
+                except EndpointError as exc:  # a whole stage failed: the endpoint is down
+                    raise TrainingError(
+                        f"step {self.step + 1}: {exc}. The step is lost; last checkpoint: "
+                        f"{latest_checkpoint(self.run_dir) or 'none yet'} (resume with: rapo-echo train "
+                        f"--resume {self.run_dir})"
+                    ) from exc
                 self.step += 1
                 self._log(metrics)
                 self._check_valid(metrics)
@@ -537,6 +547,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
         t_step = time.perf_counter()
+        failed_before = failed_items(*self.remote_engines)
         scenarios = self._batch()
         with gathered_for_generation(self.accelerator, self.policy.lm):
             persona_metrics: dict[str, float] = {}
@@ -567,6 +578,7 @@ class Trainer:
         metrics["nonfinite_skipped"] = float(skipped)
         metrics["items"] = float(len(items))
         metrics["valid"] = float(sum(1 for s in rollout.samples if s.valid))
+        metrics["remote/failed"] = float(failed_items(*self.remote_engines) - failed_before)
         metrics["prompt_truncated"] = float(self.policy.take_truncations())
         if metrics["prompt_truncated"] and not self.warned_truncation:
             self.warned_truncation = True
