@@ -33,17 +33,24 @@ def calls_concurrently(*engines: Any) -> bool:
 
 
 def together(calls: Sequence[Callable[[], T]], *, concurrent: bool) -> list[T]:
-    """The results of ``calls`` in order: run at the same time on threads when ``concurrent``, else one after
-    another. Every call runs to its end; then the first exception (in call order) is raised."""
+    """The results of ``calls`` in order: run at the same time when ``concurrent`` (the first on the calling
+    thread, so a local model's work stays there; the others on threads), else one after another. Every call
+    runs to its end; then the first exception (in call order) is raised."""
     if not concurrent or len(calls) <= 1:
         return [c() for c in calls]
-    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="together") as pool:
-        futures = [pool.submit(c) for c in calls]
-        errors = [f.exception() for f in futures]
+    with ThreadPoolExecutor(max_workers=len(calls) - 1, thread_name_prefix="together") as pool:
+        futures = [pool.submit(c) for c in calls[1:]]
+        first: list[T] = []
+        error: BaseException | None = None
+        try:
+            first.append(calls[0]())
+        except BaseException as exc:  # raised below, after the others have ended
+            error = exc
+        errors = [error, *(f.exception() for f in futures)]
     for exc in errors:
         if exc is not None:
             raise exc
-    return [f.result() for f in futures]
+    return [*first, *(f.result() for f in futures)]
 
 
 class TokenBucket:

@@ -95,6 +95,9 @@ def test_together_runs_calls_at_once_only_when_asked():
     order: list[int] = []
     assert together([lambda: order.append(1), lambda: order.append(2)], concurrent=False) == [None, None]
     assert order == [1, 2]
+    # the first call stays on the calling thread (a local model's work), the others go to threads
+    names = together([lambda: threading.current_thread().name] * 3, concurrent=True)
+    assert names[0] == threading.current_thread().name and threading.current_thread().name not in names[1:]
 
 
 def test_together_lets_every_call_end_then_raises_the_first_error():
