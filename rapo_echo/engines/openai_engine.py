@@ -24,7 +24,8 @@ APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, ove
   empty text; ``choice_logprobs``: an empty row, no option scored), which roles count as invalid, and the
   call's other answers are kept; ``failed_items`` counts them. A call raises :class:`EndpointError`
   (naming the endpoint) only when the endpoint is down: every one of its requests failed, none was
-  answered (by any call of the engine) while they were tried, and a 1-token health request fails too. A
+  answered (by any call of the engine) while they were tried, and either none got an answer at all
+  (connection errors, timeouts, unreadable bodies) or a 1-token health request (one attempt) fails too. A
   request that fails while the endpoint answers is that item's problem (a prompt too long for the model,
   a reply the server cannot write).
 * Reliability: every request must be answered completely within ``timeout_s`` (a whole-request
@@ -95,6 +96,11 @@ class EndpointError(EngineError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class FormatRefused(EndpointError):
+    """The server refused the answer format of an explicit ``structured`` mode: a setting to fix, so it
+    stops the call (not one item)."""
 
 
 class _Secret:
@@ -369,11 +375,15 @@ class OpenAIEngine:
             return str(err.get("message") or err.get("detail") or err)[:500]
         return str(err)[:500]
 
-    def _with_retries(self, method: str, url: str, attempt_fn: Callable[[], Any]) -> Any:
-        """Run ``attempt_fn`` (which sends one request and returns a value or raises) with retries.
-        ``attempt_fn`` raises ``_Retryable`` for a failure worth retrying."""
+    def _with_retries(
+        self, method: str, url: str, attempt_fn: Callable[[], Any], retries: int | None = None
+    ) -> Any:
+        """Run ``attempt_fn`` (which sends one request and returns a value or raises) with retries
+        (``max_retries`` unless ``retries`` is given). ``attempt_fn`` raises ``_Retryable`` for a failure
+        worth retrying."""
+        retries = self.max_retries if retries is None else retries
         last, status = "", None
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(retries + 1):
             retry_after: float | None = None
             try:
                 return attempt_fn()
@@ -383,15 +393,14 @@ class OpenAIEngine:
                 last, status = f"timed out after {self.timeout_s:g} s ({type(exc).__name__})", None
             except httpx.TransportError as exc:
                 last, status = f"connection failed ({type(exc).__name__}: {exc})", None
-            if attempt < self.max_retries:
+            if attempt < retries:
                 delay = backoff_delay(attempt, self.backoff_s, self.max_backoff_s, self._rng)
                 if retry_after is not None:
                     delay = max(delay, min(retry_after, self.max_backoff_s))
                     if status in (429, 503):  # the server is overloaded: nothing new goes out meanwhile
                         self.limits.pause_until(time.monotonic() + min(retry_after, self.max_backoff_s))
                 time.sleep(delay)
-        tries = self.max_retries + 1
-        raise self._fail(f"{method} {url}", f"{last} (gave up after {tries} attempts)", status)
+        raise self._fail(f"{method} {url}", f"{last} (gave up after {retries + 1} attempts)", status)
 
     def _check(self, method: str, url: str, resp: httpx.Response) -> None:
         """Raise ``_Retryable`` for 429 / 5xx and :class:`EndpointError` for other error statuses."""
@@ -403,9 +412,16 @@ class OpenAIEngine:
         raise self._fail(f"{method} {url}", what, resp.status_code)
 
     def _request_json(
-        self, method: str, path: str, payload: dict[str, Any] | None = None, *, url: str | None = None
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        url: str | None = None,
+        retries: int | None = None,
     ) -> dict[str, Any]:
-        """One JSON request to ``base_url + path`` (or to ``url``), with retries."""
+        """One JSON request to ``base_url + path`` (or to ``url``), with retries (``max_retries`` unless
+        ``retries`` is given)."""
         url = url or self.base_url + path
         tokens = request_tokens(payload)
 
@@ -436,7 +452,7 @@ class OpenAIEngine:
             self.limits.settle_tokens(tokens, float(used) if isinstance(used, (int, float)) else None)
             return body
 
-        return self._with_retries(method, url, attempt)
+        return self._with_retries(method, url, attempt, retries)
 
     # ------------------------------------------------------------------ setup
     def _setup(self, *, probe: bool = False, version: bool = False) -> None:
@@ -503,11 +519,11 @@ class OpenAIEngine:
             self._version_body = {}
 
     def _answers(self) -> bool:
-        """Whether the endpoint answers a 1-token chat request (with the usual retries): the health check
-        after a call whose every request failed (are those items the problem, or the endpoint?)."""
+        """Whether the endpoint answers a 1-token chat request (one attempt): the health check after a call
+        whose every request got an error status (are those items the problem, or the endpoint?)."""
         payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
         try:
-            body = self._request_json("POST", "/chat/completions", payload)
+            body = self._request_json("POST", "/chat/completions", payload, retries=0)
             return bool(self._parse_choices(self.base_url + "/chat/completions", body))
         except EndpointError:
             return False
@@ -581,6 +597,8 @@ class OpenAIEngine:
             started = time.monotonic()
             try:
                 out = fn(x)
+            except FormatRefused:
+                raise
             except EndpointError as exc:  # alone: nothing was answered while this item was tried
                 return None, exc, self._last_answer < started
             self._last_answer = time.monotonic()
@@ -599,7 +617,9 @@ class OpenAIEngine:
         errors = [e for _, e, _ in done if e is not None]
         if not errors:
             return [r for r, _, _ in done]
-        if all(e is not None and alone for _, e, alone in done) and not self._answers():
+        if all(e is not None and alone for _, e, alone in done) and (
+            all(e.status is None for e in errors) or not self._answers()
+        ):
             first = errors[0]
             raise EndpointError(
                 f"{first} -- every request of this call failed, and the endpoint answered nothing meanwhile "
@@ -734,7 +754,7 @@ class OpenAIEngine:
                 if dialect == "none" or exc.status not in (400, 422):
                     raise
                 if self.structured != "auto":
-                    raise EndpointError(
+                    raise FormatRefused(
                         f"{exc} (the request carried answer format {fmt.name!r} as structured: "
                         f"{self.structured}; use structured: auto to fall back to parsing when the server "
                         "refuses it, or structured: none)",
