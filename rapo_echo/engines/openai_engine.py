@@ -456,11 +456,12 @@ class OpenAIEngine:
 
     # ------------------------------------------------------------------ setup
     def _setup(self, *, probe: bool = False, version: bool = False) -> None:
-        """Ask the server, once, what the engine needs, in as few rounds as the answers allow: the model list
-        (the model id when none was given; ``owned_by`` for ``structured: auto``), then together ``GET
-        /version`` (vLLM's field names, when ``version`` and the server is vLLM) and the log-prob probe (when
-        ``probe``). With the model given and the probe asked, everything goes in one round (the version asked
-        on speculation: a server without one answers 404)."""
+        """Ask the server, once, what the engine needs, in as few rounds as the answers allow. Round one: the
+        model list (the model id when none was given; ``owned_by`` for ``structured: auto``), ``GET /version``
+        when ``version`` (vLLM's field names; asked on speculation while the server's kind is unknown: one
+        that has none answers 404) and, when the model is given, the log-prob probe. A vLLM or rapo-echo
+        server (``owned_by``) returns log-probs (vLLM's default ``--max-logprobs`` is 20), so it needs no
+        probe; any other server with the model unknown is probed in round two."""
         if self._model is not None and not self._setup_needed(probe, version):
             return
         with self._setup_lock:
@@ -471,17 +472,22 @@ class OpenAIEngine:
             owner_known = not want_list and self.structured == "auto"
             if want_version and owner_known and self._server_owner() != "vllm":
                 want_version = False  # only vLLM reads guided_* / structured_outputs by version
+            if want_version and self._model is not None and want_list and not probe:
+                want_version = False  # a generation's own setup: the list first (no speculative request)
             want_probe = probe and self._supports_logprobs is None
-            first: list[Callable[[], Any]] = [self._list_models] if want_list else []
-            if self._model is not None and want_probe:  # the probe waits for nothing: one round for all
-                first += [self._ask_version] * want_version + [self._probe]
-                want_version = want_probe = False
+            first: list[Callable[[], Any]] = [self._list_models] * want_list
+            first += [self._ask_version] * want_version
+            if self._model is not None and want_probe:  # the probe waits for nothing
+                first.append(self._probe)
+                want_probe = False
             together(first, concurrent=True)
             if self._model is None:
                 self._model = self._listed_model()
-            if want_version and self.structured == "auto" and self._server_owner() != "vllm":
-                want_version = False  # only vLLM reads guided_* / structured_outputs by version
-            together([self._ask_version] * want_version + [self._probe] * want_probe, concurrent=True)
+            owner = self._server_owner()
+            if want_probe and owner in VLLM_LIKE_OWNERS:
+                self._supports_logprobs, want_probe = True, False
+            again = not want_version and version and self._wants_version() and owner == "vllm"
+            together([self._ask_version] * again + [self._probe] * want_probe, concurrent=True)
 
     def _wants_version(self) -> bool:
         return (

@@ -247,8 +247,8 @@ class StructuredAPI:
 @dataclass
 class ServedAPI:
     """``respond`` of a :class:`FakeAPI` that plays a vLLM server for any role: ``GET /models`` (``owned_by:
-    vllm``), ``GET /version``, and chat requests answered in the format they ask for, with vLLM-style
-    log-probs and top lists (the benchmark's fake server's answers,
+    owner``, ``vllm`` by default), ``GET /version``, and chat requests answered in the format they ask for,
+    with vLLM-style log-probs and top lists (the benchmark's fake server's answers,
     :func:`rapo_echo.benchmarks.perf.fake_served.completion_body`). ``fail(seen)`` returns an HTTP status for
     a chat request that must fail (every time it is sent), or None. ``gate(seen)`` may block any request (to
     hold a stage until all of it is in flight, e.g. a :class:`Rendezvous`). ``failed`` counts the failures
@@ -258,6 +258,7 @@ class ServedAPI:
     gate: Callable[[Seen], None] | None = None
     seed: int = 0
     failed: int = 0
+    owner: str = "vllm"
 
     def __call__(self, seen: Seen, index: int) -> Reply:
         import random as _random
@@ -267,7 +268,7 @@ class ServedAPI:
         if self.gate is not None:
             self.gate(seen)
         if seen.method == "GET" and seen.path.endswith("/models"):
-            return Reply(body={"object": "list", "data": [{"id": MODEL_ID, "owned_by": "vllm"}]})
+            return Reply(body={"object": "list", "data": [{"id": MODEL_ID, "owned_by": self.owner}]})
         if seen.method == "GET" and seen.path == "/version":
             return Reply(body={"version": VLLM_VERSION})
         status = self.fail(seen) if self.fail is not None else None

@@ -49,18 +49,24 @@ def test_max_concurrency_caps_the_requests_in_flight():
     assert rv.peak == 3 and api.max_in_flight == 3 and engine.limits.most_in_flight == 3
 
 
-def test_setup_asks_the_version_and_probes_log_probs_together_after_the_model_list():
-    rv = Rendezvous(2, lambda s: s.path == "/version" or (s.method == "POST" and s.body["max_tokens"] == 1))
+def test_setup_is_one_round_on_a_vllm_server():
+    rv = Rendezvous(2, lambda s: s.method == "GET")
     with FakeAPI(ServedAPI(gate=rv)) as api:
         engine = OpenAIEngine(api.url, **FAST)  # no model given: the list names it
-        assert engine.supports_logprobs is True
-        assert [s.path for s in api.seen[:1]] == ["/v1/models"]
-        assert rv.peak == 2  # the version and the probe were in flight together: one round
-        setup = len(api.seen)
+        assert engine.supports_logprobs is True  # owned_by vllm: it returns log-probs, no probe needed
+        assert rv.peak == 2 and sorted(s.path for s in api.seen) == ["/v1/models", "/version"]
         fmt = SamplingParams(max_new_tokens=4, answer_format=AnswerFormat.choice(["yes", "no"]))
         engine.generate([user("a"), user("b")], fmt)  # vLLM's structured_outputs, known from the setup
-    assert setup == 3 and len(api.seen) == 5 and all(s.method == "POST" for s in api.seen[3:])
+    assert len(api.seen) == 4 and all(s.method == "POST" for s in api.seen[2:])
     assert "structured_outputs" in api.seen[-1].body
+
+
+def test_setup_probes_log_probs_after_the_list_on_another_server():
+    with FakeAPI(ServedAPI(owner="sglang")) as api:
+        engine = OpenAIEngine(api.url, **FAST)
+        assert engine.supports_logprobs is True  # the probe's answer held a top list
+    assert [s.path for s in api.seen[2:]] == ["/v1/chat/completions"] and api.seen[2].body["max_tokens"] == 1
+    assert sorted(s.path for s in api.seen[:2]) == ["/v1/models", "/version"]  # round one, then the probe
 
 
 def test_roles_on_one_endpoint_share_one_engine():
