@@ -54,7 +54,8 @@ from rapo_echo.distributed import (
     zero_layout,
     zero_stage,
 )
-from rapo_echo.engines import make_engine
+from rapo_echo.engines import failed_items, make_engine
+from rapo_echo.engines.openai_engine import EndpointError
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.judges.bias import merge_metrics
@@ -191,8 +192,10 @@ class Learner:
                 local_rank=acc.local_process_index,
                 world_size=acc.num_processes,
             )
+        self._shared_engines: dict[Any, Any] = {}  # one engine per endpoint for the roles that share it
         simulator = self._role("simulator")
         judge = self._role("judge")
+        self.remote_engines = (simulator, judge)
         self.rewards = RewardSet.from_specs(
             cfg.rewards, RewardContext(self.policy.engine, simulator, judge, self.run_dir)
         )
@@ -318,7 +321,7 @@ class Learner:
         if cfg.engine == "policy":
             autocast = autocast_dtype(cfg.autocast, str(self.policy.device))
             return role_engine(self.policy, role, cfg.max_batch_size, autocast)
-        return make_engine(cfg, role=role)
+        return make_engine(cfg, role=role, shared=self._shared_engines)
 
     def open_logs(self) -> None:
         """Write the run's config and what its ``auto`` settings became; open the metric sinks."""
@@ -438,7 +441,14 @@ class Learner:
             if self.validator is not None and not self.validator.has(self.step):
                 self._validate()  # the base, or the checkpoint a stopped run resumes from
             while self.step < self.cfg.train.max_steps:
-                metrics = self.train_step()
+                try:
+                    metrics = self.train_step()
+                except EndpointError as exc:  # a whole stage failed: the endpoint is down
+                    raise TrainingError(
+                        f"step {self.step + 1}: {exc}. The step is lost; last checkpoint: "
+                        f"{latest_checkpoint(self.run_dir) or 'none yet'} (resume with: rapo-echo train "
+                        f"--resume {self.run_dir})"
+                    ) from exc
                 self.step += 1
                 self.logs.step(self.step, metrics)
                 self._check_valid(metrics)
@@ -546,6 +556,7 @@ class Learner:
     def train_step(self) -> dict[str, float]:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
         t_step = time.perf_counter()
+        failed_before = failed_items(*self.remote_engines)
         scenarios = self._batch()
         with self.policy.generation_view():  # ZeRO-3: gathered once, no collectives inside (audit D1)
             persona_metrics: dict[str, float] = {}
@@ -579,6 +590,7 @@ class Learner:
         metrics["nonfinite_skipped"] = float(skipped)
         metrics["items"] = float(len(items))
         metrics["valid"] = float(sum(1 for s in rollout.samples if s.valid))
+        metrics["remote/failed"] = float(failed_items(*self.remote_engines) - failed_before)
         metrics["prompt_truncated"] = float(self.policy.take_truncations())
         if metrics["prompt_truncated"] and not self.warned_truncation:
             self.warned_truncation = True

@@ -5,8 +5,10 @@ simulated user (:mod:`rapo_echo.simulators.sage`, ``rlver`` preset by default): 
 profile's ``first_talk``, or one opening the simulator writes and the whole group shares), the policy
 replies, the simulator updates the emotion and answers, until the user says goodbye, the emotion leaves
 its range, ``max_turns`` replies were made, or the token budget is spent. Every turn is one batched
-engine call per role over all dialogues still running; each reply is handed to the simulator together
-with its own dialogue, so dialogues that end early drop out without shifting the others.
+engine call per role over all dialogues still running (:func:`~rapo_echo.llm.turns.advance_together`;
+with a served simulator and ``rollout.overlap_remote``, the policy's turns overlap the simulator's
+answers to other dialogues); each reply is handed to the simulator together with its own dialogue, so
+dialogues that end early drop out without shifting the others.
 
 Token in, token out: a dialogue is one token sequence, the first prompt (system + opening, through the
 chat template) followed by the policy's sampled tokens and, between them, the user's turns written with
@@ -39,7 +41,9 @@ from einops import rearrange
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.checkpoint import load_trainer_state
 from rapo_echo.data.sage_profiles import SageProfile
+from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
+from rapo_echo.llm.turns import advance_together
 from rapo_echo.policy import VALUE_HEAD_FILE, pad_left_aligned
 from rapo_echo.prompting import THINK_CLOSE, split_thinking
 from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, final_reward, preset
@@ -232,16 +236,30 @@ class RLVER(Algorithm):
         sim = SageSimulator(self.ctx.simulator, self.sim_settings, seed=self.cfg.train.seed + step)
         episodes, lost = self._start(sim, scenarios, step)
         timings["simulate"] += time.perf_counter() - t0
-        while active := [e for e in episodes if not e.dialogue.done]:
-            t0 = time.perf_counter()
-            gens = self.ctx.policy.generator.generate_ids([e.context for e in active], self.sampling_params())
-            turns = [self._policy_turn(e, g[0]) for e, g in zip(active, gens)]
-            timings["generate"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            sim.step([e.dialogue for e in active], [t.reply for t in turns])
-            for e in active:
-                self._user_turn(e)
-            timings["simulate"] += time.perf_counter() - t0
+
+        def policy_turns(batch: list[Episode]) -> None:
+            t = time.perf_counter()
+            gens = self.ctx.policy.generator.generate_ids([e.context for e in batch], self.sampling_params())
+            for e, g in zip(batch, gens):
+                self._policy_turn(e, g[0])
+            timings["generate"] += time.perf_counter() - t
+
+        def user_turns(batch: list[Episode]) -> None:
+            sim.step([e.dialogue for e in batch], [e.turns[-1].reply for e in batch])
+
+        # every dialogue's next turn in flight at once; with a served simulator the policy's turns overlap
+        # the simulator's answers to other dialogues (rapo_echo.llm.turns); "simulate": the wait not hidden
+        t0, generated = time.perf_counter(), timings["generate"]
+        overlap = self.cfg.rollout.overlap_remote and calls_concurrently(self.ctx.simulator)
+        advance_together(
+            episodes,
+            policy_turns,
+            user_turns,
+            done=lambda e: e.dialogue.done,
+            settle=self._user_turn,
+            overlap=overlap,
+        )
+        timings["simulate"] += time.perf_counter() - t0 - (timings["generate"] - generated)
         t0 = time.perf_counter()
         samples = self._score(episodes, scenarios)
         timings["rewards"] = time.perf_counter() - t0

@@ -48,8 +48,9 @@ class RlverSimulatorConfig(Strict):
     emotion_readout: Literal["text", "logprobs", "auto"] = Field(
         "auto",
         description="`text`: the analysis's integer `shift`; `logprobs`: the expectation over -10..+10 from "
-        "label probabilities after a free analysis line (one forward; usable with small simulators); `auto` "
-        "(default): logprobs when the engine has them (hf, vllm, servers with log-probs), else text.",
+        "label probabilities after a free analysis line's `Change:` (read from the analysis request's own "
+        "top log-probs where a server returns them, else one more forward; usable with small simulators); "
+        "`auto` (default): logprobs when the engine has them (hf, vllm, servers with log-probs), else text.",
     )
     plain_reply: bool = Field(
         True,

@@ -1,9 +1,12 @@
 """Run a benchmark into an output folder: batched, resumable, summarised from the JSONL.
 
-Cases are taken in batches of ``settings.batch_size``; each batch runs in lockstep inside the benchmark.
-Every finished case is appended to ``results.jsonl`` at once, so a crashed or interrupted evaluation,
-started again with the same arguments, skips the cases already there. ``summary.json`` is recomputed
-from every record in the file.
+Cases are taken in batches (:func:`batch_size`: ``settings.batch_size``, or by default every pending case
+at once, up to :data:`REMOTE_WAVE`, when a role is served -- one wave whose requests are all in flight
+together -- and :data:`LOCAL_BATCH` otherwise); each batch advances together inside the benchmark. Every
+finished case is appended to ``results.jsonl`` at once, so a crashed or interrupted evaluation, started
+again with the same arguments, skips the cases already there. ``summary.json`` is recomputed from every
+record in the file; the run's own summary also says how many remote requests failed for good
+(``remote_failed``: their cases are invalid).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from rapo_echo.benchmarks.results import (
     write_json_atomic,
 )
 from rapo_echo.config import redacted
+from rapo_echo.engines import failed_items
+from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.rundir import DirLock, check_writable, held_files
 
@@ -43,6 +48,17 @@ BENCHMARKS: dict[str, str] = {
 }
 # settings that do not change what a case's result means, so they may differ when resuming
 RESUME_FREE = ("batch_size", "written_at")
+LOCAL_BATCH = 8  # cases per batch when every role runs on a local engine
+REMOTE_WAVE = 512  # cases per wave when a role is served (a crash loses at most one wave's cases)
+
+
+def batch_size(settings: EvalSettings, roles: Roles) -> int:
+    """Cases run together: ``settings.batch_size`` when given, else :data:`REMOTE_WAVE` when any role's
+    engine is served (every case's requests in flight at once), else :data:`LOCAL_BATCH`."""
+    if settings.batch_size is not None:
+        return settings.batch_size
+    served = any(calls_concurrently(getattr(roles, r)) for r in ("policy", "simulator", "judge"))
+    return REMOTE_WAVE if served else LOCAL_BATCH
 
 
 def get_benchmark(name: str) -> Benchmark:
@@ -176,9 +192,12 @@ def _run_cases(
         len(pending),
     )
     cuts_before = prompt_cuts(roles)
+    engines = (roles.policy, roles.simulator, roles.judge)
+    failed_before = failed_items(*engines)
+    size = batch_size(settings, roles)
     with ResultWriter(output / RESULTS_FILE) as writer:
-        for start in range(0, len(pending), settings.batch_size):
-            batch = pending[start : start + settings.batch_size]
+        for start in range(0, len(pending), size):
+            batch = pending[start : start + size]
             _run_one_batch(benchmark, batch, roles, settings, writer)
             log.info(
                 "%s: %d/%d cases done",
@@ -193,7 +212,14 @@ def _run_cases(
             benchmark.name,
             ", ".join(f"{role} {n}" for role, n in cut.items() if n),
         )
-    return write_summary(output, benchmark, ids=[c.id for c in cases])
+    failed = failed_items(*engines) - failed_before
+    if failed:
+        log.warning(
+            "%s: %d remote requests failed for good; their cases are invalid (n_invalid), the rest kept",
+            benchmark.name,
+            failed,
+        )
+    return write_summary(output, benchmark, ids=[c.id for c in cases], extra={"remote_failed": failed})
 
 
 def prompt_cuts(roles: Roles) -> dict[str, int]:
@@ -293,8 +319,10 @@ def write_summary(
     *,
     expected: int | None = None,
     ids: Sequence[str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Summarise ``output/results.jsonl`` into ``output/summary.json`` and return it."""
-    summary = compute_summary(output, benchmark, expected=expected, ids=ids)
+    """Summarise ``output/results.jsonl`` into ``output/summary.json`` (with ``extra`` keys, figures of this
+    run that the records do not hold) and return it."""
+    summary = {**compute_summary(output, benchmark, expected=expected, ids=ids), **(extra or {})}
     write_json_atomic(Path(output) / SUMMARY_FILE, summary)
     return summary

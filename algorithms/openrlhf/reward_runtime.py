@@ -64,9 +64,10 @@ def role_engines(cfg: RunConfig) -> RewardContext:
     from rapo_echo.engines import make_engine
 
     engines: dict[str, Any] = {}
+    shared: dict[Any, Any] = {}  # one engine per endpoint for the roles that share it
     for role in ("simulator", "judge"):
         ecfg = getattr(cfg, role)
-        engines[role] = None if ecfg.engine == "policy" else make_engine(ecfg, role=role)
+        engines[role] = None if ecfg.engine == "policy" else make_engine(ecfg, role=role, shared=shared)
     return RewardContext(policy=None, **engines)
 
 

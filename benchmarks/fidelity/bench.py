@@ -4,7 +4,8 @@ help-seekers' own in-dialogue ratings (ESConv feedback, 1-5)?
 A case is one rated point (:mod:`.points`). Every predictor (:mod:`.predictors`) sees each of the
 point's supporter turns in its real context, never the rating; the point's prediction is the mean
 over its turns of the predictions that exist (a turn without one is counted in ``invalid_turns``; a
-point with none is *missing*, counted per predictor). The summary (:func:`summarize_points`) holds per
+point with none is *missing*, counted per predictor). The predictors run together on served engines (they
+do not depend on each other). The summary (:func:`summarize_points`) holds per
 predictor Spearman and Kendall tau-b over all points, within-dialogue pairwise agreement, the
 dialogue-level agreement with the survey's emotion-intensity change, and for simulated users on an
 engine that scores given text the per-token log-likelihood of the real next seeker message with and
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles
@@ -27,6 +29,7 @@ from rapo_echo.benchmarks.fidelity.stats import (
     pair_counts,
     spearman,
 )
+from rapo_echo.engines.concurrency import calls_concurrently, together
 from rapo_echo.errors import ConfigError
 
 PROTOCOL_VERSION = "rapo-echo-fidelity-1"
@@ -91,9 +94,17 @@ class Fidelity:
             return
         items = [i for p in live for i in p.items]
         per_point: dict[str, dict[str, Any]] = {p.id: {} for p in live}
-        for predictor in self.predictors(roles, settings):
+        predictors = self.predictors(roles, settings)
+
+        def run(predictor: Predictor) -> tuple[list[Any], list[Any] | None]:
             predictions = predictor.predict(items)
-            likelihoods = predictor.likelihood(items) if predictor.kind == "user" else None
+            return predictions, predictor.likelihood(items) if predictor.kind == "user" else None
+
+        # the predictors do not depend on each other: on served engines they all go out at once
+        outputs = together(
+            [partial(run, p) for p in predictors], concurrent=calls_concurrently(roles.simulator, roles.judge)
+        )
+        for predictor, (predictions, likelihoods) in zip(predictors, outputs):
             at = 0
             for p in live:
                 n = len(p.items)

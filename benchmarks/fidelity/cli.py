@@ -28,6 +28,7 @@ def needed_specs(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run_fidelity_command(args: argparse.Namespace, settings: EvalSettings) -> int:
+    from rapo_echo.benchmarks.cli import engine_args
     from rapo_echo.benchmarks.runner import run_eval
     from rapo_echo.engines import engine_from_spec
     from rapo_echo.rundir import check_writable
@@ -40,7 +41,7 @@ def run_fidelity_command(args: argparse.Namespace, settings: EvalSettings) -> in
     specs = needed_specs(args)
     engines: dict[str, Any] = {}
     for spec in dict.fromkeys(specs.values()):
-        engines[spec] = engine_from_spec(spec, dtype=args.dtype, device=args.device)
+        engines[spec] = engine_from_spec(spec, **engine_args(args))
     roles = Roles(
         policy=None,  # type: ignore[arg-type]  # fidelity has no policy
         simulator=engines.get(specs.get("simulator", "")),

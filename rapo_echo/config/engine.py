@@ -41,6 +41,24 @@ class EngineConfig(Strict):
     max_retries: int = Field(
         3, ge=0, le=20, description="`openai`: retries of a failed request, with backoff."
     )
+    max_concurrency: int = Field(
+        256,
+        ge=1,
+        le=4096,
+        description="`openai`: requests in flight at once for this endpoint, shared by every role and stage "
+        "that uses it (a vLLM server batches hundreds; lower it for a hosted API's concurrency cap).",
+    )
+    max_rpm: float | None = Field(
+        None,
+        gt=0,
+        description="`openai`: requests per minute (null: no limit), e.g. a hosted API's rate limit.",
+    )
+    max_tpm: float | None = Field(
+        None,
+        gt=0,
+        description="`openai`: tokens per minute (null: no limit); a request is charged its prompt's "
+        "characters / 4 plus `max_tokens` x n, corrected by the response's `usage`.",
+    )
     structured: Literal["auto", "json_schema", "vllm", "none"] = Field(
         "auto",
         description="`openai`: how a simulator's or judge's answer format is sent for the server to enforce. "

@@ -55,6 +55,13 @@ class RolloutConfig(Strict):
         lt=1.0,
         description="`engine: vllm`: share of GPU memory the vLLM copy may take (autosize sets it aside).",
     )
+    overlap_remote: bool = Field(
+        True,
+        description="Multi-turn rollouts (RLVER) with a served simulator: the policy samples the next turn "
+        "of the dialogues whose answers are back while the others are still in flight (faster when the "
+        "server's latency varies; which dialogues share a policy batch then depends on its timing, so "
+        "sampled turns are not bit-reproducible). `false`: every turn in lockstep.",
+    )
 
     @model_validator(mode="after")
     def _greedy_needs_a_group(self) -> RolloutConfig:

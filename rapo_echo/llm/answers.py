@@ -16,7 +16,7 @@ from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import CapabilityError
 from rapo_echo.llm.strength import warn_if_weak
 from rapo_echo.structured import AnswerFormat
-from rapo_echo.types import Conversation, SamplingParams
+from rapo_echo.types import FAILED, Conversation, SamplingParams
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -25,11 +25,16 @@ RETRY_TEMPERATURE = 0.7  # retries sample at least this hot: a greedy retry woul
 
 @dataclass
 class Parsed(Generic[T]):
-    """A judge's parsed decision (``value`` None when invalid) with the raw text and attempts used."""
+    """A judge's parsed decision (``value`` None when invalid) with the raw text and attempts used;
+    ``failed``: the engine's request failed for good (a remote failure, not an unparseable answer);
+    ``top_logprobs``: the accepted reply's per-token top lists, when asked for and given
+    (:attr:`~rapo_echo.types.Generation.top_logprobs`)."""
 
     value: T | None
     raw: str
     attempts: int
+    failed: bool = False
+    top_logprobs: list[tuple[str, list[tuple[str, float]]]] | None = None
 
 
 LOGPROB_MODES = ("auto", "always", "never")
@@ -110,9 +115,10 @@ def generate_parsed(
     ``answer_format`` declares the shape of the answer: it travels in the sampling parameters (also of the
     retries) so that an engine that can constrain decoding produces only that shape, and ``parse`` may
     then be None (the format's own :meth:`~rapo_echo.structured.AnswerFormat.parse`). On an engine that
-    enforces nothing (a server without structured output) the same parse and retries apply. The first call
-    of a ``role`` on a model too small to give a meaningful signal logs why, once
-    (:func:`~rapo_echo.llm.strength.warn_if_weak`)."""
+    enforces nothing (a server without structured output) the same parse and retries apply. A reply whose
+    request failed for good (``finish_reason`` ``"error"``) is not asked again: it is invalid at once, with
+    ``failed`` set. The first call of a ``role`` on a model too small to give a meaningful signal logs why,
+    once (:func:`~rapo_echo.llm.strength.warn_if_weak`)."""
     warn_if_weak(engine, role)
     if answer_format is not None:
         params = replace(params, answer_format=answer_format)
@@ -133,9 +139,12 @@ def generate_parsed(
         replies = engine.generate([prompts[i] for i in pending], use)
         still = []
         for i, gens in zip(pending, replies):
+            if gens and gens[0].finish_reason == FAILED:
+                results[i] = Parsed(None, "", attempt + 1, failed=True)
+                continue
             text = gens[0].text if gens and isinstance(gens[0].text, str) else ""
             value = parsers[i](text)
-            results[i] = Parsed(value, text, attempt + 1)
+            results[i] = Parsed(value, text, attempt + 1, top_logprobs=gens[0].top_logprobs if gens else None)
             if value is None:
                 still.append(i)
         pending = still

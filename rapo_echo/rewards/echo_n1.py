@@ -17,7 +17,9 @@ combination ``echo_n1``. Each judges through the run's ``judge`` engine (``rapo_
   gives every sample ``w_empathy * empathy + w_humanlike * humanlike``.
 
 A sample the judges cannot score gets ``None`` (masked out of the loss and counted), never 0; the
-reason is in the sample's ``info`` and each reward's ``stats``.
+reason is in the sample's ``info`` and each reward's ``stats``. On a served judge the stages that do not
+depend on each other go out together (:func:`~rapo_echo.engines.concurrency.together`): the references
+with the need analysis, and the empathy judge with the humanlike judge.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.engines.concurrency import calls_concurrently, together
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.judges.bias import InjectionProbe, check_orders, inject
 from rapo_echo.judges.empathy import (
@@ -238,6 +241,16 @@ class EmpathyReward:
                     out[i] = (text, "model")
         return out
 
+    def _stages_together(self) -> bool:
+        """Whether the references and the need analysis may run at the same time: the judge is served and
+        so is the reference model's engine (when references are written at all)."""
+        if not calls_concurrently(self.judge.engine):
+            return False
+        if self.reference == "scenario":
+            return True
+        roles = {"judge": self.ctx.judge, "policy": self.ctx.policy, "simulator": self.ctx.simulator}
+        return calls_concurrently(roles.get(self.reference_model))
+
     # ------------------------------------------------------------------ needs and process
     def _analyse(self, keys: Sequence[str], scenarios: Sequence[Scenario]) -> None:
         todo = [(k, sc) for k, sc in zip(keys, scenarios) if k not in self._needs]
@@ -264,9 +277,16 @@ class EmpathyReward:
         keys = [scenario_key(s.scenario) for s in samples]
         unique = dict(zip(keys, (s.scenario for s in samples)))
         u_keys, u_scen = list(unique), list(unique.values())
-        refs = dict(zip(u_keys, self.references(u_scen)))
-        if self.needs:
-            self._analyse(u_keys, u_scen)
+
+        def analyse() -> None:
+            if self.needs:
+                self._analyse(u_keys, u_scen)
+
+        # the references and the need analysis do not depend on each other: one round on served engines
+        written, _ = together(
+            [lambda: self.references(u_scen), analyse], concurrent=self._stages_together()
+        )
+        refs = dict(zip(u_keys, written))
         if self.process:
             self._process_factors(u_keys, u_scen)
         infos: list[dict[str, Any]] = []
@@ -429,8 +449,12 @@ class EchoN1Reward:
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         domains = [scenario_domain(s.scenario, self.domain_field, self.default_domain) for s in samples]
+        # the two judges do not depend on each other: on a served judge they go out together
+        concurrent = calls_concurrently(self.empathy.judge.engine, self.humanlike.judge.engine)
         if self.mode == "weighted":
-            emp, hum = self.empathy(samples), self.humanlike(samples)
+            emp, hum = together(
+                [lambda: self.empathy(samples), lambda: self.humanlike(samples)], concurrent=concurrent
+            )
             out = []
             for e, h in zip(emp, hum):
                 parts = (e.score, h.score)
@@ -448,11 +472,19 @@ class EchoN1Reward:
                 )
             return out
         out_by: dict[int, RewardOutput] = {}
-        for domain, reward in (("empathy", self.empathy), ("chitchat", self.humanlike)):
-            idx = [i for i, d in enumerate(domains) if d == domain]
-            if idx:
-                for i, o in zip(idx, reward([samples[i] for i in idx])):
-                    # ``route``: the judge it went to; reward_stats shows each one's share per step
-                    info = {"domain": domain, "route": reward.name, "routes": ROUTES, **o.info}
-                    out_by[i] = RewardOutput(o.score, o.critique, info)
+        routes = [
+            (domain, reward, [i for i, d in enumerate(domains) if d == domain])
+            for domain, reward in (("empathy", self.empathy), ("chitchat", self.humanlike))
+        ]
+        routes = [r for r in routes if r[2]]
+
+        def judged(reward: Any, idx: list[int]) -> Callable[[], list[RewardOutput]]:
+            return lambda: reward([samples[i] for i in idx])
+
+        outputs = together([judged(reward, idx) for _, reward, idx in routes], concurrent=concurrent)
+        for (domain, reward, idx), outs in zip(routes, outputs):
+            for i, o in zip(idx, outs):
+                # ``route``: the judge it went to; reward_stats shows each one's share per step
+                info = {"domain": domain, "route": reward.name, "routes": ROUTES, **o.info}
+                out_by[i] = RewardOutput(o.score, o.critique, info)
         return [out_by[i] for i in range(len(samples))]
