@@ -27,6 +27,7 @@ from rapo_echo.llm.reaction import Reaction
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
 from rapo_echo.simulators.base import build_simulator, checked_reactions
+from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, ValidationResult, msg
 
 RANK = "rank"  # the name of the rank reward in Sample.rewards
@@ -249,6 +250,8 @@ class RAPO(GRPO):
                 critique_tokens=jc.critique_tokens,
                 show_profile=jc.show_profile,
                 rng=self.rng,
+                addressed=jc.addressed,
+                addressed_context=jc.addressed_context,
             )
 
     @staticmethod
@@ -364,7 +367,7 @@ class RAPO(GRPO):
                     invalid += 1
                     continue
                 deltas[i].append(r.emotion_delta)
-                if r.message.strip():
+                if not is_blank(r.message):
                     said = [msg("assistant", s.text), msg("user", r.message)]
                     current[i] = replace(current[i], messages=[*current[i].messages, *said])
                     going.append(i)
@@ -547,7 +550,7 @@ class RAPO(GRPO):
         prompts = [policy.prompt_ids(self._rewrite_conv(samples[i], reactions[i])) for i in chosen]
         gens = self.rewriter.generate_ids(prompts, params)
         corrections = [
-            Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and g[0].text.strip()
+            Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and not is_blank(g[0].text)
         ]
         if corrections and (self.sd.verify or self.sd.loss in ("adv_nll", "in_group")):
             self._rerank(samples, reactions, groups, corrections)
