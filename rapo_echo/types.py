@@ -69,7 +69,8 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     prompt_ids: list[int] | None = None
-    finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length"
+    finish_reason: str = "stop"  # "stop" (EOS or stop string), "length", or "grammar_error" (see error)
+    error: str | None = None  # why the engine could not finish the reply as asked (a grammar that gave up)
 
 
 def last_user_message(messages: Sequence[Mapping[str, Any]]) -> str:
