@@ -24,6 +24,7 @@ simulators all use it).
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -274,8 +275,11 @@ class Finding:
 def findings(text: str) -> list[Finding]:
     """Every place where ``text`` addresses the judge (see the module doc), in order of position."""
     text = str(text or "")
-    if not text:
-        return []
+    return list(_findings(text)) if text else []
+
+
+@functools.lru_cache(maxsize=4096)  # a group's replies share their scenario: its texts are screened often
+def _findings(text: str) -> tuple[Finding, ...]:
     norm, origin = normalise(text)
     out: dict[tuple[int, int], Finding] = {}
 
@@ -297,7 +301,7 @@ def findings(text: str) -> list[Finding]:
                 continue  # starts inside a word ("frustrating:5" is not "rating:5")
             last = squeezed[m.end() - 1][1]
             add(kind, first, last + 1, m.group(0))
-    return sorted(out.values(), key=lambda f: (f.start, f.end))
+    return tuple(sorted(out.values(), key=lambda f: (f.start, f.end)))
 
 
 def addresses_judge(text: str) -> bool:
@@ -342,8 +346,11 @@ def _cut(text: str, f: Finding) -> tuple[int, int]:
 
 def strip_addressing(text: str, rounds: int = 4) -> str:
     """``text`` without the parts that address the judge: each finding's sentence (or line), JSON object
-    or marker removed, repeated until nothing is found (at most ``rounds`` times); whitespace tidied."""
+    or marker removed, repeated until nothing is found (at most ``rounds`` times); whitespace tidied. A
+    text with nothing to remove is returned as it is."""
     text = str(text or "")
+    if not findings(text):
+        return text
     for _ in range(rounds):
         found = findings(text)
         if not found:

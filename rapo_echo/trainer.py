@@ -27,7 +27,7 @@ import torch
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
 from rapo_echo.algorithms.run_config import RunConfig
-from rapo_echo.atomic import write_text_atomic
+from rapo_echo.atomic import remove_leftovers, replace_dir, staging_for, write_text_atomic
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
 from rapo_echo.checkpoint import (
@@ -345,6 +345,8 @@ class Trainer:
         self._sync_generator()
         log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
         if self.is_main:  # drop lines written after that checkpoint (they will be recomputed), atomically
+            for path in remove_leftovers(self.run_dir):  # of a final/ whose writing was killed
+                log.info("removed %s, left by an interrupted write", path)
             for f in (self.metrics_file, self.samples_file):
                 keep_jsonl(f, lambda r: not isinstance(r, dict) or r.get("step", 0) <= self.step)
             if self.validator is not None:
@@ -486,18 +488,21 @@ class Trainer:
     def _save_final(self) -> None:
         """The final model in Hugging Face format: merged under LoRA (plain transformers loads it);
         under DeepSpeed the gathered weights (an adapter folder under LoRA). With
-        ``validation.keep_best`` it is the best-validated model (``final/best.json`` says which step)."""
+        ``validation.keep_best`` it is the best-validated model (``final/best.json`` says which step).
+        Written beside ``final/`` and renamed into place whole: a crash never leaves half a model there."""
         final = self.run_dir / "final"
+        staged = staging_for(final) if self.is_main else final
         if self.deepspeed:
-            self._save_gathered(final)
+            self._save_gathered(staged)
         elif self.is_main:
             best = self.validator.restore_best(self.step) if self.validator is not None else None
-            self.policy.save(final, merged=True)
+            self.policy.save(staged, merged=True)
             if self.validator is not None and self.validator.keep_best:
-                shutil.copy2(self.validator.best_dir / BEST_FILE, final / BEST_FILE)
+                shutil.copy2(self.validator.best_dir / BEST_FILE, staged / BEST_FILE)
             if best is not None:
                 self.best_step = best
         if self.is_main:
+            replace_dir(staged, final)
             log.info("final model: %s", final)
 
     def _save_gathered(self, folder: Path) -> None:
@@ -526,12 +531,14 @@ class Trainer:
         return batch[rank * n : (rank + 1) * n]
 
     def _judge_metrics(self) -> dict[str, float]:
-        """This step's position bias of the comparing judges (``judge/position_bias/*``): the rewards'
-        judges and the algorithm's group judge, merged by decision count."""
+        """This step's judge metrics (position bias, texts that addressed the judge, injection probe): the
+        rewards' judges and the algorithm's group judge, merged (:func:`merge_metrics`)."""
         parts = self.rewards.step_metrics()
-        bias = getattr(getattr(self.algorithm, "judge", None), "position_bias", None)
-        if bias is not None:
-            parts.append(bias.step_metrics())
+        judge = getattr(self.algorithm, "judge", None)
+        if callable(getattr(judge, "step_metrics", None)):
+            parts.append(judge.step_metrics())  # type: ignore[union-attr]
+        elif getattr(judge, "position_bias", None) is not None:
+            parts.append(judge.position_bias.step_metrics())  # type: ignore[union-attr]
         return merge_metrics(parts)
 
     def train_step(self) -> dict[str, float]:

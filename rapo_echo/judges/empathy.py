@@ -185,7 +185,7 @@ class EmpathyJudge:
                 "What the person seems like (inferred from the conversation):\n"
                 + fence.block("PERSONA", persona)
             )
-        profile = render_profile(scenario.profile) if self.show_profile else ""
+        profile = render_profile(scenario.profile, strip_addressed=False) if self.show_profile else ""
         if profile:
             parts.append(
                 "What we know about the person (hidden from the supporter):\n"

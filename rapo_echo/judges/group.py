@@ -269,7 +269,7 @@ class GroupJudge:
         return self._fence
 
     def _context(self, scenario: Scenario, fence: Fence) -> str:
-        profile = render_profile(scenario.profile) if self.show_profile else ""
+        profile = render_profile(scenario.profile, strip_addressed=False) if self.show_profile else ""
         about = (
             "What we know about the person (hidden from the supporter):\n"
             + fence.block("PROFILE", profile)
