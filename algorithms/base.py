@@ -142,9 +142,9 @@ class TrainItem:
 @dataclass
 class Rollout:
     """What one rollout produced: the samples (for logging), the items to train on, metrics, per-stage
-    seconds, the step's position-bias records of the algorithm's own judges (``judge_metrics``: each a
-    judge's ``step_metrics()``, merged with the reward judges' by decision count) and anything else the
-    algorithm keeps for its tests (``extra``)."""
+    seconds, the step's records of the algorithm's own judges (``judge_metrics``: each a judge's
+    ``step_metrics()``: position bias, texts that addressed it; merged with the reward judges' by
+    decision count) and anything else the algorithm keeps for its tests (``extra``)."""
 
     samples: list[Sample]
     items: list[TrainItem]

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rapo_echo.atomic import remove_leftovers, replace_dir, staging_for
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
 from rapo_echo.checkpoint import (
@@ -353,6 +354,9 @@ class Learner:
         load_rng(ckpt, self.accelerator.process_index)
         self._sync_generator()
         log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
+        if self.is_main:
+            for path in remove_leftovers(self.run_dir):  # of a final/ whose writing was killed
+                log.info("removed %s, left by an interrupted write", path)
         self.logs.resumed_at(self.step)  # lines written after that checkpoint are recomputed
         if self.is_main and self.validator is not None:
             self.validator.resumed_at(self.step)
@@ -501,18 +505,21 @@ class Learner:
     def _save_final(self) -> None:
         """The final model in Hugging Face format: merged under LoRA (plain transformers loads it);
         under DeepSpeed the gathered weights (an adapter folder under LoRA). With
-        ``validation.keep_best`` it is the best-validated model (``final/best.json`` says which step)."""
+        ``validation.keep_best`` it is the best-validated model (``final/best.json`` says which step).
+        Written beside ``final/`` and renamed into place whole: a crash never leaves half a model there."""
         final = self.run_dir / "final"
+        staged = staging_for(final) if self.is_main else final
         if self.deepspeed:
-            self._save_gathered(final)
+            self._save_gathered(staged)
         elif self.is_main:
             best = self.validator.restore_best(self.step) if self.validator is not None else None
-            self.policy.save(final, merged=True)
+            self.policy.save(staged, merged=True)
             if self.validator is not None and self.validator.keep_best:
-                shutil.copy2(self.validator.best_dir / BEST_FILE, final / BEST_FILE)
+                shutil.copy2(self.validator.best_dir / BEST_FILE, staged / BEST_FILE)
             if best is not None:
                 self.best_step = best
         if self.is_main:
+            replace_dir(staged, final)
             log.info("final model: %s", final)
 
     def _save_gathered(self, folder: Path) -> None:

@@ -24,6 +24,7 @@ from rapo_echo.llm.reaction import Reaction
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
 from rapo_echo.simulators.base import build_simulator, checked_reactions
+from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, ValidationResult, msg
 
 from .base import PG, AlgoContext, LossKind, MicroBatch, Needs, Rollout, Totals, TrainItem
@@ -286,6 +287,8 @@ class RAPO(GRPO):
                 critique_tokens=jc.critique_tokens,
                 show_profile=jc.show_profile,
                 rng=self.rng,
+                addressed=jc.addressed,
+                addressed_context=jc.addressed_context,
             )
 
     @staticmethod
@@ -366,7 +369,7 @@ class RAPO(GRPO):
             timings["distill"] = time.perf_counter() - t0
             metrics.update(self._distill_metrics(items, corrections))
         extra = {"reactions": reactions, "corrections": corrections}
-        bias = [self.judge.position_bias.step_metrics()] if isinstance(self.judge, GroupJudge) else []
+        bias = [self.judge.step_metrics()] if isinstance(self.judge, GroupJudge) else []
         return Rollout(samples, items, metrics, timings, extra, judge_metrics=bias)
 
     def validate(self, scenarios: list[Scenario], max_new_tokens: int, turns: int = 1) -> ValidationResult:
@@ -400,7 +403,7 @@ class RAPO(GRPO):
                     invalid += 1
                     continue
                 deltas[i].append(r.emotion_delta)
-                if r.message.strip():
+                if not is_blank(r.message):
                     said = [msg("assistant", s.text), msg("user", r.message)]
                     current[i] = replace(current[i], messages=[*current[i].messages, *said])
                     going.append(i)
@@ -583,7 +586,7 @@ class RAPO(GRPO):
         prompts = [policy.prompt_ids(self._rewrite_conv(samples[i], reactions[i])) for i in chosen]
         gens = self.rewriter.generate_ids(prompts, params)
         corrections = [
-            Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and g[0].text.strip()
+            Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and not is_blank(g[0].text)
         ]
         if corrections and (self.sd.verify or self.sd.loss in ("adv_nll", "in_group")):
             self._rerank(samples, reactions, groups, corrections)

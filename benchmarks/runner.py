@@ -12,6 +12,7 @@ record in the file; the run's own summary also says how many remote requests fai
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import json
 import logging
@@ -76,17 +77,32 @@ def eval_config(
     settings: EvalSettings,
     protocol: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What ``config.json`` records: benchmark, model per role, data file, settings, and the benchmark's
-    ``protocol`` (e.g. the simulator prompts' version), secrets redacted."""
+    """What ``config.json`` records: benchmark, model per role, data file (and, for a file on disk, the
+    SHA-256 of its content, so that a resume refuses a file changed in place), settings, and the
+    benchmark's ``protocol`` (e.g. the simulator prompts' version), secrets redacted."""
     config = {
         "benchmark": benchmark,
         "models": models,
         "data": data,
         "settings": dataclasses.asdict(settings),
     }
+    digest = data_digest(data)
+    if digest is not None:
+        config["data_sha256"] = digest
     if protocol:
         config["protocol"] = protocol
     return redacted(config)
+
+
+def data_digest(data: str | None) -> str | None:
+    """The SHA-256 of a data file's bytes (None for no data or a bundled file)."""
+    if not data or data.startswith("bundled:") or not Path(data).is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(data, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check_output(output: Path, config: dict[str, Any]) -> None:
@@ -124,8 +140,16 @@ def check_resume(output: Path, config: dict[str, Any]) -> None:
     except json.JSONDecodeError as exc:
         raise DataError(f"{old_path}: not valid JSON ({exc})") from exc
     flat_old, flat_new = _flatten(old), _flatten(config)
+    if "data_sha256" in flat_old and flat_old["data_sha256"] != flat_new.get("data_sha256"):
+        raise ConfigError(
+            f"{output} holds an evaluation of {config.get('data')} whose content has changed since (SHA-256 "
+            f"{str(flat_old['data_sha256'])[:12]}... then, {str(flat_new.get('data_sha256'))[:12]}... now): "
+            "its "
+            "finished cases would be mixed with cases of the new content. Restore the file, or evaluate "
+            "it into a new --output"
+        )
     for key in sorted(set(flat_old) | set(flat_new)):
-        if key.split(".")[-1] in RESUME_FREE:
+        if key.split(".")[-1] in RESUME_FREE or key == "data_sha256":  # an older folder has no hash
             continue
         if flat_old.get(key) != flat_new.get(key):
             raise ConfigError(

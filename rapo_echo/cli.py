@@ -13,6 +13,7 @@ import sys
 
 from rapo_echo import __version__
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.scrub import ScrubFilter
 
 COMMAND_MODULES = (
     "rapo_echo.chat",
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    for handler in logging.getLogger().handlers:  # no secret value reaches a log line
+        if not any(isinstance(f, ScrubFilter) for f in handler.filters):
+            handler.addFilter(ScrubFilter())
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -79,7 +79,9 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     prompt_ids: list[int] | None = None
-    finish_reason: str = "stop"  # "stop" (EOS or stop string), "length", or "error" (a failed request)
+    # "stop" (EOS or stop string), "length", "error" (a failed request) or "grammar_error" (see error)
+    finish_reason: str = "stop"
+    error: str | None = None  # why the engine could not finish the reply as asked (a grammar that gave up)
     top_logprobs: list[tuple[str, list[tuple[str, float]]]] | None = None
 
 

@@ -53,6 +53,7 @@ from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.structured import AnswerFormat
+from rapo_echo.text import visible_strip
 from rapo_echo.types import Conversation, SamplingParams, msg
 
 PROMPT_VERSION = "rapo-echo-sage-en-3"
@@ -329,7 +330,7 @@ def parse_plain_reply(text: str) -> str | None:
     text = _SPEAKER_TAG.sub("", text.strip(), count=1).split("\n\n")[0].strip()
     if re.match(r"^\s*supporter\s*[:：]", text, re.I):
         return None
-    return text.strip('"').strip("“”").strip() or None
+    return visible_strip(text.strip('"').strip("“”")) or None
 
 
 def spoken(value: Any) -> str | None:
@@ -338,7 +339,7 @@ def spoken(value: Any) -> str | None:
     text = value.get(SAY_KEY) if isinstance(value, dict) else value
     if not isinstance(text, str):
         return None
-    return text.strip().strip('"').strip("“”").strip() or None
+    return visible_strip(text.strip().strip('"').strip("“”")) or None
 
 
 # ---------------------------------------------------------------------------- prompts

@@ -10,7 +10,6 @@ first record's keys).
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -34,6 +33,7 @@ from rapo_echo.data.files import (
     bundled_file,
     bundled_names,
     expect_object,
+    loads_json,
     open_source,
     read_records,
 )
@@ -207,7 +207,7 @@ def _hf_dialogues(src: Source) -> list[Dialogue]:
     out, locations = [], None
     for i, text in enumerate(rows["text"]):
         try:
-            conv = json.loads(text) if isinstance(text, str) else text
+            conv = loads_json(text) if isinstance(text, str) else text
             if not isinstance(conv, dict):
                 raise ValueError(f"it holds {type(conv).__name__}, not an object")
         except (TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError

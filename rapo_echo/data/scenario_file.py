@@ -13,6 +13,7 @@ from typing import Any
 
 from rapo_echo.data.files import Record, expect_object, get_str
 from rapo_echo.errors import DataError
+from rapo_echo.text import is_blank
 from rapo_echo.types import Message, Scenario
 
 SCENARIO_KEYS = ("id", "messages", "opening", "profile", "reference", "meta")
@@ -51,7 +52,7 @@ def parse_scenario(record: Record, default_id: str, file: str) -> Scenario:
     if unknown:
         raise DataError(f"{where}: {unknown[0]}: unknown key; allowed keys: {', '.join(SCENARIO_KEYS)}")
     sid = get_str(obj, "id", where, required=False)
-    if sid is not None and not sid.strip():
+    if sid is not None and is_blank(sid):
         raise DataError(f"{where}: id: empty; expected a non-empty string (or leave id out)")
     has_messages, has_opening = obj.get("messages") is not None, obj.get("opening") is not None
     if has_messages == has_opening:
@@ -59,7 +60,7 @@ def parse_scenario(record: Record, default_id: str, file: str) -> Scenario:
         raise DataError(f"{where}: messages / opening: got {got}; expected exactly one of them")
     if has_opening:
         opening = get_str(obj, "opening", where)
-        if not opening.strip():
+        if is_blank(opening):
             raise DataError(f"{where}: opening: empty; expected the user's first message")
         messages: list[Message] = [{"role": "user", "content": opening}]
     else:
@@ -89,7 +90,7 @@ def _messages(value: Any, where: str) -> list[Message]:
         if role == "system" and i > 0:
             raise DataError(f"{where}: {field}.role: a system message may only come first")
         content = get_str(m, "content", where, path=f"{field}.")
-        if not content.strip():
+        if is_blank(content):
             raise DataError(f"{where}: {field}.content: empty; expected the message text")
         out.append({"role": role, "content": content})
     if out[-1]["role"] != "user":

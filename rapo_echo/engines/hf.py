@@ -23,10 +23,11 @@ import torch
 
 from rapo_echo.distributed import is_zero3_partitioned
 from rapo_echo.engines.base import split_continuation, truncate_at_stop
-from rapo_echo.engines.constrained import GrammarCache, TokenConstraint
+from rapo_echo.engines.constrained import GRAMMAR_FAILED, GrammarCache, TokenConstraint
 from rapo_echo.engines.static_decode import StaticDecoder, resolve_decode, supports_static_cache
 from rapo_echo.errors import ConfigError
 from rapo_echo.prompting import fit_conversation
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,17 @@ class _Row:
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str | None = None
+    error: str | None = None  # the answer format's grammar gave up (finish reason GRAMMAR_FAILED)
+
+
+def _mark_grammar_failures(rows: Sequence[_Row], constraint: TokenConstraint | None) -> None:
+    """End each row whose grammar gave up with :data:`GRAMMAR_FAILED` and the reason, never a normal stop."""
+    if constraint is None:
+        return
+    for r, row in enumerate(rows):
+        why = constraint.failure(r)
+        if why is not None:
+            row.finish_reason, row.error = GRAMMAR_FAILED, why
 
 
 def context_length(model: Any) -> int | None:
@@ -200,6 +212,13 @@ class HFEngine:
         if self._grammar is None or self._grammar.eos_ids != sorted(self.eos_ids):
             self._grammar = GrammarCache(self.tokenizer, self.eos_ids)
         return self._grammar
+
+    def check_format(self, fmt: AnswerFormat) -> None:
+        """Compile ``fmt``'s grammar now (kept in :attr:`grammar`): ``ValueError`` with the compiler's
+        message when it cannot be used (a server answers that request 400 before generating)."""
+        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        width = getattr(getattr(head, "weight", None), "shape", (None,))[0]
+        self.grammar.template(fmt, int(width or self.model.config.vocab_size))
 
     def _constraint(self, params: SamplingParams, rows: int, vocab: int) -> TokenConstraint | None:
         """The grammar state of ``rows`` rows under ``params.answer_format`` (None without one)."""
@@ -338,6 +357,7 @@ class HFEngine:
             logprobs=row.logprobs,
             prompt_ids=row.prompt_ids,
             finish_reason=row.finish_reason or "length",
+            error=row.error,
         )
 
     def _mode(self) -> contextlib.AbstractContextManager:
@@ -411,6 +431,7 @@ class HFEngine:
         for row, ids, lps, stop in zip(rows, tokens, logprobs, stopped):
             row.tokens, row.logprobs = ids, lps
             row.finish_reason = "stop" if stop else None
+        _mark_grammar_failures(rows, constraint)
         return rows
 
     def _decode_steps(
@@ -466,6 +487,7 @@ class HFEngine:
                     use_cache=True,
                 )
                 logits = out.logits[:, -1]
+            _mark_grammar_failures(rows, constraint)
 
     def _hit_stop(self, tokens: Sequence[int], stop: Sequence[str], window: int) -> bool:
         tail = self.tokenizer.decode(list(tokens[-(window + 4) :]), skip_special_tokens=True)

@@ -75,7 +75,9 @@ from rapo_echo.engines.concurrency import RequestLimits, together
 from rapo_echo.engines.deadline import Deadline
 from rapo_echo.engines.vllm_engine import version_tuple
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
+from rapo_echo.scrub import register_secret, scrub
 from rapo_echo.structured import AnswerFormat, object_schema
+from rapo_echo.text import is_blank
 from rapo_echo.types import FAILED, Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -320,6 +322,7 @@ class OpenAIEngine:
         self.return_token_ids = return_token_ids
         self.api_key_env = api_key_env
         self._api_key = _Secret(os.environ.get(api_key_env) if api_key_env else None)
+        register_secret(self._api_key.value)  # scrubbed from every stored or logged text
         self._model = model
         self._models_body: dict[str, Any] | None = None
         self.structured = structured
@@ -358,9 +361,10 @@ class OpenAIEngine:
         return headers
 
     def _scrub(self, text: str) -> str:
-        """``text`` with the API key replaced (servers sometimes echo a rejected key)."""
+        """``text`` with the API key and any ``Bearer`` token replaced (servers sometimes echo the key, in
+        an error or in a reply)."""
         key = self._api_key.value
-        return text.replace(key, "***") if key else text
+        return scrub(text.replace(key, "***") if key else text)
 
     def _fail(self, where: str, what: str, status: int | None = None) -> EndpointError:
         return EndpointError(self._scrub(f"{self.name}: {where}: {what}"), status)
@@ -827,6 +831,7 @@ class OpenAIEngine:
                 self._supports_logprobs = True
             finish = choice.get("finish_reason") or "stop"
             tops = _positions(entries) if not token_ids else None
+            text = self._scrub(text)  # a reply that echoes the key never leaves the engine with it
             out.append(
                 Generation(
                     text=text,
@@ -845,7 +850,7 @@ class OpenAIEngine:
         (see :func:`option_logprob`); ``-inf`` for options not in the list; an empty row for a prompt whose
         request failed for good."""
         for o in options:
-            if not o.strip():
+            if is_blank(o):
                 raise ValueError(f"choice_logprobs: option {o!r} is blank")
         if prompts:
             self._setup()

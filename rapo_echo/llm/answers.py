@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from rapo_echo.engines.base import ChatEngine
+from rapo_echo.engines.base import ChatEngine, format_enforcement
 from rapo_echo.errors import CapabilityError
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.strength import warn_if_weak
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import FAILED, Conversation, SamplingParams
@@ -68,6 +69,20 @@ def describe_engine(engine: ChatEngine) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return f"{name} at {urlunsplit((parts.scheme, netloc, parts.path, '', ''))}"
+
+
+def answer_words(text: str, fence: Fence | None, engine: ChatEngine, fmt: AnswerFormat | None = None) -> str:
+    """The part of a judge's text its answer is read from. An engine that enforces answer formats
+    (constrained decoding, a server's structured output, a checked script) wrote only the answer, so a
+    text that is exactly one answer of ``fmt`` is read whole; otherwise the judge's own words
+    (``fence``'s blocks, copies of fenced text and quotes removed,
+    :meth:`~rapo_echo.llm.fencing.Fence.own_words`), from which the format reads the last well-formed
+    answer."""
+    if fence is None:
+        return text
+    if format_enforcement(engine) != "none" and (fmt is None or fmt.problem(text) is None):
+        return text
+    return fence.own_words(text, copies=True)
 
 
 # one bounded line of free text; the closing newline is allowed so that the call's stop string ends it

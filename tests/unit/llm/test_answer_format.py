@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
+from rapo_echo.errors import ConfigError
 from rapo_echo.llm.answers import generate_parsed
 from rapo_echo.structured import AnswerFormat, json_object_text, object_schema, validate_json
 from rapo_echo.types import SamplingParams, msg
@@ -71,7 +72,7 @@ def test_scripted_engine_refuses_a_reply_a_constrained_engine_could_not_give() -
     out = generate_parsed(good, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt)
     assert out[0].value == 4 and out[0].attempts == 1
     bad = ScriptedEngine(replies=["four"])
-    with pytest.raises(ValueError, match="does not conform to the answer format 'score'"):
+    with pytest.raises(ConfigError, match="does not conform to the answer format 'score'"):
         generate_parsed(bad, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt)
 
 
