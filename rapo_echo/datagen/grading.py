@@ -16,14 +16,14 @@ Each stage is one batched engine call per attempt over every reply of a chunk.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.verdict import Verdict, answer_instruction, decide
-from rapo_echo.llm.answers import generate_field_lines, wants_logprobs
+from rapo_echo.llm.answers import FIELD_LINE, Parsed, field_line, generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.types import Conversation, msg
+from rapo_echo.types import Conversation, SamplingParams, msg
 
 SCORES = ("1", "2", "3", "4", "5")
 SCORE_PREFIX = "Score:"
@@ -148,18 +148,48 @@ def rewrite(
     max_new_tokens: int = 96,
 ) -> list[str | None]:
     """One rewritten reply per ``(dialogue, reply, critique)``: one batched call (per attempt) for all of
-    them. None when the answer stayed unreadable, held only copied blocks, or repeats the reply."""
+    them. None when the answer stayed unreadable, copied the prompt's blocks or markers, or repeats the
+    reply."""
     if not items:
         return []
     texts = [t for m, r, c in items for t in (render_dialogue(m), r, c)]
     fence = Fence.derived(texts, salt="rewrite")
     prompts = [rewrite_prompt(m, r, c, fence) for m, r, c in items]
-    parsed = generate_field_lines(engine, prompts, max_new_tokens, max_retries, "rewriter")
-    out: list[str | None] = []
-    for (_, reply, _), p in zip(items, parsed):
-        own = None if p.value is None else " ".join(fence.own_words(p.value).split())
-        out.append(own if own and own != " ".join(reply.split()) else None)
-    return out
+    parsed = own_lines(engine, prompts, fence, max_new_tokens, max_retries, "rewriter")
+    return [p.value if p.value != " ".join(r.split()) else None for (_, r, _), p in zip(items, parsed)]
+
+
+def own_line(fence: Fence, text: str) -> str | None:
+    """A one-line answer (:func:`~rapo_echo.llm.answers.field_line`) in the model's own words: None when
+    it holds the fence's marker (a piece of the prompt's structure, e.g. a block's opening line cut short)
+    or nothing of its own."""
+    line = field_line(text)
+    if line is None or fence.holds_marker(line):
+        return None
+    return " ".join(fence.own_words(line).split()) or None
+
+
+def own_lines(
+    engine: ChatEngine,
+    prompts: Sequence[Conversation],
+    fence: Fence,
+    max_new_tokens: int,
+    max_retries: int,
+    role: str,
+) -> list[Parsed[str]]:
+    """One line per prompt that continues a ``<Field>:`` line, read by :func:`own_line` (the one-line
+    format declared to the engine; greedy, then sampled retries at 0.7, each up to the first newline)."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=("\n",))
+    return generate_parsed(
+        engine,
+        prompts,
+        lambda text: own_line(fence, text),
+        params,
+        max_retries=max_retries,
+        retry_params=replace(params, temperature=0.7),
+        role=role,
+        answer_format=FIELD_LINE,
+    )
 
 
 def closest(scores: Sequence[int | None], target: int) -> int | None:

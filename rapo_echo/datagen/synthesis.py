@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rapo_echo.datagen.grading import own_lines
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.verdict import answer_instruction, decide
-from rapo_echo.llm.answers import generate_field_lines, generate_parsed, wants_logprobs
+from rapo_echo.llm.answers import generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.structured import AnswerFormat
@@ -344,31 +345,34 @@ class Synthesis:
             elif decision == "switch":
                 switching.append(d)
         if switching:
-            topics = generate_field_lines(
+            topics = own_lines(
                 self.director,
                 [topic_prompt(d, fence) for d in switching],
+                fence,
                 self.s.user_tokens,
                 self.s.max_retries,
                 "simulator",
             )
             for d, t in zip(switching, topics):
-                if t.value:
-                    d.note = f"{SWITCH_NOTE} {t.value}"
-                    d.director[-1]["topic"] = t.value
+                topic = t.value
+                if topic:  # an unreadable topic: the person moves on without a direction
+                    d.note = f"{SWITCH_NOTE} {topic}"
+                    d.director[-1]["topic"] = topic
 
     def _user(self, active: list[Dialogue]) -> None:
         if not active:
             return
         fence = Fence.derived([render_dialogue(d.messages or []) for d in active], salt="user")
-        lines = generate_field_lines(
+        lines = own_lines(
             self.user,
             [user_prompt(d, fence) for d in active],
+            fence,
             self.s.user_tokens,
             self.s.max_retries,
             "simulator",
         )
         for d, line in zip(active, lines):
-            text = None if line.value is None else fence.own_words(line.value).strip()
+            text = line.value
             if not text:
                 d.ended_by = "user_invalid"
                 continue

@@ -167,3 +167,22 @@ def test_constitution_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"rules.txt:1: expected 'name: description'"):
         Constitution.from_file(path)
     assert json.dumps(protocol(c)) != json.dumps(protocol(Constitution()))
+
+
+def test_a_rewrite_that_copies_the_prompt_structure_is_retried() -> None:
+    """A 135M rewriter answered with a block's opening line cut short ('<<<DIALOGUE 5A85300D>>'): an answer
+    holding the fence's marker is no rewrite; it is asked again."""
+    answers = iter([" <<<DIALOGUE {marker}>> and so on", " a kinder reply for you"])
+
+    def answer(prompt):
+        marker = re.search(r"<<<REPLY (\w+)>>>", prompt[1]["content"]).group(1)
+        return next(answers).format(marker=marker)
+
+    rw = ScriptedEngine(fn=answer)
+    j = judge(lambda reply: {"meh": 2, "a kinder reply for you": 5}[reply])
+    settings = CritiqueRewriteSettings(candidates=1, rounds=1, select="all", safety="off")
+    record = CritiqueRewrite(ScriptedEngine(replies=["meh"]), j, rw, settings).run_chunk(
+        load_contexts(None, limit=1)
+    )[0]
+    assert [v["text"] for v in record["candidates"][0]["versions"]] == ["meh", "a kinder reply for you"]
+    assert generate_calls(rw) == [1, 1]
