@@ -63,6 +63,9 @@ def register(subparsers: Any) -> None:
     cr.add_argument("--rewrite-max", type=int, default=3, help="rewrite replies graded at most this (3)")
     cr.add_argument("--golden-min", type=int, default=4, help="a reply graded at least this is golden (4)")
     cr.add_argument("--low-max", type=int, default=3, help="a contrast reply is graded at most this (3)")
+    cr.add_argument(
+        "--min-gap", type=int, default=1, help="a pair's golden reply is graded at least this much higher (1)"
+    )
     cr.add_argument("--rounds", type=int, default=2, help="rewrite rounds per reply (default 2)")
     cr.add_argument(
         "--pairing",
@@ -311,6 +314,7 @@ def run_critique_rewrite(args: argparse.Namespace) -> int:
         rewrite_max=args.rewrite_max,
         golden_min=args.golden_min,
         low_max=args.low_max,
+        min_gap=args.min_gap,
         rounds=args.rounds,
         pairing=args.pairing,
         max_pairs=args.max_pairs,

@@ -14,7 +14,9 @@ Per chunk of contexts, each stage one batched engine call:
    its critique and graded again; a version still below ``golden_min`` is rewritten again from its new
    critique;
 6. **pairs**: a *golden* reply (a final version graded at least ``golden_min``) against a *contrast*
-   reply (an original candidate graded at most ``low_max``) of the same context: ``pairing: own`` pairs
+   reply (an original candidate graded at most ``low_max``) of the same context, graded at least
+   ``min_gap`` lower than the golden one (0 trusts a rewrite over its original at an equal grade, e.g.
+   with a grader that tells nothing apart, as the embedded model's): ``pairing: own`` pairs
    each successful rewrite with the candidate it came from; ``all`` pairs every golden reply with every
    contrast reply (own pairs first, then by score gap), at most ``max_pairs`` per context.
 
@@ -52,6 +54,7 @@ class CritiqueRewriteSettings:
     rewrite_max: int = 3
     golden_min: int = 4
     low_max: int = 3
+    min_gap: int = 1
     rounds: int = 2
     pairing: str = "all"  # all | own
     max_pairs: int = 4
@@ -74,8 +77,9 @@ class CritiqueRewriteSettings:
             (self.candidates > 0 or self.include_reference, "candidates 0 needs include_reference"),
             (self.rounds >= 0 and self.max_pairs >= 1, "rounds must be >= 0 and max_pairs >= 1"),
             (
-                1 <= self.low_max < self.golden_min <= 5 and 1 <= self.rewrite_max <= 5,
-                "scores: need 1 <= low_max < golden_min <= 5 and 1 <= rewrite_max <= 5",
+                all(1 <= g <= 5 for g in (self.low_max, self.golden_min, self.rewrite_max))
+                and self.min_gap >= 0,
+                "grades: low_max, golden_min and rewrite_max must be 1-5, min_gap >= 0",
             ),
             (self.max_new_tokens >= 1 and self.grade_tokens >= 1, "token budgets must be >= 1"),
             (self.max_retries >= 0 and self.batch_size >= 1, "max_retries >= 0, batch_size >= 1"),
@@ -225,12 +229,13 @@ class CritiqueRewrite:
             for c in cs
             if c["versions"][0].score is not None and c["versions"][0].score <= s.rewrite_max
         ]
-        for _ in range(s.rounds):
-            todo = [
-                c
-                for c in todo
-                if c["versions"][-1].score is not None and c["versions"][-1].score < s.golden_min
-            ]
+        for round_ in range(s.rounds):
+            if round_:  # a rewrite still below golden is rewritten again
+                todo = [
+                    c
+                    for c in todo
+                    if c["versions"][-1].score is not None and c["versions"][-1].score < s.golden_min
+                ]
             if not todo:
                 return
             texts = grading.rewrite(
@@ -267,10 +272,10 @@ class CritiqueRewrite:
         found = []
         for gk, g in golden:
             for lk, lo in low:
-                own = gk == lk
-                if (s.pairing == "own" and not own) or g.text == lo.text:
+                own, gap = gk == lk, g.score - lo.score  # type: ignore[operator]
+                if (s.pairing == "own" and not own) or g.text == lo.text or gap < s.min_gap:
                     continue
-                found.append((not own, -(g.score - lo.score), gk, lk, g, lo))  # type: ignore[operator]
+                found.append((not own, -gap, gk, lk, g, lo))
         found.sort(key=lambda t: t[:4])
         out: list[dict[str, Any]] = []
         seen: set[tuple[str, str]] = set()

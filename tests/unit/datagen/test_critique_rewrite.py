@@ -88,6 +88,29 @@ def test_own_pairing_and_thresholds() -> None:
     records = pipe.run_chunk(contexts[:2])
     assert [(p["reply"], p["reference"]) for p in records[0]["pairs"]] == [("great A", "meh A")]
     assert records[1]["status"] == "no_pair"
+    # min_gap 3: only the pairs 3 or more grades apart (5 vs 2, 5 vs 1, 5 vs 1) stay
+    contexts, *_, pipe = _setup(min_gap=3)
+    records = pipe.run_chunk(contexts[:2])
+    assert [[(p["reply"], p["reference"]) for p in r["pairs"]] for r in records] == [
+        [("great A", "meh A")],
+        [("better bad B", "bad B"), ("better better meh B", "bad B")],
+    ]
+
+
+def test_min_gap_zero_trusts_a_rewrite_at_an_equal_grade() -> None:
+    """A grader that tells nothing apart (the embedded model gives every reply 1) makes no pair, unless a
+    rewrite is trusted over its original at an equal grade."""
+    contexts = load_contexts(None, limit=1)
+    flat = judge(lambda reply: 1)
+    writer, rw = ScriptedEngine(replies=["meh"]), rewriter(lambda reply, critique: "better " + reply)
+    strict = CritiqueRewriteSettings(candidates=1, rounds=2)
+    assert CritiqueRewrite(writer, flat, rw, strict).run_chunk(contexts)[0]["pairs"] == []
+    trusting = CritiqueRewriteSettings(
+        candidates=1, rounds=2, rewrite_max=5, golden_min=1, low_max=5, min_gap=0, pairing="own"
+    )
+    record = CritiqueRewrite(writer, flat, rw, trusting).run_chunk(contexts)[0]
+    assert [(p["reply"], p["reference"]) for p in record["pairs"]] == [("better meh", "meh")]
+    assert len(record["candidates"][0]["versions"]) == 2  # rewritten once: golden from the first rewrite
 
 
 def test_pairs_file_is_read_by_train_judge(tmp_path: Path) -> None:
@@ -144,7 +167,8 @@ def test_unreadable_screen_verdict_is_invalid_not_dropped() -> None:
     [
         {"select": "some"},
         {"pairing": "best"},
-        {"low_max": 4},
+        {"low_max": 0},
+        {"min_gap": -1},
         {"golden_min": 6},
         {"candidates": 0, "include_reference": False},
     ],
