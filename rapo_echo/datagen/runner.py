@@ -68,19 +68,19 @@ def data_config(
     protocol: dict[str, Any],
 ) -> dict[str, Any]:
     """What ``config.json`` records (and a resume must match): command, model per role, data file and
-    format, settings, and the prompts' fingerprint (``protocol``)."""
+    format, settings, and the prompts' fingerprint (``protocol``); as JSON reads it back (a tuple setting
+    is a list), so that a resume compares like with like."""
     from rapo_echo.config import redacted
 
-    return redacted(
-        {
-            "command": command,
-            "models": models,
-            "data": data,
-            "format": fmt,
-            "settings": settings,
-            "protocol": protocol,
-        }
-    )
+    config = {
+        "command": command,
+        "models": models,
+        "data": data,
+        "format": fmt,
+        "settings": settings,
+        "protocol": protocol,
+    }
+    return json.loads(json.dumps(redacted(config)))
 
 
 def run_pipeline(

@@ -117,6 +117,16 @@ def test_changed_settings_or_models_are_refused(tmp_path: Path) -> None:
         run(Fake(), contexts(2), out, prompts)
 
 
+def test_a_tuple_setting_resumes(tmp_path: Path) -> None:
+    """config.json holds a tuple setting (synthesize's stages) as a list: the resume compares it as one."""
+    out = tmp_path / "out"
+    cfg = config(stages=("6:neutral", "10:mild"))
+    run(Fake(), contexts(2), out, cfg)
+    again = Fake()
+    run(again, contexts(3), out, config(stages=("6:neutral", "10:mild")))
+    assert again.chunks == [["c2"]]
+
+
 def test_changed_context_content_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run(Fake(), contexts(2), out)
