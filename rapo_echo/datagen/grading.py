@@ -82,16 +82,17 @@ def _dialogue(messages: Conversation, fence: Fence) -> str:
 
 
 def grade_prompt(messages: Conversation, reply: str, fence: Fence, *, text_mode: bool) -> Conversation:
-    """The grader's prompt for one reply (rubric and answer lines outside the fenced blocks)."""
+    """The grader's prompt for one reply (rubric and answer lines outside the fenced blocks). The rubric is
+    in the system message and the dialogue comes before the reply, so the prompts of one batch share a
+    long prefix (prefilled once by the ``hf`` engine, cached by a server that caches prefixes)."""
     body = "\n\n".join(
         [
             _dialogue(messages, fence),
             "The supporter's next reply, to grade:\n" + fence.block("REPLY", reply),
-            RUBRIC,
             CRITIQUE_ASK + " " + answer_instruction(SCORES, True, SCORE_PREFIX, text_mode=text_mode),
         ]
     )
-    return [msg("system", GRADER_SYSTEM + " " + fence.rules()), msg("user", body)]
+    return [msg("system", f"{GRADER_SYSTEM}\n\n{RUBRIC}\n\n{fence.rules()}"), msg("user", body)]
 
 
 def rewrite_prompt(messages: Conversation, reply: str, critique: str, fence: Fence) -> Conversation:
