@@ -277,7 +277,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if args.benchmark == "fidelity":
         from rapo_echo.benchmarks.fidelity.cli import run_fidelity_command
 
-        return run_fidelity_command(args, settings_from_args(args))
+        return run_fidelity_command(args, settings_from_args(args), engine_args(args))
     if args.user or args.reward:
         raise ConfigError("--user and --reward apply to --benchmark fidelity only")
     if not args.policy:

@@ -105,32 +105,35 @@ def data_digest(data: str | None) -> str | None:
     return digest.hexdigest()
 
 
-def check_output(output: Path, config: dict[str, Any]) -> None:
+def check_output(output: Path, config: dict[str, Any], what: str = "evaluation") -> None:
     """An output folder holds nothing, or this same evaluation (:func:`check_resume`): a folder with other
-    files (a training run, another tool's output) is refused, never written into."""
+    files (a training run, another tool's output) is refused, never written into. ``what`` names the
+    folder's kind of content in the messages (the data commands reuse this check)."""
     shown = held_files(output)
     if shown and not (output / CONFIG_FILE).is_file():
         raise ConfigError(
-            f"--output {output} is not empty ({shown}) and holds no evaluation ({CONFIG_FILE}); choose an "
+            f"--output {output} is not empty ({shown}) and holds no {what} ({CONFIG_FILE}); choose an "
             "empty --output"
         )
-    check_resume(output, config)
+    check_resume(output, config, what)
 
 
-def claim_output(output: str | Path, configs: dict[Path, dict[str, Any]]) -> DirLock:
+def claim_output(
+    output: str | Path, configs: dict[Path, dict[str, Any]], what: str = "evaluation"
+) -> DirLock:
     """Lock ``output`` (one process per folder) and check each folder to be written there with its config
     (:func:`check_output`); the lock is released when a check fails."""
     lock = DirLock(check_writable(output)).acquire()
     try:
         for folder, config in configs.items():
-            check_output(Path(folder), config)
+            check_output(Path(folder), config, what)
     except BaseException:
         lock.release()
         raise
     return lock
 
 
-def check_resume(output: Path, config: dict[str, Any]) -> None:
+def check_resume(output: Path, config: dict[str, Any], what: str = "evaluation") -> None:
     """Refuse to continue an output folder written with a different benchmark, model, data or setting."""
     old_path = output / CONFIG_FILE
     if not old_path.exists():
@@ -153,9 +156,13 @@ def check_resume(output: Path, config: dict[str, Any]) -> None:
             continue
         if flat_old.get(key) != flat_new.get(key):
             raise ConfigError(
-                f"{output} holds an evaluation with {key}={flat_old.get(key)!r}, this run has "
+                f"{output} holds {_article(what)} {what} with {key}={flat_old.get(key)!r}, this run has "
                 f"{flat_new.get(key)!r}; resume with the same arguments or choose another --output"
             )
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[:1] in "aeiou" else "a"
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

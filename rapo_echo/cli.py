@@ -1,4 +1,4 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, eval, report, config.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, config.
 
 Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
 and sets ``func(args) -> exit code``. Only commands whose module imports are listed.
@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "rapo_echo.serve",
     "rapo_echo.algorithms.train_cli",
     "rapo_echo.judges.training",
+    "rapo_echo.algorithms.datagen.cli",
     "rapo_echo.benchmarks.cli",
     "rapo_echo.algorithms.openrlhf.cli",
     "rapo_echo.algorithms.config_cli",

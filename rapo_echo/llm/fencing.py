@@ -102,6 +102,11 @@ class Fence:
                     text = text[:start] + text[end:]
         return text
 
+    def holds_marker(self, text: str) -> bool:
+        """Whether ``text`` (a model's answer) holds this fence's marker, in any case: a copy of the prompt's
+        structure (e.g. a block's opening line cut short, which :meth:`own_words` cannot recognise)."""
+        return self.marker.lower() in str(text).lower()
+
     def rules(self) -> str:
         """The sentence that tells the model how to read the blocks (put it in the instructions)."""
         return (
