@@ -36,10 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from rapo_echo.algorithms.perf.bench_grpo import SHARED_BENCH_CANDIDATES
 
-from rapo_echo.algorithms.perf.bench_grpo import SHARED_BENCH_CANDIDATES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # Per-part limits; the default parts also share BUDGET_S, so the call ends within 8 minutes whatever
 # hangs (--zero3 / --vllm add at most their own limits).
@@ -283,7 +282,8 @@ def main() -> int:
         print(json.dumps(build_tiny(Path(args.tok), Path(args.model))), flush=True)
         return 0
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    # the checkout after the installed package: its rapo_echo/ folder lacks the mapped algorithms/ etc.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
     py = sys.executable
     me = str(Path(__file__).resolve())
     models = Path(args.models) if args.models else out / "models"

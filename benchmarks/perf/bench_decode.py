@@ -25,13 +25,10 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.perf.workload import set_workload_dir, workload
+from rapo_echo.benchmarks.perf.workload import set_workload_dir, workload
 
 
 def sync(device: str) -> None:
