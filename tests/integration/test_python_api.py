@@ -38,3 +38,24 @@ def test_train_and_resume_from_python(tmp_path: Path, tiny_folder: Path) -> None
     assert resumed.step == 2 and resumed.metrics["step"] == 2
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+def test_a_two_process_checkpoint_resumes_on_one_with_its_global_batch(
+    tmp_path: Path, tiny_folder: Path
+) -> None:
+    """A checkpoint faked as written by 2 processes of rollout.batch_size 1 (what such a run records:
+    its trainer state, its config.yaml, one RNG file per rank) resumes on 1 process with 2 per step."""
+    run = tmp_path / "run"
+    overrides = {**TINY, "rollout.batch_size": 1, "model.name": str(tiny_folder), "train.max_steps": 1}
+    rapo_echo.train(algo="grpo", output=run, overrides=overrides)
+    ckpt = run / "checkpoints" / "step-1"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert (state["processes"], state["batch_size"]) == (1, 1)
+    (ckpt / "trainer_state.json").write_text(json.dumps({**state, "processes": 2}))
+    (ckpt / "rng_rank1.json").write_text((ckpt / "rng_rank0.json").read_text())
+
+    resumed = rapo_echo.train(output=run, resume=True, overrides={"train.max_steps": 2})
+    assert resumed.config.rollout.batch_size == 2
+    last = json.loads((run / "checkpoints" / "step-2" / "trainer_state.json").read_text())
+    assert (last["processes"], last["batch_size"]) == (1, 2)
+    assert resumed.metrics["items"] == 2 * 2  # 2 scenarios x group_size 2
