@@ -36,8 +36,10 @@ from rapo_echo.checkpoint import (
     load_rng,
     load_torch,
     load_trainer_state,
+    resume_batch_size,
     rng_state,
     save_checkpoint,
+    saved_processes,
     staging_dir,
     staging_path,
     write_state_files,
@@ -165,6 +167,7 @@ class Learner:
         if ckpt is not None:  # before any model loads or file changes
             self.algo_cls.check_resume(cfg, ckpt)
             check_heads(ckpt, self.needs)
+            self._fit_processes(ckpt)
         # Data and rewards are validated before any model is loaded.
         self.scenarios = load_scenarios(cfg.data.path, cfg.data.format, cfg.data.selection, cfg.data.limit)
         if not self.scenarios:
@@ -333,6 +336,21 @@ class Learner:
         if self.policy.rollout_engine is not None:
             self.policy.rollout_engine.sync_from(self.policy.lm)
 
+    def _fit_processes(self, ckpt: Path) -> None:
+        """A checkpoint written by another process count: keep its global batch (rescaling the
+        per-process ``rollout.batch_size``) or refuse (:func:`rapo_echo.checkpoint.resume_batch_size`)."""
+        state = load_trainer_state(ckpt)
+        batch, note = resume_batch_size(
+            saved_processes=saved_processes(ckpt, state),
+            saved_batch=int(state.get("batch_size", self.cfg.rollout.batch_size)),
+            processes=self.accelerator.num_processes,
+            batch=self.cfg.rollout.batch_size,
+            deepspeed=is_deepspeed(self.accelerator),
+        )
+        self.cfg.rollout.batch_size = batch
+        if note and self.is_main:
+            log.warning("--resume %s: %s", self.run_dir, note)
+
     def _restore(self) -> None:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
@@ -351,7 +369,7 @@ class Learner:
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
         self.invalid_in_a_row = int(state.get("invalid_in_a_row", 0))
-        load_rng(ckpt, self.accelerator.process_index)
+        load_rng(ckpt, self.accelerator.process_index, seed=self.cfg.train.seed, step=self.step)
         self._sync_generator()
         log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
         if self.is_main:
@@ -369,6 +387,8 @@ class Learner:
             "invalid_in_a_row": self.invalid_in_a_row,
             "algo": self.cfg.algo,
             "value_head": self.needs.value_head,
+            "processes": self.accelerator.num_processes,  # a resume with another count keeps the global
+            "batch_size": self.cfg.rollout.batch_size,  # batch, processes x batch_size (_fit_processes)
         }
 
     def _checkpoint(self) -> Path | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,18 +55,20 @@ def run_config_class(algo: type[Algorithm]) -> type[RunConfig]:
 
 
 def load_config(
-    path: str | Path | None = None,
+    path: str | Path | Mapping[str, Any] | None = None,
     *,
     algo: str | None = None,
-    overrides: list[str] | None = None,
+    overrides: list[str] | Mapping[str, Any] | None = None,
     flags: dict[str, Any] | None = None,
     saved: bool = False,
     check_devices: bool = True,
 ) -> RunConfig:
     """Build and validate the run config of the chosen algorithm. ``flags`` maps dotted keys to values
     from CLI flags. Precedence, lowest first: built-in defaults, the algorithm's ``defaults()``, the file,
-    the flags, then ``--set`` overrides. ``saved``: the file is a run's own ``config.yaml`` (``--resume``),
-    which an older version wrote with every algorithm's section: the others are dropped, not refused.
+    the flags, then the overrides: ``--set`` texts, or a mapping of dotted keys to Python values (the
+    Python API; ``path`` may also be the file's tree as a mapping). ``saved``: the file is a run's own
+    ``config.yaml`` (``--resume``), which an older version wrote with every algorithm's section: the
+    others are dropped, not refused.
     ``check_devices=False`` accepts devices this machine lacks (a plan made on a login node for GPUs)."""
     given = ConfigTree.read(path)
     chosen = algo or given.tree.get("algo") or "grpo"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rapo_echo.config import engine_settings, parse_reward_flag
 from rapo_echo.errors import ConfigError
@@ -64,29 +66,52 @@ def build_config(args: argparse.Namespace):
     flags = {
         "model.name": args.model,
         "train.max_steps": args.max_steps,
-        "output": args.output,
     }
     if args.reward:
         flags["rewards"] = [parse_reward_flag(r) for r in args.reward]
     for role in ("simulator", "judge"):
         if getattr(args, role, None):
             flags[role] = engine_settings(getattr(args, role))
-    path = args.config
-    if args.resume:
-        run_dir = Path(args.resume)
+    return run_config_for(
+        args.config,
+        algo=args.algo,
+        output=args.output,
+        resume=args.resume,
+        flags=flags,
+        overrides=args.set,
+        check_devices=not getattr(args, "dry_run", False),
+    )
+
+
+def run_config_for(
+    config: str | Path | Mapping[str, Any] | None,
+    *,
+    algo: str | None = None,
+    output: str | Path | None = None,
+    resume: str | Path | None = None,
+    flags: dict[str, Any] | None = None,
+    overrides: list[str] | Mapping[str, Any] | None = None,
+    check_devices: bool = True,
+):
+    """The validated RunConfig of ``train`` (the command line and :func:`rapo_echo.train`): ``resume``
+    is a run directory whose own ``config.yaml`` is read (``config`` must then be None); without
+    ``output`` the run goes to ``runs/ALGO-TIMESTAMP``."""
+    flags = {**(flags or {}), "output": str(output) if output else None}
+    path = config
+    if resume:
+        run_dir = Path(resume)
         saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a rapo-echo run directory?")
-        if args.config:
+        if config is not None:
             raise ConfigError(
                 "--resume uses the run's own config.yaml; do not pass --config (use --set to change keys)"
             )
-        if args.output and Path(args.output) != run_dir:
+        if output and Path(output) != run_dir:
             raise ConfigError("--resume continues in RUN_DIR; --output must be omitted or equal to it")
         path, flags["output"] = str(saved), str(run_dir)
-    dry = getattr(args, "dry_run", False)
     cfg = load_config(
-        path, algo=args.algo, overrides=args.set, flags=flags, saved=bool(args.resume), check_devices=not dry
+        path, algo=algo, overrides=overrides, flags=flags, saved=bool(resume), check_devices=check_devices
     )
     if not cfg.output:
         cfg.output = str(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -139,10 +164,9 @@ def dry_run(args: argparse.Namespace, cfg) -> int:
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = build_config(args)
-    if args.dry_run:
-        return dry_run(args, cfg)
+def train_with(cfg, *, resume: bool = False):
+    """Run the training ``cfg`` describes (with its fidelity check first, when configured); returns the
+    :class:`~rapo_echo.algorithms.learner.Learner` (``run_dir``, ``stopped_by``)."""
     from .learner import run_training
 
     check = None
@@ -151,11 +175,18 @@ def run(args: argparse.Namespace) -> int:
 
         check = run_fidelity_check(cfg)
     try:
-        trainer = run_training(cfg, resume=bool(args.resume))
+        return run_training(cfg, resume=resume)
     finally:
         if check is not None and cfg.output and Path(cfg.output).is_dir():
             from rapo_echo.benchmarks.fidelity.check import record_check
 
             record_check(cfg.output, check)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    if args.dry_run:
+        return dry_run(args, cfg)
+    trainer = train_with(cfg, resume=bool(args.resume))
     print(f"run directory: {trainer.run_dir}")
     return STOPPED_EXIT_CODES.get(trainer.stopped_by, 1) if trainer.stopped_by else 0

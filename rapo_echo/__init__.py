@@ -3,6 +3,40 @@
 The core every algorithm shares lives here (types, engines, policy, rewards, trainer, config, data,
 CLI); the algorithms, simulated users and benchmarks ship as ``rapo_echo.algorithms``,
 ``rapo_echo.simulators`` and ``rapo_echo.benchmarks``.
+
+The Python API (docs/python-api.md): ``rapo_echo.train``, ``rapo_echo.evaluate``,
+``rapo_echo.load_config`` and ``rapo_echo.RunConfig``. They live in the layers above this core and are
+imported on first use, so ``import rapo_echo`` stays light.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# name -> the module that defines it, imported on first access (an upward import string, declared as
+# such in tests/unit/architecture/test_import_layers.py).
+LAZY_EXPORTS = {
+    "train": "rapo_echo.algorithms.api",
+    "evaluate": "rapo_echo.algorithms.api",
+    "TrainResult": "rapo_echo.algorithms.api",
+    "load_config": "rapo_echo.algorithms.run_config",
+    "RunConfig": "rapo_echo.algorithms.run_sections",
+}
+
+__all__ = ["__version__", *LAZY_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = LAZY_EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rapo_echo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *LAZY_EXPORTS})

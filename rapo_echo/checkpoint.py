@@ -4,6 +4,7 @@ and step, written to a temporary folder and renamed, so a crash never leaves a h
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -15,8 +16,10 @@ import numpy as np
 import torch
 
 from rapo_echo.atomic import replace_dir
-from rapo_echo.errors import RapoEchoError
+from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import write_failure
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RapoEchoError):
@@ -188,11 +191,80 @@ def load_trainer_state(ckpt: Path) -> dict[str, Any]:
         raise CheckpointError(f"cannot read {ckpt / 'trainer_state.json'}: {exc}") from exc
 
 
-def load_rng(ckpt: Path, rank: int = 0) -> None:
+def load_rng(ckpt: Path, rank: int = 0, *, seed: int = 0, step: int = 0) -> bool:
+    """Restore this rank's saved RNG states; True when they were there. A rank the checkpoint has no
+    state for (it was written by fewer processes) gets states derived from (``seed``, ``step``, ``rank``)
+    -- deterministic, and different from every other rank's, never a copy of rank 0's (two ranks
+    sampling the same numbers would duplicate each other's rollouts) -- and the log says so."""
     path = ckpt / f"rng_rank{rank}.json"
-    if not path.is_file():
-        path = ckpt / "rng_rank0.json"
-    set_rng_state(json.loads(path.read_text()))
+    if path.is_file():
+        set_rng_state(json.loads(path.read_text()))
+        return True
+    derived = derived_seed(seed, step, rank)
+    random.seed(derived)
+    np.random.seed(derived % 2**32)
+    torch.manual_seed(derived)
+    log.warning(
+        "%s holds no RNG state for rank %d (it was written by fewer processes): this rank's random state "
+        "is derived from train.seed %d, step %d and the rank (seed %d)",
+        ckpt,
+        rank,
+        seed,
+        step,
+        derived,
+    )
+    return False
+
+
+def derived_seed(seed: int, step: int, rank: int) -> int:
+    """A 63-bit seed for (``seed``, ``step``, ``rank``), by NumPy's SeedSequence (well mixed: nearby
+    inputs give unrelated seeds)."""
+    words = np.random.SeedSequence([seed % 2**32, step, rank]).generate_state(2, dtype=np.uint32)
+    return (int(words[0]) << 31 | int(words[1]) >> 1) & (2**63 - 1)
+
+
+def saved_processes(ckpt: Path, state: dict[str, Any]) -> int:
+    """The process count that wrote ``ckpt``: recorded in its trainer state, or (a checkpoint from
+    before it was recorded) the number of ranks whose RNG states it holds."""
+    if "processes" in state:
+        return int(state["processes"])
+    return max(1, len(list(ckpt.glob("rng_rank*.json"))))
+
+
+def resume_batch_size(
+    *, saved_processes: int, saved_batch: int, processes: int, batch: int, deepspeed: bool = False
+) -> tuple[int, str]:
+    """The per-process ``rollout.batch_size`` a run resumed with ``processes`` processes uses, and a line
+    for the log ('' when nothing changes). Each step draws ``rollout.batch_size x processes`` scenarios
+    (the global batch), so the global batch the checkpoint was written with is kept: the per-process
+    batch is rescaled where the count divides it, else refused. ``batch`` differing from ``saved_batch``
+    is the user's own change (``--set rollout.batch_size``) and is kept. Under DeepSpeed the optimizer's
+    shards are partitioned over the processes, so another count is refused."""
+    if processes == saved_processes:
+        return batch, ""
+    counts = f"the checkpoint was written by {saved_processes} processes and this run has {processes}"
+    if deepspeed:
+        raise ConfigError(
+            f"--resume: {counts}; DeepSpeed's checkpoint holds its optimizer state partitioned over "
+            f"{saved_processes} processes: resume with {saved_processes} processes"
+        )
+    if batch != saved_batch:
+        return batch, (
+            f"{counts}; rollout.batch_size was changed to {batch}: the global batch goes from "
+            f"{saved_batch * saved_processes} to {batch * processes} scenarios per step"
+        )
+    total = saved_batch * saved_processes
+    if total % processes:
+        raise ConfigError(
+            f"--resume: {counts}; the global batch of {total} scenarios per step (rollout.batch_size "
+            f"{saved_batch} x {saved_processes}) does not divide over {processes} processes: resume with a "
+            f"process count that divides {total}, or set rollout.batch_size (--set rollout.batch_size=N) "
+            "to change the global batch"
+        )
+    return total // processes, (
+        f"{counts}; rollout.batch_size {saved_batch} -> {total // processes} per process keeps the global "
+        f"batch of {total} scenarios per step"
+    )
 
 
 def load_torch(path: Path) -> Any:

@@ -9,7 +9,9 @@ config itself is composed from the algorithms' sections above this layer
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from rapo_echo.config.messages import Sources, format_validation_error, where
-from rapo_echo.config.overrides import deep_merge, parse_override, set_path
+from rapo_echo.config.overrides import check_key, deep_merge, parse_override, set_path
 from rapo_echo.config.secrets import literal_secrets
 from rapo_echo.config.yaml_files import read_yaml
 from rapo_echo.errors import ConfigError
@@ -33,10 +35,13 @@ class ConfigTree:
     sources: Sources = field(default_factory=dict)
 
     @classmethod
-    def read(cls, path: str | Path | None) -> ConfigTree:
-        """The YAML file's tree with the line of each key (empty without a file)."""
+    def read(cls, path: str | Path | Mapping[str, Any] | None) -> ConfigTree:
+        """The YAML file's tree with the line of each key (empty without a file); a mapping (a config
+        given as Python data) is taken as the file's tree, copied."""
         if path is None:
             return cls()
+        if isinstance(path, Mapping):
+            return cls(copy.deepcopy(dict(path)))
         tree, lines = read_yaml(path)
         return cls(tree, {k: f"{path}:{v}" for k, v in lines.items()})
 
@@ -44,8 +49,12 @@ class ConfigTree:
         """This tree merged over ``overlay`` (defaults the file's keys replace)."""
         return ConfigTree(deep_merge(overlay, self.tree), dict(self.sources))
 
-    def apply(self, flags: dict[str, Any] | None = None, overrides: list[str] | None = None) -> None:
-        """Set dotted keys from CLI flags (None values skipped), then ``--set key=value`` texts."""
+    def apply(
+        self, flags: dict[str, Any] | None = None, overrides: list[str] | Mapping[str, Any] | None = None
+    ) -> None:
+        """Set dotted keys from CLI flags (None values skipped), then the overrides: ``--set key=value``
+        texts, or a mapping of dotted keys to Python values (the Python API's ``overrides``; an error
+        names the key as ``overrides['key']``)."""
         for key, value in (flags or {}).items():
             if value is None:
                 continue
@@ -56,6 +65,13 @@ class ConfigTree:
                 path = [*parts, sub] if sub is not None else parts
                 set_path(self.tree, path, v, flag)
                 self.sources[tuple(path)] = f"flag {flag}"
+        if isinstance(overrides, Mapping):
+            for key, value in overrides.items():
+                origin = f"overrides[{key!r}]"
+                parts = check_key(key, origin)
+                set_path(self.tree, parts, copy.deepcopy(value), origin)
+                self.sources[tuple(parts)] = origin
+            return
         for text in overrides or []:
             parts, value = parse_override(text)
             set_path(self.tree, parts, value, f"--set {text}")

@@ -17,14 +17,21 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {text!r}: expected key.path=value")
     key, raw = text.split("=", 1)
     key = key.strip()
-    if not re.fullmatch(r"[A-Za-z_][\w-]*(\.[\w-]+)*", key):
-        raise ConfigError(f"--set {text!r}: {key!r} is not a dotted key path such as train.lr")
+    check_key(key, f"--set {text!r}")
     value = load_yaml_text(raw, f"--set {key}") if raw.strip() else ""
     if isinstance(value, (dict, list)) and not raw.strip().startswith(("[", "{")):
         value = raw.strip()  # plain text such as "Be kind: always." stays text; use [..] / {..} for YAML
     if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
     return key.split("."), value
+
+
+def check_key(key: object, origin: str) -> list[str]:
+    """``key`` split at its dots; a :class:`ConfigError` naming ``origin`` when it is not a dotted key
+    path (``train.lr``, ``rewards.0.weight``)."""
+    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][\w-]*(\.[\w-]+)*", key):
+        raise ConfigError(f"{origin}: {key!r} is not a dotted key path such as train.lr")
+    return key.split(".")
 
 
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

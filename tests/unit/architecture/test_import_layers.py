@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[3]
 # those of the folders before it, never one after it. studies/ is not shipped; it reads everything.
 FOLDER_LAYERS = ("rapo_echo", "simulators", "benchmarks", "algorithms", "studies")
 # Where a lower folder may still name a module of a higher one as an import string, loaded only when
-# used: the command line's table of sub-commands (the `rapo-echo` door lives in the core).
-NAMED_UPWARDS = {"rapo_echo/cli.py": "COMMAND_MODULES"}
+# used: the command line's table of sub-commands (the `rapo-echo` door lives in the core), and the
+# package's table of the Python API's names (``rapo_echo.train`` and the rest, imported on first access).
+NAMED_UPWARDS = {"rapo_echo/cli.py": "COMMAND_MODULES", "rapo_echo/__init__.py": "LAZY_EXPORTS"}
 
 
 def package_dirs() -> dict[str, Path]:
@@ -250,7 +251,7 @@ def test_a_checkout_imports_the_mapped_folders_from_where_they_lie():
 
 
 # The training loop and its doors, inside algorithms/: above every algorithm, which never imports them.
-LOOP = ("learner", "run_log", "train_cli", "config_cli", "validation", "openrlhf", "perf")
+LOOP = ("learner", "run_log", "api", "train_cli", "config_cli", "validation", "openrlhf", "perf")
 
 
 def test_inside_algorithms_the_loop_sits_above_the_algorithms():

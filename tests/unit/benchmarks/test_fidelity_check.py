@@ -64,7 +64,7 @@ def test_train_runs_the_check_before_training_and_records_it(tmp_path, monkeypat
 
     monkeypatch.setattr("rapo_echo.algorithms.train_cli.build_config", lambda args: cfg)
     monkeypatch.setattr(rapo_echo.algorithms.learner, "run_training", fake_training)
-    assert run(SimpleNamespace(resume=None)) == 0
+    assert run(SimpleNamespace(resume=None, dry_run=False)) == 0
     assert seen["cached"] and (tmp_path / "run" / RUN_FILE).is_file()
 
 

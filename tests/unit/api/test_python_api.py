@@ -1,0 +1,117 @@
+"""The Python API (rapo_echo.train / evaluate / load_config): overrides as a mapping of dotted keys,
+validated as the command line's are, errors naming the key; evaluate on a scripted engine; the package
+import stays light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rapo_echo
+from rapo_echo.engines.scripted import ScriptedEngine
+from rapo_echo.errors import ConfigError
+
+
+def test_overrides_set_typed_values_over_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("algo: grpo\nrollout:\n  group_size: 8\nrewards: [{name: length}, {name: format}]\n")
+    cfg = rapo_echo.load_config(
+        path, overrides={"rollout.group_size": 4, "rewards.1.weight": 0.5, "train.lr": 2e-5}
+    )
+    assert cfg.rollout.group_size == 4 and cfg.train.lr == 2e-5
+    assert [(r.name, r.weight) for r in cfg.rewards] == [("length", 1.0), ("format", 0.5)]
+    assert isinstance(cfg, rapo_echo.RunConfig)
+
+
+def test_a_config_given_as_a_mapping_is_the_files_tree() -> None:
+    cfg = rapo_echo.load_config({"algo": "rapo", "rollout": {"batch_size": 3}})
+    assert cfg.algo == "rapo" and cfg.rollout.batch_size == 3 and hasattr(cfg, "rapo")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"rollout.group_sise": 4}, "overrides['rollout.group_sise']"),  # a misspelt key
+        ({"rollout.group_size": "four"}, "overrides['rollout.group_size']"),  # a value of the wrong type
+        ({"train.lr": float("nan")}, "train.lr"),  # refused as --set nan is
+        ({"rollout.group_size": 1}, "rollout.group_size"),  # GRPO's own check, as on the command line
+        ({"train lr": 1}, "overrides['train lr']"),  # not a dotted key
+        ({"rewards.5.weight": 1}, "index '5'"),  # no such list item
+    ],
+)
+def test_bad_overrides_are_refused_naming_the_key(overrides: dict, named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        rapo_echo.load_config(overrides=overrides)
+    assert named in str(err.value)
+
+
+def test_train_refuses_bad_settings_before_loading_anything(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="overrides must be a mapping"):
+        rapo_echo.train(overrides=["rollout.group_size=4"])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="resume=True continues output"):
+        rapo_echo.train(resume=True)
+    with pytest.raises(ConfigError, match="no config.yaml there"):
+        rapo_echo.train(resume=tmp_path)
+    with pytest.raises(ConfigError, match=r"overrides\['train.max_stepz'\]"):
+        rapo_echo.train(output=tmp_path / "run", overrides={"train.max_stepz": 1})
+    assert not (tmp_path / "run").exists()
+
+
+def esconv_file(tmp_path: Path, n: int = 3) -> str:
+    rows = [
+        {
+            "emotion_type": "sadness",
+            "problem_type": "job crisis",
+            "situation": f"situation number {i}",
+            "dialog": [
+                {"speaker": "usr", "text": f"I feel low {i}."},
+                {"speaker": "sys", "text": "I am sorry."},
+            ],
+        }
+        for i in range(n)
+    ]
+    path = tmp_path / "esc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_evaluate_runs_a_benchmark_on_an_engine_object(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    policy = ScriptedEngine(default="I hear you.")
+    summary = rapo_echo.evaluate(
+        "esconv-ref", policy=policy, data=esconv_file(tmp_path), output=out, batch_size=2
+    )
+    assert summary["n_cases"] == 3 and summary["complete"]
+    assert summary["metrics"]["distinct_1"] == pytest.approx(100 * 4 / 12)  # "i hear you ." x3
+    assert json.loads((out / "summary.json").read_text())["metrics"] == summary["metrics"]
+    assert sum(len(c["prompts"]) for c in policy.calls) == 3
+    again = rapo_echo.evaluate(
+        "esconv-ref", policy=policy, data=esconv_file(tmp_path), output=out, batch_size=2
+    )
+    assert again["metrics"] == summary["metrics"] and sum(len(c["prompts"]) for c in policy.calls) == 3
+
+
+def test_evaluate_refuses_unknown_settings_and_benchmarks(tmp_path: Path) -> None:
+    policy = ScriptedEngine(default="ok")
+    with pytest.raises(ConfigError, match="unknown setting max_turn; allowed: max_turns"):
+        rapo_echo.evaluate("esconv-ref", policy=policy, output=tmp_path / "o", max_turn=2)
+    with pytest.raises(ConfigError, match="benchmark 'esconf'; allowed: .*esconv"):
+        rapo_echo.evaluate("esconf", policy=policy, output=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_import_rapo_echo_stays_light_and_every_lazy_name_resolves() -> None:
+    code = (
+        "import sys, rapo_echo; heavy = [m for m in ('torch', 'transformers', 'rapo_echo.algorithms') "
+        "if m in sys.modules]; print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    for name in rapo_echo.LAZY_EXPORTS:
+        assert getattr(rapo_echo, name).__name__ == name
+    with pytest.raises(AttributeError, match="no attribute 'trian'"):
+        rapo_echo.trian  # noqa: B018
