@@ -79,6 +79,15 @@ def load_config(
     tree = given.under(algo_cls.defaults())
     tree.tree["algo"] = chosen
     tree.apply(flags, overrides)
+    named = tree.tree.get("algo")
+    if named != chosen:  # `--set algo=NAME` (or the API's overrides) names the algorithm: load under it
+        if algo is not None:
+            raise ConfigError(f"--algo {algo} and algo: {named!r} (--set / overrides) disagree: name one")
+        if not isinstance(named, str):
+            raise ConfigError(f"algo: got {named!r}; allowed: {', '.join(algorithm_names())}")
+        return load_config(
+            path, algo=named, overrides=overrides, flags=flags, saved=saved, check_devices=check_devices
+        )
     drop_other_sections(tree, algo_cls, saved)
     refuse_engine_sampling(tree, saved)
     tree.refuse_secrets()

@@ -91,6 +91,18 @@ def test_another_algorithms_section_is_refused_with_the_way_on(tmp_path: Path) -
         load_config(path)
 
 
+def test_set_algo_chooses_the_algorithm_and_its_section() -> None:
+    """``--set algo=rapo`` (and the API's overrides) load under RAPO with its section; it was refused as
+    "the section of --algo rapo" because the algorithm was chosen before the overrides applied."""
+    from rapo_echo.errors import ConfigError
+
+    cfg = load_config(overrides=["algo=rapo", "rapo.sd.enabled=false"])
+    assert cfg.algo == "rapo" and cfg.rapo.sd.enabled is False
+    assert load_config(overrides={"algo": "rlver"}).algo == "rlver"
+    with pytest.raises(ConfigError, match="disagree"):
+        load_config(algo="grpo", overrides=["algo=rapo"])
+
+
 def test_a_saved_config_of_an_older_version_still_resumes(tmp_path: Path) -> None:
     """Older versions saved every algorithm's section; ``--resume`` reads such a config.yaml with the
     other sections dropped, and the run's own section as it was."""
