@@ -77,6 +77,11 @@ class SFT(Algorithm):
     progress_keys = ("loss/nll",)
 
     @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        # one row per scenario: the plan and the batch sizes count rows as rollout.batch_size x group_size
+        return {"rollout": {"group_size": 1}}
+
+    @classmethod
     def needs(cls, cfg: Any) -> Needs:
         # Its own rows only; no reference model, no rewards, no group.
         return Needs(kinds=(REPLY,), min_group_size=1)

@@ -104,3 +104,9 @@ def test_a_row_without_a_reference_is_named(tmp_path: Path, tiny_folder: Path) -
     rows = [ROWS[0], {"id": "no-ref", "messages": [{"role": "user", "content": "Hi."}]}]
     with pytest.raises(DataError, match=r"sft\.jsonl.*'no-ref' has no reference reply"):
         make_sft(tmp_path, tiny_folder, rows)
+
+
+def test_one_row_per_scenario_by_default() -> None:
+    """No group is sampled: the defaults make the plan count one row per scenario."""
+    cfg = load_config(algo="sft")
+    assert cfg.rollout.group_size == 1 and cfg.rewards == [] and SFT.needs(cfg).reference is False
