@@ -39,6 +39,7 @@ BUILTINS = {
     "humanlike": "rapo_echo.rewards.echo_n1:HumanlikeReward",
     "empathy": "rapo_echo.rewards.echo_n1:EmpathyReward",
     "echo_n1": "rapo_echo.rewards.echo_n1:EchoN1Reward",
+    "scalar_rm": "rapo_echo.rewards.scalar_rm:ScalarRMReward",
 }
 
 
