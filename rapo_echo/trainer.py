@@ -43,7 +43,7 @@ from rapo_echo.checkpoint import (
     write_state_files,
 )
 from rapo_echo.config import dump_config
-from rapo_echo.data import ScenarioStream, load_scenarios
+from rapo_echo.data import ScenarioStream, scenarios_from_config
 from rapo_echo.distributed import (
     accelerator_kwargs,
     configure_deepspeed,
@@ -157,7 +157,7 @@ class Trainer:
         if ckpt is not None and check_resume is not None:  # before any model loads or file changes
             check_resume(cfg, ckpt)
         # Data and rewards are validated before any model is loaded.
-        self.scenarios = load_scenarios(cfg.data.path, cfg.data.format, cfg.data.selection, cfg.data.limit)
+        self.scenarios = scenarios_from_config(cfg.data)
         if not self.scenarios:
             raise ConfigError(f"data.path: {cfg.data.path or 'bundled examples'} holds no scenarios")
         self.stream = ScenarioStream(self.scenarios, seed=cfg.train.seed, shuffle=cfg.data.shuffle)
