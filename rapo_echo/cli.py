@@ -1,4 +1,4 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, eval, report, config.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, eval, report, config, export.
 
 Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
 and sets ``func(args) -> exit code``. Only commands whose module imports are listed.
@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "rapo_echo.benchmarks.cli",
     "rapo_echo.openrlhf.cli",
     "rapo_echo.config_cli",
+    "rapo_echo.export",
 )
 
 

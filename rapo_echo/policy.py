@@ -324,6 +324,8 @@ class Policy:
         self.rollout_cfg = rollout_cfg
         self.truncations = 0  # prompts cut to fit rollout.max_prompt_tokens (see take_truncations)
         self.resolved = resolve(model_cfg.name)
+        # what a saved adapter names as its base (models.portable_name; the trainer sets it for its run)
+        self.base_name: str | None = None
         lm, tokenizer = load_model(
             self.resolved,
             dtype=model_cfg.dtype,
@@ -489,7 +491,7 @@ class Policy:
         if self.is_lora and merged:
             model = copy.deepcopy(self.lm).merge_and_unload()
         elif self.is_lora:
-            model.peft_config["default"].base_model_name_or_path = self.resolved.path
+            model.peft_config["default"].base_model_name_or_path = self.base_name or self.resolved.path
         kwargs = {"state_dict": state_dict} if state_dict is not None and not merged else {}
         model.save_pretrained(path, safe_serialization=True, **kwargs)
         self.tokenizer.save_pretrained(path)

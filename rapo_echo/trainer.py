@@ -59,7 +59,7 @@ from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import append_jsonl, keep_jsonl
 from rapo_echo.judges.bias import merge_metrics
-from rapo_echo.models import autocast_dtype
+from rapo_echo.models import autocast_dtype, portable_name
 from rapo_echo.monitor import RewardHackingMonitor
 from rapo_echo.policy import Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
@@ -169,6 +169,7 @@ class Trainer:
             device=str(self.accelerator.device),
             shared_prompt_forward=cfg.train.shared_prompt_forward,
         )
+        self.policy.base_name = portable_name(cfg.model.name, self.run_dir)
         self._resolve_batch_sizes()
         self._resolve_lr()
         if cfg.rollout.engine == "vllm":
@@ -334,7 +335,10 @@ class Trainer:
             self.accelerator.load_state(str(ckpt / "accelerate"))
         else:
             self.policy.load(ckpt / "model")
-            self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
+            if (ckpt / "optimizer.pt").is_file():
+                self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
+            else:  # written with train.save_optimizer: false
+                log.warning("%s holds no optimizer state: AdamW's moments start again from zero", ckpt)
         self.scheduler.load_state_dict(load_torch(ckpt / "scheduler.pt"))
         self.stream.load_state_dict(state["data"])
         self.algorithm.load_state_dict(state.get("algorithm", {}))
@@ -375,7 +379,7 @@ class Trainer:
             self.run_dir,
             self.step,
             save_model=lambda folder: self.policy.save(folder, merged=False),
-            optimizer=self.optimizer,
+            optimizer=self.optimizer if self.cfg.train.save_optimizer else None,
             scheduler=self.scheduler,
             trainer_state=self._trainer_state(),
             keep=self.cfg.train.keep_checkpoints,

@@ -96,7 +96,9 @@ def test_locations_name_line_or_row(tmp_path):
         f"{paths['parquet']} row 1",
     ]
     bad = [*ROWS[:2], {"id": "d", "prompt": [{"role": "bot", "content": "x"}]}]
-    datasets.Dataset.from_list([{"completion": None, **r} for r in bad]).to_parquet(str(tmp_path / "bad.parquet"))
+    datasets.Dataset.from_list([{"completion": None, **r} for r in bad]).to_parquet(
+        str(tmp_path / "bad.parquet")
+    )
     with pytest.raises(DataError, match=r"bad.parquet row 2: prompt\[0\]\.role: got 'bot'"):
         load_scenarios(tmp_path / "bad.parquet")
 

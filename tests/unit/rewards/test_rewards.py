@@ -209,4 +209,9 @@ def test_trl_function_gets_the_data_rows_other_columns() -> None:
         samples.append(Sample(sc, 0, [1], [2], None, "yes", "stop"))
     reward = rw.TRLFunctionReward(solution_match, weight=2)
     assert reward(samples) == [1.0, 0.0]
-    assert seen == {"solution": ["yes", "no"], "topic": ["work", None], "reference": ["ref", "ref"], "weight": 2}
+    assert seen == {
+        "solution": ["yes", "no"],
+        "topic": ["work", None],
+        "reference": ["ref", "ref"],
+        "weight": 2,
+    }
