@@ -14,6 +14,8 @@ from rapo_echo.algorithms.loss_config import LossConfig
 from rapo_echo.algorithms.rapo_config import RapoConfig
 from rapo_echo.algorithms.rlver_config import RlverConfig
 from rapo_echo.config import (
+    BUILTIN_CHECKS,
+    CHECK_ENTRY_POINTS,
     ConfigTree,
     DataConfig,
     EngineConfig,
@@ -30,6 +32,7 @@ from rapo_echo.config import (
     check_device,
 )
 from rapo_echo.errors import ConfigError
+from rapo_echo.plugins import resolve_object
 
 
 class RunConfig(Strict):
@@ -95,10 +98,35 @@ def load_config(
     cfg = tree.validate(RunConfig)
     check_group_size(cfg, tree.where("rollout.group_size"))
     check_rewards(cfg, tree.where("rewards"))
+    resolve_plugins(cfg, tree.where)
     for role in ("model", "simulator", "judge"):
         if role == "model" or getattr(cfg, role).engine in ("hf", "vllm"):
             check_device(getattr(cfg, role).device, f"{role}.device", tree.where(f"{role}.device"))
     return cfg
+
+
+def resolve_plugins(cfg: RunConfig, where: Any = None) -> None:
+    """Import every plugin the config names and check that it is one, before any model loads: the reward
+    plugins, RAPO's simulated user and the validation checks of your own. ``where(key)`` gives a key's
+    ``file:line: `` prefix. A module named by path is found in the working folder too
+    (:func:`rapo_echo.plugins.cwd_importable`)."""
+    from rapo_echo.rewards import resolve_reward
+    from rapo_echo.simulators.base import resolve_simulator
+
+    def at(key: str) -> str:
+        return (where(key) if where is not None else "") + key
+
+    try:
+        for i, spec in enumerate(cfg.rewards):
+            resolve_reward(spec.name, at(f"rewards.{i}.name"))
+        if cfg.algo == "rapo":
+            resolve_simulator(cfg.rapo.simulator.name, at("rapo.simulator.name"))
+        for i, check in enumerate(cfg.validation.checks):
+            if check.name not in BUILTIN_CHECKS:
+                key = at(f"validation.checks.{i}.name")
+                resolve_object(check.name, group=CHECK_ENTRY_POINTS, builtins={}, kind="check", where=key)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid config:\n  {exc}") from None
 
 
 def check_rewards(cfg: RunConfig, where: str = "") -> None:

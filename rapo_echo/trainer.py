@@ -26,7 +26,7 @@ import torch
 
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
-from rapo_echo.algorithms.run_config import RunConfig
+from rapo_echo.algorithms.run_config import RunConfig, resolve_plugins
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
@@ -156,7 +156,8 @@ class Trainer:
         check_resume = getattr(self.algo_cls, "check_resume", None)
         if ckpt is not None and check_resume is not None:  # before any model loads or file changes
             check_resume(cfg, ckpt)
-        # Data and rewards are validated before any model is loaded.
+        # Plugins and data are validated before any model is loaded.
+        resolve_plugins(cfg)
         self.scenarios = scenarios_from_config(cfg.data)
         if not self.scenarios:
             raise ConfigError(f"data.path: {cfg.data.path or 'bundled examples'} holds no scenarios")

@@ -124,7 +124,7 @@ class TRLFunctionReward:
         return list(out)
 
 
-def _load_object(name: str, where: str) -> Any:
+def resolve_reward(name: str, where: str) -> Any:
     """The object a reward name resolves to. Built-ins and entry points are registered on purpose, so
     they are trusted; an object named by path must pass :func:`is_reward_plugin`."""
     obj = resolve_object(name, group=ENTRY_POINT_GROUP, builtins=BUILTINS, kind="reward", where=where)
@@ -142,7 +142,7 @@ def _load_object(name: str, where: str) -> Any:
 
 def build_reward(name: str, args: dict[str, Any], ctx: RewardContext, *, where: str = "rewards") -> Reward:
     """Instantiate one reward from its spec; errors name the config field."""
-    obj = _load_object(name, where)
+    obj = resolve_reward(name, where)
     if inspect.isclass(obj):
         kwargs = dict(args)
         if "ctx" in inspect.signature(obj).parameters:
