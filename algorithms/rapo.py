@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from rapo_echo import progress
 from rapo_echo.algorithms.base import SD, AlgoContext, MicroBatch, Rollout, TrainItem
 from rapo_echo.algorithms.grpo import GRPO, advantage_stats, reward_stats
 from rapo_echo.algorithms.rank_rewards import gopo_advantages, linear_rank_rewards, mix_emotion
@@ -320,12 +321,14 @@ class RAPO(GRPO):
         corrections: list[Correction] = []
         if self.sd.enabled:
             t0 = time.perf_counter()
+            stage = progress.start("distillation")  # the policy's rewrites nest under it
             if self.sd.loss == "token_kl":
                 items += self._token_kl_items(samples, reactions, ranked)
             else:
                 corrections = self._corrections(samples, reactions, ranked)
                 items = self._distillation_items(samples, ranked, corrections, items, advantages)
                 record_rewrites(samples, corrections)
+            stage.close()
             timings["distill"] = time.perf_counter() - t0
             metrics.update(self._distill_metrics(items, corrections))
         return Rollout(samples, items, metrics, timings, {"reactions": reactions, "corrections": corrections})

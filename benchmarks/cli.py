@@ -277,6 +277,9 @@ def run_eval_command(args: argparse.Namespace) -> int:
     config = eval_config(benchmark.name, models, args.data, settings, getattr(benchmark, "protocol", None))
     check_output(check_writable(args.output), config)
     roles = build_roles(benchmark.roles, specs, dtype=args.dtype, device=args.device)
+    from rapo_echo import progress
+
+    progress.enable()
     summary = run_eval(
         benchmark, roles, settings, args.output, data=args.data, limit=args.limit, models=models
     )

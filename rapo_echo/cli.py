@@ -13,6 +13,7 @@ import sys
 
 from rapo_echo import __version__
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.progress import quiet_third_party
 
 COMMAND_MODULES = (
     "rapo_echo.chat",
@@ -33,7 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reinforcement learning of empathetic, emotionally supportive dialogue models.",
     )
     parser.add_argument("--version", action="version", version=f"rapo-echo {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log debug messages, and the libraries' own logs and warnings",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    quiet_third_party(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

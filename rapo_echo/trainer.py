@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rapo_echo import algorithms
+from rapo_echo import algorithms, progress
 from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch, Rollout, TrainItem, totals_of
 from rapo_echo.algorithms.run_config import RunConfig, resolve_plugins
 from rapo_echo.atomic import write_text_atomic
@@ -440,7 +440,7 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                     keys = self.algorithm.progress_keys
-                    bar.set_postfix({k: f"{metrics.get(k, float('nan')):.3f}" for k in keys})
+                    bar.note(**{k: f"{metrics.get(k, float('nan')):.3f}" for k in keys})
                 done = self.step >= self.cfg.train.max_steps
                 if self.step % self.cfg.train.save_every == 0 or done or self.stop.requested:
                     self._checkpoint()
@@ -515,11 +515,11 @@ class Trainer:
             self.policy.save(folder, merged=False, state_dict=lm_state, value_state=head or None)
 
     def _progress(self) -> Any:
+        """The run's bar (steps); engine calls nest their own bars under it (rapo_echo.progress)."""
         if not (self.is_main and self.cfg.logging.progress):
             return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.cfg.train.max_steps, initial=self.step, desc=f"{self.cfg.algo}", unit="step")
+        progress.enable()
+        return progress.start(self.cfg.algo, total=self.cfg.train.max_steps, initial=self.step, unit="step")
 
     def _batch(self) -> list:
         n, world, rank = (

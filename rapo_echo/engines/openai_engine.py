@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from rapo_echo import progress
 from rapo_echo.engines.deadline import Deadline
 from rapo_echo.engines.vllm_engine import version_tuple
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
@@ -469,16 +470,30 @@ class OpenAIEngine:
         return payload
 
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        """``fn`` over ``items`` on at most ``max_concurrency`` threads, results in order."""
-        if len(items) <= 1:
-            return [fn(x) for x in items]
-        pool = ThreadPoolExecutor(
-            max_workers=min(self.max_concurrency, len(items)), thread_name_prefix=self.name
-        )
-        try:
-            return list(pool.map(fn, items))
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """``fn`` over ``items`` on at most ``max_concurrency`` threads, results in order; the requests
+        done, in flight and failed go to the progress display."""
+        calls = progress.RemoteCalls(len(items))
+
+        def counted(x: Any) -> Any:
+            calls.start()
+            try:
+                result = fn(x)
+            except BaseException:
+                calls.end(ok=False)
+                raise
+            calls.end()
+            return result
+
+        with progress.task(progress.label(self.name, "requests"), total=len(items), unit="req"):
+            if len(items) <= 1:
+                return [counted(x) for x in items]
+            pool = ThreadPoolExecutor(
+                max_workers=min(self.max_concurrency, len(items)), thread_name_prefix=self.name
+            )
+            try:
+                return list(pool.map(counted, items))
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def generate(self, prompts: Sequence[Conversation], params: SamplingParams) -> list[list[Generation]]:
         """``params.n`` replies per prompt; one request per prompt, sent concurrently. A call with an
