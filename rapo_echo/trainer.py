@@ -64,6 +64,7 @@ from rapo_echo.monitor import RewardHackingMonitor
 from rapo_echo.policy import Policy, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.rewards.persona import PersonaInference
+from rapo_echo.run_log import WandbLog, gather_samples, sample_records
 from rapo_echo.rundir import check_run_dir, lock_run_dir
 from rapo_echo.validation import BEST_FILE, Validator, validation_scenarios
 
@@ -233,6 +234,7 @@ class Trainer:
         self.metrics_file = self.run_dir / "metrics.jsonl"
         self.samples_file = self.run_dir / "samples.jsonl"
         self.tb: Any = None
+        self.wandb: WandbLog | None = None
 
     # ------------------------------------------------------------------ setup helpers
     def _resolve_batch_sizes(self) -> None:
@@ -311,14 +313,8 @@ class Trainer:
 
             self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         if self.cfg.logging.wandb:
-            import wandb
-
-            wandb.init(
-                project=self.cfg.logging.wandb_project,
-                dir=str(self.run_dir),
-                resume="allow",
-                config=json.loads(json.dumps(self.cfg.model_dump(mode="json"))),
-            )
+            config = self.cfg.model_dump(mode="json")
+            self.wandb = WandbLog(self.cfg.logging.wandb_project, self.run_dir, config, self.resume)
 
     def _sync_generator(self) -> None:
         """Push the policy's weights into a separate sampler (vLLM), if there is one."""
@@ -462,6 +458,8 @@ class Trainer:
                 bar.close()
             if self.tb is not None:
                 self.tb.close()
+            if self.wandb is not None:
+                self.wandb.close()
         return self.run_dir
 
     def _check_valid(self, metrics: dict[str, float]) -> None:
@@ -885,31 +883,20 @@ class Trainer:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self.tb.add_scalar(k, v, self.step)
-        if self.cfg.logging.wandb:
-            import wandb
-
-            wandb.log(record, step=self.step)
+        if self.wandb is not None:
+            self.wandb.metrics(record, self.step)
 
     def _write_samples(self, rollout: Rollout) -> None:
-        if not self.is_main or (self.step + 1) % self.cfg.logging.samples_every:
+        """Every rank's samples into samples.jsonl (and the wandb table); a collective on sample steps."""
+        if (self.step + 1) % self.cfg.logging.samples_every:
             return
-        records = [
-            {
-                "step": self.step + 1,
-                "scenario": s.scenario.id,
-                "group": s.group,
-                "prompt": s.scenario.messages,
-                "reply": s.text,
-                "reward": s.reward,
-                "rewards": s.rewards,
-                "advantage": s.info.get("advantage"),
-                "critique": s.critique,
-                "finish_reason": s.finish_reason,
-                "info": {k: v for k, v in s.info.items() if k != "advantage"},
-            }
-            for s in rollout.samples
-        ]
+        mine = sample_records(rollout.samples, self.step + 1, self.accelerator.process_index)
+        records = gather_samples(mine, self.accelerator)
+        if not self.is_main:
+            return
         append_jsonl(self.samples_file, records, fix=self._write_fix())
+        if self.wandb is not None:
+            self.wandb.samples(records, self.step + 1)
 
     def _write_fix(self) -> str:
         ckpt = latest_checkpoint(self.run_dir)

@@ -1,12 +1,14 @@
 """Outputs that travel: an adapter names its base as the user gave it (relative to the run when local),
 ``train.save_optimizer: false`` keeps the optimizer out of checkpoints (and a resume still runs), and
-``rapo-echo export`` writes a loadable folder with a model card, merges LoRA, and pushes to the Hub."""
+``rapo-echo export`` writes a loadable folder with a model card, merges LoRA, and pushes to the Hub.
+The same run logs to Weights & Biases (a stand-in at the wandb boundary): config, metrics, samples."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from rapo_echo.cli import main
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.trainer import Trainer
 from tests.conftest import make_tiny_model
+from tests.helpers.wandb_stand_in import StandIn
 
 BASE = [
     "rollout.batch_size=2",
@@ -30,7 +33,9 @@ BASE = [
     "train.save_every=1",
     "model.lora.enabled=true",
     "train.save_optimizer=false",
+    "logging.wandb=true",
 ]
+WANDB = StandIn()
 
 
 class _Warnings(logging.Handler):
@@ -52,8 +57,9 @@ def lora_run(tmp_path_factory, smol_tokenizer) -> Path:
     model.save_pretrained(root / "tiny")
     smol_tokenizer.save_pretrained(root / "tiny")
     overrides = ["model.name=tiny", "output=runs/r", *BASE]
-    here, seen = os.getcwd(), _Warnings()
+    here, seen, real_wandb = os.getcwd(), _Warnings(), sys.modules.get("wandb")
     logging.getLogger("rapo_echo.trainer").addHandler(seen)
+    sys.modules["wandb"] = WANDB.module
     os.chdir(root)
     try:
         Trainer(load_config(overrides=[*overrides, "train.max_steps=1"])).train()
@@ -61,6 +67,9 @@ def lora_run(tmp_path_factory, smol_tokenizer) -> Path:
     finally:
         os.chdir(here)
         logging.getLogger("rapo_echo.trainer").removeHandler(seen)
+        sys.modules.pop("wandb")
+        if real_wandb is not None:
+            sys.modules["wandb"] = real_wandb
     assert any("holds no optimizer state" in m for m in seen.messages)
     return root / "runs" / "r"
 
@@ -142,3 +151,16 @@ def test_export_command_and_push_to_hub(lora_run: Path, tmp_path: Path, monkeypa
         RapoEchoError, match=r"the upload failed .*is complete: push it later with: hf upload"
     ):
         export.push_to_hub(out, "me/model")
+
+
+def test_the_run_logged_to_wandb(lora_run: Path) -> None:
+    assert [i["config"]["train"]["save_optimizer"] for i in WANDB.inits] == [False, False]
+    assert [i["resume"] for i in WANDB.inits] == [None, "allow"]
+    metrics = [step for data, step in WANDB.logged if "samples" not in data]
+    tables = [(step, data["samples"]) for data, step in WANDB.logged if "samples" in data]
+    assert metrics == [1, 2] and [step for step, _ in tables] == [1, 2]
+    rows = tables[1][1].data
+    assert len(rows) == 4 and {r[0] for r in rows} == {2} and {r[1] for r in rows} == {0}
+    samples = [json.loads(x) for x in (lora_run / "samples.jsonl").read_text().splitlines()]
+    assert [r[5] for r in rows] == [s["reply"] for s in samples if s["step"] == 2]
+    assert WANDB.finished == 2
