@@ -8,6 +8,12 @@ llguidance, ``vllm`` through its structured-output parameters, an ``openai`` ser
 checks its scripted replies against it; every engine's text is then read by :meth:`AnswerFormat.parse`,
 the one parser. JSON schemas are limited to the keywords :func:`validate_json` checks, so that what a
 server or grammar enforces is exactly what we validate.
+
+That subset check stays ours, because it is what the grammar enforces: an ``integer`` is written without a
+fraction (``jsonschema`` takes ``1.0`` as an integer) and keywords outside the subset are refused rather
+than ignored. ``jsonschema`` (Draft 2020-12) checks on top of it: a schema must be well formed (a
+``minimum`` that is a number, ``required`` a list), and a value must pass both (``jsonschema`` tells
+``true`` from ``1`` in an ``enum``, which Python's ``==`` does not).
 """
 
 from __future__ import annotations
@@ -42,7 +48,19 @@ _TYPES = ("object", "string", "integer", "number", "boolean", "array")
 
 
 def check_schema(schema: Any, where: str = "schema") -> None:
-    """Raise ``ValueError`` naming the place when ``schema`` uses a keyword or type outside our subset."""
+    """Raise ``ValueError`` naming the place when ``schema`` uses a keyword or type outside our subset, or
+    is not a well-formed JSON schema (``jsonschema``'s metaschema check)."""
+    _check_subset(schema, where)
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        path = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in exc.path)
+        raise ValueError(f"{where}{path}: not a valid JSON schema: {exc.message}") from None
+
+
+def _check_subset(schema: Any, where: str) -> None:
     if not isinstance(schema, Mapping):
         raise ValueError(f"{where}: a JSON schema must be an object, got {type(schema).__name__}")
     unknown = sorted(set(schema) - SCHEMA_KEYWORDS)
@@ -56,12 +74,12 @@ def check_schema(schema: Any, where: str = "schema") -> None:
     if kind is not None and kind not in _TYPES:
         raise ValueError(f"{where}: type {kind!r} is not one of {_TYPES}")
     for name, sub in (schema.get("properties") or {}).items():
-        check_schema(sub, f"{where}.properties.{name}")
+        _check_subset(sub, f"{where}.properties.{name}")
     missing = sorted(set(schema.get("required") or ()) - set(schema.get("properties") or {}))
     if missing:
         raise ValueError(f"{where}: required field(s) {missing} have no property")
     if "items" in schema:
-        check_schema(schema["items"], f"{where}.items")
+        _check_subset(schema["items"], f"{where}.items")
 
 
 def object_schema(properties: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,7 +90,21 @@ def object_schema(properties: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def validate_json(value: Any, schema: Mapping[str, Any], where: str = "$") -> str | None:
-    """Why ``value`` does not conform to ``schema`` (our keyword subset), or None when it does."""
+    """Why ``value`` does not conform to ``schema`` (our keyword subset, then ``jsonschema``), or None
+    when it does."""
+    problem = _subset_problem(value, schema, where)
+    if problem is not None:
+        return problem
+    from jsonschema import Draft202012Validator
+
+    error = next(iter(Draft202012Validator(schema).iter_errors(value)), None)
+    if error is None:
+        return None
+    path = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.absolute_path)
+    return f"{where}{path}: {error.message}"
+
+
+def _subset_problem(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
     if "enum" in schema and value not in schema["enum"]:
         return f"{where}: {value!r} is not one of {schema['enum']}"
     kind = schema.get("type")
@@ -89,7 +121,7 @@ def validate_json(value: Any, schema: Mapping[str, Any], where: str = "$") -> st
                 return f"{where}: unexpected field(s) {extra}"
         for name, sub in props.items():
             if name in value:
-                problem = validate_json(value[name], sub, f"{where}.{name}")
+                problem = _subset_problem(value[name], sub, f"{where}.{name}")
                 if problem:
                     return problem
         return None
@@ -100,9 +132,8 @@ def validate_json(value: Any, schema: Mapping[str, Any], where: str = "$") -> st
         if not lo <= len(value) <= hi:
             return f"{where}: {len(value)} items, outside [{lo}, {hi}]"
         for i, item in enumerate(value):
-            problem = (
-                validate_json(item, schema.get("items") or {}, f"{where}[{i}]") if "items" in schema else None
-            )
+            items = schema.get("items")
+            problem = _subset_problem(item, items, f"{where}[{i}]") if items is not None else None
             if problem:
                 return problem
         return None
