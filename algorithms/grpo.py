@@ -1,21 +1,189 @@
-"""GRPO: a group of replies per context, scored by the reward plugins, group-relative advantages.
+"""GRPO: a group of replies per context, scored by the reward plugins, group-relative advantages, the
+clipped policy loss with a KL to the reference.
 
-Echo-N1's dual generative reward models run as ``--algo grpo`` with their reward plugin."""
+Echo-N1's dual generative reward models run as ``--algo grpo`` with their reward plugin. The pieces
+other algorithms reuse are functions here: sampling a group (:func:`sample_replies`), the group
+advantages (:func:`group_advantages`), the GRPO objective (:func:`pg_loss`), greedy replies and their
+reward-plugin validation, and the rollout metrics."""
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from rapo_echo.algorithms.base import PG, Algorithm, Rollout, TrainItem
+import torch
+
 from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
+
+from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, aggregate
+
+if TYPE_CHECKING:
+    from rapo_echo.policy import Policy, TokenScores
+
+    from .run_config import RunConfig
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    """The rollout's sampling settings, ``rollout.group_size`` replies per prompt."""
+    r = cfg.rollout
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        n=r.group_size,
+    )
+
+
+def sample_replies(policy: Policy, cfg: RunConfig, scenarios: list[Scenario]) -> tuple[list[Sample], float]:
+    """``rollout.group_size`` replies per scenario in one batched engine call; returns samples and seconds.
+
+    With ``rollout.greedy_member`` the first reply of each group is decoded greedily (a second call)
+    and the other ``group_size - 1`` are sampled; the greedy reply keeps no sampler log-probs (they are
+    not the rollout temperature's), so the Learner scores it itself."""
+    t0 = time.perf_counter()
+    prompt_ids = [policy.prompt_ids(s) for s in scenarios]
+    params = sampling_params(cfg)
+    greedy = cfg.rollout.greedy_member
+    if greedy:
+        params = dataclasses.replace(params, n=params.n - 1)
+    gens = policy.generator.generate_ids(prompt_ids, params)
+    if greedy:
+        greedy_params = dataclasses.replace(params, n=1, temperature=0.0)
+        firsts = policy.generator.generate_ids(prompt_ids, greedy_params)
+        gens = [[dataclasses.replace(g[0], logprobs=None), *rest] for g, rest in zip(firsts, gens)]
+    samples = [
+        Sample(
+            scenario=sc,
+            group=gi,
+            prompt_ids=g.prompt_ids or p,
+            completion_ids=g.token_ids,
+            logprobs=g.logprobs,
+            text=g.text,
+            finish_reason=g.finish_reason,
+            info={"greedy": True} if greedy and k == 0 else {},
+        )
+        for gi, (sc, p, group) in enumerate(zip(scenarios, prompt_ids, gens))
+        for k, g in enumerate(group)
+    ]
+    return samples, time.perf_counter() - t0
+
+
+def greedy_replies(policy: Policy, scenarios: list[Scenario], max_new_tokens: int) -> list[Sample]:
+    """One greedy reply per scenario, as the policy is used after training."""
+    prompt_ids = [policy.prompt_ids(s) for s in scenarios]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, n=1)
+    gens = policy.generator.generate_ids(prompt_ids, params)
+    return [
+        Sample(
+            scenario=sc,
+            group=i,
+            prompt_ids=g[0].prompt_ids or p,
+            completion_ids=g[0].token_ids,
+            logprobs=None,
+            text=g[0].text,
+            finish_reason=g[0].finish_reason,
+        )
+        for i, (sc, p, g) in enumerate(zip(scenarios, prompt_ids, gens))
+    ]
+
+
+def pg_items(samples: list[Sample], advantages: list[float]) -> list[TrainItem]:
+    """Training items of the valid samples with at least one token (invalid ones are masked out); each
+    sample's advantage is also kept in its ``info`` (``samples.jsonl``)."""
+    items = []
+    for i, (s, a) in enumerate(zip(samples, advantages)):
+        s.info["advantage"] = a
+        if s.valid and s.completion_ids:
+            items.append(
+                TrainItem(
+                    s.prompt_ids,
+                    s.completion_ids,
+                    a,
+                    kind=PG,
+                    group=s.group,
+                    sample=i,
+                    sampler_logprobs=s.logprobs,
+                )
+            )
+    return items
+
+
+# ---------------------------------------------------------------------------- the GRPO objective
+
+
+def group_advantages(cfg: RunConfig, rewards: Sequence[float | None], groups: Sequence[int]) -> list[float]:
+    """Advantages from ``loss.advantage`` over each group's valid rewards; invalid (None) rewards get 0."""
+    valid = torch.tensor([r is not None for r in rewards])
+    r = torch.tensor([0.0 if v is None else float(v) for v in rewards], dtype=torch.float64)
+    g = torch.tensor(list(groups), dtype=torch.long)
+    est = ADVANTAGE_ESTIMATORS[cfg.loss.advantage]
+    return est(r, g, valid, eps=cfg.loss.std_eps).tolist()
+
+
+def pg_loss(
+    cfg: RunConfig,
+    mb: MicroBatch,
+    logp: torch.Tensor,
+    entropy: torch.Tensor,
+    totals: Totals,
+    advantages: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The GRPO objective over the ``pg`` rows: the clipped policy loss (``loss.policy_loss``) + beta *
+    KL to the reference - the entropy bonus, aggregated (``loss.agg``) with the mini-batch totals so
+    micro-batch losses add up exactly. ``advantages`` replaces the rows' own ([rows] or per token
+    [rows, n_targets], as PPO's)."""
+    lc = cfg.loss
+    mask = mb.kind_mask(PG)
+    tot = totals[PG]
+    metrics: dict[str, torch.Tensor] = {}
+    if tot["seqs"] == 0:
+        return logp.sum() * 0.0, metrics
+    norm = lc.norm_constant or cfg.rollout.max_new_tokens
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        return aggregate(
+            x, mask, lc.agg, total_tokens=tot["tokens"], total_seqs=tot["seqs"], norm_constant=norm
+        )
+
+    eps = {k: v for k, v in (("eps_low", lc.eps_low), ("eps_high", lc.eps_high)) if v is not None}
+    adv = mb.advantages if advantages is None else advantages
+    pg_tok, stats = POLICY_LOSSES[lc.policy_loss](logp, mb.old_logp, adv, mask, **eps)
+    per = pg_tok
+    metrics["loss/pg"] = agg(pg_tok).detach()
+    share = mask.sum() / tot["tokens"]
+    metrics["clip_frac"] = stats["clip_frac"].detach() * share
+    if lc.beta > 0 and mb.ref_logp is not None:
+        kl = KL_ESTIMATORS[lc.kl_estimator](logp, mb.ref_logp, mask=mask)
+        per = per + lc.beta * kl
+        metrics["kl"] = (kl * mask).sum().detach() / tot["tokens"]
+        metrics["loss/kl"] = lc.beta * agg(kl).detach()
+    if lc.entropy_coef > 0:
+        per = per - lc.entropy_coef * entropy
+    metrics["entropy"] = (entropy.detach() * mask).sum() / tot["tokens"]
+    loss = agg(per)
+    metrics["loss/grpo"] = loss.detach()
+    return loss, metrics
+
+
+def policy_gradient_needs(cfg: RunConfig, **more: Any) -> Needs:
+    """The Needs of a policy-gradient algorithm on the ``loss`` section: a reference when the KL term is on,
+    an entropy gradient when its bonus is; ``more`` adds to them."""
+    return Needs(reference=cfg.loss.beta > 0, entropy_grad=cfg.loss.entropy_coef > 0, **more)
+
+
+# ---------------------------------------------------------------------------- metrics and validation
 
 
 def reward_stats(samples: list[Sample], names: list[str]) -> dict[str, float]:
     """Mean/std of the combined reward and of each named reward over valid samples, plus counts."""
-    import statistics
-
     out: dict[str, float] = {}
     valid = [s.reward for s in samples if s.reward is not None]
     out["reward/mean"] = statistics.fmean(valid) if valid else float("nan")
@@ -42,8 +210,6 @@ def route_shares(samples: list[Sample], name: str) -> dict[str, float]:
 
 
 def advantage_stats(advantages: list[float]) -> dict[str, float]:
-    import statistics
-
     if not advantages:
         return {}
     return {
@@ -54,106 +220,59 @@ def advantage_stats(advantages: list[float]) -> dict[str, float]:
     }
 
 
+def reward_validation(ctx: AlgoContext, scenarios: list[Scenario], max_new_tokens: int) -> ValidationResult:
+    """The reward plugins' combined reward of the greedy replies (``val/reward``), per reward and the
+    invalid count (``val/invalid``: replies no reward could score, left out of the mean). Single replies
+    only: there is no simulated person to answer them."""
+    samples = greedy_replies(ctx.policy, scenarios, max_new_tokens)
+    ctx.rewards.score(samples)
+    stats = reward_stats(samples, ctx.rewards.names)
+    out = {"val/reward": stats["reward/mean"], "val/invalid": stats["invalid"]}
+    out.update({"val/" + k: v for k, v in stats.items() if k.startswith("reward/") and k.endswith("/mean")})
+    out["val/reply_len"] = stats["reply_len/mean"]
+    return ValidationResult(out, [s.reward for s in samples], replies=[[s.text] for s in samples])
+
+
+# ---------------------------------------------------------------------------- the algorithm
+
+
 class GRPO(Algorithm):
     """Group Relative Policy Optimization over the configured reward plugins."""
 
     name = "grpo"
-    # Its only learning signal is the configured rewards: an empty list (or every weight 0) trains on 0.
-    needs_rewards = True
+    validation_key = "val/reward"
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         return {"rewards": [{"name": "judge", "weight": 1.0}, {"name": "format", "weight": 0.5}]}
 
-    def sampling_params(self) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            n=r.group_size,
-        )
+    @classmethod
+    def needs(cls, cfg: RunConfig) -> Needs:
+        # Its only learning signal is the configured rewards: an empty list (or every weight 0) trains on 0.
+        return policy_gradient_needs(cfg, rewards=True)
 
     def sample_group(self, scenarios: list[Scenario]) -> tuple[list[Sample], float]:
-        """``group_size`` replies per scenario in one batched engine call; returns samples and seconds.
-
-        With ``rollout.greedy_member`` the first reply of each group is decoded greedily (a second
-        call) and the other ``group_size - 1`` are sampled; the greedy reply keeps no sampler
-        log-probs (they are not the rollout temperature's), so the trainer scores it itself."""
-        policy = self.ctx.policy
-        t0 = time.perf_counter()
-        prompt_ids = [policy.prompt_ids(s) for s in scenarios]
-        params = self.sampling_params()
-        greedy = self.cfg.rollout.greedy_member
-        if greedy:
-            params = dataclasses.replace(params, n=params.n - 1)
-        gens = policy.generator.generate_ids(prompt_ids, params)
-        if greedy:
-            greedy_params = dataclasses.replace(params, n=1, temperature=0.0)
-            firsts = policy.generator.generate_ids(prompt_ids, greedy_params)
-            gens = [[dataclasses.replace(g[0], logprobs=None), *rest] for g, rest in zip(firsts, gens)]
-        samples = [
-            Sample(
-                scenario=sc,
-                group=gi,
-                prompt_ids=g.prompt_ids or p,
-                completion_ids=g.token_ids,
-                logprobs=g.logprobs,
-                text=g.text,
-                finish_reason=g.finish_reason,
-                info={"greedy": True} if greedy and k == 0 else {},
-            )
-            for gi, (sc, p, group) in enumerate(zip(scenarios, prompt_ids, gens))
-            for k, g in enumerate(group)
-        ]
-        return samples, time.perf_counter() - t0
+        """This step's groups of replies (:func:`sample_replies`) and the seconds they took."""
+        return sample_replies(self.ctx.policy, self.cfg, scenarios)
 
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
         samples, t_gen = self.sample_group(scenarios)
         t0 = time.perf_counter()
         self.ctx.rewards.score(samples)
         t_rew = time.perf_counter() - t0
-        adv = self.advantages([s.reward for s in samples], [s.group for s in samples])
-        items = self.pg_items(samples, adv)
+        adv = group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
+        items = pg_items(samples, adv)
         metrics = {
             **reward_stats(samples, self.ctx.rewards.names),
             **advantage_stats([a for a, s in zip(adv, samples) if s.valid]),
         }
         return Rollout(samples, items, metrics, {"generate": t_gen, "rewards": t_rew})
 
-    validation_key = "val/reward"
+    def loss(
+        self, mb: MicroBatch, out: TokenScores, totals: Totals
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
 
     def validate(self, scenarios: list[Scenario], max_new_tokens: int, turns: int = 1) -> ValidationResult:
-        """The reward plugins' combined reward of the greedy replies (``val/reward``), per reward and
-        the invalid count (``val/invalid``: replies no reward could score, left out of the mean). Single
-        replies only (``turns`` is 1: there is no simulated person to answer them)."""
-        samples = self.greedy_replies(scenarios, max_new_tokens)
-        self.ctx.rewards.score(samples)
-        stats = reward_stats(samples, self.ctx.rewards.names)
-        out = {"val/reward": stats["reward/mean"], "val/invalid": stats["invalid"]}
-        out.update(
-            {"val/" + k: v for k, v in stats.items() if k.startswith("reward/") and k.endswith("/mean")}
-        )
-        out["val/reply_len"] = stats["reply_len/mean"]
-        return ValidationResult(out, [s.reward for s in samples], replies=[[s.text] for s in samples])
-
-    @staticmethod
-    def pg_items(samples: list[Sample], advantages: list[float]) -> list[TrainItem]:
-        """Training items of the valid samples with at least one token (invalid ones are masked out)."""
-        items = []
-        for i, (s, a) in enumerate(zip(samples, advantages)):
-            s.info["advantage"] = a
-            if s.valid and s.completion_ids:
-                items.append(
-                    TrainItem(
-                        s.prompt_ids,
-                        s.completion_ids,
-                        a,
-                        kind=PG,
-                        group=s.group,
-                        sample=i,
-                        sampler_logprobs=s.logprobs,
-                    )
-                )
-        return items
+        """The reward plugins' reward of the greedy replies (:func:`reward_validation`)."""
+        return reward_validation(self.ctx, scenarios, max_new_tokens)

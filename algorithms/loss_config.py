@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rapo_echo.algorithms.core import ADVANTAGE_ESTIMATORS, DEFAULT_AGGREGATION, POLICY_LOSSES
 from rapo_echo.config import Strict
+
+from .core import ADVANTAGE_ESTIMATORS, DEFAULT_AGGREGATION, POLICY_LOSSES
 
 
 class LossConfig(Strict):

@@ -11,15 +11,13 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rapo_echo import progress
-from rapo_echo.algorithms.base import SD, AlgoContext, MicroBatch, Rollout, TrainItem
-from rapo_echo.algorithms.grpo import GRPO, advantage_stats, reward_stats
-from rapo_echo.algorithms.rank_rewards import gopo_advantages, linear_rank_rewards, mix_emotion
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.judges.group import Candidate, GroupJudge, GroupJudgement
 from rapo_echo.judges.reactions import ReactionJudge
@@ -27,8 +25,34 @@ from rapo_echo.llm.ranks import average_ranks
 from rapo_echo.llm.reaction import Reaction
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
-from rapo_echo.simulators.base import build_simulator, checked_reactions
+from rapo_echo.simulators.base import build_simulator, checked_reactions, resolve_simulator
+from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, ValidationResult, msg
+
+from .base import PG, AlgoContext, LossKind, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .grpo import (
+    GRPO,
+    advantage_stats,
+    greedy_replies,
+    group_advantages,
+    pg_items,
+    pg_loss,
+    policy_gradient_needs,
+    reward_stats,
+)
+from .rank_rewards import gopo_advantages, linear_rank_rewards, mix_emotion
+from .rapo_config import RapoConfig
+
+if TYPE_CHECKING:
+    from rapo_echo.policy import TokenScores
+
+# A self-distillation target: a corrected reply learnt under the plain context, normalised over the
+# mini-batch's SD tokens, and scored at temperature 1 so every SD loss (and the ``token_kl`` teacher)
+# distils the model's own distribution, not the temperature-scaled one ``rollout.temperature`` samples.
+SD = LossKind("sd", policy_gradient=False, temperature=1.0)
+# ``token_kl``: the teacher's top-k ids and log-probs at each token of a distilled reply (per-token fields
+# of the SD items); the training forward gathers the student's log-probs at the ids.
+TEACHER_IDS, TEACHER_LOGP = "teacher_ids", "teacher_logp"
 
 RANK = "rank"  # the name of the rank reward in Sample.rewards
 # The fields of ``rapo.simulator`` that configure the built-in ``reaction`` simulator.
@@ -191,10 +215,29 @@ class RAPO(GRPO):
     """GRPO over judge ranks of simulated reactions, plus critique self-distillation."""
 
     name = "rapo"
+    config = RapoConfig
     # Linear rank rewards average 0.5 in every group, so show the simulated emotion change instead.
     progress_keys = ("sim/emotion_delta", "loss/sd", "loss/total")
+    validation_key = "val/emotion_delta"
+    validation_dialogues = True
 
-    needs_rewards = False  # its judge's group ranks are the reward; plugins are optional extras
+    @classmethod
+    def needs(cls, cfg: Any) -> Needs:
+        """Its judge's group ranks are the reward (plugins are optional extras); self-distillation adds
+        the SD rows, and ``token_kl`` the teacher's top-k on them."""
+        sd = cfg.rapo.sd
+        token_kl = sd.enabled and sd.loss == "token_kl"
+        return policy_gradient_needs(
+            cfg,
+            kinds=(PG, SD) if sd.enabled else (PG,),
+            fields=(TEACHER_IDS, TEACHER_LOGP) if token_kl else (),
+            gather=TEACHER_IDS if token_kl else None,
+        )
+
+    @classmethod
+    def check_plugins(cls, cfg: Any, at: Callable[[str], str]) -> None:
+        """``rapo.simulator.name``: a built-in simulated user or a plugin (``module:attr``, entry point)."""
+        resolve_simulator(cfg.rapo.simulator.name, at("rapo.simulator.name"))
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -223,12 +266,13 @@ class RAPO(GRPO):
             rng=self.rng,
         )
         policy = ctx.policy
-        self.rewriter = HFEngine(
-            policy.lm,
-            policy.tokenizer,
-            name="rewriter",
-            max_batch_size=cfg.rollout.max_batch_size,
-            autocast=autocast_dtype(rc.sd.autocast, str(policy.device)),
+        self.rewriter = policy.sized_like_rollout(  # rollout.max_batch_size is resolved after prepare
+            HFEngine(
+                policy.lm,
+                policy.tokenizer,
+                name="rewriter",
+                autocast=autocast_dtype(rc.sd.autocast, str(policy.device)),
+            )
         )
         jc = rc.judge
         self.judge: GroupJudge | ReactionJudge
@@ -250,6 +294,8 @@ class RAPO(GRPO):
                 critique_tokens=jc.critique_tokens,
                 show_profile=jc.show_profile,
                 rng=self.rng,
+                addressed=jc.addressed,
+                addressed_context=jc.addressed_context,
             )
 
     @staticmethod
@@ -311,7 +357,7 @@ class RAPO(GRPO):
         self._critique(ranked_scenarios, samples, ranked, candidates, judgements)
         timings["judge"] = t_rank + time.perf_counter() - t0
         advantages = self._advantages(samples, groups)
-        items = self.pg_items(samples, advantages)
+        items = pg_items(samples, advantages)
         metrics = {**reward_stats(samples, [RANK, *self.ctx.rewards.names])}
         metrics.update(advantage_stats([a for a, s in zip(advantages, samples) if s.valid]))
         metrics.update(self._reaction_metrics(reactions, judgements, samples))
@@ -331,10 +377,9 @@ class RAPO(GRPO):
             stage.close()
             timings["distill"] = time.perf_counter() - t0
             metrics.update(self._distill_metrics(items, corrections))
-        return Rollout(samples, items, metrics, timings, {"reactions": reactions, "corrections": corrections})
-
-    validation_key = "val/emotion_delta"
-    validation_dialogues = True
+        extra = {"reactions": reactions, "corrections": corrections}
+        bias = [self.judge.step_metrics()] if isinstance(self.judge, GroupJudge) else []
+        return Rollout(samples, items, metrics, timings, extra, judge_metrics=bias)
 
     def validate(self, scenarios: list[Scenario], max_new_tokens: int, turns: int = 1) -> ValidationResult:
         """The simulated person's emotion change after each greedy reply (``val/emotion_delta``: the mean
@@ -354,7 +399,7 @@ class RAPO(GRPO):
         live = list(range(len(scenarios)))
         invalid, lengths, hidden = 0, [], []
         for _ in range(turns):
-            samples = self.greedy_replies([current[i] for i in live], max_new_tokens)
+            samples = greedy_replies(self.ctx.policy, [current[i] for i in live], max_new_tokens)
             reactions = self.react([(s.scenario, s.text) for s in samples])
             hidden += self.hidden_rule_scores(samples)
             for i, names in zip(live, self.rules_broken(samples)):
@@ -367,7 +412,7 @@ class RAPO(GRPO):
                     invalid += 1
                     continue
                 deltas[i].append(r.emotion_delta)
-                if r.message.strip():
+                if not is_blank(r.message):
                     said = [msg("assistant", s.text), msg("user", r.message)]
                     current[i] = replace(current[i], messages=[*current[i].messages, *said])
                     going.append(i)
@@ -484,7 +529,7 @@ class RAPO(GRPO):
 
     def _advantages(self, samples: list[Sample], groups: list[list[int]]) -> list[float]:
         if self.cfg.rapo.rank_reward != "gopo":
-            return self.advantages([s.reward for s in samples], [s.group for s in samples])
+            return group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
         adv = [0.0] * len(samples)
         for g in groups:
             valid = [i for i in g if samples[i].reward is not None]
@@ -550,7 +595,7 @@ class RAPO(GRPO):
         prompts = [policy.prompt_ids(self._rewrite_conv(samples[i], reactions[i])) for i in chosen]
         gens = self.rewriter.generate_ids(prompts, params)
         corrections = [
-            Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and g[0].text.strip()
+            Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and not is_blank(g[0].text)
         ]
         if corrections and (self.sd.verify or self.sd.loss in ("adv_nll", "in_group")):
             self._rerank(samples, reactions, groups, corrections)
@@ -665,53 +710,30 @@ class RAPO(GRPO):
             ids, logp = policy.scorer.topk(batch, k)  # temperature 1, as the student's SD rows
             for row, i in enumerate(chosen[part]):
                 n = len(samples[i].completion_ids)
-                item = TrainItem(
-                    samples[i].prompt_ids,
-                    samples[i].completion_ids,
-                    kind=SD,
-                    group=samples[i].group,
-                    sample=i,
+                teacher = {TEACHER_IDS: ids[row, :n].cpu(), TEACHER_LOGP: logp[row, :n].cpu()}
+                items.append(
+                    TrainItem(
+                        samples[i].prompt_ids,
+                        samples[i].completion_ids,
+                        kind=SD,
+                        group=samples[i].group,
+                        sample=i,
+                        fields=teacher,
+                    )
                 )
-                item.teacher_ids = ids[row, :n].cpu()  # type: ignore[attr-defined]
-                item.teacher_logp = logp[row, :n].cpu()  # type: ignore[attr-defined]
-                items.append(item)
         return items
 
     # ------------------------------------------------------------------ loss
-    def forward_temperature(self, mb: MicroBatch) -> float | torch.Tensor:
-        """Policy-gradient rows at the sampling temperature; distillation rows at temperature 1, so
-        every SD loss (and the ``token_kl`` teacher) distils the model's own distribution, not the
-        temperature-scaled one that ``rollout.temperature`` samples from."""
-        t = self.cfg.rollout.temperature
-        if t == 1.0 or SD not in mb.kinds:
-            return t
-        return torch.tensor([1.0 if k == SD else t for k in mb.kinds], device=mb.mask.device)
-
-    def forward_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
-        """Extra scorer inputs: the teacher's top-k ids for ``token_kl`` distillation rows."""
-        if not (self.sd.enabled and self.sd.loss == "token_kl") or SD not in mb.kinds:
-            return {}
-        n, k = mb.batch.n_targets, self.sd.top_k_logits
-        ids = torch.zeros((len(mb.items), n, k), dtype=torch.long)
-        for row, it in enumerate(mb.items):
-            t = getattr(it, "teacher_ids", None)
-            if t is not None:
-                ids[row, : t.shape[0]] = t
-        return {"gather_ids": ids.to(mb.mask.device)}
-
     def loss(
-        self,
-        mb: MicroBatch,
-        logp: torch.Tensor,
-        entropy: torch.Tensor,
-        totals: dict[str, dict[str, float]],
-        gathered: torch.Tensor | None = None,
+        self, mb: MicroBatch, out: TokenScores, totals: Totals
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss, metrics = self.pg_loss(mb, logp, entropy, totals)
+        """GRPO's objective over the rank rewards plus ``rapo.sd.coef`` times the SD loss, a token-mean
+        over the mini-batch's SD tokens (:meth:`sd_per_token`)."""
+        loss, metrics = pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
         if not self.sd.enabled or totals[SD]["tokens"] == 0 or SD not in mb.kinds:
             return loss, metrics  # no SD rows here (other micro-batches of the mini-batch have them)
         mask = mb.kind_mask(SD)
-        per = self.sd_per_token(mb, logp, mask, gathered)
+        per = self.sd_per_token(mb, out.logp, mask, out.gathered)
         sd = (per * mask).sum() / totals[SD]["tokens"]
         metrics["loss/sd"] = sd.detach()
         return loss + self.sd.coef * sd, metrics
@@ -744,12 +766,7 @@ class RAPO(GRPO):
             raise RuntimeError(
                 "token_kl distillation needs the student's log-probs at the teacher's top-k ids"
             )
-        n, k = mb.batch.n_targets, self.sd.top_k_logits
-        teacher = torch.zeros((len(mb.items), n, k), dtype=gathered.dtype, device=gathered.device)
-        for row, it in enumerate(mb.items):
-            t = getattr(it, "teacher_logp", None)
-            if t is not None:
-                teacher[row, : t.shape[0]] = t.to(gathered.device)
+        teacher = mb.fields[TEACHER_LOGP].to(device=gathered.device, dtype=gathered.dtype)
         div = generalized_jsd(with_tail(teacher), with_tail(gathered), self.sd.jsd_alpha)
         return div * mask
 
@@ -769,6 +786,12 @@ class RAPO(GRPO):
         if hidden:  # a simulator with a known ground truth: how well the replies follow its hidden rule
             out["sim/hidden_rule_score"] = statistics.fmean(hidden)
         return out
+
+    def negative_rules(self) -> list[str] | None:
+        """The simulated person's negative rules, where its simulator has rules (the hidden-preference
+        user); None where they are unknown."""
+        rules = getattr(self.simulator, "rules", None)  # an optional capability of a simulator plugin
+        return None if rules is None else [r.name for r in rules if r.weight < 0]
 
     def hidden_rule_scores(self, samples: list[Sample]) -> list[float]:
         """Each reply's hidden-rule score where the simulator has one; [] where it has none."""

@@ -48,6 +48,16 @@ class RapoJudgeConfig(Strict):
         " both orders).",
     )
     show_profile: bool = Field(True, description="Show the judge the person's hidden profile.")
+    addressed: Literal["floor", "invalid", "strip", "flag"] = Field(
+        "floor",
+        description="A reply that addresses the judge (docs/judges.md): `floor` (the group's last rank "
+        "without judging it), `invalid` (the group is masked), `strip` (rank the rest), `flag` (rank as is).",
+    )
+    addressed_context: Literal["strip", "invalid", "flag"] = Field(
+        "strip",
+        description="A dialogue turn, profile or reaction that addresses the judge: `strip` it, mask the "
+        "group (`invalid`), or `flag` it only.",
+    )
     max_new_tokens: int = Field(384, ge=16, description="Tokens of a generated ranking.")
     critique_tokens: int = Field(64, ge=8, description="Tokens per critique.")
     critique_for: Literal["selected", "all"] = Field(

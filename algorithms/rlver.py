@@ -5,8 +5,10 @@ simulated user (:mod:`rapo_echo.simulators.sage`, ``rlver`` preset by default): 
 profile's ``first_talk``, or one opening the simulator writes and the whole group shares), the policy
 replies, the simulator updates the emotion and answers, until the user says goodbye, the emotion leaves
 its range, ``max_turns`` replies were made, or the token budget is spent. Every turn is one batched
-engine call per role over all dialogues still running; each reply is handed to the simulator together
-with its own dialogue, so dialogues that end early drop out without shifting the others.
+engine call per role over all dialogues still running (:func:`~rapo_echo.llm.turns.advance_together`;
+with a served simulator and ``rollout.overlap_remote``, the policy's turns overlap the simulator's
+answers to other dialogues); each reply is handed to the simulator together with its own dialogue, so
+dialogues that end early drop out without shifting the others.
 
 Token in, token out: a dialogue is one token sequence, the first prompt (system + opening, through the
 chat template) followed by the policy's sampled tokens and, between them, the user's turns written with
@@ -19,8 +21,9 @@ the reply, so each policy turn is its own training row (prompt = what it was sam
 Reward: the final emotion / 100, floored at 0 (plus any reward plugins, scored per policy turn and
 averaged over the dialogue's turns, e.g. ``think_format``); a dialogue whose simulator output never
 parses is invalid: masked out and counted. Estimators: ``grpo`` (``loss.advantage`` over each profile's
-dialogues) or ``ppo`` (a value head on the policy's last hidden state, GAE over the policy's tokens,
-clipped value loss; ``rlver.dense_reward`` adds each turn's emotion change / 100 at the turn's end).
+dialogues) or ``ppo``, the multi-turn use of ``--algo ppo`` (:mod:`.ppo`: a value head on the policy's
+last hidden state, GAE over the policy's tokens skipping the user's, clipped value loss;
+``rlver.dense_reward`` adds each turn's emotion change / 100 at the turn's end).
 """
 
 from __future__ import annotations
@@ -30,23 +33,29 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
 
-from rapo_echo.algorithms.base import PG, AlgoContext, Algorithm, MicroBatch, Rollout, TrainItem
-from rapo_echo.algorithms.core import aggregate, gae_advantages, masked_whiten, value_loss
-from rapo_echo.algorithms.grpo import advantage_stats, reward_stats
-from rapo_echo.algorithms.rlver_config import RLVER_SYSTEM_PROMPT
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.checkpoint import load_trainer_state
 from rapo_echo.data.sage_profiles import SageProfile
+from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
+from rapo_echo.llm.turns import advance_together
 from rapo_echo.policy import VALUE_HEAD_FILE, pad_left_aligned
 from rapo_echo.prompting import THINK_CLOSE, split_thinking
 from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, final_reward, preset
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
+
+from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .grpo import advantage_stats, group_advantages, pg_loss, policy_gradient_needs, reward_stats
+from .ppo import OLD_VALUES, estimate, fill_old_values, ppo_loss, set_value_fields, value_needs
+from .rlver_config import RLVER_SYSTEM_PROMPT, RlverConfig
+
+if TYPE_CHECKING:
+    from rapo_echo.policy import TokenScores
 
 EMOTION = "emotion"  # the name of the emotion reward in Sample.rewards
 
@@ -115,15 +124,18 @@ class RLVER(Algorithm):
     """Multi-turn RL against a simulated user whose final emotion is the reward."""
 
     name = "rlver"
+    config = RlverConfig
+    dialogue_prompts = True
     progress_keys = ("emotion/final", "reward/mean", "loss/total")
 
-    @staticmethod
-    def min_group_size_for(cfg: Any) -> int:
-        """GRPO compares a profile's dialogues (2 or more); PPO's value head is its baseline (1 is fine)."""
-        return 1 if cfg.rlver.estimator == "ppo" else 2
+    @classmethod
+    def needs(cls, cfg: Any) -> Needs:
+        """GRPO compares a profile's dialogues (a group of 2 or more); PPO adds a value head, which is its
+        baseline (a group of 1 is fine), and GAE's per-token fields."""
+        return value_needs(cfg) if cfg.rlver.estimator == "ppo" else policy_gradient_needs(cfg)
 
-    @staticmethod
-    def check_resume(cfg: Any, ckpt: Path) -> None:
+    @classmethod
+    def check_resume(cls, cfg: Any, ckpt: Path) -> None:
         """Before anything loads: a checkpoint written with a value head (PPO) resumes only as PPO, and
         one without only as GRPO (the optimizer's parameter groups differ)."""
         recorded = load_trainer_state(ckpt).get("algorithm", {}).get("estimator")
@@ -178,8 +190,8 @@ class RLVER(Algorithm):
         except ValueError as exc:  # e.g. an initial emotion below the sage preset's floor
             raise ConfigError(f"rlver.simulator (preset {sc.preset}): {exc}") from None
         self.ppo = rc.estimator == "ppo"
-        if self.ppo:
-            ctx.policy.add_value_head()
+        if self.ppo and ctx.policy.scorer.value_head is None:
+            raise ValueError("RLVER with PPO needs a value head on the policy (Needs.value_head)")
         self.markers = ChatMarkers.from_tokenizer(ctx.policy.tokenizer)
         eos = getattr(ctx.policy.engine, "eos_ids", None)
         self.eos_ids = set(eos) if eos else {ctx.policy.tokenizer.eos_token_id}
@@ -224,16 +236,30 @@ class RLVER(Algorithm):
         sim = SageSimulator(self.ctx.simulator, self.sim_settings, seed=self.cfg.train.seed + step)
         episodes, lost = self._start(sim, scenarios, step)
         timings["simulate"] += time.perf_counter() - t0
-        while active := [e for e in episodes if not e.dialogue.done]:
-            t0 = time.perf_counter()
-            gens = self.ctx.policy.generator.generate_ids([e.context for e in active], self.sampling_params())
-            turns = [self._policy_turn(e, g[0]) for e, g in zip(active, gens)]
-            timings["generate"] += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            sim.step([e.dialogue for e in active], [t.reply for t in turns])
-            for e in active:
-                self._user_turn(e)
-            timings["simulate"] += time.perf_counter() - t0
+
+        def policy_turns(batch: list[Episode]) -> None:
+            t = time.perf_counter()
+            gens = self.ctx.policy.generator.generate_ids([e.context for e in batch], self.sampling_params())
+            for e, g in zip(batch, gens):
+                self._policy_turn(e, g[0])
+            timings["generate"] += time.perf_counter() - t
+
+        def user_turns(batch: list[Episode]) -> None:
+            sim.step([e.dialogue for e in batch], [e.turns[-1].reply for e in batch])
+
+        # every dialogue's next turn in flight at once; with a served simulator the policy's turns overlap
+        # the simulator's answers to other dialogues (rapo_echo.llm.turns); "simulate": the wait not hidden
+        t0, generated = time.perf_counter(), timings["generate"]
+        overlap = self.cfg.rollout.overlap_remote and calls_concurrently(self.ctx.simulator)
+        advance_together(
+            episodes,
+            policy_turns,
+            user_turns,
+            done=lambda e: e.dialogue.done,
+            settle=self._user_turn,
+            overlap=overlap,
+        )
+        timings["simulate"] += time.perf_counter() - t0 - (timings["generate"] - generated)
         t0 = time.perf_counter()
         samples = self._score(episodes, scenarios)
         timings["rewards"] = time.perf_counter() - t0
@@ -242,7 +268,7 @@ class RLVER(Algorithm):
             items, adv = self._ppo_items(episodes, samples)
             timings["values"] = time.perf_counter() - t0
         else:
-            adv = self.advantages([s.reward for s in samples], [s.group for s in samples])
+            adv = group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
             items = self._grpo_items(episodes, samples, adv)
             adv = [a for a, s in zip(adv, samples) if s.valid]
         metrics = {
@@ -405,33 +431,28 @@ class RLVER(Algorithm):
     def _ppo_items(
         self, episodes: list[Episode], samples: list[Sample]
     ) -> tuple[list[TrainItem], list[float]]:
-        """Items with per-token advantages and returns from GAE over each dialogue's policy tokens (the
-        value head's values before the update; rewards at each turn's last token)."""
+        """Items with per-token advantages and returns from PPO's estimate (:mod:`.ppo`) over each
+        dialogue's policy tokens: the value head's values before the update, rewards at each turn's last
+        token, GAE skipping the user's tokens."""
         chosen = [(i, e) for i, (e, s) in enumerate(zip(episodes, samples)) if s.valid and e.trainable]
         items = self._grpo_items(episodes, samples, [0.0] * len(episodes))
         if not items:
             return items, []
-        self._fill_values(items)
-        pc = self.cfg.rlver.ppo
+        r, pc = self.cfg.rollout, self.cfg.rlver.ppo
+        fill_old_values(self.ctx.policy, items, self.cfg.train.micro_batch_size, r.temperature)
         if self.cfg.rlver.thinking:
-            adv, ret, mask = self._thinking_gae(chosen, samples, items, pc)
+            adv, ret, mask = self._thinking_estimate(chosen, samples, items, pc)
         else:
             values = pad_left_aligned(
-                [it.old_values for it in items], max(len(it.completion_ids) for it in items)
+                [it.fields[OLD_VALUES] for it in items], max(len(it.completion_ids) for it in items)
             )
             mask = pad_left_aligned([it.loss_mask for it in items], values.shape[1])
             rewards = pad_left_aligned(
                 [self._token_rewards(e, samples[i]) for i, e in chosen], values.shape[1]
             )
-            adv, ret = gae_advantages(rewards, values, mask, gamma=pc.gamma, lam=pc.lam)
-        if pc.whiten:
-            adv = masked_whiten(adv, mask)
-        flat_adv = rearrange(adv, "d t -> (d t)")[rearrange(mask, "d t -> (d t)") != 0].tolist()
-        for row, it in enumerate(items):
-            n = len(it.completion_ids)
-            it.token_advantages = adv[row, :n].tolist()
-            it.returns = ret[row, :n].tolist()
-        return items, flat_adv
+            adv, ret = estimate(rewards, values, mask, pc)
+        set_value_fields(items, adv, ret)
+        return items, adv[mask != 0].tolist()
 
     def _token_rewards(self, e: Episode, s: Sample) -> list[float]:
         """Per response token: the reward at the last token of each policy turn, 0 elsewhere. Sparse:
@@ -448,11 +469,11 @@ class RLVER(Algorithm):
             out[ends[-1]] = float(s.reward)
         return out
 
-    def _thinking_gae(
+    def _thinking_estimate(
         self, chosen: list[tuple[int, Episode]], samples: list[Sample], items: list[TrainItem], pc: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """GAE across a dialogue's turn rows: rows are laid out [dialogue, turn, token], flattened to
-        [dialogue, turn * token] for GAE (padding masked), then laid back out per row."""
+        """PPO's estimate across a dialogue's turn rows: rows are laid out [dialogue, turn, token],
+        flattened to [dialogue, turn * token] for GAE (padding masked), then laid back out per row."""
         rows_of: list[list[TrainItem]] = []
         j = 0
         for _, e in chosen:
@@ -467,7 +488,7 @@ class RLVER(Algorithm):
             em = e.dialogue.emotions
             for k, it in enumerate(rows):
                 n = len(it.completion_ids)
-                values[d, k, :n] = torch.tensor(it.old_values)
+                values[d, k, :n] = torch.tensor(it.fields[OLD_VALUES])
                 mask[d, k, :n] = 1.0
                 if self.cfg.rlver.dense_reward and k + 1 < len(em):
                     rewards[d, k, n - 1] = (em[k + 1] - em[k]) / EMOTION_MAX
@@ -480,59 +501,22 @@ class RLVER(Algorithm):
             )
             rewards[d, last, len(rows[last].completion_ids) - 1] += extra
         flat = {k: rearrange(v, "d k t -> d (k t)") for k, v in (("r", rewards), ("v", values), ("m", mask))}
-        adv, ret = gae_advantages(flat["r"], flat["v"], flat["m"], gamma=pc.gamma, lam=pc.lam)
+        adv, ret = estimate(flat["r"], flat["v"], flat["m"], pc)
         adv_rows = rearrange(adv, "d (k t) -> (d k) t", k=turns)
         ret_rows = rearrange(ret, "d (k t) -> (d k) t", k=turns)
         mask_rows = rearrange(mask, "d k t -> (d k) t")
         keep = [d * turns + k for d, rows in enumerate(rows_of) for k in range(len(rows))]
         return adv_rows[keep], ret_rows[keep], mask_rows[keep]
 
-    @torch.no_grad()
-    def _fill_values(self, items: list[TrainItem]) -> None:
-        """The value head's values of every completion position before the update (no gradient)."""
-        policy = self.ctx.policy
-        size = self.cfg.train.micro_batch_size
-        temp = self.cfg.rollout.temperature
-        for start in range(0, len(items), size):
-            mb = items[start : start + size]
-            batch = policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb])
-            values = policy.scorer(batch.to(policy.device), temp, with_values=True)[2]
-            for it, v in zip(mb, batch.rows(values)):
-                it.old_values = v
-
     # ------------------------------------------------------------------ loss
-    def forward_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
-        return {"with_values": True} if self.ppo else {}
-
     def loss(
-        self,
-        mb: MicroBatch,
-        logp: torch.Tensor,
-        entropy: torch.Tensor,
-        totals: dict[str, dict[str, float]],
-        gathered: torch.Tensor | None = None,
+        self, mb: MicroBatch, out: TokenScores, totals: Totals
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """GRPO: the clipped loss with each dialogue's advantage. PPO: the clipped loss with per-token
-        advantages plus ``vf_coef`` times the clipped value loss (``gathered`` holds the values)."""
-        if not self.ppo:
-            return self.pg_loss(mb, logp, entropy, totals)
-        assert gathered is not None, "PPO needs the scorer's values"
-        lc, pc = self.cfg.loss, self.cfg.rlver.ppo
-        n, dev = mb.batch.n_targets, logp.device
-        adv = pad_left_aligned([it.token_advantages or [] for it in mb.items], n).to(dev)
-        loss, metrics = self.pg_loss(dataclasses.replace(mb, advantages=adv), logp, entropy, totals)
-        old = pad_left_aligned([it.old_values or [] for it in mb.items], n).to(dev)
-        ret = pad_left_aligned([it.returns or [] for it in mb.items], n).to(dev)
-        mask, tot = mb.kind_mask(PG), totals[PG]
-        per, stats = value_loss(gathered, old, ret, mask, clip=pc.value_clip)
-        norm = lc.norm_constant or self.cfg.rollout.max_new_tokens
-        vl = aggregate(
-            per, mask, lc.agg, total_tokens=tot["tokens"], total_seqs=tot["seqs"], norm_constant=norm
-        )
-        metrics["loss/value"] = vl.detach()
-        metrics["value/clip_frac"] = stats["clip_frac"].detach() * (mask.sum() / max(tot["tokens"], 1.0))
-        metrics["value/mean"] = (gathered.detach() * mask).sum() / max(tot["tokens"], 1.0)
-        return loss + pc.vf_coef * vl, metrics
+        """GRPO: the clipped loss with each dialogue's advantage. PPO: PPO's loss (:func:`.ppo.ppo_loss`),
+        the clipped loss with per-token advantages plus ``vf_coef`` times the clipped value loss."""
+        if self.ppo:
+            return ppo_loss(self.cfg, self.cfg.rlver.ppo, mb, out, totals)
+        return pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
 
     # ------------------------------------------------------------------ metrics
     def _dialogue_metrics(self, episodes: list[Episode], lost: int) -> dict[str, float]:

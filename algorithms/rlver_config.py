@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 
 from rapo_echo.config import Strict
 
+from .ppo import PpoConfig
+
 RLVER_SYSTEM_PROMPT = (
     "You are chatting with a friend and you are good at lifting their mood with emotionally intelligent "
     "replies. Your aim is to make them feel better or to grow closer. Keep it warm, natural and everyday: "
@@ -46,8 +48,9 @@ class RlverSimulatorConfig(Strict):
     emotion_readout: Literal["text", "logprobs", "auto"] = Field(
         "auto",
         description="`text`: the analysis's integer `shift`; `logprobs`: the expectation over -10..+10 from "
-        "label probabilities after a free analysis line (one forward; usable with small simulators); `auto` "
-        "(default): logprobs when the engine has them (hf, vllm, servers with log-probs), else text.",
+        "label probabilities after a free analysis line's `Change:` (read from the analysis request's own "
+        "top log-probs where a server returns them, else one more forward; usable with small simulators); "
+        "`auto` (default): logprobs when the engine has them (hf, vllm, servers with log-probs), else text.",
     )
     plain_reply: bool = Field(
         True,
@@ -62,18 +65,6 @@ class RlverSimulatorConfig(Strict):
     )
 
 
-class PpoConfig(Strict):
-    """PPO with a value head and GAE (``rlver.estimator: ppo``)."""
-
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount.")
-    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
-    value_clip: float | None = Field(
-        0.2, gt=0.0, description="Clip of the value change around the old value (None: no clip)."
-    )
-    vf_coef: float = Field(0.5, ge=0.0, description="Weight of the value loss.")
-    whiten: bool = Field(True, description="Normalise advantages over the batch's policy tokens.")
-
-
 class RlverConfig(Strict):
     """RLVER's own switches."""
 
@@ -84,7 +75,9 @@ class RlverConfig(Strict):
         "grpo",
         description="`grpo`: `loss.advantage` over each profile's dialogues; `ppo`: value head and GAE.",
     )
-    ppo: PpoConfig = Field(default_factory=PpoConfig, description="PPO settings.")
+    ppo: PpoConfig = Field(
+        default_factory=PpoConfig, description="`estimator: ppo`: PPO's settings (those of `--algo ppo`)."
+    )
     dense_reward: bool = Field(
         False, description="Our extension, PPO only: each turn's emotion change / 100 at the turn's end."
     )

@@ -1,78 +1,57 @@
-"""The run config: the shared sections of :mod:`rapo_echo.config` composed with each algorithm's own
-(``loss``, ``rapo``, ``rlver``), and :func:`load_config`, which builds it with the chosen algorithm's
-defaults under the user's file, flags and ``--set`` overrides."""
+"""The run config: the shared sections of :mod:`rapo_echo.config` (and the ``loss`` section of the GRPO
+core) composed with the chosen algorithm's own section, and :func:`load_config`, which builds it with
+that algorithm's defaults under the user's file, flags and ``--set`` overrides.
+
+An algorithm registers its section by naming its class (``Algorithm.config``); the run config of
+``--algo rapo`` is :class:`RunConfig` plus a ``rapo`` section, so a saved config holds the chosen
+algorithm's section only. A file that holds another algorithm's section is refused (a saved config of
+an older version, which held every section, is read by ``--resume`` with the others dropped)."""
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, create_model
 
-from rapo_echo import algorithms
-from rapo_echo.algorithms.loss_config import LossConfig
-from rapo_echo.algorithms.rapo_config import RapoConfig
-from rapo_echo.algorithms.rlver_config import RlverConfig
-from rapo_echo.config import (
-    BUILTIN_CHECKS,
-    CHECK_ENTRY_POINTS,
-    ConfigTree,
-    DataConfig,
-    EngineConfig,
-    FidelityCheckConfig,
-    LoggingConfig,
-    ModelConfig,
-    MonitorConfig,
-    PersonaConfig,
-    RewardSpec,
-    RolloutConfig,
-    Strict,
-    TrainConfig,
-    ValidationConfig,
-    check_device,
-)
+from rapo_echo.config import BUILTIN_CHECKS, CHECK_ENTRY_POINTS, SAMPLING_KEYS, ConfigTree, check_device
 from rapo_echo.errors import ConfigError
 from rapo_echo.plugins import resolve_object
 
+from . import get as algorithm_class
+from . import names as algorithm_names
+from .run_sections import RunConfig
 
-class RunConfig(Strict):
-    """Everything one training run needs."""
+if TYPE_CHECKING:
+    from .base import Algorithm
 
-    algo: str = Field(
-        "grpo", description=f"The algorithm: {', '.join(f'`{n}`' for n in algorithms.names())}."
-    )
-    output: str | None = Field(None, description="Run directory (None: `runs/ALGO-TIMESTAMP`).")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="The trainable policy.")
-    simulator: EngineConfig = Field(default_factory=EngineConfig, description="The simulated user's engine.")
-    judge: EngineConfig = Field(
-        default_factory=lambda: EngineConfig(temperature=0.0),
-        description="The judge's engine (its `temperature` defaults to 0).",
-    )
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How the policy samples.")
-    loss: LossConfig = Field(default_factory=LossConfig, description="The GRPO core.")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation and checkpoints.")
-    rewards: list[RewardSpec] = Field(default_factory=list, description="Reward plugins, summed by weight.")
-    data: DataConfig = Field(default_factory=DataConfig, description="Training scenarios.")
-    rapo: RapoConfig = Field(default_factory=RapoConfig, description="RAPO's own switches.")
-    persona: PersonaConfig = Field(default_factory=PersonaConfig, description="Persona inference.")
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reward-hacking monitor.")
-    rlver: RlverConfig = Field(default_factory=RlverConfig, description="RLVER's own switches.")
-    validation: ValidationConfig = Field(
-        default_factory=ValidationConfig, description="Held-out validation and the best model."
-    )
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
-    fidelity: FidelityCheckConfig | None = Field(
-        None,
-        description="A fidelity check of the simulator and judge against real seekers' ratings, run once "
-        "before training by `rapo-echo train` (None: none).",
-    )
+log = logging.getLogger(__name__)
 
-    @field_validator("algo")
-    @classmethod
-    def _algo(cls, v: str) -> str:
-        if v not in algorithms.names():
-            raise ValueError(f"unknown algorithm; allowed: {', '.join(algorithms.names())}")
-        return v
+
+@functools.cache
+def run_config_class(algo: type[Algorithm]) -> type[RunConfig]:
+    """:class:`RunConfig` with ``algo``'s own section (``algo.config``) at the key ``algo.name``."""
+    section = algo.config
+    if section is None:
+        return RunConfig
+    key = algo.name
+    if not key.isidentifier() or key in RunConfig.model_fields:
+        raise ConfigError(
+            f"algo: {algo.__module__}.{algo.__qualname__} names its section {key!r}, which is not a name a "
+            f"section can have or is a shared section of every run ({', '.join(RunConfig.model_fields)})"
+        )
+    description = " ".join((section.__doc__ or f"{key}'s own switches.").split())
+    model = create_model(
+        f"RunConfig_{key}",
+        __base__=RunConfig,
+        __doc__=RunConfig.__doc__,
+        **{key: (section, Field(default_factory=section, description=description))},
+    )
+    model.__module__ = __name__  # picklable by name, as a class written here
+    globals()[model.__name__] = model
+    return model
 
 
 def load_config(
@@ -81,37 +60,89 @@ def load_config(
     algo: str | None = None,
     overrides: list[str] | None = None,
     flags: dict[str, Any] | None = None,
+    saved: bool = False,
+    check_devices: bool = True,
 ) -> RunConfig:
-    """Build and validate a :class:`RunConfig`. ``flags`` maps dotted keys to values from CLI flags.
-    Precedence, lowest first: built-in defaults, the algorithm's ``defaults()``, the file, the flags,
-    then ``--set`` overrides."""
+    """Build and validate the run config of the chosen algorithm. ``flags`` maps dotted keys to values
+    from CLI flags. Precedence, lowest first: built-in defaults, the algorithm's ``defaults()``, the file,
+    the flags, then ``--set`` overrides. ``saved``: the file is a run's own ``config.yaml`` (``--resume``),
+    which an older version wrote with every algorithm's section: the others are dropped, not refused.
+    ``check_devices=False`` accepts devices this machine lacks (a plan made on a login node for GPUs)."""
     given = ConfigTree.read(path)
     chosen = algo or given.tree.get("algo") or "grpo"
-    if not isinstance(chosen, str) or chosen not in algorithms.names():
-        where = "--algo" if algo else given.sources.get(("algo",), "algo")
-        raise ConfigError(f"{where}: algo: got {chosen!r}; allowed: {', '.join(algorithms.names())}")
-    tree = given.under(algorithms.get(chosen).defaults())
+    where = "--algo" if algo else given.sources.get(("algo",), "algo")
+    if not isinstance(chosen, str):
+        raise ConfigError(f"{where}: algo: got {chosen!r}; allowed: {', '.join(algorithm_names())}")
+    algo_cls = algorithm_class(chosen, where=f"{where}: algo")
+    tree = given.under(algo_cls.defaults())
     tree.tree["algo"] = chosen
     tree.apply(flags, overrides)
+    drop_other_sections(tree, algo_cls, saved)
+    refuse_engine_sampling(tree, saved)
     tree.refuse_secrets()
     tree.refuse_nonfinite()
-    cfg = tree.validate(RunConfig)
+    cfg = tree.validate(run_config_class(algo_cls))
     check_group_size(cfg, tree.where("rollout.group_size"))
     check_rewards(cfg, tree.where("rewards"))
     resolve_plugins(cfg, tree.where)
-    for role in ("model", "simulator", "judge"):
+    for role in ("model", "simulator", "judge") if check_devices else ():
         if role == "model" or getattr(cfg, role).engine in ("hf", "vllm"):
             check_device(getattr(cfg, role).device, f"{role}.device", tree.where(f"{role}.device"))
     return cfg
 
 
+def drop_other_sections(tree: ConfigTree, algo: type[Algorithm], saved: bool) -> None:
+    """Another algorithm's section in the config: refused with the way on (it would be ignored), or, in a
+    run's saved config (``saved``), dropped with one line in the log."""
+    others = sorted(k for k in tree.tree if k in algorithm_names() and k != algo.name)
+    if not others:
+        return
+    if saved:
+        for key in others:
+            del tree.tree[key]
+        log.info("the saved config holds the sections of other algorithms (%s): dropped", ", ".join(others))
+        return
+    lines = [
+        f"{tree.where(k)}{k}: the section of --algo {k}, and this run is --algo {tree.tree['algo']} (its "
+        f"settings would be ignored): remove it, or run --algo {k}"
+        for k in others
+    ]
+    raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
+
+
+def refuse_engine_sampling(tree: ConfigTree, saved: bool) -> None:
+    """``simulator`` / ``judge`` name an engine; how each call samples is set by its caller. Older versions
+    accepted ``temperature``, ``top_p`` and ``max_new_tokens`` there and never read them (the algorithm's
+    own settings were used): refused with the way on, or dropped from a saved config (``saved``)."""
+    found = [
+        (role, key)
+        for role in ("simulator", "judge")
+        if isinstance(section := tree.tree.get(role), dict)
+        for key in SAMPLING_KEYS
+        if key in section
+    ]
+    if saved:
+        for role, key in found:
+            del tree.tree[role][key]
+        return
+    if found:
+        lines = [f"{tree.where(f'{r}.{k}')}{r}.{k}: an engine section names an engine" for r, k in found]
+        raise ConfigError(
+            "invalid config:\n  "
+            + "\n  ".join(lines)
+            + "\n  How a call samples is set by its caller: the simulated person's temperature and lengths "
+            "in the algorithm's own section (rapo.simulator, rlver.simulator) or a reward's args; judges "
+            "decode greedily with their own lengths (rapo.judge.max_new_tokens, critique_tokens). Older "
+            "versions accepted this key and ignored it: remove it."
+        )
+
+
 def resolve_plugins(cfg: RunConfig, where: Any = None) -> None:
     """Import every plugin the config names and check that it is one, before any model loads: the reward
-    plugins, RAPO's simulated user and the validation checks of your own. ``where(key)`` gives a key's
-    ``file:line: `` prefix. A module named by path is found in the working folder too
-    (:func:`rapo_echo.plugins.cwd_importable`)."""
+    plugins, those of the algorithm's own section (:meth:`Algorithm.check_plugins`: RAPO's simulated user)
+    and the validation checks of your own. ``where(key)`` gives a key's ``file:line: `` prefix. A module
+    named by path is found in the working folder too (:func:`rapo_echo.plugins.cwd_importable`)."""
     from rapo_echo.rewards import resolve_reward
-    from rapo_echo.simulators.base import resolve_simulator
 
     def at(key: str) -> str:
         return (where(key) if where is not None else "") + key
@@ -119,8 +150,7 @@ def resolve_plugins(cfg: RunConfig, where: Any = None) -> None:
     try:
         for i, spec in enumerate(cfg.rewards):
             resolve_reward(spec.name, at(f"rewards.{i}.name"))
-        if cfg.algo == "rapo":
-            resolve_simulator(cfg.rapo.simulator.name, at("rapo.simulator.name"))
+        algorithm_class(cfg.algo).check_plugins(cfg, at)
         for i, check in enumerate(cfg.validation.checks):
             if check.name not in BUILTIN_CHECKS:
                 key = at(f"validation.checks.{i}.name")
@@ -131,7 +161,7 @@ def resolve_plugins(cfg: RunConfig, where: Any = None) -> None:
 
 def check_rewards(cfg: RunConfig, where: str = "") -> None:
     """An algorithm whose only learning signal is its reward plugins (GRPO) needs one with a weight."""
-    if not getattr(algorithms.get(cfg.algo), "needs_rewards", False):
+    if not algorithm_class(cfg.algo).needs(cfg).rewards:
         return
     if not any(r.weight != 0 for r in cfg.rewards):
         got = "no rewards (an empty list)" if not cfg.rewards else "only rewards of weight 0"
@@ -143,12 +173,10 @@ def check_rewards(cfg: RunConfig, where: str = "") -> None:
 
 
 def check_group_size(cfg: RunConfig, where: str = "") -> None:
-    """Every algorithm here compares the replies of a group (group-relative advantages, ranks), so a
-    group of one has no signal: refuse it unless the algorithm declares a smaller ``min_group_size``
-    (an int, or ``min_group_size_for(cfg)`` when it depends on the config, as RLVER's PPO does)."""
-    algo = algorithms.get(cfg.algo)
-    by_config = getattr(algo, "min_group_size_for", None)
-    need = int(by_config(cfg)) if by_config is not None else int(getattr(algo, "min_group_size", 2))
+    """A group-relative algorithm compares the replies of a group (advantages, ranks), so a group of one
+    has no signal: refuse a group smaller than the algorithm's ``Needs.min_group_size`` (RLVER's PPO,
+    whose value head is its baseline, declares 1)."""
+    need = algorithm_class(cfg.algo).needs(cfg).min_group_size
     if cfg.rollout.group_size < need:
         raise ConfigError(
             f"invalid config:\n  {where}rollout.group_size: got {cfg.rollout.group_size}; {cfg.algo} learns "

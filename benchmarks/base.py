@@ -41,7 +41,7 @@ class EvalSettings:
     seed: int | None = 0
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     sage_system_prompt: str = "sage"  # SAGE: sage (SAGE's kind of prompt) | ours (``system_prompt``)
-    batch_size: int = 8
+    batch_size: int | None = None  # cases run together; None: auto (rapo_echo.benchmarks.runner.batch_size)
     subset: str = "all"  # SOTOPIA: all | hard
     sotopia_scorer: str = "ours"  # SOTOPIA: ours (the judge role) | sotopia (the official evaluator)
     sotopia_model: str = "gpt-4o"  # SOTOPIA with the official scorer: its evaluator model (litellm name)
@@ -54,7 +54,7 @@ class EvalSettings:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.simulator_max_new_tokens is not None and self.simulator_max_new_tokens < 1:
             raise ValueError(f"simulator_max_new_tokens must be >= 1, got {self.simulator_max_new_tokens}")
-        if self.batch_size < 1 or self.judge_retries < 0:
+        if (self.batch_size is not None and self.batch_size < 1) or self.judge_retries < 0:
             raise ValueError("batch_size must be >= 1 and judge_retries >= 0")
         if self.judge_logprobs not in ("auto", "always", "never"):
             raise ValueError(f"judge_logprobs must be auto, always or never, got {self.judge_logprobs!r}")

@@ -76,7 +76,20 @@ def register(subparsers: Any) -> None:
     ev.add_argument(
         "--output", required=True, help="output folder (results.jsonl, summary.json); resumes if it exists"
     )
-    ev.add_argument("--batch-size", type=int, default=8, help="cases run in lockstep per batch (default 8)")
+    ev.add_argument(
+        "--batch-size",
+        type=int,
+        help="cases run together per batch (default: every case at once, up to 512, when a role is an "
+        "http(s) endpoint; else 8)",
+    )
+    ev.add_argument(
+        "--max-concurrency",
+        type=int,
+        help="http(s) endpoints: requests in flight at once per endpoint (default 256; lower it for a hosted "
+        "API's cap)",
+    )
+    ev.add_argument("--max-rpm", type=float, help="http(s) endpoints: requests per minute (default: none)")
+    ev.add_argument("--max-tpm", type=float, help="http(s) endpoints: tokens per minute (default: none)")
     ev.add_argument(
         "--max-turns",
         type=int,
@@ -232,6 +245,15 @@ def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any
     return Roles(policy=policy, **others)
 
 
+def engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine settings of the eval flags (the request limits only where given: the config's defaults
+    apply otherwise)."""
+    kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device}
+    limits = {"max_concurrency": args.max_concurrency, "max_rpm": args.max_rpm, "max_tpm": args.max_tpm}
+    kw.update({k: v for k, v in limits.items() if v is not None})
+    return kw
+
+
 def epm_overrides(items: list[str]) -> dict[str, Any]:
     """``--epm KEY=VALUE`` flags as a mapping (values parsed as YAML scalars)."""
     from rapo_echo.config import parse_override
@@ -257,7 +279,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if args.benchmark == "fidelity":
         from rapo_echo.benchmarks.fidelity.cli import run_fidelity_command
 
-        return run_fidelity_command(args, settings_from_args(args))
+        return run_fidelity_command(args, settings_from_args(args), engine_args(args))
     if args.user or args.reward:
         raise ConfigError("--user and --reward apply to --benchmark fidelity only")
     if not args.policy:
@@ -287,7 +309,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     # an unwritable --output, or one holding other files or another evaluation: refused before any model
     config = eval_config(benchmark.name, models, data, settings, getattr(benchmark, "protocol", None))
     check_output(check_writable(args.output), config)
-    roles = build_roles(benchmark.roles, specs, dtype=args.dtype, device=args.device)
+    roles = build_roles(benchmark.roles, specs, **engine_args(args))
     from rapo_echo import progress
 
     progress.enable()

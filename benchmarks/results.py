@@ -15,6 +15,7 @@ from typing import Any
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.errors import DataError
 from rapo_echo.jsonl import read_jsonl, write_failure
+from rapo_echo.scrub import scrub
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -69,7 +70,7 @@ class ResultWriter:
 
     def append(self, record: dict[str, Any]) -> None:
         try:
-            self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._fh.write(scrub(json.dumps(record, ensure_ascii=False)) + "\n")
             self._fh.flush()
             os.fsync(self._fh.fileno())
         except OSError as exc:

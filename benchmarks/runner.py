@@ -1,14 +1,18 @@
 """Run a benchmark into an output folder: batched, resumable, summarised from the JSONL.
 
-Cases are taken in batches of ``settings.batch_size``; each batch runs in lockstep inside the benchmark.
-Every finished case is appended to ``results.jsonl`` at once, so a crashed or interrupted evaluation,
-started again with the same arguments, skips the cases already there. ``summary.json`` is recomputed
-from every record in the file.
+Cases are taken in batches (:func:`batch_size`: ``settings.batch_size``, or by default every pending case
+at once, up to :data:`REMOTE_WAVE`, when a role is served -- one wave whose requests are all in flight
+together -- and :data:`LOCAL_BATCH` otherwise); each batch advances together inside the benchmark. Every
+finished case is appended to ``results.jsonl`` at once, so a crashed or interrupted evaluation, started
+again with the same arguments, skips the cases already there. ``summary.json`` is recomputed from every
+record in the file; the run's own summary also says how many remote requests failed for good
+(``remote_failed``: their cases are invalid).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import json
 import logging
@@ -28,6 +32,8 @@ from rapo_echo.benchmarks.results import (
     write_json_atomic,
 )
 from rapo_echo.config import redacted
+from rapo_echo.engines import failed_items
+from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.rundir import DirLock, check_writable, held_files
 
@@ -44,6 +50,17 @@ BENCHMARKS: dict[str, str] = {
 }
 # settings that do not change what a case's result means, so they may differ when resuming
 RESUME_FREE = ("batch_size", "written_at")
+LOCAL_BATCH = 8  # cases per batch when every role runs on a local engine
+REMOTE_WAVE = 512  # cases per wave when a role is served (a crash loses at most one wave's cases)
+
+
+def batch_size(settings: EvalSettings, roles: Roles) -> int:
+    """Cases run together: ``settings.batch_size`` when given, else :data:`REMOTE_WAVE` when any role's
+    engine is served (every case's requests in flight at once), else :data:`LOCAL_BATCH`."""
+    if settings.batch_size is not None:
+        return settings.batch_size
+    served = any(calls_concurrently(getattr(roles, r)) for r in ("policy", "simulator", "judge"))
+    return REMOTE_WAVE if served else LOCAL_BATCH
 
 
 def get_benchmark(name: str) -> Benchmark:
@@ -61,45 +78,63 @@ def eval_config(
     settings: EvalSettings,
     protocol: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What ``config.json`` records: benchmark, model per role, data file, settings, and the benchmark's
-    ``protocol`` (e.g. the simulator prompts' version), secrets redacted."""
+    """What ``config.json`` records: benchmark, model per role, data file (and, for a file on disk, the
+    SHA-256 of its content, so that a resume refuses a file changed in place), settings, and the
+    benchmark's ``protocol`` (e.g. the simulator prompts' version), secrets redacted."""
     config = {
         "benchmark": benchmark,
         "models": models,
         "data": data,
         "settings": dataclasses.asdict(settings),
     }
+    digest = data_digest(data)
+    if digest is not None:
+        config["data_sha256"] = digest
     if protocol:
         config["protocol"] = protocol
     return redacted(config)
 
 
-def check_output(output: Path, config: dict[str, Any]) -> None:
+def data_digest(data: str | None) -> str | None:
+    """The SHA-256 of a data file's bytes (None for no data or a bundled file)."""
+    if not data or data.startswith("bundled:") or not Path(data).is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(data, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_output(output: Path, config: dict[str, Any], what: str = "evaluation") -> None:
     """An output folder holds nothing, or this same evaluation (:func:`check_resume`): a folder with other
-    files (a training run, another tool's output) is refused, never written into."""
+    files (a training run, another tool's output) is refused, never written into. ``what`` names the
+    folder's kind of content in the messages (the data commands reuse this check)."""
     shown = held_files(output)
     if shown and not (output / CONFIG_FILE).is_file():
         raise ConfigError(
-            f"--output {output} is not empty ({shown}) and holds no evaluation ({CONFIG_FILE}); choose an "
+            f"--output {output} is not empty ({shown}) and holds no {what} ({CONFIG_FILE}); choose an "
             "empty --output"
         )
-    check_resume(output, config)
+    check_resume(output, config, what)
 
 
-def claim_output(output: str | Path, configs: dict[Path, dict[str, Any]]) -> DirLock:
+def claim_output(
+    output: str | Path, configs: dict[Path, dict[str, Any]], what: str = "evaluation"
+) -> DirLock:
     """Lock ``output`` (one process per folder) and check each folder to be written there with its config
     (:func:`check_output`); the lock is released when a check fails."""
     lock = DirLock(check_writable(output)).acquire()
     try:
         for folder, config in configs.items():
-            check_output(Path(folder), config)
+            check_output(Path(folder), config, what)
     except BaseException:
         lock.release()
         raise
     return lock
 
 
-def check_resume(output: Path, config: dict[str, Any]) -> None:
+def check_resume(output: Path, config: dict[str, Any], what: str = "evaluation") -> None:
     """Refuse to continue an output folder written with a different benchmark, model, data or setting."""
     old_path = output / CONFIG_FILE
     if not old_path.exists():
@@ -109,14 +144,26 @@ def check_resume(output: Path, config: dict[str, Any]) -> None:
     except json.JSONDecodeError as exc:
         raise DataError(f"{old_path}: not valid JSON ({exc})") from exc
     flat_old, flat_new = _flatten(old), _flatten(config)
+    if "data_sha256" in flat_old and flat_old["data_sha256"] != flat_new.get("data_sha256"):
+        raise ConfigError(
+            f"{output} holds an evaluation of {config.get('data')} whose content has changed since (SHA-256 "
+            f"{str(flat_old['data_sha256'])[:12]}... then, {str(flat_new.get('data_sha256'))[:12]}... now): "
+            "its "
+            "finished cases would be mixed with cases of the new content. Restore the file, or evaluate "
+            "it into a new --output"
+        )
     for key in sorted(set(flat_old) | set(flat_new)):
-        if key.split(".")[-1] in RESUME_FREE:
+        if key.split(".")[-1] in RESUME_FREE or key == "data_sha256":  # an older folder has no hash
             continue
         if flat_old.get(key) != flat_new.get(key):
             raise ConfigError(
-                f"{output} holds an evaluation with {key}={flat_old.get(key)!r}, this run has "
+                f"{output} holds {_article(what)} {what} with {key}={flat_old.get(key)!r}, this run has "
                 f"{flat_new.get(key)!r}; resume with the same arguments or choose another --output"
             )
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[:1] in "aeiou" else "a"
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -177,11 +224,14 @@ def _run_cases(
         len(pending),
     )
     cuts_before = prompt_cuts(roles)
+    engines = (roles.policy, roles.simulator, roles.judge)
+    failed_before = failed_items(*engines)
+    size = batch_size(settings, roles)
     initial = len(cases) - len(pending)
     bar = progress.task(benchmark.name, total=len(cases), initial=initial, unit="case")
     with bar as cases_bar, ResultWriter(output / RESULTS_FILE) as writer:
-        for start in range(0, len(pending), settings.batch_size):
-            batch = pending[start : start + settings.batch_size]
+        for start in range(0, len(pending), size):
+            batch = pending[start : start + size]
             _run_one_batch(benchmark, batch, roles, settings, writer, cases_bar)
             log.info(
                 "%s: %d/%d cases done",
@@ -196,7 +246,14 @@ def _run_cases(
             benchmark.name,
             ", ".join(f"{role} {n}" for role, n in cut.items() if n),
         )
-    return write_summary(output, benchmark, ids=[c.id for c in cases])
+    failed = failed_items(*engines) - failed_before
+    if failed:
+        log.warning(
+            "%s: %d remote requests failed for good; their cases are invalid (n_invalid), the rest kept",
+            benchmark.name,
+            failed,
+        )
+    return write_summary(output, benchmark, ids=[c.id for c in cases], extra={"remote_failed": failed})
 
 
 def prompt_cuts(roles: Roles) -> dict[str, int]:
@@ -303,8 +360,10 @@ def write_summary(
     *,
     expected: int | None = None,
     ids: Sequence[str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Summarise ``output/results.jsonl`` into ``output/summary.json`` and return it."""
-    summary = compute_summary(output, benchmark, expected=expected, ids=ids)
+    """Summarise ``output/results.jsonl`` into ``output/summary.json`` (with ``extra`` keys, figures of this
+    run that the records do not hold) and return it."""
+    summary = {**compute_summary(output, benchmark, expected=expected, ids=ids), **(extra or {})}
     write_json_atomic(Path(output) / SUMMARY_FILE, summary)
     return summary

@@ -101,7 +101,7 @@ def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] |
     score, its paired gain over the best before it (``val/gain`` ± ``val/gain_se``, and the files of
     ``validation.data``, rules and ``variety`` on which it lost beyond their floors), and the step ``final/``
     holds under ``validation.keep_best``; None when no run validated."""
-    from rapo_echo.validation import BEST_FILE, VALIDATION_FILE
+    from rapo_echo.rundir import BEST_FILE, VALIDATION_FILE
 
     rows = []
     for run in runs:

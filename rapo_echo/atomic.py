@@ -7,9 +7,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rapo_echo.scrub import scrub
+
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a text file through a temporary file in the same folder, then rename it into place."""
+    """Write a text file through a temporary file in the same folder, then rename it into place; secret
+    values are scrubbed first (:func:`rapo_echo.scrub.scrub`)."""
+    text = scrub(text)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -22,6 +26,40 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def staging_for(final: Path) -> Path:
+    """A fresh, empty folder beside ``final`` to write it in, then :func:`replace_dir` it into place
+    (``.<name>.tmp``; a leftover of an interrupted write is cleared first)."""
+    staged = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    return staged
+
+
+def remove_leftovers(folder: Path, names: tuple[str, ...] = ("final",)) -> list[Path]:
+    """Remove what an interrupted write (a kill -9) can leave in ``folder``: the staging and set-aside
+    folders of :func:`staging_for` / :func:`replace_dir` for each of ``names`` (a set-aside folder whose
+    replacement never arrived is put back), and the temporary files a writer drops inside such a folder
+    (``.tmp*``: safetensors writes ``.tmpXXXXXX`` and renames it). Returns what was removed."""
+    removed: list[Path] = []
+    for name in names:
+        old = folder / f".{name}.old"
+        if old.is_dir() and not (folder / name).exists():  # killed between the two renames: put it back
+            os.replace(old, folder / name)
+        for path in (folder / f".{name}.tmp", old):
+            if path.exists():
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        inside = folder / name
+        if inside.is_dir():
+            for path in inside.glob(".tmp*"):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 def replace_dir(staged: Path, final: Path) -> None:

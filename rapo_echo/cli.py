@@ -1,4 +1,4 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, eval, report, config, export.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, config, export.
 
 Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
 and sets ``func(args) -> exit code``. Only commands whose module imports are listed.
@@ -14,15 +14,17 @@ import sys
 from rapo_echo import __version__
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.progress import quiet_third_party
+from rapo_echo.scrub import ScrubFilter
 
 COMMAND_MODULES = (
     "rapo_echo.chat",
     "rapo_echo.serve",
-    "rapo_echo.train_cli",
+    "rapo_echo.algorithms.train_cli",
     "rapo_echo.judges.training",
+    "rapo_echo.algorithms.datagen.cli",
     "rapo_echo.benchmarks.cli",
-    "rapo_echo.openrlhf.cli",
-    "rapo_echo.config_cli",
+    "rapo_echo.algorithms.openrlhf.cli",
+    "rapo_echo.algorithms.config_cli",
     "rapo_echo.export",
 )
 
@@ -62,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     quiet_third_party(args.verbose)
+    for handler in logging.getLogger().handlers:  # no secret value reaches a log line
+        if not any(isinstance(f, ScrubFilter) for f in handler.filters):
+            handler.addFilter(ScrubFilter())
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

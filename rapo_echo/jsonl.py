@@ -20,6 +20,7 @@ from typing import Any
 
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.errors import DataError, RapoEchoError
+from rapo_echo.scrub import scrub
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,9 @@ def read_jsonl(path: str | Path, what: str = "JSON-lines file") -> list[tuple[in
 
 
 def append_jsonl(path: str | Path, records: Iterable[Any], *, sync: bool = False, fix: str = "") -> None:
-    """Append one JSON line per record with a single ``write`` (``sync``: fsync it too)."""
-    data = "".join(json.dumps(r, default=str) + "\n" for r in records).encode()
+    """Append one JSON line per record with a single ``write`` (``sync``: fsync it too); secret values
+    are scrubbed first (:func:`rapo_echo.scrub.scrub`)."""
+    data = scrub("".join(json.dumps(r, default=str) + "\n" for r in records)).encode()
     if not data:
         return
     try:

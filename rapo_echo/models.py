@@ -254,7 +254,8 @@ DTYPES = {
 
 
 def torch_dtype(name: str) -> Any:
-    """``'float32' | 'bfloat16' | 'float16' | 'auto'`` to a torch dtype (or 'auto')."""
+    """``'float32' | 'bfloat16' | 'float16' | 'auto'`` to a torch dtype (or 'auto', transformers' "the
+    checkpoint's own"; :func:`load_model` resolves ``auto`` first, see :func:`resolve_dtype`)."""
     import torch
 
     if name == "auto":
@@ -262,6 +263,35 @@ def torch_dtype(name: str) -> Any:
     if name not in DTYPES:
         raise ModelResolutionError(f"unknown dtype {name!r}; allowed: float32, bfloat16, float16, auto")
     return getattr(torch, DTYPES[name])
+
+
+def resolve_dtype(name: str, device: str, *, bf16_supported: bool | None = None) -> str:
+    """The weights' dtype for ``name`` on ``device``: ``auto`` is ``bfloat16`` on a CUDA device that runs
+    it natively (compute capability 8.0 and later), else ``float32`` (CPUs, MPS, older GPUs); other names
+    are returned as given. ``bf16_supported`` answers for a device this machine does not have (a plan
+    for a GPU made on a CPU); None asks the device."""
+    if name != "auto":
+        return name
+    if not device.startswith("cuda"):
+        return "float32"
+    if bf16_supported is None:
+        import torch
+
+        bf16_supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return "bfloat16" if bf16_supported else "float32"
+
+
+def use_tf32(device: str, dtype: str) -> bool:
+    """Whether float32 matmuls should run on TF32 tensor cores: on CUDA for float32 weights (a 10-bit
+    mantissa on the products, float32 accumulation; about 8x faster on Ampere and later)."""
+    return device.startswith("cuda") and dtype == "float32"
+
+
+def enable_tf32() -> None:
+    """Let float32 matmuls use TF32 (``torch.set_float32_matmul_precision("high")``; process-wide)."""
+    import torch
+
+    torch.set_float32_matmul_precision("high")
 
 
 def autocast_dtype(name: str, device: str) -> Any:
@@ -321,6 +351,9 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    dtype = resolve_dtype(dtype, pick_device(device))
+    if use_tf32(pick_device(device), dtype):
+        enable_tf32()
     kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation

@@ -12,7 +12,12 @@ Signatures (thresholds in ``monitor.*`` of the run config; "baseline" = mean of 
   reference comparison, logged as a reward with weight 0) rose by less than ``follow_frac`` x that
   rise. Without ``heldout_key`` this signature is not checked (its flag stays 0).
 * ``judge_text``: at least ``judge_text_frac`` of this step's replies carry judge answer syntax
-  (``Score: 5``, ``Verdict: ...``, ``Ranking: ...``), the way a policy learns to talk to its judge.
+  (``Score: 5``, ``Verdict: ...``, ``Ranking: ...``, a ``{"score": 5}`` object), the way a policy learns
+  to talk to its judge.
+* ``judge_addressed``: at least ``judge_addressed_frac`` of this step's replies address the judge in any
+  way the detector knows (:mod:`rapo_echo.addressing`: answer syntax, words to the judge, fence or
+  chat-template markers), logged as ``judge_addressed_frac``. The judges' ``addressed`` policy already
+  makes such replies lose (``judge/addressed`` counts them); the flag says the policy keeps trying.
 
 The first step a signature fires, one warning names the step and the evidence; the flags keep being
 logged every step. After ``--resume`` the history is read back from the run's ``metrics.jsonl``.
@@ -22,24 +27,24 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.addressing import addresses_judge, imitates_answer
+
 log = logging.getLogger(__name__)
 
 PREFIX = "monitor/"
-SIGNATURES = ("length_spike", "entropy_collapse", "reward_divergence", "judge_text")
-JUDGE_TEXT = re.compile(
-    r"\b(?:score|rating|grade|verdict|ranking)\s*[:=]\s*\S|\b\d+(?:\.\d+)?\s*/\s*(?:5|7|10|100)\b", re.I
-)
+SIGNATURES = ("length_spike", "entropy_collapse", "reward_divergence", "judge_text", "judge_addressed")
 
 
 def carries_judge_text(text: str) -> bool:
-    """Whether a reply contains judge answer syntax (``Score: 5``, ``Verdict: human``, ``9/10``)."""
-    return bool(JUDGE_TEXT.search(text))
+    """Whether a reply contains judge answer syntax (``Score: 5``, ``Verdict: human``, ``9/10``, a
+    ``{"score": 5}`` object): the detector's ``answer`` findings
+    (:func:`rapo_echo.addressing.imitates_answer`)."""
+    return imitates_answer(str(text))
 
 
 def flagged_steps(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[str]]:
@@ -100,13 +105,18 @@ class RewardHackingMonitor:
             self._load(step)
         texts = [getattr(s, "text", s) for s in samples]
         if texts:
-            metrics = {**metrics, "judge_text_frac": sum(map(carries_judge_text, texts)) / len(texts)}
+            metrics = {
+                **metrics,
+                "judge_text_frac": sum(map(carries_judge_text, texts)) / len(texts),
+                "judge_addressed_frac": sum(addresses_judge(str(t)) for t in texts) / len(texts),
+            }
         self.history.append(dict(metrics))
         evidence = {
             "length_spike": self._length(),
             "entropy_collapse": self._entropy(),
             "reward_divergence": self._divergence(),
             "judge_text": self._judge_text(metrics),
+            "judge_addressed": self._judge_addressed(metrics),
         }
         out = dict(metrics)
         for name, why in evidence.items():
@@ -170,4 +180,13 @@ class RewardHackingMonitor:
         frac = metrics.get("judge_text_frac")
         if frac is not None and frac >= self.cfg.judge_text_frac:
             return f"{frac:.0%} of the replies carry judge answer syntax (e.g. 'Score: 5')"
+        return None
+
+    def _judge_addressed(self, metrics: Mapping[str, float]) -> str | None:
+        frac = metrics.get("judge_addressed_frac")
+        if frac is not None and frac >= self.cfg.judge_addressed_frac:
+            return (
+                f"{frac:.0%} of the replies address the judge (answer syntax, words to the judge, or fence "
+                "markers; judge/addressed counts what the judges did with them)"
+            )
         return None

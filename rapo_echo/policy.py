@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -17,6 +17,13 @@ from torch import nn
 from rapo_echo.autosize import CPU_ROLLOUT_BATCH
 from rapo_echo.checkpoint import read_weights
 from rapo_echo.config import ModelConfig, RolloutConfig
+from rapo_echo.distributed import (
+    full_parameters,
+    generation_view,
+    inference_engine,
+    is_zero3_partitioned,
+    register_head_parameters,
+)
 from rapo_echo.engines.hf import HFEngine, left_pad
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.logprobs import (
@@ -26,7 +33,7 @@ from rapo_echo.logprobs import (
     chunked_topk_logprobs,
     logit_transform,
 )
-from rapo_echo.models import load_model, resolve
+from rapo_echo.models import load_model, pick_device, resolve, resolve_dtype
 from rapo_echo.prompting import fit_prompt, policy_conversation
 from rapo_echo.types import Conversation, Scenario
 
@@ -136,6 +143,17 @@ def pad_left_aligned(values: Sequence[Sequence[float]], n_targets: int) -> torch
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
+class TokenScores(NamedTuple):
+    """What :class:`TokenScorer` computes for the completion tokens of a batch, left-aligned ``[B, n]``:
+    log-probs and entropies; the value head's values of the states before each token (``with_values``);
+    the log-probs at the ids asked for (``gather_ids``: ``[B, n, k]``)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None = None
+    gathered: torch.Tensor | None = None
+
+
 class ValueHead(nn.Module):
     """PPO's critic: a linear map of the policy's last hidden state to a value (it shares the trunk,
     so the value loss also trains it). Starts at zero, so every first value is 0."""
@@ -168,8 +186,10 @@ class TokenScorer(nn.Module):
 
     def check(self, probe_ids: Sequence[int]) -> float:
         """Check on a few token ids that the scorer's logits are the model's own (see
-        :func:`rapo_echo.logprobs.check_logit_transform`); returns the largest difference."""
-        return check_logit_transform(self.lm, self.transform, list(probe_ids))
+        :func:`rapo_echo.logprobs.check_logit_transform`); returns the largest difference. ZeRO-3
+        weights (partitioned as they load) are gathered for it (every rank must call it)."""
+        with full_parameters(self.lm):
+            return check_logit_transform(self.lm, self.transform, list(probe_ids))
 
     def _head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         head = self.lm.get_output_embeddings()
@@ -183,13 +203,12 @@ class TokenScorer(nn.Module):
         entropy_grad: bool = False,
         gather_ids: torch.Tensor | None = None,
         with_values: bool = False,
-    ) -> tuple[torch.Tensor, ...]:
-        """(log-probs [B, n], entropies [B, n]) of the completion tokens, left-aligned; with
-        ``gather_ids`` [B, n, k] also the log-probs at those ids (for logit distillation); with
-        ``with_values`` instead the value head's values [B, n] of the states before each token.
-        ``temperature``: one for every row, or a tensor with one per row ([B])."""
-        if with_values and (self.value_head is None or gather_ids is not None):
-            raise ValueError("with_values needs a value head and no gather_ids")
+    ) -> TokenScores:
+        """Log-probs and entropies of the completion tokens (left-aligned), with ``with_values`` the value
+        head's values and with ``gather_ids`` [B, n, k] the log-probs at those ids (for logit
+        distillation): a :class:`TokenScores`. ``temperature``: one for every row, or one per row ([B])."""
+        if with_values and self.value_head is None:
+            raise ValueError("with_values needs a value head")
         hidden = self.target_hidden(inputs)
         weight, bias = self._head()
         logp, entropy = chunked_token_logprobs(
@@ -203,21 +222,19 @@ class TokenScorer(nn.Module):
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
         )
-        if with_values:
-            assert self.value_head is not None
-            return logp, entropy, self.value_head(hidden)
-        if gather_ids is None:
-            return logp, entropy
-        gathered = chunked_gather_logprobs(
-            hidden,
-            weight,
-            gather_ids,
-            bias=bias,
-            temperature=temperature,
-            transform=self.transform,
-            chunk_size=self.chunk_size,
-        )
-        return logp, entropy, gathered
+        values = self.value_head(hidden) if with_values and self.value_head is not None else None
+        gathered = None
+        if gather_ids is not None:
+            gathered = chunked_gather_logprobs(
+                hidden,
+                weight,
+                gather_ids,
+                bias=bias,
+                temperature=temperature,
+                transform=self.transform,
+                chunk_size=self.chunk_size,
+            )
+        return TokenScores(logp, entropy, values, gathered)
 
     def target_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Hidden states [B, n, H] that predict each completion token (either layout)."""
@@ -324,7 +341,9 @@ class Policy:
         self.rollout_cfg = rollout_cfg
         self.truncations = 0  # prompts cut to fit rollout.max_prompt_tokens (see take_truncations)
         self.resolved = resolve(model_cfg.name)
-        # what a saved adapter names as its base (models.portable_name; the trainer sets it for its run)
+        # ``auto`` becomes the dtype used (bfloat16 on a CUDA GPU with it), so config.yaml records it
+        model_cfg.dtype = resolve_dtype(model_cfg.dtype, pick_device(device or model_cfg.device))
+        # what a saved adapter names as its base (models.portable_name; the Learner sets it for its run)
         self.base_name: str | None = None
         lm, tokenizer = load_model(
             self.resolved,
@@ -338,7 +357,7 @@ class Policy:
         if model_cfg.lora.enabled:
             lm = self._add_lora(lm, model_cfg)
         elif need_reference:
-            self.ref_lm = copy.deepcopy(lm).eval().requires_grad_(False)
+            self.ref_lm = self._reference_copy(lm, device or model_cfg.device)
         if model_cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if model_cfg.lora.enabled:
@@ -359,6 +378,57 @@ class Policy:
         )
         # A separate rollout engine (a vLLM copy the trainer keeps in sync), or None.
         self.rollout_engine: Any = None
+        self._rollout_engines: list[Any] = []  # the DeepSpeed engines a rollout reads (attach_deepspeed)
+        self._rollout_sized: list[Any] = []  # engines sized like the rollout (sized_like_rollout)
+
+    def sized_like_rollout(self, engine: Any) -> Any:
+        """Register an engine over the policy's weights that decodes with the rollout's rows per batch
+        (``rollout.max_batch_size``, resolved after ``prepare``, see :meth:`set_rollout_batch_size`);
+        returns it."""
+        engine.max_batch_size = self.engine.max_batch_size
+        self._rollout_sized.append(engine)
+        return engine
+
+    def set_rollout_batch_size(self, rows: int) -> None:
+        """Rows per decode batch for the policy's engine and the engines registered with
+        :meth:`sized_like_rollout`."""
+        for engine in (self.engine, *self._rollout_sized):
+            engine.max_batch_size = rows
+
+    def _reference_copy(self, lm: nn.Module, device: str) -> nn.Module:
+        """The frozen full fine-tuning reference: a copy of ``lm``, or, when ZeRO-3 partitioned ``lm`` as
+        it loaded (a deep copy of partitioned parameters is not a model), the same weights loaded again
+        (partitioned the same way)."""
+        if not is_zero3_partitioned(lm):
+            return copy.deepcopy(lm).eval().requires_grad_(False)
+        ref, _ = load_model(
+            self.resolved,
+            dtype=self.cfg.dtype,
+            device=device,
+            trust_remote_code=self.cfg.trust_remote_code,
+            attn_implementation=self.cfg.attn_implementation,
+        )
+        return ref.eval().requires_grad_(False)
+
+    def attach_deepspeed(self, accelerator: Any, wrapped: Any, roles: Sequence[Any] = ()) -> None:
+        """After ``accelerator.prepare`` wrapped the scorer (``wrapped``) in a DeepSpeed engine: under
+        ZeRO-3 the scorer's forward gathers the output head it applies (audit D2); a full fine-tuning
+        reference becomes a DeepSpeed engine of its own, sharded under ZeRO-3 (audit D4); and
+        :meth:`generation_view` learns which engines a rollout reads (the reference's too when one of
+        ``roles`` generates with it). Every rank must call it."""
+        self._rollout_engines = [wrapped]
+        register_head_parameters(self.scorer, self.lm)
+        if self.ref_scorer is not None and self.ref_lm is not None:
+            ref = inference_engine(accelerator, self.ref_scorer)
+            register_head_parameters(self.ref_scorer, self.ref_lm)
+            self.ref_scorer = ref
+            if any(getattr(r, "model", None) is self.ref_lm for r in roles):
+                self._rollout_engines.append(ref)
+
+    def generation_view(self) -> contextlib.AbstractContextManager[None]:
+        """The context a rollout runs in: under ZeRO-3 the weights it reads are gathered once and
+        DeepSpeed's hooks are off (:func:`rapo_echo.distributed.generation_view`); otherwise nothing."""
+        return generation_view(self._rollout_engines)
 
     @contextlib.contextmanager
     def training_mode(self) -> Iterator[None]:
@@ -402,6 +472,21 @@ class Policy:
     @property
     def pad_id(self) -> int:
         return self.engine.pad_id
+
+    def rollout_decode_shape(
+        self, scenarios: Sequence[Scenario], *, dialogue_prompts: bool
+    ) -> tuple[int, int]:
+        """(rows, length) of one rollout chunk's decode, the shape the trainer pins: rows = the
+        prompts of a chunk (``rollout.batch_size``, at most ``max_batch_size // group_size``) times
+        ``group_size``; length = the longest prompt (of ``scenarios``, or ``rollout.max_prompt_tokens``
+        when ``dialogue_prompts`` grow during the rollout) plus ``max_new_tokens``."""
+        r = self.rollout_cfg
+        rows = min(r.batch_size, max(1, self.engine.max_batch_size // r.group_size)) * r.group_size
+        if dialogue_prompts or not scenarios:
+            longest = r.max_prompt_tokens
+        else:
+            longest = max(len(self.prompt_ids(s)) for s in scenarios)
+        return rows, longest + r.max_new_tokens
 
     @property
     def is_lora(self) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rapo_echo.errors import ConfigError
+from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Scenario, msg
 
 # Persona inference (rapo_echo.rewards.persona) writes the inferred persona summary into a
@@ -19,7 +20,7 @@ PERSONA_NOTE = "What you can tell about the person so far (inferred from the con
 def persona_note(scenario: Scenario) -> str | None:
     """The inferred persona as a note for the policy's system prompt, when it is meant for the policy."""
     persona = scenario.meta.get(PERSONA_KEY)
-    if not scenario.meta.get(PERSONA_PROMPT_KEY) or not isinstance(persona, str) or not persona.strip():
+    if not scenario.meta.get(PERSONA_PROMPT_KEY) or not isinstance(persona, str) or is_blank(persona):
         return None
     return f"{PERSONA_NOTE}\n{persona.strip()}"
 

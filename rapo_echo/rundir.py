@@ -20,6 +20,11 @@ except ImportError:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".rapo-echo.lock"
+# Held-out validation's files in a run directory (written by the training loop's validator, read by the
+# report): one line per validated step, and the best-validated weights with their record.
+VALIDATION_FILE = "validation.jsonl"
+BEST_DIR = "best"
+BEST_FILE = "best.json"
 
 
 def check_writable(folder: str | Path, flag: str = "--output") -> Path:

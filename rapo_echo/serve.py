@@ -17,7 +17,16 @@ Structured output: ``response_format`` ``{"type": "json_schema", "json_schema": 
 :attr:`~rapo_echo.types.SamplingParams.answer_format` (:func:`answer_format_of`), which the engine enforces.
 A request may carry one of them; a JSON schema must keep to :data:`rapo_echo.structured.SCHEMA_KEYWORDS`.
 An engine that enforces nothing (``structured_output`` ``none``) answers such a request with HTTP 400, so
-that a client falls back to parsing instead of trusting an unenforced format.
+that a client falls back to parsing instead of trusting an unenforced format. A format the grammar
+compiler cannot take (an unsatisfiable or oversized schema, a regex with look-around or back-references)
+is answered 400 with the compiler's message before anything is generated; a reply whose grammar gave up
+while decoding is answered 400 (a stream ends with the finish reason ``grammar_error``), never as a normal
+stop.
+
+Limits: a request body over ``max_body_bytes`` (``--max-body-mb``) is answered 413 before it is read
+whole or tokenised. An API key in the URL's query (``?api_key=...``, any secret-named parameter, or the
+server's key as any value) is refused with 400 and masked in the request line before the access log
+writes it: keys go in the ``Authorization`` header only.
 
 fastapi and uvicorn come with the ``serve`` extra and are imported only when a server is built.
 """
@@ -36,11 +45,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import parse_qsl, urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from rapo_echo.engines.base import ChatEngine, format_enforcement
+from rapo_echo.engines.constrained import GRAMMAR_FAILED
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.scrub import MASK, SECRET_KEY, register_secret
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, Message, SamplingParams
 
@@ -51,6 +63,7 @@ SERVE_INSTALL = "pip install 'rapo-echo[serve]'"
 MAX_TOP_LOGPROBS = 20
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM uses the same floor
 UNSUPPORTED_FIELDS = ("tools", "functions", "logit_bias", "audio", "prediction")
+DEFAULT_MAX_BODY_MB = 4.0  # a whole context of a long-context model is well under 1 MB of text
 
 
 def require_serve_extra(module: str) -> Any:
@@ -76,6 +89,8 @@ def _format_from(kind: str, value: Any, name: str, where: str) -> AnswerFormat:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
+            except RecursionError:
+                raise ValueError(f"{where}: the schema is nested too deeply to read") from None
             except ValueError as exc:
                 raise ValueError(f"{where}: the schema is not JSON ({exc})") from exc
         return AnswerFormat.json_schema(value, name=name)
@@ -87,8 +102,8 @@ def _format_from(kind: str, value: Any, name: str, where: str) -> AnswerFormat:
         raise ValueError(f"{where}: a regex is a string")
     try:
         return AnswerFormat.regex(value, name=name)
-    except re.error as exc:
-        raise ValueError(f"{where}: the regex does not compile ({exc})") from exc
+    except ValueError as exc:  # it does not compile, or uses look-around or a back-reference
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def answer_format_of(fields: dict[str, Any]) -> AnswerFormat | None:
@@ -368,6 +383,12 @@ class ChatService:
                 f"structured output (response_format json_schema, structured_outputs, guided_*) is not "
                 f"supported: engine {self.engine.name!r} cannot enforce answer formats",
             )
+        check = getattr(self.engine, "check_format", None)
+        if req.answer_format is not None and callable(check):
+            try:  # compiled now (and cached): a format the compiler rejects is the request's fault
+                check(req.answer_format)
+            except ValueError as exc:
+                raise APIError(400, f"the structured-output format cannot be used: {exc}") from None
         return prompt, params
 
     def _chunk_base(self, rid: str, created: int) -> dict[str, Any]:
@@ -390,6 +411,14 @@ class ChatService:
                     )
             else:
                 gens = self.engine.generate([prompt], params)[0]  # type: ignore[list-item]
+            failed = next((g for g in gens if g.finish_reason == GRAMMAR_FAILED), None)
+            if failed is not None:
+                raise APIError(
+                    400,
+                    f"the structured-output format could not be followed: its grammar gave up after "
+                    f"{len(failed.token_ids)} tokens ({failed.error}); use a simpler schema or regex",
+                    code=GRAMMAR_FAILED,
+                )
             choices = [  # built under the lock too: it uses the tokenizer
                 {
                     "index": i,
@@ -543,11 +572,17 @@ class ChatService:
 
 # ---------------------------------------------------------------------- the app
 def create_app(
-    engine: ChatEngine, model_name: str, api_key: str | None = None, *, default_max_tokens: int = 512
+    engine: ChatEngine,
+    model_name: str,
+    api_key: str | None = None,
+    *,
+    default_max_tokens: int = 512,
+    max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
 ) -> "FastAPI":
     """A FastAPI app serving ``engine`` as ``model_name``. With ``api_key`` every ``/v1`` request
     needs ``Authorization: Bearer <api_key>`` (401 otherwise). ``default_max_tokens`` applies when a
-    request gives neither ``max_tokens`` nor ``max_completion_tokens``."""
+    request gives neither ``max_tokens`` nor ``max_completion_tokens``; a body over ``max_body_bytes`` is
+    answered 413; a key in the URL query 400 (see the module doc)."""
     fastapi = require_serve_extra("fastapi")
     from fastapi import Request
     from fastapi.exceptions import RequestValidationError
@@ -562,12 +597,46 @@ def create_app(
     )
     app.state.service = service
     expected = api_key.encode() if api_key else None
+    register_secret(api_key)  # scrubbed from every log line
+    if max_body_bytes < 1:
+        raise ConfigError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    too_large = APIError(
+        413,
+        f"the request body is larger than this server's limit of {max_body_bytes} bytes "
+        "(rapo-echo serve --max-body-mb)",
+        code="request_too_large",
+    )
+
+    def key_in_query(request: Request) -> JSONResponse | None:
+        """400 for a key in the URL query, whose value is masked in the request line first (the access
+        log reads the same request line after the answer)."""
+        query = request.scope.get("query_string") or b""
+        if not query:
+            return None
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+        named = {
+            k for k, v in pairs if SECRET_KEY.search(k) or k.lower() == "key" or (api_key and api_key in v)
+        }
+        if not named:
+            return None
+        request.scope["query_string"] = urlencode([(k, MASK if k in named else v) for k, v in pairs]).encode()
+        return error_response(
+            APIError(
+                400,
+                f"an API key does not belong in the URL (query parameter {', '.join(sorted(named))}): "
+                "URLs are logged; send it in the header 'Authorization: Bearer <key>'",
+                code="key_in_url",
+            )
+        )
 
     def error_response(err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.middleware("http")
     async def check_key(request: Request, call_next: Callable) -> Any:
+        refused = key_in_query(request)
+        if refused is not None:
+            return refused
         if expected is not None and request.url.path.startswith("/v1"):
             scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
             # the scheme is case-insensitive (RFC 9110): "bearer KEY" is as good as "Bearer KEY"
@@ -580,6 +649,9 @@ def create_app(
                         code="invalid_api_key",
                     )
                 )
+        length = request.headers.get("content-length", "")
+        if length.strip().isdigit() and int(length) > max_body_bytes:
+            return error_response(too_large)
         return await call_next(request)
 
     @app.exception_handler(APIError)
@@ -602,9 +674,19 @@ def create_app(
     async def models() -> dict[str, Any]:
         return service.models()
 
+    async def bounded_body(request: Request) -> bytes:
+        """The request body, read up to ``max_body_bytes`` (a chunked body that goes on is refused 413)."""
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise too_large
+            parts.append(chunk)
+        return b"".join(parts)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        raw = await request.body()
+        raw = await bounded_body(request)
         try:
             req = ChatCompletionRequest.model_validate_json(raw)
         except ValidationError as exc:
@@ -677,6 +759,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         default=512,
         help="reply length limit when a request sets none (default: %(default)s)",
     )
+    p.add_argument(
+        "--max-body-mb",
+        metavar="MB",
+        type=float,
+        default=DEFAULT_MAX_BODY_MB,
+        help="refuse request bodies larger than this with HTTP 413, before tokenising (default: %(default)s)",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
     return p
@@ -702,6 +791,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--device: got {args.device!r}; allowed: auto, cpu, cuda, cuda:N, mps")
     if args.default_max_tokens < 1:
         raise ConfigError(f"--default-max-tokens: got {args.default_max_tokens}; must be >= 1")
+    if not args.max_body_mb > 0:
+        raise ConfigError(f"--max-body-mb: got {args.max_body_mb}; must be > 0")
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -715,7 +806,13 @@ def run(args: argparse.Namespace) -> int:
 
     engine = HFEngine.from_spec(args.model, dtype=args.dtype, device=args.device, name="serve")
     name = args.served_name or args.model
-    app = create_app(engine, name, api_key, default_max_tokens=args.default_max_tokens)
+    app = create_app(
+        engine,
+        name,
+        api_key,
+        default_max_tokens=args.default_max_tokens,
+        max_body_bytes=max(1, int(args.max_body_mb * 2**20)),
+    )
     sock = bind_socket(args.host, args.port)
     port = sock.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host

@@ -19,7 +19,13 @@ than ignored. ``jsonschema`` (Draft 2020-12) checks on top of it: a schema must 
 from __future__ import annotations
 
 import json
+import math
 import re
+
+try:  # the parser of the re module (its name since Python 3.11)
+    import re._parser as _sre_parser
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_parse as _sre_parser  # type: ignore[no-redef]
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +53,15 @@ SCHEMA_KEYWORDS = frozenset(
 _TYPES = ("object", "string", "integer", "number", "boolean", "array")
 
 
+MAX_ENUM = 1000  # values of one enum (a longer list is a grammar no engine compiles in reasonable time)
+MAX_DEPTH = 32  # nesting of a schema
+MAX_BOUND = 2**53  # |minimum|, |maximum|: beyond it bounds are not exact as JSON numbers
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
+
+
 def check_schema(schema: Any, where: str = "schema") -> None:
-    """Raise ``ValueError`` naming the place when ``schema`` uses a keyword or type outside our subset, or
-    is not a well-formed JSON schema (``jsonschema``'s metaschema check)."""
+    """Raise ``ValueError`` naming the place when ``schema`` uses a keyword or type outside our subset
+    (:func:`_check_subset`), or is not a well-formed JSON schema (``jsonschema``'s metaschema check)."""
     _check_subset(schema, where)
     from jsonschema import Draft202012Validator, SchemaError
 
@@ -60,7 +72,14 @@ def check_schema(schema: Any, where: str = "schema") -> None:
         raise ValueError(f"{where}{path}: not a valid JSON schema: {exc.message}") from None
 
 
-def _check_subset(schema: Any, where: str) -> None:
+def _check_subset(schema: Any, where: str, depth: int = 0) -> None:
+    """Raise ``ValueError`` naming the place when ``schema`` uses a keyword or type outside our subset, or
+    holds a value no grammar can take: ``properties`` that is not an object of schemas, ``required`` that
+    is not a list of property names, an empty or non-list ``enum`` or one of more than :data:`MAX_ENUM`
+    values, bounds that are not numbers, not finite, beyond :data:`MAX_BOUND` or crossed (minimum above
+    maximum, minLength above maxLength, ...), negative lengths, or nesting deeper than :data:`MAX_DEPTH`."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{where[:60]}...: the schema is nested more than {MAX_DEPTH} levels deep")
     if not isinstance(schema, Mapping):
         raise ValueError(f"{where}: a JSON schema must be an object, got {type(schema).__name__}")
     unknown = sorted(set(schema) - SCHEMA_KEYWORDS)
@@ -71,15 +90,52 @@ def _check_subset(schema: Any, where: str) -> None:
     kind = schema.get("type")
     if kind is None and "enum" not in schema:
         raise ValueError(f"{where}: needs a 'type' (one of {_TYPES}) or an 'enum'")
-    if kind is not None and kind not in _TYPES:
+    if kind is not None and (not isinstance(kind, str) or kind not in _TYPES):
         raise ValueError(f"{where}: type {kind!r} is not one of {_TYPES}")
-    for name, sub in (schema.get("properties") or {}).items():
-        _check_subset(sub, f"{where}.properties.{name}")
-    missing = sorted(set(schema.get("required") or ()) - set(schema.get("properties") or {}))
+    if "enum" in schema:
+        enum = schema["enum"]
+        if not isinstance(enum, list) or not enum:
+            raise ValueError(f"{where}.enum: must be a non-empty list, got {str(enum)[:60]}")
+        if len(enum) > MAX_ENUM:
+            raise ValueError(f"{where}.enum: {len(enum)} values; at most {MAX_ENUM} are supported")
+    _check_bounds(schema, where)
+    props = schema.get("properties", {})
+    if not isinstance(props, Mapping):
+        raise ValueError(f"{where}.properties: must be an object of schemas, got {type(props).__name__}")
+    for name, sub in props.items():
+        _check_subset(sub, f"{where}.properties.{name}", depth + 1)
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ValueError(f"{where}.required: must be a list of property names, got {str(required)[:60]}")
+    missing = sorted(set(required) - set(props))
     if missing:
         raise ValueError(f"{where}: required field(s) {missing} have no property")
+    extra = schema.get("additionalProperties", False)
+    if not isinstance(extra, bool):
+        raise ValueError(f"{where}.additionalProperties: only true or false is supported")
+    for key in ("description", "title"):
+        if key in schema and not isinstance(schema[key], str):
+            raise ValueError(f"{where}.{key}: must be a string")
     if "items" in schema:
-        _check_subset(schema["items"], f"{where}.items")
+        _check_subset(schema["items"], f"{where}.items", depth + 1)
+
+
+def _check_bounds(schema: Mapping[str, Any], where: str) -> None:
+    for key in ("minimum", "maximum"):
+        value = schema.get(key)
+        if key in schema and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        ):
+            raise ValueError(f"{where}.{key}: must be a finite number, got {str(value)[:40]}")
+        if key in schema and abs(value) > MAX_BOUND:
+            raise ValueError(f"{where}.{key}: {value:g} is beyond +-2**53, the range of exact JSON numbers")
+    for key in _COUNTS:
+        value = schema.get(key)
+        if key in schema and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{where}.{key}: must be a non-negative integer, got {str(value)[:40]}")
+    for lo, hi in (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxItems")):
+        if lo in schema and hi in schema and schema[lo] > schema[hi]:
+            raise ValueError(f"{where}: {lo} {schema[lo]} is greater than {hi} {schema[hi]}")
 
 
 def object_schema(properties: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,23 +217,21 @@ def _subset_problem(value: Any, schema: Mapping[str, Any], where: str) -> str | 
 _FENCE = re.compile(r"^\s*```[a-zA-Z]*\s*\n?(.*?)\n?```\s*$", re.S)
 
 
-def json_object_text(text: str) -> str | None:
-    """The JSON object in a reply: the whole reply, a reply in a code fence, or the first balanced
-    ``{...}`` block (a model without constrained decoding may write a sentence around it); None if none."""
-    text = str(text).strip()
-    fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1).strip()
-    if text.startswith("{") and text.endswith("}"):
-        return text
+def json_object_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of every top-level balanced ``{...}`` block of ``text``, in order (braces inside
+    JSON strings do not count; an opening brace that never closes is skipped)."""
+    spans: list[tuple[int, int]] = []
     start = text.find("{")
     while start >= 0:
-        depth, in_string, escaped = 0, False, False
-        for end in range(start, len(text)):
-            ch = text[end]
-            if in_string:
-                escaped = not escaped and ch == "\\"
-                if ch == '"' and not escaped:
+        depth, in_string, escaped, end = 0, False, False, -1
+        for i in range(start, len(text)):
+            ch = text[i]
+            if in_string:  # a backslash escapes the next character, a quote among them
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
                     in_string = False
                 continue
             if ch == '"':
@@ -187,9 +241,67 @@ def json_object_text(text: str) -> str | None:
             elif ch == "}":
                 depth -= 1
                 if depth == 0:
-                    return text[start : end + 1]
-        start = text.find("{", start + 1)
-    return None
+                    end = i + 1
+                    break
+        if end < 0:
+            start = text.find("{", start + 1)
+            continue
+        spans.append((start, end))
+        start = text.find("{", end)
+    return spans
+
+
+def json_object_texts(text: str) -> list[str]:
+    """The JSON objects a reply may hold, in order: the whole reply (or a reply in a code fence) when it
+    is one object, else every top-level balanced ``{...}`` block (a model without constrained decoding
+    may write sentences around, or before, its answer)."""
+    text = str(text).strip()
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group(1).strip()
+    if text.startswith("{") and text.endswith("}") and [(0, len(text))] == json_object_spans(text):
+        return [text]
+    return [text[a:b] for a, b in json_object_spans(text)]
+
+
+def json_object_text(text: str) -> str | None:
+    """The first JSON object of :func:`json_object_texts`, or None if there is none."""
+    found = json_object_texts(text)
+    return found[0] if found else None
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is outside the regular expressions every engine enforces alike (it does not
+    compile, or uses look-around or a back-reference, which grammar compilers reject), else None."""
+    try:
+        parsed = _sre_parser.parse(pattern)
+    except re.error as exc:
+        return f"the regex does not compile ({exc})"
+    banned = {
+        "ASSERT": "look-around",
+        "ASSERT_NOT": "look-around",
+        "GROUPREF": "a back-reference",
+        "GROUPREF_EXISTS": "a conditional back-reference",
+    }
+
+    def walk(items: Any) -> str | None:
+        for op, arg in items:
+            name = str(op)
+            if name in banned:
+                return f"the regex uses {banned[name]}, which grammar-constrained decoding cannot enforce"
+            for sub in arg if isinstance(arg, (list, tuple)) else ():
+                if isinstance(sub, _sre_parser.SubPattern):
+                    found = walk(sub)
+                elif isinstance(sub, (list, tuple)):
+                    nested = (walk(x) for x in sub if isinstance(x, _sre_parser.SubPattern))
+                    found = next((f for f in nested if f), None)
+                else:
+                    found = None
+                if found:
+                    return found
+        return None
+
+    return walk(parsed)
 
 
 @dataclass(frozen=True)
@@ -218,7 +330,9 @@ class AnswerFormat:
                 f"than {MAX_INTEGER_VALUES} values (use a json schema with minimum / maximum)"
             )
         if self.kind == "regex":
-            re.compile(self.pattern)
+            problem = regex_problem(self.pattern)
+            if problem:
+                raise ValueError(f"answer format {self.name!r}: {problem}")
 
     # ---------------------------------------------------------------- constructors
     @classmethod
@@ -287,19 +401,21 @@ class AnswerFormat:
 
     def parse(self, text: str) -> Any | None:
         """The answer in a reply, or None when it has none: json -> the validated value (also found in a
-        code fence or inside a sentence, for engines that do not enforce the format); choice -> the label
+        code fence or inside a sentence, for engines that do not enforce the format; of several objects,
+        the last one that conforms); choice -> the label
         (a reply that starts with exactly one label also counts); integer -> the int; regex -> the matched
         text. Never raises on model output."""
         raw = str(text).strip()
-        if self.kind == "json":
-            body = json_object_text(raw)
-            if body is None:
-                return None
-            try:
-                value = json.loads(body)
-            except ValueError:
-                return None
-            return value if validate_json(value, self.schema) is None else None
+        if self.kind == "json":  # the last well-formed answer: a quote or a draft may come before it
+            schema = self.schema
+            for body in reversed(json_object_texts(raw)):
+                try:
+                    value = json.loads(body)
+                except (ValueError, RecursionError):
+                    continue
+                if validate_json(value, schema) is None:
+                    return value
+            return None
         if self.kind == "choice":
             if raw in self.choices:
                 return raw

@@ -1,8 +1,38 @@
-"""Small text measures shared by rewards and simulators (pure functions on words)."""
+"""Small text measures shared across the package (pure functions on text and words): blankness, the
+characters that show nothing, word n-gram repetition."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
+
+# characters that show nothing but are neither whitespace nor format characters: the Hangul fillers,
+# the braille blank, the combining grapheme joiner and the Khmer inherent vowels
+_SHOWS_NOTHING = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5")
+
+
+def invisible(ch: str) -> bool:
+    """Whether the character ``ch`` shows nothing and is not whitespace: a format character (zero-width
+    space, joiners, word joiner, byte-order mark, soft hyphen, bidirectional marks), a control
+    character, or one of the blank letters (Hangul fillers, braille blank)."""
+    return ch in _SHOWS_NOTHING or (unicodedata.category(ch) in ("Cf", "Cc") and not ch.isspace())
+
+
+def is_blank(text: object) -> bool:
+    """Whether ``text`` shows nothing: not a string, empty, or only whitespace (any Unicode whitespace,
+    e.g. the ideographic space U+3000) and :func:`invisible` characters (e.g. the zero-width space
+    U+200B). The one blankness check wherever a text must say something."""
+    return not isinstance(text, str) or all(ch.isspace() or invisible(ch) for ch in text)
+
+
+def visible_strip(text: str) -> str:
+    """``text`` without the whitespace and :func:`invisible` characters at its ends."""
+    start, end = 0, len(text)
+    while start < end and (text[start].isspace() or invisible(text[start])):
+        start += 1
+    while end > start and (text[end - 1].isspace() or invisible(text[end - 1])):
+        end -= 1
+    return text[start:end]
 
 
 def repeated_ngram_fraction(words: Sequence[str], n: int = 3) -> float:

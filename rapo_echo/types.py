@@ -32,7 +32,8 @@ class SamplingParams:
     ``n`` samples do so. ``stop`` strings end a reply (the text excludes them, the token ids keep
     the tokens that were sampled). ``answer_format`` (simulators and judges): the shape the reply must
     take; an engine that can constrain decoding produces only text of that shape
-    (:mod:`rapo_echo.structured`).
+    (:mod:`rapo_echo.structured`). ``top_logprobs`` asks engines that can (the ``openai`` engine) for the
+    most likely tokens at each sampled position (:attr:`Generation.top_logprobs`).
     """
 
     max_new_tokens: int = 128
@@ -43,6 +44,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     answer_format: AnswerFormat | None = None
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -53,6 +55,11 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.n < 1:
             raise ValueError(f"top_k must be >= 0 and n >= 1, got top_k={self.top_k}, n={self.n}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+
+
+FAILED = "error"  # Generation.finish_reason of a remote request that failed for good
 
 
 @dataclass
@@ -62,14 +69,20 @@ class Generation:
     ``token_ids`` are the sampled completion tokens (EOS / stop-string tokens included when they
     were sampled) and ``logprobs`` their log-probabilities under the temperature-scaled, untruncated
     distribution, the same quantity the trainer computes. Engines that cannot give them leave
-    ``token_ids`` empty and ``logprobs`` None.
+    ``token_ids`` empty and ``logprobs`` None. ``top_logprobs`` (when asked with
+    :attr:`SamplingParams.top_logprobs` and the engine gives them): per sampled token its text and the most
+    likely tokens at that position with their log-probs. ``finish_reason`` ``"error"``: a remote request that
+    failed for good (the text is empty; the item is invalid).
     """
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     prompt_ids: list[int] | None = None
-    finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length"
+    # "stop" (EOS or stop string), "length", "error" (a failed request) or "grammar_error" (see error)
+    finish_reason: str = "stop"
+    error: str | None = None  # why the engine could not finish the reply as asked (a grammar that gave up)
+    top_logprobs: list[tuple[str, list[tuple[str, float]]]] | None = None
 
 
 def last_user_message(messages: Sequence[Mapping[str, Any]]) -> str:

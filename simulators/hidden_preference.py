@@ -50,7 +50,7 @@ from typing import Any
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.reaction import Reaction
 from rapo_echo.simulators.base import UserSimulator
-from rapo_echo.text import repeated_ngram_fraction
+from rapo_echo.text import is_blank, repeated_ngram_fraction
 from rapo_echo.types import Scenario
 
 FEELING_WORDS = (
@@ -416,7 +416,7 @@ def _lines(spec: Mapping[str, Any], key: str, where: str, fallback: Sequence[str
     value = spec.get(key, list(fallback) or None)
     if isinstance(value, str):
         value = [value]
-    if not value or not all(isinstance(v, str) and v.strip() for v in value):
+    if not value or not all(isinstance(v, str) and not is_blank(v) for v in value):
         raise ConfigError(f"{where}.{key}: needs a non-empty list of non-empty lines")
     return tuple(value)
 
@@ -523,7 +523,7 @@ class HiddenPreferenceUser(UserSimulator):
 
     def react_one(self, scenario: Scenario, reply: str) -> Reaction:
         """The reaction to one reply (deterministic)."""
-        if not reply.strip():
+        if is_blank(reply):
             return Reaction(message="", emotion_delta=None, valid=False, raw="empty reply", scale=self.scale)
         fired = self.fired(reply, scenario.last_user_message(), scenario.assistant_replies())
         delta = self._delta(fired)

@@ -2,7 +2,8 @@
 
 RAPO judges replies by their consequence (docs/algorithms/rapo.md): for each (context, candidate
 reply) the simulator plays the person behind the hidden profile and returns what they say next, how
-their feelings changed and a short inner thought. Every stage is one batched engine call.
+their feelings changed and a short inner thought. Every stage is one batched engine call; on a served
+simulator the message and the emotion read go out together (one round).
 
 * Log-prob mode (the engine exposes log-probs): the next message is generated with the roles flipped
   (the simulator LLM is ``assistant`` = the person, the supporter's turns are ``user`` turns) as one
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
+from rapo_echo.engines.concurrency import calls_concurrently, together
 from rapo_echo.llm.answers import Parsed, check_logprobs_mode, generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import clean_reply, render_dialogue
 from rapo_echo.llm.fencing import Fence
@@ -256,20 +258,29 @@ class ReactionSimulator(UserSimulator):
 
     def _react_logprobs(self, pairs: Sequence[tuple[Scenario, str]]) -> list[Reaction]:
         fence = self.fence(pairs)
-        messages = generate_parsed(
-            self.engine,
-            [self.message_prompt(s, r, fence) for s, r in pairs],
-            lambda text: self.clean_message(fence.own_words(text)),
-            self._params(self.max_new_tokens, stop=PARAGRAPH_STOP),
-            max_retries=self.max_retries,
-            role="simulator",
-            answer_format=MESSAGE_FORMAT,
-        )
-        probs = read_label_probabilities(
-            self.engine,
-            [self.emotion_prompt(s, r, fence) for s, r in pairs],
-            EMOTION_LABELS,
-            role="simulator",
+
+        def write_messages() -> list[Parsed[str]]:
+            return generate_parsed(
+                self.engine,
+                [self.message_prompt(s, r, fence) for s, r in pairs],
+                lambda text: self.clean_message(fence.own_words(text)),
+                self._params(self.max_new_tokens, stop=PARAGRAPH_STOP),
+                max_retries=self.max_retries,
+                role="simulator",
+                answer_format=MESSAGE_FORMAT,
+            )
+
+        def read_emotions() -> list[dict[str, float] | None]:
+            return read_label_probabilities(
+                self.engine,
+                [self.emotion_prompt(s, r, fence) for s, r in pairs],
+                EMOTION_LABELS,
+                role="simulator",
+            )
+
+        # the message and the emotion read do not depend on each other: one round on a served simulator
+        messages, probs = together(
+            [write_messages, read_emotions], concurrent=calls_concurrently(self.engine)
         )
         deltas = [None if p is None else emotion_delta(p, self.scale) for p in probs]
         thoughts: dict[int, Parsed[str]] = {}

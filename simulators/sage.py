@@ -12,10 +12,13 @@ A user is a persona, a background (scene), a goal and a hidden intention, plus a
 
 Each call declares its answer (:mod:`rapo_echo.structured`): the analysis is a JSON object
 (:func:`analysis_format`: four bounded strings and the integer ``shift`` in -10..10) or, with the
-``logprobs`` readout, one bounded line of free analysis after which the change is read from label
-probabilities; the reply is a JSON object (:func:`reply_format`) or, with ``plain_reply``, one bounded
-line. An engine that constrains decoding can then only write a readable answer; on one that does not, the
-answer is read by :meth:`AnswerFormat.parse <rapo_echo.structured.AnswerFormat.parse>` and retried.
+``logprobs`` readout, one bounded line of free analysis and a ``Change:`` line, the change then read from
+the label probabilities right after ``Change:``: from the analysis request's own top log-probs where the
+engine returns them (a served simulator: two rounds a turn), else with one more call that continues the
+analysis line with ``Change:`` (:func:`change_probabilities`); the reply is a JSON object
+(:func:`reply_format`) or, with ``plain_reply``, one bounded line. An engine that constrains decoding can
+then only write a readable answer; on one that does not, the answer is read by
+:meth:`AnswerFormat.parse <rapo_echo.structured.AnswerFormat.parse>` and retried.
 
 A dialogue ends after ``max_turns`` supporter replies, when the user says goodbye, when the emotion
 falls below the floor (SAGE: < 10; RLVER: <= 0), and, with ``end_at_max`` (SAGE's evaluation loop),
@@ -42,15 +45,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rapo_echo.data.sage_profiles import SageProfile
-from rapo_echo.engines.base import ChatEngine, normalize_choices
+from rapo_echo.engines.base import ChatEngine
+from rapo_echo.engines.openai_engine import TOP_LOGPROBS, option_logprob
 from rapo_echo.errors import DataError
 from rapo_echo.llm.answers import generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.structured import AnswerFormat
+from rapo_echo.text import visible_strip
 from rapo_echo.types import Conversation, SamplingParams, msg
 
-PROMPT_VERSION = "rapo-echo-sage-en-2"
+PROMPT_VERSION = "rapo-echo-sage-en-3"
 EMOTION_MAX = 100.0
 # The answer's JSON keys and the SAGE field each stands for (logs and transcripts keep SAGE's names). The
 # schemas list them in the order they are to be written (a constrained engine follows the schema's order),
@@ -235,9 +241,13 @@ def _text(description: str, max_chars: int = FIELD_CHARS) -> dict[str, Any]:
 def analysis_format(*, with_shift: bool = True, max_delta: int = 10) -> AnswerFormat:
     """What the analysis call answers: a JSON object of the four reasoning strings and, ``with_shift``,
     the integer ``shift`` in ``[-max_delta, max_delta]``; without (``emotion_readout: logprobs``) one line
-    of free analysis, after which the change is read from label probabilities."""
+    of free analysis, then ``Change:`` and one of :data:`CHANGE_OPTIONS` on a line of its own (the change
+    is read from the label probabilities after ``Change:``, not from the option written)."""
     if not with_shift:
-        return AnswerFormat.regex(rf"[^\n]{{1,{ANALYSIS_CHARS}}}", name="sage_analysis_line")
+        options = "|".join(re.escape(o) for o in CHANGE_OPTIONS)
+        return AnswerFormat.regex(
+            rf"[^\n]{{1,{ANALYSIS_CHARS}}}\nChange: (?:{options})", name="sage_analysis_line"
+        )
     props: dict[str, Any] = {
         "content": _text("what the supporter means to say"),
         "fit": _text("whether the reply serves the goal and hidden intention, and what could upset"),
@@ -292,6 +302,25 @@ def analysis_line(text: str) -> str | None:
     return head or None
 
 
+def change_probabilities(
+    tops: Sequence[tuple[str, Sequence[tuple[str, float]]]] | None,
+) -> dict[str, float] | None:
+    """The probabilities of :data:`CHANGE_OPTIONS` read from an analysis's own top log-probs (per sampled
+    token its text and top list, as a served engine returns them), at the first token after the
+    ``Change:`` label; None when there are no top lists, no such label, or no option among the listed
+    tokens there (the caller then asks with one more call)."""
+    if not tops:
+        return None
+    text = ""
+    for token, top in tops:
+        m = _CHANGE_LABEL.search(text)
+        if m is not None and not text[m.end() :].strip() and token.strip():  # a space token: read the next
+            row = {o: option_logprob(top, f" {o}") for o in CHANGE_OPTIONS}
+            return usable_probabilities(row, list(CHANGE_OPTIONS))
+        text += token
+    return None
+
+
 _SPEAKER_TAG = re.compile(r"^\s*\**\s*(?:response|you|me|user|final message)\s*\**\s*[:：]\s*\**\s*", re.I)
 
 
@@ -301,7 +330,7 @@ def parse_plain_reply(text: str) -> str | None:
     text = _SPEAKER_TAG.sub("", text.strip(), count=1).split("\n\n")[0].strip()
     if re.match(r"^\s*supporter\s*[:：]", text, re.I):
         return None
-    return text.strip('"').strip("“”").strip() or None
+    return visible_strip(text.strip('"').strip("“”")) or None
 
 
 def spoken(value: Any) -> str | None:
@@ -310,7 +339,7 @@ def spoken(value: Any) -> str | None:
     text = value.get(SAY_KEY) if isinstance(value, dict) else value
     if not isinstance(text, str):
         return None
-    return text.strip().strip('"').strip("“”").strip() or None
+    return visible_strip(text.strip().strip('"').strip("“”")) or None
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -336,13 +365,15 @@ def analysis_prompt(
 ) -> Conversation:
     """Call A: how the supporter's newest reply (the last message of ``history``) lands with the
     character, ending in a signed change of the emotion (:func:`analysis_format`). ``free`` (the
-    ``logprobs`` readout) asks for one line of analysis only; the change is then read after it."""
+    ``logprobs`` readout) asks for one line of analysis and a ``Change:`` line; the change is read from the
+    label probabilities after ``Change:``."""
     if free:
         answer = (
             "Answer with one line of plain text, as the character's analyst: what the supporter means to "
             "say; whether the reply serves the character's goal and hidden intention and what in it could "
             "upset them; what goes on in the character's mind; how the character feels about this reply (a "
-            "reply that is not natural language, garbled or full of symbols, feels very bad)."
+            "reply that is not natural language, garbled or full of symbols, feels very bad). Then, on a "
+            "new line, write Change: and the change of the character's emotion, one of -10, -5, 0, +5, +10."
         )
     else:
         answer = (
@@ -510,10 +541,17 @@ class SageSimulator:
         )
         return first, again
 
-    def _ask(self, prompts: list[Conversation], fmt: AnswerFormat, parse: Any = None) -> list[Any]:
+    def _ask(
+        self, prompts: list[Conversation], fmt: AnswerFormat, parse: Any = None, *, top_logprobs: bool = False
+    ) -> list[Any]:
         """One batched call declaring ``fmt``; ``parse`` (a role check on the format's text) or the
-        format's own parser reads each answer; unparseable ones are asked again, then left None."""
+        format's own parser reads each answer; unparseable ones are asked again, then left None.
+        ``top_logprobs`` asks engines that can for each token's top log-probs
+        (:func:`change_probabilities`)."""
         first, again = self._params()
+        if top_logprobs:
+            first = replace(first, top_logprobs=TOP_LOGPROBS)
+            again = replace(again, top_logprobs=TOP_LOGPROBS)
         return generate_parsed(
             self.engine,
             prompts,
@@ -618,22 +656,32 @@ class SageSimulator:
             for d in dialogues
         ]
         fmt = analysis_format(with_shift=not free)
-        results = self._ask(prompts, fmt, analysis_line if free else None)
+        results = self._ask(prompts, fmt, analysis_line if free else None, top_logprobs=free)
         for d, r in zip(dialogues, results):
             d.log[-1]["analysis"] = analysis_fields(r.value)
             d.log[-1]["raw_analysis"] = r.raw
+            if r.failed:
+                d.log[-1]["failed"] = "analysis request"
         if not free:
             return [None if r.value is None else float(r.value[SHIFT_KEY]) for r in results]
         deltas: list[float | None] = [None] * len(results)
-        ready = [i for i, r in enumerate(results) if r.value is not None]
-        if ready:
+        read: dict[int, dict[str, float] | None] = {}
+        for i, r in enumerate(results):
+            if r.value is not None:
+                read[i] = change_probabilities(r.top_logprobs)
+        ask = [i for i, probs in read.items() if probs is None]
+        if ask:  # no usable top lists in the analysis: continue it with "Change:" in one more call
             # "Change:" then " +5": the options carry the space, as the text "Change: +5" tokenises
-            continued = [[*prompts[i], msg("assistant", f"{results[i].value}\nChange:")] for i in ready]
+            continued = [[*prompts[i], msg("assistant", f"{results[i].value}\nChange:")] for i in ask]
             options = [f" {o}" for o in CHANGE_OPTIONS]
-            for i, lp in zip(ready, self.engine.choice_logprobs(continued, options)):
-                probs = {o.strip(): p for o, p in normalize_choices(lp).items()}
+            for i, lp in zip(ask, self.engine.choice_logprobs(continued, options)):
+                probs = usable_probabilities(lp, options)
+                read[i] = None if probs is None else {o.strip(): p for o, p in probs.items()}
+        for i, probs in read.items():
+            if probs is not None:
                 deltas[i] = sum(CHANGE_OPTIONS[o] * p for o, p in probs.items())
                 dialogues[i].log[-1]["change_probs"] = probs
+                dialogues[i].log[-1]["change_read"] = "separate call" if i in ask else "analysis"
         return deltas
 
     def _speak(self, dialogues: list[SageDialogue]) -> None:

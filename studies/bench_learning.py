@@ -145,10 +145,10 @@ def metric_per_step(rows: Sequence[dict[str, Any]], key: str) -> list[float | No
 
 def train_one(cfg: RunConfig) -> float:
     """Train one run in this process; returns its wall seconds."""
-    from rapo_echo.trainer import Trainer
+    from rapo_echo.algorithms.learner import Learner
 
     t0 = time.perf_counter()
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     trainer.train()
     del trainer
     gc.collect()

@@ -264,7 +264,7 @@ class EpmJudge:
                     row = rows[c * len(questions) + j]
                     try:
                         p = normalize_choices({o: row[o] for o in options[: len(allowed)]})
-                    except CapabilityError:
+                    except (CapabilityError, KeyError):  # no option scored, or the request failed
                         break
                     best = max(range(len(allowed)), key=lambda i: p[options[i]])
                     levels[key] = allowed[best]

@@ -57,7 +57,7 @@ from rapo_echo.benchmarks.epm.vectors import (
     thresholds,
     verdict,
 )
-from rapo_echo.engines.base import generate_texts
+from rapo_echo.engines.base import reply_texts
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.labels import judge_labels
 from rapo_echo.prompting import policy_conversation
@@ -168,15 +168,20 @@ class Epm:
             active = [e for e in episodes if e.end is None]
             if not active:
                 break
-            self._user_turn(active, roles, settings, rng)
-            replies = generate_texts(
+            self._user_turn(active, roles, settings, rng, cfg, emit)
+            active = [e for e in active if e.end is None]
+            replies = reply_texts(
                 roles.policy,
                 [self._policy_prompt(e, settings) for e in active],
                 settings.policy_params(),
             )
             for e, reply in zip(active, replies):
+                if reply is None:
+                    self._fail(e, f"policy request failed at turn {turn}", cfg, emit)
+                    continue
                 e.turns.append((COMPANION, reply.strip()))
                 e.log.append({"turn": turn})
+            active = [e for e in active if e.end is None]
             if turn % cfg.eval_interval == 0:
                 self._evaluate(active, judge, turn, cfg, emit)
             going = [e for e in active if e.end is None]
@@ -206,13 +211,27 @@ class Epm:
             e.points = [start_point(p0, e.th, cfg)]
 
     def _user_turn(
-        self, active: list[_Episode], roles: Roles, settings: EvalSettings, rng: random.Random
+        self,
+        active: list[_Episode],
+        roles: Roles,
+        settings: EvalSettings,
+        rng: random.Random,
+        cfg: EpmConfig,
+        emit: Emit,
     ) -> None:
         assert roles.simulator is not None
         prompts = [user_prompt(e.card, e.turns, e.note, rng=rng) for e in active]
-        for e, text in zip(active, generate_texts(roles.simulator, prompts, settings.simulator_params())):
+        for e, text in zip(active, reply_texts(roles.simulator, prompts, settings.simulator_params())):
+            if text is None:
+                self._fail(e, "user request failed", cfg, emit)
+                continue
             e.turns.append((USER, clean_user_reply(text, e.card.name) or "..."))
             e.note = None
+
+    def _fail(self, e: _Episode, why: str, cfg: EpmConfig, emit: Emit) -> None:
+        """End a case whose request failed for good: invalid, counted."""
+        e.end = f"invalid: {why}"
+        emit(self._record(e, cfg, valid=False))
 
     @staticmethod
     def _policy_prompt(e: _Episode, settings: EvalSettings):

@@ -2,12 +2,15 @@
 
 Per case the seeker opens with the case's situation. Each turn: the policy replies (one batched call
 over all active cases), the seeker simulator answers (one call), the critic judges the seeker's state
-(one call): worse -1, same -0.5, better 0.5, solved 1. With log-probs the turn's reward is the
+(one call): worse -1, same -0.5, better 0.5, solved 1. The cases advance together
+(:func:`~rapo_echo.llm.turns.advance_together`): with a served seeker and critic each case's two calls are in
+flight while the policy answers the cases that are back. With log-probs the turn's reward is the
 expectation of that value under the critic's label probabilities -- what PPDPP's mean over 10 sampled
 critic answers estimates; without, the parsed label's value. The case succeeds at the first turn whose
 reward exceeds 0.5; after ``max_turns`` (default 8) it fails. Reported: success rate (SR) and average
 turns (AT; a failed case counts ``max_turns``), over valid cases. A critic reply that stays unparseable
-after the retries ends the case as invalid: counted, excluded from SR and AT. The critic's call declares
+after the retries, or a request that fails for good, ends the case as invalid: counted, excluded from
+SR and AT. The critic's call declares
 its answer, one of the four labels (:data:`CRITIC_FORMAT`), which an engine with structured output
 enforces; label probabilities (one forward) are read instead where the engine has log-probs.
 """
@@ -31,11 +34,13 @@ from rapo_echo.benchmarks.esconv.seeker import (
     seeker_prompt,
     supporter_prompt,
 )
-from rapo_echo.engines.base import generate_texts
+from rapo_echo.engines.base import reply_texts
+from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.dialogue import clean_reply
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import judge_labels
+from rapo_echo.llm.turns import advance_together
 from rapo_echo.structured import AnswerFormat
 
 DEFAULT_MAX_TURNS = 8
@@ -71,6 +76,7 @@ class _Episode:
     fence: Fence
     rewards: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
+    outcome: dict[str, Any] = field(default_factory=dict)  # the record's valid / success / turns once done
 
 
 class EsconvInteractive:
@@ -96,51 +102,78 @@ class EsconvInteractive:
             _Episode(c, c.data, [(SEEKER, c.data.profile.situation)], case_fence(c.id, settings.seed))
             for c in cases
         ]
-        for turn in range(1, max_turns + 1):
-            active = [e for e in episodes if not e.done]
-            if not active:
-                break
-            replies = generate_texts(
-                roles.policy,
-                [supporter_prompt(settings.system_prompt, e.turns) for e in active],
-                settings.policy_params(),
+
+        def policy(batch: list[_Episode]) -> None:
+            prompts = [supporter_prompt(settings.system_prompt, e.turns) for e in batch]
+            for e, reply in zip(batch, reply_texts(roles.policy, prompts, settings.policy_params())):
+                if reply is None:
+                    self._fail(e, "policy request failed")
+                else:
+                    e.turns.append((SUPPORTER, reply.strip()))
+
+        def seeker_and_critic(batch: list[_Episode]) -> None:
+            going = [e for e in batch if not e.done]
+            prompts = [seeker_prompt(e.conv.profile, e.turns, e.fence) for e in going]
+            answered = []
+            for e, answer in zip(going, reply_texts(roles.simulator, prompts, settings.simulator_params())):
+                if answer is None:
+                    self._fail(e, "seeker request failed")
+                else:
+                    e.turns.append((SEEKER, clean_reply(answer)))
+                    answered.append(e)
+            if answered:
+                self._judge(answered, roles, settings, max_turns)
+
+        def ended(batch: list[_Episode]) -> None:
+            for e in batch:
+                emit(self._record(e, **e.outcome))
+
+        advance_together(
+            episodes,
+            policy,
+            seeker_and_critic,
+            done=lambda e: e.done,
+            on_end=ended,
+            overlap=calls_concurrently(roles.simulator, roles.judge),
+        )
+
+    def _judge(self, active: list[_Episode], roles: Roles, settings: EvalSettings, max_turns: int) -> None:
+        """The critic's verdict on each case's newest turn; a case ends at success, at ``max_turns`` or
+        when the verdict stays unparseable (invalid)."""
+        verdicts = judge_labels(
+            roles.judge,
+            [critic_prompt(e.conv.profile, e.turns, e.fence) for e in active],
+            CRITIC_LABELS,
+            [partial(_own_verdict, fence=e.fence) for e in active],
+            replace(settings.judge_params(), answer_format=CRITIC_FORMAT),
+            retries=settings.judge_retries,
+            logprobs=settings.judge_logprobs,
+        )
+        for e, v in zip(active, verdicts):
+            turn = sum(who == SUPPORTER for who, _ in e.turns)
+            e.rewards.append(
+                {
+                    "turn": turn,
+                    "reward": v.value,
+                    "label": v.label,
+                    "probs": v.probs,
+                    "raw": v.raw,
+                    "attempts": v.attempts,
+                    "mode": v.mode,
+                }
             )
-            for e, reply in zip(active, replies):
-                e.turns.append((SUPPORTER, reply.strip()))
-            answers = generate_texts(
-                roles.simulator,
-                [seeker_prompt(e.conv.profile, e.turns, e.fence) for e in active],
-                settings.simulator_params(),
-            )
-            for e, answer in zip(active, answers):
-                e.turns.append((SEEKER, clean_reply(answer)))
-            verdicts = judge_labels(
-                roles.judge,
-                [critic_prompt(e.conv.profile, e.turns, e.fence) for e in active],
-                CRITIC_LABELS,
-                [partial(_own_verdict, fence=e.fence) for e in active],
-                replace(settings.judge_params(), answer_format=CRITIC_FORMAT),
-                retries=settings.judge_retries,
-                logprobs=settings.judge_logprobs,
-            )
-            for e, v in zip(active, verdicts):
-                e.rewards.append(
-                    {
-                        "turn": turn,
-                        "reward": v.value,
-                        "label": v.label,
-                        "probs": v.probs,
-                        "raw": v.raw,
-                        "attempts": v.attempts,
-                        "mode": v.mode,
-                    }
-                )
-                if v.value is None:
-                    e.done = True
-                    emit(self._record(e, valid=False, success=False, turns=turn))
-                elif v.value > SUCCESS_THRESHOLD or turn == max_turns:
-                    e.done = True
-                    emit(self._record(e, valid=True, success=v.value > SUCCESS_THRESHOLD, turns=turn))
+            if v.value is None:
+                e.done, e.outcome = True, {"valid": False, "success": False, "turns": turn}
+            elif v.value > SUCCESS_THRESHOLD or turn == max_turns:
+                success = v.value > SUCCESS_THRESHOLD
+                e.done, e.outcome = True, {"valid": True, "success": success, "turns": turn}
+
+    @staticmethod
+    def _fail(e: _Episode, why: str) -> None:
+        """End a case whose request failed for good: invalid, counted."""
+        turn = sum(who == SUPPORTER for who, _ in e.turns)
+        e.rewards.append({"turn": turn, "reward": None, "error": why})
+        e.done, e.outcome = True, {"valid": False, "success": False, "turns": turn}
 
     def _record(self, e: _Episode, *, valid: bool, success: bool, turns: int) -> Record:
         transcript = [{"role": who, "content": text} for who, text in e.turns]

@@ -4,7 +4,8 @@ help-seekers' own in-dialogue ratings (ESConv feedback, 1-5)?
 A case is one rated point (:mod:`.points`). Every predictor (:mod:`.predictors`) sees each of the
 point's supporter turns in its real context, never the rating; the point's prediction is the mean
 over its turns of the predictions that exist (a turn without one is counted in ``invalid_turns``; a
-point with none is *missing*, counted per predictor). The summary (:func:`summarize_points`) holds per
+point with none is *missing*, counted per predictor). The predictors run together on served engines (they
+do not depend on each other). The summary (:func:`summarize_points`) holds per
 predictor Spearman and Kendall tau-b over all points, within-dialogue pairwise agreement, the
 dialogue-level agreement with the survey's emotion-intensity change, and for simulated users on an
 engine that scores given text the per-token log-likelihood of the real next seeker message with and
@@ -13,22 +14,29 @@ without the role prompt; each with a percentile bootstrap interval over dialogue
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
+
+import numpy as np
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles
 from rapo_echo.benchmarks.fidelity.points import RatedPoint, load_points, point_data
 from rapo_echo.benchmarks.fidelity.predictors import BASELINES, Predictor, build_predictors
 from rapo_echo.benchmarks.fidelity.stats import (
     TIE_CREDIT,
+    RankedPoints,
     bootstrap_ci,
-    kendall_tau_b,
+    dot,
     pair_counts,
-    spearman,
 )
+from rapo_echo.engines.concurrency import calls_concurrently, together
 from rapo_echo.errors import ConfigError
 
+log = logging.getLogger(__name__)
 PROTOCOL_VERSION = "rapo-echo-fidelity-1"
 N_BOOT = 1000
 RATINGS = (1, 2, 3, 4, 5)
@@ -91,9 +99,17 @@ class Fidelity:
             return
         items = [i for p in live for i in p.items]
         per_point: dict[str, dict[str, Any]] = {p.id: {} for p in live}
-        for predictor in self.predictors(roles, settings):
+        predictors = self.predictors(roles, settings)
+
+        def run(predictor: Predictor) -> tuple[list[Any], list[Any] | None]:
             predictions = predictor.predict(items)
-            likelihoods = predictor.likelihood(items) if predictor.kind == "user" else None
+            return predictions, predictor.likelihood(items) if predictor.kind == "user" else None
+
+        # the predictors do not depend on each other: on served engines they all go out at once
+        outputs = together(
+            [partial(run, p) for p in predictors], concurrent=calls_concurrently(roles.simulator, roles.judge)
+        )
+        for predictor, (predictions, likelihoods) in zip(predictors, outputs):
             at = 0
             for p in live:
                 n = len(p.items)
@@ -129,13 +145,10 @@ class Fidelity:
 
 
 def skip_record(p: RatedPoint) -> Record:
-    return {
-        "id": p.id,
-        "valid": False,
-        "metrics": {},
-        "transcript": [],
-        "info": {**point_data(p), "skip": p.skip},
-    }
+    info = {**point_data(p), "skip": p.skip}
+    if p.duplicate_of:
+        info["duplicate_of"] = p.duplicate_of
+    return {"id": p.id, "valid": False, "metrics": {}, "transcript": [], "info": info}
 
 
 def point_record(p: RatedPoint, predictions: dict[str, Any]) -> Record:
@@ -179,8 +192,19 @@ def summarize_points(records: Sequence[Record], *, n_boot: int = N_BOOT, seed: i
     }
     names = list(dict.fromkeys(n for r in points for n in r["info"]["predictions"]))
     best: tuple[float, str] | None = None
-    for name in names:
+    for k, name in enumerate(names, 1):
+        start = time.perf_counter()
         figures = predictor_figures(points, name, n_boot=n_boot, seed=seed)
+        log.info(
+            "fidelity: figures of %s (%d/%d): %d points of %d conversations, %d bootstrap resamples, %.1f s",
+            name,
+            k,
+            len(names),
+            figures["points"],
+            out["n_dialogues"],
+            n_boot,
+            time.perf_counter() - start,
+        )
         out.update({f"{name}/{k}": v for k, v in figures.items()})
         kind = next(
             r["info"]["predictions"][name]["kind"] for r in points if name in r["info"]["predictions"]
@@ -228,25 +252,27 @@ def predictor_figures(points: Sequence[Record], name: str, *, n_boot: int, seed:
         "invalid_turns": invalid_turns,
         "turns": turns,
     }
-
-    def pooled(idx: Sequence[int]) -> tuple[list[float], list[float]]:
-        pairs = [x for k in idx for x in by_dialogue[dialogues[k]]]
-        return [p for p, _ in pairs], [r for _, r in pairs]
+    # every point with its dialogue's index: a resample weighs each point by its dialogue's draws
+    group = np.array([k for k, d in enumerate(dialogues) for _ in by_dialogue[d]], dtype=int)
+    pred = np.array([p for d in dialogues for p, _ in by_dialogue[d]], dtype=float)
+    rating = np.array([r for d in dialogues for _, r in by_dialogue[d]], dtype=float)
 
     def with_ci(key: str, stat: Any, n: int) -> None:
-        out[key] = stat(range(n))
+        out[key] = stat(np.ones(n))
         out[f"{key}_lo"], out[f"{key}_hi"] = bootstrap_ci(n, stat, n_boot=n_boot, seed=seed)
 
-    with_ci("spearman", lambda idx: spearman(*pooled(idx)), len(dialogues))
-    with_ci("kendall", lambda idx: kendall_tau_b(*pooled(idx)), len(dialogues))
+    ranked = RankedPoints(pred, rating)
+    with_ci("spearman", lambda w: ranked.spearman(w[group]), len(dialogues))
+    with_ci("kendall", lambda w: ranked.kendall_tau_b(w[group]), len(dialogues))
     counts = [pair_counts(*zip(*by_dialogue[d])) if len(by_dialogue[d]) > 1 else (0.0, 0) for d in dialogues]
+    credit = np.array([c for c, _ in counts], dtype=float)
+    n_pairs = np.array([n for _, n in counts], dtype=float)
 
-    def agreement(idx: Sequence[int]) -> float | None:
-        credit = sum(counts[k][0] for k in idx)
-        n = sum(counts[k][1] for k in idx)
-        return credit / n if n else None
+    def agreement(w: np.ndarray) -> float | None:
+        n = dot(w, n_pairs)
+        return dot(w, credit) / n if n else None
 
-    out["pairs"] = sum(n for _, n in counts)
+    out["pairs"] = int(n_pairs.sum())
     with_ci("pairwise", agreement, len(dialogues))
     # dialogue level: the simulated trajectory (sum of a user's changes; mean score for the rest)
     level = [d for d in dialogues if d in survey]
@@ -258,25 +284,24 @@ def predictor_figures(points: Sequence[Record], name: str, *, n_boot: int, seed:
         else sum(p for p, _ in by_dialogue[d]) / len(by_dialogue[d])
         for d in level
     ]
+    change = [survey[d] for d in level]
     out["survey_dialogues"] = len(level)
-    with_ci(
-        "survey_spearman",
-        lambda idx: spearman([agg[k] for k in idx], [survey[level[k]] for k in idx]),
-        len(level),
-    )
+    by_level = RankedPoints(agg, change)
+    with_ci("survey_spearman", by_level.spearman, len(level))
     if lik:
         held = sorted(lik)
+        persona, plain, tokens = (np.array([lik[d][i] for d in held], dtype=float) for i in range(3))
 
-        def per_token(idx: Sequence[int], which: int) -> float | None:
-            tokens = sum(lik[held[k]][2] for k in idx)
-            return sum(lik[held[k]][which] for k in idx) / tokens if tokens else None
+        def per_token(w: np.ndarray, which: np.ndarray) -> float | None:
+            n = dot(w, tokens)
+            return dot(w, which) / n if n else None
 
-        def gain(idx: Sequence[int]) -> float | None:
-            a, b = per_token(idx, 0), per_token(idx, 1)
+        def gain(w: np.ndarray) -> float | None:
+            a, b = per_token(w, persona), per_token(w, plain)
             return None if a is None or b is None else a - b
 
-        out["loglik_tokens"] = int(sum(v[2] for v in lik.values()))
-        out["loglik_persona"] = per_token(range(len(held)), 0)
-        out["loglik_plain"] = per_token(range(len(held)), 1)
+        out["loglik_tokens"] = int(tokens.sum())
+        out["loglik_persona"] = per_token(np.ones(len(held)), persona)
+        out["loglik_plain"] = per_token(np.ones(len(held)), plain)
         with_ci("loglik_gain", gain, len(held))
     return out

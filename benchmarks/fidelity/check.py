@@ -7,16 +7,27 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.fidelity.bench import Fidelity
 from rapo_echo.benchmarks.fidelity.cli import ENGINE_FREE_REWARDS
 from rapo_echo.benchmarks.results import SUMMARY_FILE, write_json_atomic
-from rapo_echo.config import redacted
+from rapo_echo.config import EngineConfig, FidelityCheckConfig, ModelConfig, redacted
 
 RUN_FILE = "fidelity.json"
+# engine settings that change how requests go out, not what they answer: not part of the cache key
+REQUEST_SETTINGS = {"max_batch_size", "timeout_s", "max_retries", "max_concurrency", "max_rpm", "max_tpm"}
+
+
+class RunConfig(Protocol):
+    """What the check reads of a run's config: the check itself, the simulator's and the judge's engines,
+    and the policy model a role may share."""
+
+    fidelity: FidelityCheckConfig | None
+    simulator: EngineConfig
+    judge: EngineConfig
+    model: ModelConfig
 
 
 def check_key(cfg: RunConfig) -> dict[str, Any]:
@@ -27,7 +38,7 @@ def check_key(cfg: RunConfig) -> dict[str, Any]:
     key: dict[str, Any] = {"check": check.model_dump(exclude={"cache"})}
     for role in ("simulator", "judge"):
         engine = getattr(cfg, role)
-        key[role] = engine.model_dump(exclude={"max_batch_size", "timeout_s", "max_retries"})
+        key[role] = engine.model_dump(exclude=REQUEST_SETTINGS)
         if engine.engine == "policy":
             key[role]["policy_model"] = cfg.model.name
     return redacted(key)
@@ -64,8 +75,12 @@ def run_fidelity_check(cfg: RunConfig) -> dict[str, Any]:
         from rapo_echo.engines.hf import HFEngine
 
         policy = HFEngine.from_spec(cfg.model.name, name="fidelity-policy")
-    simulator = make_engine(cfg.simulator, policy_engine=policy, role="simulator") if check.users else None
-    judge = make_engine(cfg.judge, policy_engine=policy, role="judge") if need_judge else None
+    shared: dict[Any, Any] = {}  # one engine per endpoint for the roles that share it
+    simulator = judge = None
+    if check.users:
+        simulator = make_engine(cfg.simulator, policy_engine=policy, role="simulator", shared=shared)
+    if need_judge:
+        judge = make_engine(cfg.judge, policy_engine=policy, role="judge", shared=shared)
     settings = EvalSettings(
         max_new_tokens=check.max_new_tokens,
         simulator_temperature=0.0,

@@ -27,7 +27,10 @@ def needed_specs(args: argparse.Namespace) -> dict[str, str]:
     return specs
 
 
-def run_fidelity_command(args: argparse.Namespace, settings: EvalSettings) -> int:
+def run_fidelity_command(
+    args: argparse.Namespace, settings: EvalSettings, engine_kwargs: dict[str, Any] | None = None
+) -> int:
+    """``eval --benchmark fidelity``; ``engine_kwargs``: the engine settings of the eval flags."""
     from rapo_echo.benchmarks.runner import run_eval
     from rapo_echo.engines import engine_from_spec
     from rapo_echo.rundir import check_writable
@@ -40,7 +43,7 @@ def run_fidelity_command(args: argparse.Namespace, settings: EvalSettings) -> in
     specs = needed_specs(args)
     engines: dict[str, Any] = {}
     for spec in dict.fromkeys(specs.values()):
-        engines[spec] = engine_from_spec(spec, dtype=args.dtype, device=args.device)
+        engines[spec] = engine_from_spec(spec, **(engine_kwargs or {}))
     roles = Roles(
         policy=None,  # type: ignore[arg-type]  # fidelity has no policy
         simulator=engines.get(specs.get("simulator", "")),

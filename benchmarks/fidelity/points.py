@@ -15,11 +15,16 @@ Problems: a file in another schema or without any rating, a rating outside 1-5 o
 conversation with no utterances: a :class:`DataError` naming the file and the conversation. A
 conversation without ratings, or a rating with no supporter turn since the previous one, cannot be
 scored: it becomes a counted skip with its reason (three of FailedESConv's 196 conversations have no
-rating).
+rating). A conversation that repeats an earlier one of the file (the same turns and ratings) would be
+scored twice: its points are skips too (:data:`SKIP_DUPLICATE`, naming the first copy), with one warning
+that lists the repeats.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,8 @@ from rapo_echo.types import Scenario
 VISIBLE_PROFILE = ("emotion_type", "problem_type", "situation", "experience_type")
 SKIP_NO_RATINGS = "conversation has no in-dialogue ratings"
 SKIP_NO_TURNS = "no supporter turn since the previous rating"
+SKIP_DUPLICATE = "duplicate of an earlier conversation (same turns and ratings)"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,6 +64,7 @@ class RatedPoint:
     items: list[Item] = field(default_factory=list)
     survey: dict[str, int] = field(default_factory=dict)  # initial / final emotion intensity, when given
     skip: str | None = None
+    duplicate_of: str | None = None  # SKIP_DUPLICATE: the id of the conversation this one repeats
 
 
 def load_points(path: str | Path) -> list[RatedPoint]:
@@ -68,10 +76,39 @@ def load_points(path: str | Path) -> list[RatedPoint]:
             f"{path}: the conversations hold no in-dialogue feedback ratings (the reformatted usr/sys "
             "schema drops them); use the raw ESConv.json or FailedESConv.json"
         )
-    points = [p for d in dialogues for p in dialogue_points(d)]
+    first: dict[str, Dialogue] = {}
+    points, repeats = [], []
+    for d in dialogues:
+        key = dialogue_fingerprint(d)
+        if key in first:
+            original = first[key]
+            repeats.append(f"{d.index} (= {original.index})")
+            skip = RatedPoint(f"{d.id}-duplicate", d.id, d.index, 0, None, skip=SKIP_DUPLICATE)
+            skip.duplicate_of = original.id
+            points.append(skip)
+            continue
+        first[key] = d
+        points.extend(dialogue_points(d))
+    if repeats:
+        log.warning(
+            "%s: %d conversation(s) repeat an earlier one and are skipped, not scored twice: %s",
+            path,
+            len(repeats),
+            ", ".join(repeats[:20]) + (" ..." if len(repeats) > 20 else ""),
+        )
     if all(p.skip for p in points):
         raise DataError(f"{path}: no conversation holds an in-dialogue feedback rating to score against")
     return points
+
+
+def dialogue_fingerprint(d: Dialogue) -> str:
+    """A hash of what a conversation holds for this benchmark: its turns (role, text), their ratings and
+    its profile; two copies of one conversation have the same fingerprint wherever they sit."""
+    body = {
+        "turns": [(u.role, u.content, u.feedback) for u in d.utterances],
+        "profile": {k: v for k, v in sorted(d.profile.items())},
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def dialogue_points(d: Dialogue) -> list[RatedPoint]:

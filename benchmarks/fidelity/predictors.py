@@ -27,6 +27,7 @@ from typing import Any
 from rapo_echo.benchmarks.base import EvalSettings
 from rapo_echo.benchmarks.fidelity.points import Item
 from rapo_echo.engines.base import ChatEngine
+from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Sample
 
 BASELINES = ("random", "length", "questions")
@@ -116,7 +117,7 @@ def score_next_messages(
     score = getattr(engine, "score", None)
     if score is None:
         return None
-    todo = [k for k, i in enumerate(items) if i.next_message.strip()]
+    todo = [k for k, i in enumerate(items) if not is_blank(i.next_message)]
     out: list[Likelihood | None] = [None] * len(items)
     if not todo:
         return out

@@ -7,6 +7,12 @@ statistic undefined (one rating level left), and such resamples are dropped here
 needs a value from every resample; ours also resamples group indices with the statistic evaluated on
 each, which keeps every seeded interval the benchmark has reported.
 
+A bootstrap resample is a weight vector (how many times each dialogue was drawn), and the statistics
+have weighted forms (:class:`RankedPoints`) that equal the plain ones on the data with every point
+repeated its weight's number of times, computed with numpy over all points at once, the distinct values
+sorted once: a resample costs a few array passes, not a Python loop over points (see
+``benchmarks/perf/bench_fidelity_summary.py`` and docs/results.md).
+
 Ties: ranks of tied values are their average rank (so Spearman's rho is Pearson's r of the average
 ranks); Kendall's tau-b corrects for ties on either side; in pairwise agreement a pair the prediction
 ties counts 0.5 (half agreeing), a pair the ratings tie is not a pair. A statistic that is undefined
@@ -104,23 +110,107 @@ def pairwise_agreement(groups: Sequence[tuple[Sequence[float], Sequence[float]]]
     return credit / pairs if pairs else None
 
 
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """The dot product of two vectors, without BLAS: ``a @ b`` hands a vector of 30k to BLAS threads, which
+    on a busy machine took a thousand times longer than this loop."""
+    return float(np.einsum("i,i->", a, b))
+
+
+class RankedPoints:
+    """Points ``(x, y)`` with each side's distinct values found once, so that :meth:`spearman` and
+    :meth:`kendall_tau_b` of any weighting (a bootstrap resample: how many times each point was drawn)
+    cost a few array passes. A weighting's statistics equal the plain ones on the data with every point
+    repeated its weight's number of times (weight 0 leaves it out)."""
+
+    MAX_LEVELS = 64  # Kendall by levels of the coarser side; beyond this, on the repeated points
+
+    def __init__(self, x: Sequence[float], y: Sequence[float]) -> None:
+        self.x, self.y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        if self.x.shape != self.y.shape:
+            raise ValueError(f"RankedPoints: {len(self.x)} values against {len(self.y)}")
+        self.ux, self.ix = np.unique(self.x, return_inverse=True)
+        self.uy, self.iy = np.unique(self.y, return_inverse=True)
+
+    @staticmethod
+    def _ranks(inverse: np.ndarray, size: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(each point's average rank among the weighted points, the weight of each distinct value)."""
+        count = np.bincount(inverse, weights=w, minlength=size)
+        below = np.cumsum(count) - count
+        return (below + (count + 1) / 2)[inverse], count
+
+    def spearman(self, weights: Sequence[float]) -> float | None:
+        """Spearman's rho: the weighted Pearson r of the weighted average ranks (as :func:`spearman`)."""
+        w = np.asarray(weights, dtype=float)
+        total = float(w.sum())
+        if total < 2:
+            return None
+        ra, _ = self._ranks(self.ix, len(self.ux), w)
+        rb, _ = self._ranks(self.iy, len(self.uy), w)
+        da, db = ra - dot(w, ra) / total, rb - dot(w, rb) / total
+        sxx, syy = dot(w, da * da), dot(w, db * db)
+        if sxx <= 1e-12 or syy <= 1e-12:
+            return None
+        return max(-1.0, min(1.0, dot(w, da * db) / math.sqrt(sxx * syy)))
+
+    def kendall_tau_b(self, weights: Sequence[float]) -> float | None:
+        """Kendall's tau-b (as :func:`kendall_tau_b`): C - D counted level by level of the side with fewer
+        distinct values, with cumulative weights over the other side's sorted values."""
+        w = np.asarray(weights, dtype=float)
+        total = float(w.sum())
+        if total < 2:
+            return None
+        (ia, na), (ib, nb) = (self.ix, len(self.ux)), (self.iy, len(self.uy))
+        if na < nb:
+            (ia, na), (ib, nb) = (ib, nb), (ia, na)  # b: the side with fewer distinct values
+        if nb > self.MAX_LEVELS:
+            reps = w.astype(int)
+            return kendall_tau_b(np.repeat(self.x, reps), np.repeat(self.y, reps))
+        pairs = total * (total - 1) / 2
+        count_a = np.bincount(ia, weights=w, minlength=na)
+        count_b = np.bincount(ib, weights=w, minlength=nb)
+        tied_a, tied_b = dot(count_a, count_a - 1) / 2, dot(count_b, count_b - 1) / 2
+        denom = math.sqrt(max(pairs - tied_a, 0.0) * max(pairs - tied_b, 0.0))
+        if denom == 0:
+            return None
+        per_level = np.bincount(ib * na + ia, weights=w, minlength=nb * na).reshape(nb, na)
+        running = np.cumsum(per_level, axis=1)
+        below = running - per_level  # weight of the level's points with a smaller a
+        above = per_level.sum(axis=1, keepdims=True) - running
+        diff = np.cumsum(below - above, axis=0)  # summed over the levels up to each one
+        s = float(np.sum(per_level[1:] * diff[:-1]))
+        return s / denom
+
+
+def weighted_spearman(x: Sequence[float], y: Sequence[float], weights: Sequence[float]) -> float | None:
+    """Spearman's rho of the points ``(x, y)`` each repeated ``weights`` times (:class:`RankedPoints`)."""
+    return RankedPoints(x, y).spearman(weights)
+
+
+def weighted_kendall_tau_b(x: Sequence[float], y: Sequence[float], weights: Sequence[float]) -> float | None:
+    """Kendall's tau-b of the points ``(x, y)`` each repeated ``weights`` times (:class:`RankedPoints`)."""
+    return RankedPoints(x, y).kendall_tau_b(weights)
+
+
 def bootstrap_ci(
     n_groups: int,
-    statistic: Callable[[Sequence[int]], float | None],
+    statistic: Callable[[np.ndarray], float | None],
     *,
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
 ) -> tuple[float | None, float | None]:
-    """Percentile interval of ``statistic`` over ``n_boot`` resamples of the group indices
-    ``0..n_groups-1`` drawn with replacement (seeded: the same seed gives the same interval). Resamples
-    where the statistic is undefined are left out; None when fewer than half of them are defined."""
+    """Percentile interval of ``statistic`` over ``n_boot`` resamples of the groups ``0..n_groups-1`` drawn
+    with replacement (seeded: the same seed gives the same interval). ``statistic`` takes a resample as
+    the weight vector of the groups (how many times each was drawn; all ones is the sample itself).
+    Resamples where the statistic is undefined are left out; None when fewer than half of them are
+    defined."""
     if n_groups < 2 or n_boot < 1:
         return None, None
     rng = np.random.default_rng(seed)
     values = []
     for _ in range(n_boot):
-        value = statistic(rng.integers(0, n_groups, size=n_groups).tolist())
+        weights = np.bincount(rng.integers(0, n_groups, size=n_groups), minlength=n_groups).astype(float)
+        value = statistic(weights)
         if value is not None and math.isfinite(value):
             values.append(value)
     if len(values) < n_boot / 2:

@@ -2,7 +2,7 @@
 """Generation alone: the ``hf`` engine's decode loops against transformers' ``generate``, and on a GPU
 against the memory-bandwidth limit. One JSON line per method, then a summary line.
 
-The batch is one GRPO rollout of the benchmark workload (``bench_grpo.workload()``: 8 prompts x 4
+The batch is one GRPO rollout of the benchmark workload (``workload.workload()``: 8 prompts x 4
 samples, 48 new tokens on the shared workload; ``--workload`` picks another folder, e.g. the larger
 GPU one), sampled at the workload's temperature. Every method gets one untimed warm-up call (which
 also compiles the ``compiled`` loop), then ``--repeats`` timed calls; medians are reported.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.perf.bench_grpo import set_workload_dir, workload
+from benchmarks.perf.workload import set_workload_dir, workload
 
 
 def sync(device: str) -> None:

@@ -2,9 +2,12 @@
 emotion is the score (research notes: ``rlver.md`` sections 1 and 3).
 
 Live mode (``rapo-echo eval --benchmark sage``): each profile's dialogue opens with its ``first_talk``
-(written by the simulator when the profile has none); then, in lockstep over the batch, the policy
+(written by the simulator when the profile has none); then the dialogues advance together
+(:func:`~rapo_echo.llm.turns.advance_together`: in lockstep over the batch, or, with a served simulator,
+each dialogue's simulator calls in flight while the policy answers the dialogues that are back): the policy
 replies (one call) and the :class:`~rapo_echo.simulators.sage.SageSimulator` with the ``sage`` preset
-updates the emotion and answers (one call each). As in SAGE's released loop (``SAGE/test_npc.py``) the
+updates the emotion and answers (one call each). A policy request that fails for good (a served policy)
+makes its dialogue invalid. As in SAGE's released loop (``SAGE/test_npc.py``) the
 policy writes at most ``max_turns`` (10) replies and the simulator reacts to all but the last, so the
 final emotion comes after at most 9 reactions; a dialogue also stops when the user says goodbye, at
 emotion >= 100, or below 10. Reported: the SAGE score (mean final emotion), successes (>= 100) and
@@ -30,8 +33,10 @@ from typing import Any, ClassVar
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
 from rapo_echo.data.sage_profiles import load_profiles
-from rapo_echo.engines.base import generate_texts
+from rapo_echo.engines.base import generate_texts, reply_texts
+from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.llm.turns import advance_together
 from rapo_echo.simulators.sage import PROMPT_VERSION, SageDialogue, SageSimulator, preset
 from rapo_echo.types import Conversation, msg
 
@@ -115,22 +120,42 @@ class Sage:
         for d in dialogues:
             if d.done:
                 emit(self._record(by_id[d.id], d, last_reply=None))
-        while active := [d for d in dialogues if not d.done]:
-            replies = generate_texts(
-                roles.policy, [self._policy_prompt(settings, d) for d in active], settings.policy_params()
-            )
-            sim.step(active, [r.strip() for r in replies])
-            ended = [d for d in active if d.done]
+        replies: dict[str, str] = {}
+
+        def policy(batch: list[SageDialogue]) -> None:
+            prompts = [self._policy_prompt(settings, d) for d in batch]
+            for d, text in zip(batch, reply_texts(roles.policy, prompts, settings.policy_params())):
+                if text is None:
+                    d.log.append({"turn": d.turns + 1, "error": "policy request failed"})
+                    d.end("invalid")
+                else:
+                    replies[d.id] = text.strip()
+
+        def user(batch: list[SageDialogue]) -> None:
+            going = [d for d in batch if not d.done]
+            if going:
+                sim.step(going, [replies[d.id] for d in going])
+
+        def ended(batch: list[SageDialogue]) -> None:
             # SAGE's loop: after the simulator's last reaction the policy still answers once, unscored
-            final = [d for d in ended if d.reason == "max_turns"]
+            final = [d for d in batch if d.reason == "max_turns"]
             last: dict[str, str] = {}
             if final:
                 texts = generate_texts(
                     roles.policy, [self._policy_prompt(settings, d) for d in final], settings.policy_params()
                 )
                 last = {d.id: t.strip() for d, t in zip(final, texts)}
-            for d in ended:
+            for d in batch:
                 emit(self._record(by_id[d.id], d, last_reply=last.get(d.id)))
+
+        advance_together(
+            dialogues,
+            policy,
+            user,
+            done=lambda d: d.done,
+            on_end=ended,
+            overlap=calls_concurrently(roles.simulator),
+        )
 
     @staticmethod
     def _policy_prompt(settings: EvalSettings, d: SageDialogue) -> Conversation:

@@ -26,6 +26,7 @@ from typing import Any
 from rapo_echo.benchmarks.sotopia.agent import RELATIONSHIPS, AgentProfile, EnvironmentProfile
 from rapo_echo.errors import DataError
 from rapo_echo.jsonl import loads, read_utf8
+from rapo_echo.text import is_blank
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def _text(obj: dict[str, Any], key: str, where: str, *, required: bool = False) 
         value = ""
     if not isinstance(value, str):
         raise DataError(f"{where}: field '{key}' must be a string, got {type(value).__name__}")
-    if required and not value.strip():
+    if required and is_blank(value):
         raise DataError(f"{where}: field '{key}' is missing or empty")
     return value.strip()
 
@@ -184,7 +185,7 @@ def environment_from_json(obj: dict[str, Any], where: str) -> EnvironmentProfile
     if (
         not isinstance(goals, list)
         or len(goals) != 2
-        or not all(isinstance(g, str) and g.strip() for g in goals)
+        or not all(isinstance(g, str) and not is_blank(g) for g in goals)
     ):
         raise DataError(f"{where}: field 'agent_goals' must be a list of two non-empty strings")
     hard = obj.get("hard", False)

@@ -2,14 +2,17 @@
 
 Each scenario/agent pair gives two cases, the policy playing agent 1 and then agent 2 (sotopia's full
 protocol). Agents act in round-robin order, agent 1 first; one batched engine call per role per turn
-covers every active episode. An episode ends after ``max_turns`` actions (default 20), when an agent
-leaves, or after more than 2 consecutive ``none`` actions (sotopia's ``RuleBasedTerminatedEvaluator``).
+covers every active episode, and with a served partner its call goes out while the policy writes (the
+episodes where the policy acts and those where the partner acts do not depend on each other). An
+episode ends after ``max_turns`` actions (default 20), when an agent leaves, or after more than 2
+consecutive ``none`` actions (sotopia's ``RuleBasedTerminatedEvaluator``).
 The evaluator then scores the policy's agent on the seven SOTOPIA-Eval dimensions; overall = their mean.
 The scorer is ours (``--scorer ours``, the default: the ``judge`` role at temperature 0, one prompt per
 dimension asking for reasoning then a score under a JSON schema, :mod:`.evaluator`) or SOTOPIA's own
 evaluator (``--scorer sotopia``, :mod:`.official`, with the official package and ``--sotopia-model``);
 each record names its scorer (``info['scorer']``) and the summary counts them. An answer that stays
-unreadable after the retries makes the case invalid (counted, not scored). The summary reports every
+unreadable after the retries, or a request that fails for good, makes the case invalid (counted, not
+scored). The summary reports every
 dimension and overall over all valid cases, and goal / overall over the hard subset.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
@@ -34,7 +38,8 @@ from rapo_echo.benchmarks.sotopia.evaluator import (
     overall,
 )
 from rapo_echo.benchmarks.sotopia.profiles import SotopiaPair, load_sotopia
-from rapo_echo.engines.base import generate_texts
+from rapo_echo.engines.base import reply_texts
+from rapo_echo.engines.concurrency import calls_concurrently, together
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.llm.answers import generate_parsed
 from rapo_echo.llm.fencing import Fence
@@ -78,6 +83,7 @@ class _Episode:
     fence: Fence
     history: list[AgentTurn] = field(default_factory=list)
     end: str | None = None
+    failed: str | None = None  # a request for this episode failed for good: it is invalid
 
 
 class Sotopia:
@@ -119,27 +125,50 @@ class Sotopia:
                 break
             mine = [e for e in active if e.policy_agent == actor]
             theirs = [e for e in active if e.policy_agent != actor]
-            for group, engine, params in (
-                (mine, roles.policy, settings.policy_params()),
-                # the partner's action is declared; the policy under test is never constrained
-                (theirs, roles.simulator, replace(settings.simulator_params(), answer_format=ACTION_FORMAT)),
-            ):
-                if not group:
-                    continue
+
+            def act(
+                group: list[_Episode],
+                engine: Any,
+                params: Any,
+                role: str,
+                turn: int = turn,
+                actor: int = actor,
+            ) -> None:
                 prompts = [
                     agent_prompt(e.pair.env, e.pair.agents, actor, e.history, turn, e.fence) for e in group
                 ]
-                for e, text in zip(group, generate_texts(engine, prompts, params)):
+                for e, text in zip(group, reply_texts(engine, prompts, params)):
+                    if text is None:
+                        e.failed = f"{role} request failed"
+                        continue
                     action, strict = parse_action(e.fence.own_words(text), [a.name for a in e.pair.agents])
                     e.history.append(AgentTurn(turn, actor, action, raw=text, strict=strict))
+
+            # the partner's action is declared; the policy under test is never constrained. The two groups
+            # do not depend on each other: with a served partner its calls go out while the policy writes
+            partner = replace(settings.simulator_params(), answer_format=ACTION_FORMAT)
+            calls = [
+                partial(act, group, engine, params, role)
+                for group, engine, params, role in (
+                    (mine, roles.policy, settings.policy_params(), "policy"),
+                    (theirs, roles.simulator, partner, "partner"),
+                )
+                if group
+            ]
+            together(calls, concurrent=calls_concurrently(roles.simulator))
             finished = []
             for e in active:
-                e.end = termination(e.history, max_turns)
+                e.end = f"invalid: {e.failed}" if e.failed else termination(e.history, max_turns)
                 if e.end is not None:
                     finished.append(e)
             self._evaluate(finished, roles, settings, emit)
 
     def _evaluate(self, episodes: list[_Episode], roles: Roles, settings: EvalSettings, emit: Emit) -> None:
+        failed = [e for e in episodes if e.failed]  # a request failed for good: invalid, not scored
+        for e in failed:
+            info = {**self._info(e, {"text": ""}, 0), "scorer": settings.sotopia_scorer, "error": e.failed}
+            emit(make_record(e.case, valid=False, metrics={}, transcript=self._transcript(e), info=info))
+        episodes = [e for e in episodes if not e.failed]
         if not episodes:
             return
         if settings.sotopia_scorer == "sotopia":
@@ -166,16 +195,16 @@ class Sotopia:
         episodes: list[_Episode], roles: Roles, settings: EvalSettings
     ) -> list[tuple[dict[str, float] | None, dict[str, Any], int]]:
         """Our evaluator: per dimension one batched call over the episodes, declaring that dimension's
-        answer (its score range); an episode's scores are None when any dimension stays unreadable. The
-        raw answers are kept per dimension."""
+        answer (its score range), the dimensions together on a served judge (one round); an episode's scores
+        are None when any dimension stays unreadable. The raw answers are kept per dimension."""
         assert roles.judge is not None
-        per_dim = {}
-        for d in DIMENSIONS:
+
+        def dimension(d: str) -> Any:
             prompts = [
                 evaluator_prompt(e.pair.env, e.pair.agents, e.history, e.policy_agent, d, e.fence)
                 for e in episodes
             ]
-            per_dim[d] = generate_parsed(
+            return generate_parsed(
                 roles.judge,
                 prompts,
                 [_own_answer(d, e.fence) for e in episodes],
@@ -183,6 +212,10 @@ class Sotopia:
                 max_retries=settings.judge_retries,
                 answer_format=dimension_format(d),
             )
+
+        calls = [partial(dimension, d) for d in DIMENSIONS]
+        answered = together(calls, concurrent=calls_concurrently(roles.judge))
+        per_dim = dict(zip(DIMENSIONS, answered))
         out = []
         for k in range(len(episodes)):
             answers = {d: per_dim[d][k] for d in DIMENSIONS}

@@ -8,7 +8,7 @@ algorithm declares its own section beside its code, and the run config that comp
 
 from rapo_echo.config.base import Autocast, AutoLR, AutoSize, Dtype, LogprobMode, ScenarioFormat, Strict
 from rapo_echo.config.data import DataConfig, SelectionConfig
-from rapo_echo.config.engine import EngineConfig
+from rapo_echo.config.engine import SAMPLING_KEYS, EngineConfig, engine_settings
 from rapo_echo.config.fidelity import FidelityCheckConfig
 from rapo_echo.config.loader import ConfigTree
 from rapo_echo.config.logs import LoggingConfig
@@ -37,6 +37,7 @@ __all__ = [
     "BUILTIN_CHECKS",
     "CHECK_ENTRY_POINTS",
     "DEFAULT_SYSTEM_PROMPT",
+    "SAMPLING_KEYS",
     "SECRET_KEY",
     "AutoLR",
     "AutoSize",
@@ -68,6 +69,7 @@ __all__ = [
     "check_yaml_nodes",
     "deep_merge",
     "dump_config",
+    "engine_settings",
     "format_validation_error",
     "literal_secrets",
     "parse_override",

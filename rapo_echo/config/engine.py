@@ -17,7 +17,8 @@ class EngineConfig(Strict):
     ``engine: policy`` shares the policy's weights (no second model in memory); ``hf`` loads
     ``model``; both run their forwards under ``autocast``. ``openai`` calls ``base_url`` with the key read
     from the environment variable ``api_key_env``; ``scripted`` replies from ``script``; ``vllm`` runs
-    in-process on GPUs.
+    in-process on GPUs. How each call samples (temperature, length) is set by its caller: the
+    algorithm's own section for the simulated person, the judges' own settings (they decode greedily).
     """
 
     engine: Literal["policy", "hf", "openai", "scripted", "vllm"] = Field(
@@ -40,6 +41,24 @@ class EngineConfig(Strict):
     max_retries: int = Field(
         3, ge=0, le=20, description="`openai`: retries of a failed request, with backoff."
     )
+    max_concurrency: int = Field(
+        256,
+        ge=1,
+        le=4096,
+        description="`openai`: requests in flight at once for this endpoint, shared by every role and stage "
+        "that uses it (a vLLM server batches hundreds; lower it for a hosted API's concurrency cap).",
+    )
+    max_rpm: float | None = Field(
+        None,
+        gt=0,
+        description="`openai`: requests per minute (null: no limit), e.g. a hosted API's rate limit.",
+    )
+    max_tpm: float | None = Field(
+        None,
+        gt=0,
+        description="`openai`: tokens per minute (null: no limit); a request is charged its prompt's "
+        "characters / 4 plus `max_tokens` x n, corrected by the response's `usage`.",
+    )
     structured: Literal["auto", "json_schema", "vllm", "none"] = Field(
         "auto",
         description="`openai`: how a simulator's or judge's answer format is sent for the server to enforce. "
@@ -49,15 +68,11 @@ class EngineConfig(Strict):
         "are parsed and retried; `auto`: `vllm` for vLLM and rapo-echo servers, else `json_schema`, and "
         "`none` (one warning) once the server refuses or ignores the fields. See docs/structured-output.md.",
     )
-    temperature: float = Field(
-        0.7,
-        ge=0.0,
-        le=5.0,
-        description="Role-level sampling temperature (the algorithms' calls set their own).",
+    dtype: Dtype = Field(
+        "auto",
+        description="`hf`/`vllm`: the weights' dtype (`hf` `auto`: bfloat16 on a CUDA GPU that has it, else "
+        "float32; `vllm` `auto`: vLLM's own choice).",
     )
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Role-level nucleus sampling bound.")
-    max_new_tokens: int = Field(256, ge=1, le=32768, description="Role-level reply length bound.")
-    dtype: Dtype = Field("float32", description="`hf`/`vllm`: the weights' dtype.")
     autocast: Autocast = Field(
         "auto",
         description="`policy`/`hf`: forwards in lower precision (`auto`: bfloat16 where the hardware has it; "
@@ -66,6 +81,15 @@ class EngineConfig(Strict):
     device: str = Field("auto", description="`hf`: `auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
     trust_remote_code: bool = Field(False, description="`hf`/`vllm`: allow the model's own code.")
     max_batch_size: int = Field(64, ge=1, description="`policy`/`hf`: sequences decoded at once.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0.0, lt=1.0, description="`vllm`: share of GPU memory the role's vLLM may take."
+    )
+    vllm_max_model_len: int | None = Field(
+        None, ge=16, description="`vllm`: longest prompt + reply in tokens (unset: the model's context)."
+    )
+    vllm_tensor_parallel_size: int = Field(
+        1, ge=1, description="`vllm`: GPUs the role's model is split over."
+    )
     script: dict[str, Any] = Field(default_factory=dict, description="`scripted`: the canned replies.")
 
     @model_validator(mode="after")
@@ -76,6 +100,22 @@ class EngineConfig(Strict):
         if problem:
             raise ValueError(f"script: {problem}")
         return self
+
+
+# Keys older versions accepted in an engine section and never read: each call's sampling is its caller's.
+SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens")
+
+
+def engine_settings(spec: str) -> dict[str, Any]:
+    """The engine section a command-line SPEC names (``train``/``eval --simulator SPEC --judge SPEC``):
+    ``policy`` shares the policy's weights, an ``http(s)://`` URL is an OpenAI-compatible endpoint (its
+    default model), anything else a model spec for the ``hf`` engine (``default``, a folder, a ``.gguf``
+    file, a hub id)."""
+    if spec == "policy":
+        return {"engine": "policy"}
+    if spec.startswith(("http://", "https://")):
+        return {"engine": "openai", "base_url": spec, "model": "default"}
+    return {"engine": "hf", "model": spec}
 
 
 def script_problem(script: dict[str, Any]) -> str | None:

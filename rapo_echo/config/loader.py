@@ -51,8 +51,11 @@ class ConfigTree:
                 continue
             parts = key.split(".")
             flag = f"--{parts[-1].replace('_', '-')}"
-            set_path(self.tree, parts, value, flag)
-            self.sources[tuple(parts)] = f"flag {flag}"
+            # a section's flag (``simulator``: --simulator SPEC) sets its keys, the others stay
+            for sub, v in value.items() if isinstance(value, dict) else [(None, value)]:
+                path = [*parts, sub] if sub is not None else parts
+                set_path(self.tree, path, v, flag)
+                self.sources[tuple(path)] = f"flag {flag}"
         for text in overrides or []:
             parts, value = parse_override(text)
             set_path(self.tree, parts, value, f"--set {text}")

@@ -142,8 +142,14 @@ def did_you_mean(root: type[BaseModel], loc: tuple[str, ...]) -> str | None:
     for p in paths:
         leaves.setdefault(p.rsplit(".", 1)[-1], []).append(p)
     near = difflib.get_close_matches(name, leaves, n=1, cutoff=0.75)
-    if not near:
-        near = difflib.get_close_matches(".".join(loc), paths, n=1, cutoff=0.75)
+    if not near:  # the whole key; not a section it is written in, nor a key whose name is far from it
+        written = ".".join(loc)
+
+        def near_leaf(p: str) -> bool:
+            return difflib.SequenceMatcher(None, name, p.rsplit(".", 1)[-1]).ratio() >= 0.5
+
+        others = [p for p in paths if not written.startswith(p + ".") and near_leaf(p)]
+        near = difflib.get_close_matches(written, others, n=1, cutoff=0.75)
         return f"did you mean {near[0]}?" if near else None
     options = leaves[near[0]]
     same = [p for p in options if p.rsplit(".", 1)[0] == section] if section else []

@@ -36,7 +36,11 @@ class ModelConfig(Strict):
         description="Policy model: `default` (the embedded SmolLM2-135M), a folder, a .gguf file or a hub"
         " id.",
     )
-    dtype: Dtype = Field("float32", description="Weights' dtype (`auto`: the checkpoint's own).")
+    dtype: Dtype = Field(
+        "auto",
+        description="Weights' dtype (`auto`: bfloat16 on a CUDA GPU that has it, else float32; TF32 matmuls"
+        " for float32 on CUDA). 16-bit full fine-tuning keeps float32 master weights.",
+    )
     device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
     trust_remote_code: bool = Field(False, description="Allow the model's own code from its repository.")
     attn_implementation: str | None = Field(

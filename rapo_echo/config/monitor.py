@@ -40,3 +40,9 @@ class MonitorConfig(Strict):
         le=1.0,
         description="judge_text: at least this share of replies carry judge answer syntax.",
     )
+    judge_addressed_frac: float = Field(
+        0.1,
+        gt=0.0,
+        le=1.0,
+        description="judge_addressed: at least this share of replies address the judge (docs/judges.md).",
+    )

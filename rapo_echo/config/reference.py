@@ -17,10 +17,11 @@ from pydantic_core import PydanticUndefined
 from rapo_echo.config.messages import models_in
 
 
-def config_sections(root: type[BaseModel]) -> dict[type[BaseModel], list[str]]:
-    """Every config class under ``root``, in order of first appearance, with the key paths it sits at."""
-    found: dict[type[BaseModel], list[str]] = {root: [""]}
-    queue = [(root, "")]
+def config_sections(root: type[BaseModel], prefix: str = "") -> dict[type[BaseModel], list[str]]:
+    """Every config class under ``root`` (itself at the key path ``prefix``), in order of first
+    appearance, with the key paths it sits at."""
+    found: dict[type[BaseModel], list[str]] = {root: [prefix]}
+    queue = [(root, prefix)]
     while queue:
         model, prefix = queue.pop(0)
         for key, info in model.model_fields.items():
@@ -97,9 +98,30 @@ def _anchor(model: type[BaseModel]) -> str:
     return model.__name__.lower()
 
 
-def reference_markdown(root: type[BaseModel], overlays: dict[str, dict[str, Any]] | None = None) -> str:
-    """The reference page of ``root``; ``overlays`` (name -> defaults tree, e.g. each ``--algo``'s
-    defaults) are listed after the sections."""
+def _section_table(model: type[BaseModel], paths: list[str]) -> list[str]:
+    where = ", ".join(f"`{p}`" for p in paths if p) or "top level"
+    out = [f"## {model.__name__}", "", f"At: {where}.", ""]
+    doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
+    if doc:
+        out += [doc, ""]
+    out += ["| key | type | default | allowed | description |", "| --- | --- | --- | --- | --- |"]
+    for key, info in model.model_fields.items():
+        subs = models_in(info.annotation)
+        desc = info.description or ""
+        if subs:
+            desc += " See " + ", ".join(f"[{m.__name__}](#{_anchor(m)})" for m in subs) + "."
+        row = [f"`{key}`", _type_name(info.annotation), _default(info), _allowed(info), desc.strip()]
+        out.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    out.append("")
+    return out
+
+
+def reference_markdown(
+    root: type[BaseModel],
+    algorithms: dict[str, tuple[type[BaseModel] | None, dict[str, Any]]] | None = None,
+) -> str:
+    """The reference page of ``root`` (the sections every run has), then for each algorithm (name ->
+    its own section class or None, its defaults overlay) its section's classes and its defaults."""
     sections = config_sections(root)
     out = [
         "# Config reference",
@@ -110,25 +132,25 @@ def reference_markdown(root: type[BaseModel], overlays: dict[str, dict[str, Any]
         "One YAML file per run; `--set key.path=value` overrides any key. Precedence, lowest first: the "
         "defaults below, the algorithm's defaults (`--algo`, listed at the end), the file, the flags "
         "(`--model`, `--reward`, ...), then `--set`. Unknown keys, wrong types and out-of-range values are "
-        "errors naming the file and line.",
+        "errors naming the file and line. Every run has the sections below; an algorithm with switches of "
+        "its own adds its section at its name (`rapo:` for `--algo rapo`), and a run's config holds the "
+        "chosen algorithm's section only.",
         "",
     ]
-    for model, paths in sections.items():
-        where = ", ".join(f"`{p}`" for p in paths if p) or "top level"
-        out += [f"## {model.__name__}", "", f"At: {where}.", ""]
-        doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
-        if doc:
-            out += [doc, ""]
-        out += ["| key | type | default | allowed | description |", "| --- | --- | --- | --- | --- |"]
-        for key, info in model.model_fields.items():
-            subs = models_in(info.annotation)
-            desc = info.description or ""
-            if subs:
-                desc += " See " + ", ".join(f"[{m.__name__}](#{_anchor(m)})" for m in subs) + "."
-            row = [f"`{key}`", _type_name(info.annotation), _default(info), _allowed(info), desc.strip()]
-            out.append("| " + " | ".join(_cell(c) for c in row) + " |")
-        out.append("")
-    for name, tree in (overlays or {}).items():
-        text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=True, width=100).rstrip()
+    own: dict[str, list[type[BaseModel]]] = {}  # each algorithm's classes not listed before it
+    for name, (section, _) in (algorithms or {}).items():
+        own[name] = []
+        for model, paths in (config_sections(section, name) if section is not None else {}).items():
+            if model not in sections:
+                own[name].append(model)
+            sections.setdefault(model, [])
+            sections[model] += [p for p in paths if p not in sections[model]]
+    shared = [m for m in sections if not any(m in models for models in own.values())]
+    for model in shared:
+        out += _section_table(model, sections[model])
+    for name, (_, defaults) in (algorithms or {}).items():
+        for model in own[name]:
+            out += _section_table(model, sections[model])
+        text = yaml.safe_dump(defaults, sort_keys=False, allow_unicode=True, width=100).rstrip()
         out += [f"## Defaults of `--algo {name}`", "", "```yaml", text, "```", ""]
     return "\n".join(out).rstrip() + "\n"

@@ -14,6 +14,9 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses a higher temperature
+
+
 class RolloutConfig(Strict):
     """How the policy samples: ``batch_size`` scenarios per step, ``group_size`` replies each."""
 
@@ -43,15 +46,28 @@ class RolloutConfig(Strict):
     )
     engine: Literal["hf", "vllm"] = Field(
         "hf",
-        description="The policy's sampler: `hf` (the training model) or `vllm` (an in-process copy on the "
-        "GPU, synced after every step).",
+        description="The policy's sampler: `hf` (the training model) or `vllm` (an in-process vLLM copy, its "
+        "weights loaded from the policy after every step; temperature at most 2).",
     )
     vllm_gpu_memory_utilization: float = Field(
-        0.3, gt=0.0, lt=1.0, description="`engine: vllm`: share of GPU memory the vLLM copy may take."
+        0.3,
+        gt=0.0,
+        lt=1.0,
+        description="`engine: vllm`: share of GPU memory the vLLM copy may take (autosize sets it aside).",
+    )
+    overlap_remote: bool = Field(
+        True,
+        description="Multi-turn rollouts (RLVER) with a served simulator: the policy samples the next turn "
+        "of the dialogues whose answers are back while the others are still in flight (faster when the "
+        "server's latency varies; which dialogues share a policy batch then depends on its timing, so "
+        "sampled turns are not bit-reproducible). `false`: every turn in lockstep.",
     )
 
     @model_validator(mode="after")
     def _greedy_needs_a_group(self) -> RolloutConfig:
         if self.greedy_member and self.group_size < 2:
             raise ValueError("greedy_member needs group_size >= 2 (the greedy reply plus sampled ones)")
+        if self.engine == "vllm" and self.temperature > VLLM_MAX_TEMPERATURE:
+            most = VLLM_MAX_TEMPERATURE
+            raise ValueError(f"temperature {self.temperature:g}: vLLM (engine: vllm) takes at most {most:g}")
         return self

@@ -6,11 +6,8 @@ import os
 import re
 from typing import Any
 
-SECRET_KEY = re.compile(
-    r"(api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|token|secret|password|passwd|authorization"
-    r"|bearer|credentials?)$",
-    re.I,
-)
+from rapo_echo.scrub import SECRET_KEY, scrub
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Values that look like a credential whatever their key is called: provider key prefixes, a private key
@@ -121,7 +118,5 @@ def redacted(data: Any) -> Any:
     if isinstance(data, list):
         return [redacted(v) for v in data]
     if isinstance(data, str):
-        for name, value in os.environ.items():
-            if SECRET_KEY.search(name) and value and len(value) >= 8 and value in data:
-                data = data.replace(value, "***")
+        return scrub(data)
     return data

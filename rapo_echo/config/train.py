@@ -32,6 +32,12 @@ class TrainConfig(Strict):
         "auto",
         description="Sequences per forward/backward (`auto`: 8 on a CPU, sized from free memory on a GPU).",
     )
+    micro_batch_tokens: int = Field(
+        8192,
+        ge=1,
+        description="`micro_batch_size: auto` on a GPU: the smallest power of two of sequences holding this "
+        "many tokens (enough to keep the device busy), capped by what fits in memory.",
+    )
     max_grad_norm: float | None = Field(
         1.0, gt=0.0, description="Gradient clipping norm (None: no clipping)."
     )

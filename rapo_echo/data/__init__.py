@@ -12,7 +12,6 @@ from the first row's keys).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +36,7 @@ from rapo_echo.data.files import (
     bundled_file,
     bundled_names,
     expect_object,
+    loads_json,
     open_source,
     read_records,
     read_rows,
@@ -224,7 +224,7 @@ def _hf_conversation(row: dict[str, Any], where: str) -> dict[str, Any]:
         )
     text = row["text"]
     try:
-        conv = json.loads(text) if isinstance(text, str) else text
+        conv = loads_json(text) if isinstance(text, str) else text
         if not isinstance(conv, dict):
             raise ValueError(f"it holds {type(conv).__name__}, not an object")
     except (TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError

@@ -35,6 +35,7 @@ from typing import Any
 from rapo_echo.config import SelectionConfig
 from rapo_echo.data.files import get_str
 from rapo_echo.errors import DataError
+from rapo_echo.text import is_blank
 from rapo_echo.types import Scenario
 
 RAW_SPEAKERS = {"seeker": "user", "supporter": "assistant", "speaker": "user", "listener": "assistant"}
@@ -126,7 +127,7 @@ def esconv_dialogue(obj: dict[str, Any], *, where: str, index: int, stem: str, f
         role = RAW_SPEAKERS[speaker]
         if role == "assistant":
             feedback = None
-        if content.strip():
+        if not is_blank(content):
             utterances.append(Utterance(role, content.strip(), i, strategy, feedback))
     source = "failed_esconv" if labels & {"speaker", "listener"} else "esconv"
     return Dialogue(f"{stem}-{index}", index, source, file, profile, utterances, where)
@@ -142,7 +143,7 @@ def reformatted_dialogue(
         role = REFORMATTED_SPEAKERS[_speaker(u, i, where, REFORMATTED_SPEAKERS, path)]
         text = get_str(u, "text", where, path=f"{path}dialog[{i}].")
         strategy = get_str(u, "strategy", where, path=f"{path}dialog[{i}].", required=False)
-        if text.strip():
+        if not is_blank(text):
             utterances.append(Utterance(role, text.strip(), i, strategy))
     return Dialogue(f"{stem}-{index}", index, source, file, profile, utterances, where)
 
@@ -176,7 +177,7 @@ def _rating(value: Any, where: str, name: str) -> int | None:
         return None
     try:
         rating = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # Infinity, 1e400, NaN, a 5001-digit integer
         rating = 0
     if isinstance(value, bool) or not 1 <= rating <= 5 or (isinstance(value, float) and value != rating):
         raise DataError(f"{where}: {name}: got {value!r}; expected a rating from 1 to 5")

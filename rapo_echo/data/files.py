@@ -82,6 +82,36 @@ def bundled_names() -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(JSON_SUFFIXES))
 
 
+class LongInteger(float):
+    """An integer literal too long for Python to read (over 4300 digits), kept as +-infinity so that the
+    field's own check reports it (naming the file, record and field) instead of the JSON reader failing
+    on the whole file."""
+
+    digits: int
+
+    def __new__(cls, text: str) -> LongInteger:
+        value = super().__new__(cls, float("-inf") if text.startswith("-") else float("inf"))
+        value.digits = len(text.lstrip("-"))
+        return value
+
+    def __repr__(self) -> str:
+        return f"<a {self.digits}-digit integer>"
+
+
+def parse_int(text: str) -> int | float:
+    """A JSON integer literal: an ``int``, or a :class:`LongInteger` when Python refuses that many digits."""
+    try:
+        return int(text)
+    except ValueError:
+        return LongInteger(text)
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` that reads over-long integers as :class:`LongInteger` (and ``Infinity`` / ``1e400``
+    as infinities, as ``json`` does): a number no field accepts is that field's error, with its place."""
+    return json.loads(text, parse_int=parse_int)
+
+
 def read_rows(
     path: str | os.PathLike[str] | None,
     *,
@@ -247,7 +277,7 @@ def _read_records(src: Source, limit: int | None) -> list[Record]:
             f"this name is read as JSON or JSONL. A data source is {SOURCES_HELP}"
         )
     try:
-        return [Record(f"{src.name}:{text.count(chr(10), 0, start) + 1}", json.loads(text))]
+        return [Record(f"{src.name}:{text.count(chr(10), 0, start) + 1}", loads_json(text))]
     except json.JSONDecodeError as exc:
         # one pretty-printed object opens with a lone '{' line; anything else is read as JSONL,
         # which names the first line that does not parse
@@ -262,7 +292,7 @@ def _jsonl(src: Source, text: str, limit: int | None) -> list[Record]:
         if not line.strip():
             continue
         try:
-            out.append(Record(f"{src.name}:{lineno}", json.loads(line)))
+            out.append(Record(f"{src.name}:{lineno}", loads_json(line)))
         except json.JSONDecodeError as exc:
             raise DataError(
                 f"{src.name}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno}); "
@@ -275,7 +305,7 @@ def _jsonl(src: Source, text: str, limit: int | None) -> list[Record]:
 
 def _json_list(src: Source, text: str, start: int, limit: int | None) -> list[Record]:
     """Decode a top-level JSON list element by element to know the line each element starts on."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_int=parse_int)
     out: list[Record] = []
     line, counted = 1, 0
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from rapo_echo.data.files import BUNDLED_PREFIX, open_source, read_records
 from rapo_echo.errors import DataError
+from rapo_echo.text import is_blank
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class SageProfile:
     def __post_init__(self) -> None:
         # A first talk of only spaces or newlines would open the dialogue with an empty message: fall
         # back to a profile without one (the simulator writes the opening), and say so.
-        if self.first_talk is not None and not self.first_talk.strip():
+        if self.first_talk is not None and is_blank(self.first_talk):
             log.warning(
                 "profile %s: first_talk is only whitespace; the simulator writes the opening instead",
                 self.id or self.persona[:40],

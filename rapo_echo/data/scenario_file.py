@@ -23,6 +23,7 @@ from typing import Any
 
 from rapo_echo.data.files import Record, expect_object, get_str
 from rapo_echo.errors import DataError
+from rapo_echo.text import is_blank
 from rapo_echo.types import Message, Scenario
 
 SCENARIO_KEYS = ("id", "messages", "opening", "prompt", "profile", "reference", "completion", "meta")
@@ -81,11 +82,11 @@ def parse_scenario(record: Record, default_id: str, file: str) -> Scenario:
         reference = _completion(obj["completion"], where)
     if given == ["opening"]:
         opening = get_str(obj, "opening", where)
-        if not opening.strip():
+        if is_blank(opening):
             raise DataError(f"{where}: opening: empty; expected the user's first message")
         messages: list[Message] = [{"role": "user", "content": opening}]
     elif given == ["prompt"] and isinstance(obj["prompt"], str):
-        if not obj["prompt"].strip():
+        if is_blank(obj["prompt"]):
             raise DataError(f"{where}: prompt: empty; expected the user's message")
         messages = [{"role": "user", "content": obj["prompt"]}]
     else:
@@ -123,19 +124,19 @@ def _identifier(value: Any, where: str) -> str | None:
         return str(value)
     if not isinstance(value, str):
         raise DataError(f"{where}: id: got {type(value).__name__} {value!r}; expected a string or an integer")
-    if not value.strip():
+    if is_blank(value):
         raise DataError(f"{where}: id: empty; expected a non-empty string (or leave id out)")
     return value
 
 
 def _completion(value: Any, where: str) -> str:
     """TRL's ``completion``: a string, or one assistant message (conversational)."""
-    if isinstance(value, str) and value.strip():
+    if isinstance(value, str) and not is_blank(value):
         return value
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
         m = value[0]
         content = get_str(m, "content", where, path="completion[0].")
-        if m.get("role") == "assistant" and content.strip():
+        if m.get("role") == "assistant" and not is_blank(content):
             return content
     raise DataError(
         f"{where}: completion: expected a non-empty string or one assistant message "
@@ -160,7 +161,7 @@ def _messages(value: Any, where: str, key: str = "messages") -> list[Message]:
         if role == "system" and i > 0:
             raise DataError(f"{where}: {field}.role: a system message may only come first")
         content = get_str(m, "content", where, path=f"{field}.")
-        if not content.strip():
+        if is_blank(content):
             raise DataError(f"{where}: {field}.content: empty; expected the message text")
         out.append({"role": role, "content": content})
     return out

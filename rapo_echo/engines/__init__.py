@@ -10,13 +10,26 @@ from rapo_echo.errors import ConfigError
 if TYPE_CHECKING:
     from rapo_echo.config import EngineConfig
 
-__all__ = ["ChatEngine", "engine_from_spec", "generate_texts", "make_engine", "normalize_choices"]
+__all__ = [
+    "ChatEngine",
+    "engine_from_spec",
+    "failed_items",
+    "generate_texts",
+    "make_engine",
+    "normalize_choices",
+]
 
 
 def make_engine(
-    cfg: EngineConfig, *, policy_engine: ChatEngine | None = None, role: str = "engine"
+    cfg: EngineConfig,
+    *,
+    policy_engine: ChatEngine | None = None,
+    role: str = "engine",
+    shared: dict[Any, ChatEngine] | None = None,
 ) -> ChatEngine:
-    """Build the engine a role's config asks for. ``engine: policy`` returns ``policy_engine``."""
+    """Build the engine a role's config asks for. ``engine: policy`` returns ``policy_engine``. With
+    ``shared`` (a dict the caller keeps for its roles), roles whose ``openai`` settings are the same endpoint
+    with the same settings get one engine: one setup, one set of request limits."""
     if cfg.engine == "policy":
         if policy_engine is None:
             raise ConfigError(f"{role}.engine: 'policy' needs a policy model, and there is none here")
@@ -37,7 +50,12 @@ def make_engine(
     if cfg.engine == "openai":
         from rapo_echo.engines.openai_engine import OpenAIEngine
 
-        return OpenAIEngine(
+        key = openai_key(cfg)
+        if shared is not None and key in shared:
+            engine = shared[key]
+            engine.name = f"{engine.name.rsplit(':', 1)[0]}+{role}:openai"
+            return engine
+        engine = OpenAIEngine(
             base_url=cfg.base_url or "",
             model=None if cfg.model == "default" else cfg.model,
             api_key_env=cfg.api_key_env,
@@ -45,7 +63,13 @@ def make_engine(
             max_retries=cfg.max_retries,
             name=f"{role}:openai",
             structured=cfg.structured,
+            max_concurrency=cfg.max_concurrency,
+            max_rpm=cfg.max_rpm,
+            max_tpm=cfg.max_tpm,
         )
+        if shared is not None:
+            shared[key] = engine
+        return engine
     if cfg.engine == "scripted":
         from rapo_echo.engines.scripted import ScriptedEngine
 
@@ -54,16 +78,38 @@ def make_engine(
         from rapo_echo.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(
-            cfg.model, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code, name=f"{role}:vllm"
+            cfg.model,
+            dtype=cfg.dtype,
+            trust_remote_code=cfg.trust_remote_code,
+            name=f"{role}:vllm",
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            max_model_len=cfg.vllm_max_model_len,
+            tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         )
     raise ConfigError(f"{role}.engine: got {cfg.engine!r}; allowed: policy, hf, openai, scripted, vllm")
+
+
+def openai_key(cfg: EngineConfig) -> tuple[Any, ...]:
+    """What makes two ``openai`` role configs one engine: the endpoint (its URL as the engine completes it),
+    the model, the key's variable and every request setting."""
+    from urllib.parse import urlsplit
+
+    url = (cfg.base_url or "").strip().rstrip("/")
+    url = url if urlsplit(url).path else url + "/v1"  # as the engine completes it
+    return (url, cfg.model, cfg.api_key_env, cfg.timeout_s, cfg.max_retries, cfg.structured,
+            cfg.max_concurrency, cfg.max_rpm, cfg.max_tpm)  # fmt: skip
+
+
+def failed_items(*engines: Any) -> int:
+    """Requests the given engines (None and repeats ignored) have seen fail for good so far (``openai``
+    engines count them; others have none)."""
+    seen = {id(e): e for e in engines if e is not None}
+    return sum(int(getattr(e, "failed_items", 0) or 0) for e in seen.values())
 
 
 def engine_from_spec(spec: str, **kw: Any) -> ChatEngine:
     """An engine from a command-line spec: an ``http(s)://`` URL is an OpenAI-compatible endpoint,
     anything else a model spec (``default``, folder, ``.gguf``, hub id) for the ``hf`` engine."""
-    from rapo_echo.config import EngineConfig
+    from rapo_echo.config import EngineConfig, engine_settings
 
-    if spec.startswith(("http://", "https://")):
-        return make_engine(EngineConfig(engine="openai", base_url=spec, **kw), role="cli")
-    return make_engine(EngineConfig(engine="hf", model=spec, **kw), role="cli")
+    return make_engine(EngineConfig(**engine_settings(spec), **kw), role="cli")

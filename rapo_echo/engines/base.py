@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from rapo_echo.errors import CapabilityError
-from rapo_echo.types import Conversation, Generation, SamplingParams
+from rapo_echo.types import FAILED, Conversation, Generation, SamplingParams
 
 
 @runtime_checkable
@@ -20,7 +20,8 @@ class ChatEngine(Protocol):
 
     * ``generate``: ``n`` replies per prompt, one batched call for the whole list.
     * ``choice_logprobs``: for each prompt, the log-probability of each option string as the
-      reply's beginning. Raises :class:`CapabilityError` when the engine exposes no log-probs.
+      reply's beginning. Raises :class:`CapabilityError` when the engine exposes no log-probs. A remote
+      engine gives an empty row for a prompt whose request failed for good (the item is invalid).
     * ``stream``: yields text pieces of one reply as they are produced.
 
     An engine may say how it honours :attr:`SamplingParams.answer_format` in ``structured_output``
@@ -47,10 +48,20 @@ def format_enforcement(engine: ChatEngine) -> str:
 
 
 def generate_texts(engine: ChatEngine, prompts: Sequence[Conversation], params: SamplingParams) -> list[str]:
-    """One reply text per prompt (``params.n`` must be 1)."""
+    """One reply text per prompt (``params.n`` must be 1); a remote request that failed for good gives ``""``
+    (use :func:`reply_texts` where such an item must be told apart)."""
+    return [t or "" for t in reply_texts(engine, prompts, params)]
+
+
+def reply_texts(
+    engine: ChatEngine, prompts: Sequence[Conversation], params: SamplingParams
+) -> list[str | None]:
+    """One reply text per prompt (``params.n`` must be 1), None where the engine's request failed for good
+    (``finish_reason`` ``"error"``: the caller marks that item invalid)."""
     if params.n != 1:
         raise ValueError("generate_texts draws one reply per prompt; use engine.generate for n > 1")
-    return [gens[0].text for gens in engine.generate(prompts, params)]
+    replies = engine.generate(prompts, params)
+    return [None if gens[0].finish_reason == FAILED else gens[0].text for gens in replies]
 
 
 def normalize_choices(logprobs: dict[str, float]) -> dict[str, float]:

@@ -19,6 +19,7 @@ whole token budget on blank lines. Properties come in the order the schema lists
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,6 +29,8 @@ from rapo_echo.structured import AnswerFormat
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 PARALLEL_ROWS = 32  # rows from which masks are computed on llguidance's thread pool (one at a time below)
+MAX_TEMPLATES = 64  # compiled formats kept per engine (about 0.75 MB each), least recently used dropped
+GRAMMAR_FAILED = "grammar_error"  # the finish reason of a reply whose grammar gave up
 _BYTE_BITS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -58,15 +61,19 @@ def grammar_text(fmt: AnswerFormat) -> str:
 
 
 class GrammarCache:
-    """One engine's llguidance state: its tokenizer (one per logits width, ~0.2-1 s to build) and one
-    compiled template matcher per answer format. ``mask_seconds`` / ``mask_steps`` add up the time
-    spent computing token masks (the cost of constraining, beside the model's forward)."""
+    """One engine's llguidance state: its tokenizer (one per logits width, ~0.2-1 s to build) and the
+    compiled template matchers of the last ``max_templates`` answer formats used (a server asked for ever
+    new schemas keeps a bounded cache). ``mask_seconds`` / ``mask_steps`` add up the time spent computing
+    token masks (the cost of constraining, beside the model's forward)."""
 
-    def __init__(self, tokenizer: Any, eos_ids: Iterable[int]) -> None:
+    def __init__(self, tokenizer: Any, eos_ids: Iterable[int], max_templates: int = MAX_TEMPLATES) -> None:
+        if max_templates < 1:
+            raise ValueError(f"GrammarCache: max_templates must be >= 1, got {max_templates}")
         self.tokenizer = tokenizer
         self.eos_ids = sorted(eos_ids)
+        self.max_templates = max_templates
         self._ll: dict[tuple[int, tuple[int, ...]], Any] = {}
-        self._templates: dict[tuple[AnswerFormat, int, tuple[int, ...]], Any] = {}
+        self._templates: OrderedDict[tuple[AnswerFormat, int, tuple[int, ...]], Any] = OrderedDict()
         self.mask_seconds = 0.0
         self.mask_steps = 0
 
@@ -86,16 +93,22 @@ class GrammarCache:
         """A fresh matcher of ``fmt`` for logits ``vocab`` wide (copy it before use); ``ValueError``
         when llguidance cannot compile the format."""
         key = (fmt, vocab, tuple(self.eos_ids))
-        if key not in self._templates:
-            from llguidance import LLMatcher
+        if key in self._templates:
+            self._templates.move_to_end(key)
+            return self._templates[key]
+        from llguidance import LLMatcher
 
+        try:
             matcher = LLMatcher(self.ll_tokenizer(vocab), grammar_text(fmt), log_level=0)
-            if matcher.is_error():
-                raise ValueError(
-                    f"answer format {fmt.name!r}: llguidance cannot compile it: {matcher.get_error()}"
-                )
-            self._templates[key] = matcher
-        return self._templates[key]
+        except (ValueError, RecursionError, TypeError) as exc:  # a schema llguidance cannot even read
+            raise ValueError(f"answer format {fmt.name!r}: llguidance cannot compile it: {exc}") from None
+        if matcher.is_error():
+            why = matcher.get_error()
+            raise ValueError(f"answer format {fmt.name!r}: llguidance cannot compile it: {why}")
+        self._templates[key] = matcher
+        while len(self._templates) > self.max_templates:
+            self._templates.popitem(last=False)
+        return matcher
 
     def constraint(self, fmt: AnswerFormat, rows: int, vocab: int) -> TokenConstraint:
         """A :class:`TokenConstraint` of ``rows`` rows for logits ``vocab`` wide."""
@@ -108,8 +121,10 @@ class TokenConstraint:
 
     :meth:`allowed` gives, for some rows, the tokens each may draw next; :meth:`advance` feeds the drawn
     tokens. A row that drew EOS is finished. A row whose grammar is complete (the matcher is stopped), in
-    an error state, or with no allowed token may only draw EOS: it never crashes the draw, and an
-    incomplete answer is left for the parser to mark invalid."""
+    an error state, or with no allowed token may only draw EOS: it never crashes the draw. A row whose
+    grammar gave up (an error, e.g. llguidance's "too many expressions", or no token left that continues an
+    incomplete answer) is recorded: :meth:`failure` says why, and the engine ends that reply with the
+    finish reason :data:`GRAMMAR_FAILED`, never a normal stop."""
 
     def __init__(
         self, template: Any, rows: int, vocab: int, usable: int, eos_ids: Sequence[int], stats: Any = None
@@ -119,6 +134,7 @@ class TokenConstraint:
         self.usable = usable  # ids from here up are padding rows of the output layer
         self.eos = [e for e in eos_ids if 0 <= e < vocab]
         self.finished = [False] * rows
+        self.errors: dict[int, str] = {}
         self.stats = stats
         self._words = torch.zeros((rows, (vocab + 31) // 32), dtype=torch.int32)
 
@@ -141,6 +157,9 @@ class TokenConstraint:
         mask = unpack_bitmask(words.to(device), self.vocab)
         mask[:, self.usable :] = False
         only_eos = ~mask.any(dim=1)  # finished, complete, in error, or nothing left to draw
+        for line, r in enumerate(rows):
+            if bool(only_eos[line]) and not self.finished[r] and r not in self.errors:
+                self._check(r)
         if bool(only_eos.any()):
             eos_row = torch.zeros(self.vocab, dtype=torch.bool, device=mask.device)
             eos_row[self.eos] = True
@@ -149,6 +168,20 @@ class TokenConstraint:
             self.stats.mask_seconds += time.perf_counter() - start
             self.stats.mask_steps += 1
         return mask
+
+    def _check(self, row: int) -> None:
+        """Record why ``row``'s grammar gave up, if it did (an error, or stuck before an accepting state)."""
+        matcher = self.matchers[row]
+        if matcher.is_error():
+            self.errors[row] = str(matcher.get_error()).split("\n")[0][:300]
+        elif not matcher.is_stopped() and not matcher.is_accepting():
+            self.errors[row] = "no token continues the answer and it is not complete"
+
+    def failure(self, row: int) -> str | None:
+        """Why ``row``'s grammar gave up (None when it did not)."""
+        if row not in self.errors and self.matchers[row].is_error():
+            self._check(row)
+        return self.errors.get(row)
 
     def advance(self, rows: Sequence[int], tokens: Sequence[int]) -> None:
         """Feed each of ``rows`` the token it drew (EOS finishes the row)."""

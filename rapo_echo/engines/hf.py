@@ -22,12 +22,14 @@ from typing import Any
 import torch
 
 from rapo_echo import progress
+from rapo_echo.distributed import is_zero3_partitioned
 from rapo_echo.engines.base import split_continuation, truncate_at_stop
-from rapo_echo.engines.constrained import GrammarCache, TokenConstraint
+from rapo_echo.engines.constrained import GRAMMAR_FAILED, GrammarCache, TokenConstraint
 from rapo_echo.engines.static_decode import StaticDecoder, resolve_decode, supports_static_cache
 from rapo_echo.errors import ConfigError
 from rapo_echo.progress import label
 from rapo_echo.prompting import fit_conversation
+from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,17 @@ class _Row:
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str | None = None
+    error: str | None = None  # the answer format's grammar gave up (finish reason GRAMMAR_FAILED)
+
+
+def _mark_grammar_failures(rows: Sequence[_Row], constraint: TokenConstraint | None) -> None:
+    """End each row whose grammar gave up with :data:`GRAMMAR_FAILED` and the reason, never a normal stop."""
+    if constraint is None:
+        return
+    for r, row in enumerate(rows):
+        why = constraint.failure(r)
+        if why is not None:
+            row.finish_reason, row.error = GRAMMAR_FAILED, why
 
 
 def context_length(model: Any) -> int | None:
@@ -162,6 +175,7 @@ class HFEngine:
         self.decode_loop = decode_loop
         self.compile_backend = compile_backend
         self._static: StaticDecoder | None = None
+        self._sharded: bool | None = None  # ZeRO-3 weights (see _no_graphs), read at first use
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = self._eos_ids()
         self._grammar: GrammarCache | None = None
@@ -201,6 +215,13 @@ class HFEngine:
             self._grammar = GrammarCache(self.tokenizer, self.eos_ids)
         return self._grammar
 
+    def check_format(self, fmt: AnswerFormat) -> None:
+        """Compile ``fmt``'s grammar now (kept in :attr:`grammar`): ``ValueError`` with the compiler's
+        message when it cannot be used (a server answers that request 400 before generating)."""
+        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        width = getattr(getattr(head, "weight", None), "shape", (None,))[0]
+        self.grammar.template(fmt, int(width or self.model.config.vocab_size))
+
     def _constraint(self, params: SamplingParams, rows: int, vocab: int) -> TokenConstraint | None:
         """The grammar state of ``rows`` rows under ``params.answer_format`` (None without one)."""
         if params.answer_format is None:
@@ -210,8 +231,11 @@ class HFEngine:
     @property
     def decode_mode(self) -> str:
         """The decode loop in use: ``decode_loop`` resolved for the device; ``dynamic`` for models whose
-        cache is not a plain static one (sliding-window or hybrid attention)."""
+        cache is not a plain static one (sliding-window or hybrid attention); ``static`` instead of
+        ``compiled`` over DeepSpeed ZeRO-3 weights (see :meth:`_no_graphs`)."""
         mode = resolve_decode(self.decode_loop, self.device)
+        if mode == "compiled" and self._no_graphs():
+            mode = "static"
         if mode != "dynamic" and self._static is None:
             if not supports_static_cache(self.model):
                 return "dynamic"
@@ -219,6 +243,16 @@ class HFEngine:
                 self.model, compiled=mode == "compiled", backend=self.compile_backend
             )
         return mode
+
+    def _no_graphs(self) -> bool:
+        """Whether the weights are DeepSpeed ZeRO-3 parameters (the policy's, or a role's that shares them;
+        audit D3): they are gathered into new storage for every rollout, so CUDA graphs captured on one
+        gather would replay stale addresses, and DeepSpeed's hooks break compiled graphs. Read once."""
+        if self._sharded is None:
+            self._sharded = is_zero3_partitioned(self.model)
+            if self._sharded and self.decode_loop == "compiled":
+                log.warning("%s: 'compiled' decode over ZeRO-3 weights runs 'static' (no graphs)", self.name)
+        return self._sharded
 
     def warmup(self, prompt_tokens: int, rows: int, max_new_tokens: int) -> None:
         """Allocate (and, when compiled, compile) the decode buffers for ``rows`` sequences of
@@ -230,6 +264,17 @@ class HFEngine:
         params = SamplingParams(max_new_tokens=max(2, min(max_new_tokens, 3)), n=rows, temperature=1.0)
         own = torch.Generator(device=self.device).manual_seed(0)  # leaves the global RNG untouched
         self._decode_static([prompt], params, own, length=max(1, prompt_tokens) + max_new_tokens)
+
+    def pin_decode_shape(self, rows: int, length: int) -> bool:
+        """Fix the static decode's shape at ``rows`` x ``length`` (see
+        :meth:`~rapo_echo.engines.static_decode.StaticDecoder.pin`) and allocate (and compile) it now;
+        False, doing nothing, for the dynamic loop."""
+        if self.decode_mode == "dynamic" or rows < 1:
+            return False
+        assert self._static is not None
+        self._static.pin(rows, length)
+        self.warmup(1, rows, max(1, length - 1))
+        return True
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Conversation) -> list[int]:
@@ -317,6 +362,7 @@ class HFEngine:
             logprobs=row.logprobs,
             prompt_ids=row.prompt_ids,
             finish_reason=row.finish_reason or "length",
+            error=row.error,
         )
 
     def _mode(self) -> contextlib.AbstractContextManager:
@@ -390,6 +436,7 @@ class HFEngine:
         for row, ids, lps, stop in zip(rows, tokens, logprobs, stopped):
             row.tokens, row.logprobs = ids, lps
             row.finish_reason = "stop" if stop else None
+        _mark_grammar_failures(rows, constraint)
         return rows
 
     def _decode_steps(
@@ -445,6 +492,7 @@ class HFEngine:
                     use_cache=True,
                 )
                 logits = out.logits[:, -1]
+            _mark_grammar_failures(rows, constraint)
 
     def _hit_stop(self, tokens: Sequence[int], stop: Sequence[str], window: int) -> bool:
         tail = self.tokenizer.decode(list(tokens[-(window + 4) :]), skip_special_tokens=True)

@@ -12,12 +12,29 @@ APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, ove
   1-token probe request (a server that rejects the ``logprobs`` fields with HTTP 400/422 counts as
   False; other failures raise). Note: on Python < 3.12, ``isinstance(engine, ChatEngine)`` reads
   every protocol attribute, so it can trigger that probe.
+* Concurrency (:mod:`rapo_echo.engines.concurrency`): every request of a call is sent at once, bounded only
+  by the engine's :class:`~rapo_echo.engines.concurrency.RequestLimits`, which all calls and threads share:
+  ``max_concurrency`` requests in flight (default 256: a vLLM server batches hundreds), and optionally
+  ``max_rpm`` requests and ``max_tpm`` tokens per minute (a request is charged its prompt's characters / 4
+  plus ``max_tokens x n`` up front, corrected by the response's ``usage``). Roles may call one engine from
+  several threads (``concurrent_calls``). Setup (the model list, then the server's version and the log-prob
+  probe together) runs once, before the first request that needs it.
+* A failed request costs one item: a request that fails for good (after its retries, or at once on a 4xx
+  such as a prompt too long for the model) gives that prompt a failed answer (``finish_reason`` ``"error"``,
+  empty text; ``choice_logprobs``: an empty row, no option scored), which roles count as invalid, and the
+  call's other answers are kept; ``failed_items`` counts them. A call raises :class:`EndpointError`
+  (naming the endpoint) only when the endpoint is down: every one of its requests failed, none was
+  answered (by any call of the engine) while they were tried, and either none got an answer at all
+  (connection errors, timeouts, unreadable bodies) or a 1-token health request (one attempt) fails too. A
+  request that fails while the endpoint answers is that item's problem (a prompt too long for the model,
+  a reply the server cannot write).
 * Reliability: every request must be answered completely within ``timeout_s`` (a whole-request
   deadline, :class:`~rapo_echo.engines.deadline.Deadline`: a server that trickles bytes cannot keep it
   alive; each request opens its own connection for that; streams instead fail after ``timeout_s``
   without data); connection errors, timeouts, HTTP 429 and
-  5xx are retried ``max_retries`` times with exponential backoff and jitter (``Retry-After`` is honoured
-  up to ``max_backoff_s``); other 4xx fail at once with the server's message. Final errors are
+  5xx are retried ``max_retries`` times with exponential backoff and jitter (``Retry-After``, in seconds or
+  as an HTTP date, is honoured up to ``max_backoff_s``, and on HTTP 429 / 503 it also holds back every new
+  request of the engine until then); other 4xx fail at once with the server's message. Final errors are
   :class:`EngineError` naming the endpoint URL. The API key (read from the environment variable
   ``api_key_env``, sent as ``Authorization: Bearer``) is scrubbed from every message and never shown
   in ``repr``.
@@ -38,6 +55,7 @@ APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, ove
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import math
@@ -54,11 +72,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from rapo_echo import progress
+from rapo_echo.engines.concurrency import RequestLimits, together
 from rapo_echo.engines.deadline import Deadline
 from rapo_echo.engines.vllm_engine import version_tuple
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
+from rapo_echo.scrub import register_secret, scrub
 from rapo_echo.structured import AnswerFormat, object_schema
-from rapo_echo.types import Conversation, Generation, SamplingParams
+from rapo_echo.text import is_blank
+from rapo_echo.types import FAILED, Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +89,7 @@ STRUCTURED_MODES = ("auto", "json_schema", "vllm", "none")
 VLLM_LIKE_OWNERS = ("vllm", "rapo-echo")  # ``owned_by`` of servers that read vLLM's structured_outputs
 VLLM_STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)  # older vLLM servers read guided_choice / guided_regex
 WRAP_KEY = "answer"  # the one field of the object a json_schema-only server is asked for
+DEFAULT_MAX_CONCURRENCY = 256  # requests in flight per engine: a vLLM server batches hundreds at once
 
 
 class EndpointError(EngineError):
@@ -77,6 +99,11 @@ class EndpointError(EngineError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class FormatRefused(EndpointError):
+    """The server refused the answer format of an explicit ``structured`` mode: a setting to fix, so it
+    stops the call (not one item)."""
 
 
 class _Secret:
@@ -242,6 +269,8 @@ def unwrap_answer(text: str, fmt: AnswerFormat) -> str | None:
 class OpenAIEngine:
     """A chat engine that calls an OpenAI-compatible ``/chat/completions`` endpoint."""
 
+    concurrent_calls = True  # roles may call it from several threads at once (one shared RequestLimits)
+
     def __init__(
         self,
         base_url: str,
@@ -253,7 +282,9 @@ class OpenAIEngine:
         name: str = "openai",
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
-        max_concurrency: int = 8,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        max_rpm: float | None = None,
+        max_tpm: float | None = None,
         return_token_ids: bool = False,
         http_client: httpx.Client | None = None,
         structured: str = "auto",
@@ -261,7 +292,8 @@ class OpenAIEngine:
         """``return_token_ids`` sends vLLM's ``return_tokens_as_token_ids`` so that generations carry
         token ids (only for servers that know the field); ``http_client`` replaces the default client
         (custom TLS, proxies, or an in-process test client) and then its own timeout applies;
-        ``structured`` is how answer formats are sent (:data:`STRUCTURED_MODES`, see the module doc)."""
+        ``structured`` is how answer formats are sent (:data:`STRUCTURED_MODES`, see the module doc);
+        ``max_concurrency``, ``max_rpm`` and ``max_tpm`` are the request limits (see the module doc)."""
         if structured not in STRUCTURED_MODES:
             raise ConfigError(
                 f"openai engine: structured must be one of {STRUCTURED_MODES}, got {structured!r}"
@@ -272,6 +304,9 @@ class OpenAIEngine:
                 f"got timeout_s={timeout_s}, max_retries={max_retries}, max_concurrency={max_concurrency}, "
                 f"backoff_s={backoff_s}"
             )
+        for key, value in (("max_rpm", max_rpm), ("max_tpm", max_tpm)):
+            if value is not None and value <= 0:
+                raise ConfigError(f"openai engine: {key} must be > 0 (or unset for no limit), got {value}")
         self.base_url = _normalize_base_url(base_url)
         self.name = name
         self.timeout_s = float(timeout_s)
@@ -279,11 +314,17 @@ class OpenAIEngine:
         self.backoff_s = float(backoff_s)
         self.max_backoff_s = float(max_backoff_s)
         self.max_concurrency = int(max_concurrency)
+        self.limits = RequestLimits(self.max_concurrency, max_rpm, max_tpm)
+        self.failed_items = 0  # requests that failed for good; their items are invalid (module doc)
+        self._count_lock = threading.Lock()
+        self._last_answer = -math.inf  # time.monotonic() of the last item (or setup request) answered
+        self._setup_lock = threading.Lock()
+        self._version_body: dict[str, Any] | None = None  # GET /version, once asked ({} when it failed)
         self.return_token_ids = return_token_ids
         self.api_key_env = api_key_env
         self._api_key = _Secret(os.environ.get(api_key_env) if api_key_env else None)
+        register_secret(self._api_key.value)  # scrubbed from every stored or logged text
         self._model = model
-        self._model_lock = threading.Lock()
         self._models_body: dict[str, Any] | None = None
         self.structured = structured
         self._ladder: list[str] | None = None  # dialects to try, best first (resolved at the first format)
@@ -295,7 +336,7 @@ class OpenAIEngine:
         self._http = http_client or httpx.Client(
             timeout=httpx.Timeout(self.timeout_s),
             # no keep-alive: each request's connection is its own, so its deadline can shut it down
-            limits=httpx.Limits(max_connections=max(self.max_concurrency, 10), max_keepalive_connections=0),
+            limits=httpx.Limits(max_connections=self.max_concurrency + 4, max_keepalive_connections=0),
         )
 
     def __repr__(self) -> str:
@@ -321,9 +362,10 @@ class OpenAIEngine:
         return headers
 
     def _scrub(self, text: str) -> str:
-        """``text`` with the API key replaced (servers sometimes echo a rejected key)."""
+        """``text`` with the API key and any ``Bearer`` token replaced (servers sometimes echo the key, in
+        an error or in a reply)."""
         key = self._api_key.value
-        return text.replace(key, "***") if key else text
+        return scrub(text.replace(key, "***") if key else text)
 
     def _fail(self, where: str, what: str, status: int | None = None) -> EndpointError:
         return EndpointError(self._scrub(f"{self.name}: {where}: {what}"), status)
@@ -338,11 +380,15 @@ class OpenAIEngine:
             return str(err.get("message") or err.get("detail") or err)[:500]
         return str(err)[:500]
 
-    def _with_retries(self, method: str, url: str, attempt_fn: Callable[[], Any]) -> Any:
-        """Run ``attempt_fn`` (which sends one request and returns a value or raises) with retries.
-        ``attempt_fn`` raises ``_Retryable`` for a failure worth retrying."""
+    def _with_retries(
+        self, method: str, url: str, attempt_fn: Callable[[], Any], retries: int | None = None
+    ) -> Any:
+        """Run ``attempt_fn`` (which sends one request and returns a value or raises) with retries
+        (``max_retries`` unless ``retries`` is given). ``attempt_fn`` raises ``_Retryable`` for a failure
+        worth retrying."""
+        retries = self.max_retries if retries is None else retries
         last, status = "", None
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(retries + 1):
             retry_after: float | None = None
             try:
                 return attempt_fn()
@@ -352,13 +398,14 @@ class OpenAIEngine:
                 last, status = f"timed out after {self.timeout_s:g} s ({type(exc).__name__})", None
             except httpx.TransportError as exc:
                 last, status = f"connection failed ({type(exc).__name__}: {exc})", None
-            if attempt < self.max_retries:
+            if attempt < retries:
                 delay = backoff_delay(attempt, self.backoff_s, self.max_backoff_s, self._rng)
                 if retry_after is not None:
                     delay = max(delay, min(retry_after, self.max_backoff_s))
+                    if status in (429, 503):  # the server is overloaded: nothing new goes out meanwhile
+                        self.limits.pause_until(time.monotonic() + min(retry_after, self.max_backoff_s))
                 time.sleep(delay)
-        tries = self.max_retries + 1
-        raise self._fail(f"{method} {url}", f"{last} (gave up after {tries} attempts)", status)
+        raise self._fail(f"{method} {url}", f"{last} (gave up after {retries + 1} attempts)", status)
 
     def _check(self, method: str, url: str, resp: httpx.Response) -> None:
         """Raise ``_Retryable`` for 429 / 5xx and :class:`EndpointError` for other error statuses."""
@@ -370,13 +417,21 @@ class OpenAIEngine:
         raise self._fail(f"{method} {url}", what, resp.status_code)
 
     def _request_json(
-        self, method: str, path: str, payload: dict[str, Any] | None = None, *, url: str | None = None
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        url: str | None = None,
+        retries: int | None = None,
     ) -> dict[str, Any]:
-        """One JSON request to ``base_url + path`` (or to ``url``), with retries."""
+        """One JSON request to ``base_url + path`` (or to ``url``), with retries (``max_retries`` unless
+        ``retries`` is given)."""
         url = url or self.base_url + path
+        tokens = request_tokens(payload)
 
         def attempt() -> dict[str, Any]:
-            with Deadline(self.timeout_s) as deadline:
+            with self.limits.slot(tokens), Deadline(self.timeout_s) as deadline:
                 try:
                     resp = self._http.request(
                         method,
@@ -397,52 +452,124 @@ class OpenAIEngine:
                 raise self._fail(f"{method} {url}", f"response is not JSON: {resp.text[:200]!r}") from exc
             if not isinstance(body, dict):
                 raise self._fail(f"{method} {url}", f"expected a JSON object, got {type(body).__name__}")
+            usage = body.get("usage")
+            used = usage.get("total_tokens") if isinstance(usage, dict) else None
+            self.limits.settle_tokens(tokens, float(used) if isinstance(used, (int, float)) else None)
             return body
 
-        return self._with_retries(method, url, attempt)
+        return self._with_retries(method, url, attempt, retries)
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self, *, probe: bool = False, version: bool = False) -> None:
+        """Ask the server, once, what the engine needs, in as few rounds as the answers allow. Round one: the
+        model list (the model id when none was given; ``owned_by`` for ``structured: auto``), ``GET /version``
+        when ``version`` (vLLM's field names; asked on speculation while the server's kind is unknown: one
+        that has none answers 404) and, when the model is given, the log-prob probe. A vLLM or rapo-echo
+        server (``owned_by``) returns log-probs (vLLM's default ``--max-logprobs`` is 20), so it needs no
+        probe; any other server with the model unknown is probed in round two."""
+        if self._model is not None and not self._setup_needed(probe, version):
+            return
+        with self._setup_lock:
+            want_list = self._models_body is None and (
+                self._model is None or (self.structured == "auto" and version)
+            )
+            want_version = version and self._wants_version()
+            owner_known = not want_list and self.structured == "auto"
+            if want_version and owner_known and self._server_owner() != "vllm":
+                want_version = False  # only vLLM reads guided_* / structured_outputs by version
+            if want_version and self._model is not None and want_list and not probe:
+                want_version = False  # a generation's own setup: the list first (no speculative request)
+            want_probe = probe and self._supports_logprobs is None
+            first: list[Callable[[], Any]] = [self._list_models] * want_list
+            first += [self._ask_version] * want_version
+            if self._model is not None and want_probe:  # the probe waits for nothing
+                first.append(self._probe)
+                want_probe = False
+            together(first, concurrent=True)
+            if self._model is None:
+                self._model = self._listed_model()
+            owner = self._server_owner()
+            if want_probe and owner in VLLM_LIKE_OWNERS:
+                self._supports_logprobs, want_probe = True, False
+            again = not want_version and version and self._wants_version() and owner == "vllm"
+            together([self._ask_version] * again + [self._probe] * want_probe, concurrent=True)
+
+    def _wants_version(self) -> bool:
+        return (
+            self._version_body is None
+            and self.structured in ("auto", "vllm")
+            and self.base_url.endswith("/v1")
+        )
+
+    def _setup_needed(self, probe: bool, version: bool) -> bool:
+        listing = self._models_body is None and self.structured == "auto" and version
+        return listing or (version and self._wants_version()) or (probe and self._supports_logprobs is None)
+
+    def _list_models(self) -> None:
+        """``GET /models`` into ``_models_body``; a failure is kept as ``{}`` when the model was given."""
+        try:
+            self._models_body = self._request_json("GET", "/models")
+            self._last_answer = time.monotonic()
+        except EndpointError:
+            if self._model is None:
+                raise
+            self._models_body = {}
+
+    def _listed_model(self) -> str:
+        body = self._models_body or {}
+        data = body.get("data")
+        if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "id" not in data[0]:
+            raise self._fail(f"GET {self.base_url}/models", f"no model listed; got {json.dumps(body)[:200]}")
+        return str(data[0]["id"])
+
+    def _ask_version(self) -> None:
+        """``GET /version`` (next to ``/v1``) into ``_version_body``; ``{}`` when the server has none."""
+        try:
+            self._version_body = self._request_json("GET", "", url=self.base_url[: -len("/v1")] + "/version")
+        except EndpointError:
+            self._version_body = {}
+
+    def _answers(self) -> bool:
+        """Whether the endpoint answers a 1-token chat request (one attempt): the health check after a call
+        whose every request got an error status (are those items the problem, or the endpoint?)."""
+        payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
+        try:
+            body = self._request_json("POST", "/chat/completions", payload, retries=0)
+            return bool(self._parse_choices(self.base_url + "/chat/completions", body))
+        except EndpointError:
+            return False
+
+    def _probe(self) -> None:
+        """One 1-token request with ``top_logprobs``: whether the server returns log-probs (a server that
+        rejects the fields with HTTP 400 / 422 does not; other failures raise)."""
+        payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
+        payload.update(top_logprobs=1, temperature=1.0)
+        try:
+            body = self._request_json("POST", "/chat/completions", payload)
+        except EndpointError as exc:
+            if exc.status in (400, 422):  # the server rejects the logprobs fields
+                self._supports_logprobs, self._last_answer = False, time.monotonic()
+                return
+            raise
+        self._last_answer = time.monotonic()
+        self._supports_logprobs = bool(_top_lists(body))
 
     # ------------------------------------------------------------------ model
-    def _models_listing(self) -> dict[str, Any]:
-        """The body of ``GET /models`` (asked once)."""
-        if self._models_body is None:
-            self._models_body = self._request_json("GET", "/models")
-        return self._models_body
-
     @property
     def model(self) -> str:
         """The model id sent with each request (asked from ``GET /models`` once when not given)."""
         if self._model is None:
-            with self._model_lock:
-                if self._model is None:
-                    body = self._models_listing()
-                    data = body.get("data")
-                    if (
-                        not isinstance(data, list)
-                        or not data
-                        or not isinstance(data[0], dict)
-                        or "id" not in data[0]
-                    ):
-                        raise self._fail(
-                            f"GET {self.base_url}/models", f"no model listed; got {json.dumps(body)[:200]}"
-                        )
-                    self._model = str(data[0]["id"])
+            self._setup()
+        assert self._model is not None
         return self._model
 
     @property
     def supports_logprobs(self) -> bool:
-        """Whether the server returns log-probs (probes once with a 1-token request while unknown)."""
+        """Whether the server returns log-probs (probes once with a 1-token request while unknown, in the
+        engine's setup round)."""
         if self._supports_logprobs is None:
-            payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
-            payload.update(top_logprobs=1, temperature=1.0)
-            try:
-                body = self._request_json("POST", "/chat/completions", payload)
-            except EndpointError as exc:
-                if exc.status in (400, 422):  # the server rejects the logprobs fields
-                    self._supports_logprobs = False
-                    return False
-                raise
-            self._supports_logprobs = bool(_top_lists(body))
-        return self._supports_logprobs
+            self._setup(probe=True, version=True)
+        return bool(self._supports_logprobs)
 
     # ------------------------------------------------------------------ requests
     def _payload(
@@ -469,40 +596,75 @@ class OpenAIEngine:
             payload["add_generation_prompt"] = False
         return payload
 
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        """``fn`` over ``items`` on at most ``max_concurrency`` threads, results in order; the requests
-        done, in flight and failed go to the progress display."""
+    def _map(
+        self, fn: Callable[[Any], Any], items: Sequence[Any], failed: Callable[[EndpointError], Any]
+    ) -> list[Any]:
+        """``fn`` over ``items``, every request in flight at once (bounded by the engine's limits), results
+        in order; the requests done, in flight and failed go to the progress display. An item whose request
+        fails for good gets ``failed(error)`` and is counted (``failed_items``); when every item failed and
+        the endpoint looks down (module doc), the first error is raised instead. Errors that are not the
+        endpoint's (e.g. a capability error) propagate."""
         calls = progress.RemoteCalls(len(items))
 
-        def counted(x: Any) -> Any:
+        def one(x: Any) -> tuple[Any, EndpointError | None, bool]:
+            started = time.monotonic()
             calls.start()
             try:
-                result = fn(x)
+                out = fn(x)
+            except EndpointError as exc:  # alone: nothing was answered while this item was tried
+                calls.end(ok=False)
+                if isinstance(exc, FormatRefused):
+                    raise
+                return None, exc, self._last_answer < started
             except BaseException:
                 calls.end(ok=False)
                 raise
             calls.end()
-            return result
+            self._last_answer = time.monotonic()
+            return out, None, False
 
         with progress.task(progress.label(self.name, "requests"), total=len(items), unit="req"):
             if len(items) <= 1:
-                return [counted(x) for x in items]
-            pool = ThreadPoolExecutor(
-                max_workers=min(self.max_concurrency, len(items)), thread_name_prefix=self.name
+                done = [one(x) for x in items]
+            else:
+                pool = ThreadPoolExecutor(
+                    max_workers=min(self.max_concurrency, len(items)), thread_name_prefix=self.name
+                )
+                try:
+                    done = list(pool.map(one, items))
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+        errors = [e for _, e, _ in done if e is not None]
+        if not errors:
+            return [r for r, _, _ in done]
+        if all(e is not None and alone for _, e, alone in done) and (
+            all(e.status is None for e in errors) or not self._answers()
+        ):
+            first = errors[0]
+            raise EndpointError(
+                f"{first} -- every request of this call failed, and the endpoint answered nothing meanwhile "
+                "nor a 1-token health request after: it is down",
+                first.status,
+            ) from first
+        with self._count_lock:
+            self.failed_items += len(errors)
+        log.warning(
+            self._scrub(
+                f"{self.name} at {self.base_url}: {len(errors)} of {len(items)} requests failed for good; "
+                f"their items are invalid, the other answers are kept (first: {errors[0]})"
             )
-            try:
-                return list(pool.map(counted, items))
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+        )
+        return [failed(e) if e is not None else r for r, e, _ in done]
 
     def generate(self, prompts: Sequence[Conversation], params: SamplingParams) -> list[list[Generation]]:
         """``params.n`` replies per prompt; one request per prompt, sent concurrently. A call with an
         answer format asks the server to enforce it (see the module doc)."""
         if prompts:
-            _ = self.model  # resolve once before the threads start
+            self._setup(version=params.answer_format is not None)  # once, before the threads start
             if params.answer_format is not None:
                 self._structured_ladder()
-        return self._map(lambda p: self._generate_one(p, params), list(prompts))
+        failed = [Generation(text="", finish_reason=FAILED)] * params.n
+        return self._map(lambda p: self._generate_one(p, params), list(prompts), lambda _: list(failed))
 
     # ------------------------------------------------------------------ structured output
     @property
@@ -516,10 +678,7 @@ class OpenAIEngine:
 
     def _server_owner(self) -> str:
         """``owned_by`` of the served model in ``GET /models`` (vLLM says ``vllm``), or ``""``."""
-        try:
-            data = self._models_listing().get("data")
-        except EndpointError:
-            return ""
+        data = (self._models_body or {}).get("data")
         if not isinstance(data, list):
             return ""
         cards = [c for c in data if isinstance(c, dict)]
@@ -528,17 +687,13 @@ class OpenAIEngine:
 
     def _vllm_dialect(self) -> str:
         """``vllm_guided`` for a vLLM server older than 0.10.2 (its ``GET /version``), else ``vllm``."""
-        if not self.base_url.endswith("/v1"):
-            return "vllm"
-        try:
-            body = self._request_json("GET", "", url=self.base_url[: -len("/v1")] + "/version")
-        except EndpointError:
-            return "vllm"
-        version = version_tuple(str(body.get("version", "")))
+        version = version_tuple(str((self._version_body or {}).get("version", "")))
         return "vllm_guided" if version and version < VLLM_STRUCTURED_OUTPUTS_SINCE else "vllm"
 
     def _structured_ladder(self) -> list[str]:
         """The dialects to try, best first; resolved once (``auto`` asks the server what it is)."""
+        if self._ladder is None:
+            self._setup(version=True)
         with self._format_lock:
             if self._ladder is None:
                 if self.structured == "none":
@@ -588,6 +743,8 @@ class OpenAIEngine:
             payload = self._payload(prompt, SamplingParams(**{**params.__dict__, "n": missing, "seed": seed}))
             if self.return_token_ids:
                 payload["return_tokens_as_token_ids"] = True
+            if params.top_logprobs:
+                payload["top_logprobs"] = params.top_logprobs
             if fmt is None:
                 body, step = self._request_json("POST", "/chat/completions", payload), -1
             else:
@@ -617,7 +774,7 @@ class OpenAIEngine:
                 if dialect == "none" or exc.status not in (400, 422):
                     raise
                 if self.structured != "auto":
-                    raise EndpointError(
+                    raise FormatRefused(
                         f"{exc} (the request carried answer format {fmt.name!r} as structured: "
                         f"{self.structured}; use structured: auto to fall back to parsing when the server "
                         "refuses it, or structured: none)",
@@ -683,8 +840,16 @@ class OpenAIEngine:
             if logprobs is not None:
                 self._supports_logprobs = True
             finish = choice.get("finish_reason") or "stop"
+            tops = _positions(entries) if not token_ids else None
+            text = self._scrub(text)  # a reply that echoes the key never leaves the engine with it
             out.append(
-                Generation(text=text, token_ids=token_ids, logprobs=logprobs, finish_reason=str(finish))
+                Generation(
+                    text=text,
+                    token_ids=token_ids,
+                    logprobs=logprobs,
+                    finish_reason=str(finish),
+                    top_logprobs=tops,
+                )
             )
         return out
 
@@ -692,13 +857,14 @@ class OpenAIEngine:
         self, prompts: Sequence[Conversation], options: Sequence[str]
     ) -> list[dict[str, float]]:
         """Log-prob of each option as the reply's beginning, from the first position's top-20 list
-        (see :func:`option_logprob`); ``-inf`` for options not in the list."""
+        (see :func:`option_logprob`); ``-inf`` for options not in the list; an empty row for a prompt whose
+        request failed for good."""
         for o in options:
-            if not o.strip():
+            if is_blank(o):
                 raise ValueError(f"choice_logprobs: option {o!r} is blank")
         if prompts:
-            _ = self.model
-        return self._map(lambda p: self._choice_one(p, options), list(prompts))
+            self._setup()
+        return self._map(lambda p: self._choice_one(p, options), list(prompts), lambda _: {})
 
     def _choice_one(self, prompt: Conversation, options: Sequence[str]) -> dict[str, float]:
         url = self.base_url + "/chat/completions"
@@ -776,11 +942,46 @@ class _Retryable(Exception):
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
+    return retry_after_seconds(resp.headers.get("retry-after"))
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait: delay-seconds, or an HTTP date (``now``: Unix time,
+    default the current time); None when absent or unreadable, 0 for a past date."""
+    if value is None:
         return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def request_tokens(payload: dict[str, Any] | None) -> float:
+    """The tokens a chat request is charged up front under ``max_tpm``: its messages' characters / 4 plus
+    ``max_tokens x n`` (0 for a request without messages)."""
+    if not payload or "messages" not in payload:
+        return 0.0
+    chars = sum(len(str(m.get("content", ""))) for m in payload["messages"])
+    return chars / 4 + float(payload.get("max_tokens") or 0) * float(payload.get("n") or 1)
+
+
+def _positions(entries: list[Any]) -> list[tuple[str, list[tuple[str, float]]]] | None:
+    """Per sampled token its text and its top list, when every position has a non-empty top list."""
+    try:
+        out = [
+            (str(e["token"]), [(str(t["token"]), float(t["logprob"])) for t in e.get("top_logprobs") or []])
+            for e in entries
+        ]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return out if out and all(top for _, top in out) else None
 
 
 def _top_lists(body: dict[str, Any]) -> list[list[tuple[str, float]]]:

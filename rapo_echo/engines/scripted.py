@@ -6,8 +6,9 @@ rule the engine cycles through ``replies``, then falls back to ``default``. ``fn
 it. Every call is recorded in ``calls`` so tests can check how a stage batched its requests.
 
 With ``structured=True`` (the default) a call that declares an answer format
-(:attr:`~rapo_echo.types.SamplingParams.answer_format`) raises when a scripted reply does not conform
-to it: a real engine with constrained decoding could never produce that reply, so the test is wrong.
+(:attr:`~rapo_echo.types.SamplingParams.answer_format`) raises :class:`~rapo_echo.errors.ConfigError` (the
+CLI's exit 2) when a scripted reply does not conform to it: a real engine with constrained decoding could
+never produce that reply, so the script is wrong.
 ``structured=False`` plays a server without structured output: formats are ignored.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rapo_echo.engines.base import truncate_at_stop
-from rapo_echo.errors import CapabilityError
+from rapo_echo.errors import CapabilityError, ConfigError
 from rapo_echo.types import Conversation, Generation, SamplingParams
 
 ReplyFn = Callable[[Conversation], str]
@@ -113,11 +114,11 @@ class ScriptedEngine:
             return
         problem = fmt.problem(text)
         if problem is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"scripted engine: the reply {text[:120]!r} does not conform to the answer format "
-                f"{fmt.name!r} ({problem}); a real engine with constrained decoding could not produce it "
-                "(fix the script, or use ScriptedEngine(structured=False) to play a server without "
-                "structured output)"
+                f"{fmt.name!r} ({problem}); a real engine with constrained decoding could not produce it. "
+                "Fix the script's replies or rules, or set `script.structured: false` "
+                "(ScriptedEngine(structured=False)) to play a server without structured output"
             )
 
     def choice_logprobs(

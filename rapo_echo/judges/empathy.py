@@ -16,7 +16,10 @@
    ``C`` / ``A`` / ``P``, compared with the scenario's annotated need (:func:`annotated_axis`).
 
 The formulas (outcome per presentation, averaging the orders, the process factor) are the pure
-functions below. The dialogue, persona, profile, analysis and replies are fenced.
+functions below. The dialogue, persona, profile, analysis and replies are fenced. Before any prompt is
+built, every text is screened for words aimed at the judge (:mod:`rapo_echo.llm.judge_screen`): a compared
+reply under ``addressed`` (default ``floor``: it loses the comparison without the model being asked; two
+such replies tie), the dialogue, persona and profile under ``addressed_context`` (default ``strip``).
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_
 from rapo_echo.llm.answers import check_logprobs_mode, generate_field_lines, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.judge_screen import JudgeScreen, Screened
 from rapo_echo.llm.reaction import render_profile
 from rapo_echo.prompting import PERSONA_KEY
+from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Scenario, msg
 
 AXES = ("cognitive", "affective", "proactive")
@@ -86,7 +91,7 @@ def annotated_axis(profile: Mapping[str, Any]) -> str | None:
     """The scenario's annotated dominant need as ``C`` / ``A`` / ``P``: ``profile.need_axis`` (a letter
     or an axis name), else ``profile.need`` through :data:`NEED_AXES`; None when neither says."""
     raw = profile.get("need_axis")
-    if isinstance(raw, str) and raw.strip():
+    if isinstance(raw, str) and not is_blank(raw):
         value = raw.strip().lower()
         for axis, letter in AXIS_LETTERS.items():
             if value in (axis, letter.lower()):
@@ -144,8 +149,11 @@ class EmpathyJudge:
         ties: bool = True,
         show_profile: bool = False,
         rng: random.Random | None = None,
+        addressed: str = "floor",
+        addressed_context: str = "strip",
     ) -> None:
         check_logprobs_mode("EmpathyJudge", use_logprobs)
+        self.screen = JudgeScreen(addressed, addressed_context, owner="EmpathyJudge")
         if max_retries < 0 or max_new_tokens < 1 or need_tokens < 1:
             raise ValueError("EmpathyJudge: max_retries must be >= 0, max_new_tokens and need_tokens >= 1")
         self.engine = engine
@@ -172,12 +180,12 @@ class EmpathyJudge:
         dialogue = render_dialogue(scenario.messages) or "(the supporter speaks first)"
         parts = ["The conversation so far:\n" + fence.block("DIALOGUE", dialogue)]
         persona = scenario.meta.get(PERSONA_KEY)
-        if isinstance(persona, str) and persona.strip():
+        if isinstance(persona, str) and not is_blank(persona):
             parts.append(
                 "What the person seems like (inferred from the conversation):\n"
                 + fence.block("PERSONA", persona)
             )
-        profile = render_profile(scenario.profile) if self.show_profile else ""
+        profile = render_profile(scenario.profile, strip_addressed=False) if self.show_profile else ""
         if profile:
             parts.append(
                 "What we know about the person (hidden from the supporter):\n"
@@ -230,6 +238,7 @@ class EmpathyJudge:
         if not scenarios:
             return []
         fence = Fence(rng=self.rng)
+        scenarios = [self.screen.scenario(sc)[0] for sc in scenarios]
         prompts = [self.needs_prompt(sc, axis, fence) for sc in scenarios for axis in AXES]
         parsed = generate_field_lines(self.engine, prompts, self.need_tokens, self.max_retries, "judge")
         out: list[NeedAnalysis | None] = []
@@ -243,25 +252,80 @@ class EmpathyJudge:
     def dominant(self, scenarios: Sequence[Scenario], needs: Sequence[NeedAnalysis]) -> list[Verdict]:
         """The most pressing axis per scenario, as a verdict over ``C`` / ``A`` / ``P``."""
         fence = Fence(rng=self.rng)
+        scenarios = [self.screen.scenario(sc)[0] for sc in scenarios]
         prompts = [self.dominant_prompt(sc, n, fence) for sc, n in zip(scenarios, needs)]
         return self._decide(prompts, list(AXIS_LETTERS.values()), fence, DOMINANT_PREFIX)
 
     def compare(
-        self, items: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]], measured: int | None = None
+        self,
+        items: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]],
+        measured: int | None = None,
+        unscreened: int | None = None,
     ) -> list[Verdict]:
         """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``; only the first
-        ``measured`` (default: all) count in :attr:`stats` and :attr:`position_bias` (the rest are probes
-        asked in the same batched call)."""
+        ``measured`` (default: all) count in :attr:`stats`, :attr:`position_bias` and the screen's counts
+        (the rest are probes asked in the same batched call); items from index ``unscreened`` on are shown
+        to the model as they are (the injection probe's measure of the bare judge).
+
+        Screening (:attr:`screen`): a reply that addresses the judge loses under ``floor`` (``B`` wins when
+        ``A`` is floored; two floored replies tie) and makes the verdict invalid under ``invalid``, without
+        the model being asked; under ``strip`` its rest is compared."""
+        measured = len(items) if measured is None else measured
+        unscreened = len(items) if unscreened is None else unscreened
+        verdicts: list[Verdict | None] = [None] * len(items)
+        shown: list[tuple[int, tuple[Scenario, NeedAnalysis | None, str, str]]] = []
+        seen: set[str] = set()  # texts counted by the screen in this call (both orders count once)
+        for j, (sc, needs, a, b) in enumerate(items):
+            if j >= unscreened:
+                shown.append((j, (sc, needs, a, b)))
+                continue
+            fixed, screened = self._screen_pair(sc, a, b, seen if j < measured else None)
+            if fixed is not None:
+                verdicts[j] = fixed
+            else:
+                shown.append((j, (screened[0], needs, screened[1], screened[2])))
         fence = Fence(rng=self.rng)
-        prompts = [self.compare_prompt(sc, needs, a, b, fence) for sc, needs, a, b in items]
-        verdicts = self._decide(prompts, list(self.labels), fence)
-        counted = verdicts if measured is None else verdicts[:measured]
-        for v in counted:
-            if v.valid:  # A: the reply shown first won; tie: half; B: the second one won
+        prompts = [self.compare_prompt(sc, needs, a, b, fence) for _, (sc, needs, a, b) in shown]
+        for (j, _), v in zip(shown, self._decide(prompts, list(self.labels), fence)):
+            verdicts[j] = v
+            if j < measured and v.valid:  # A: the reply shown first won; tie: half; B: the second one won
                 self.position_bias.add({"A": 1.0, "tie": 0.5}.get(v.label or "", 0.0), 0.5)
+        out: list[Verdict] = verdicts  # type: ignore[assignment]
+        counted = out[:measured]
         self.stats["comparisons"] += len(counted)
         self.stats["comparisons_invalid"] += sum(1 for v in counted if not v.valid)
-        return verdicts
+        return out
+
+    def _screen_pair(
+        self, scenario: Scenario, a: str, b: str, seen: set[str] | None
+    ) -> tuple[Verdict | None, tuple[Scenario, str, str]]:
+        """A comparison after screening: (the verdict the policies fix without the model, or None) and
+        the scenario and replies to show. A text is counted by the screen once per call (``seen``; None:
+        not at all, a probe)."""
+
+        def first(key: str) -> bool:
+            if seen is None or key in seen:
+                return False
+            seen.add(key)
+            return True
+
+        shown, hit = self.screen.scenario(scenario, first("\0scenario " + scenario.id))
+        ra, rb = self.screen.reply(a, first(a)), self.screen.reply(b, first(b))
+        fixed = self._fixed_verdict(ra, rb, self.screen.context_invalid(hit))
+        return fixed, (shown, ra.text, rb.text)
+
+    def _fixed_verdict(self, ra: Screened, rb: Screened, context_invalid: bool) -> Verdict | None:
+        if context_invalid or ra.invalid or rb.invalid:
+            return Verdict(None, None, "", "", 0, "addressed")
+        if not (ra.floored or rb.floored):
+            return None
+        ties = "tie" in self.labels
+        if ra.floored and rb.floored:
+            probs = {"A": 0.0, "B": 0.0, "tie": 1.0} if ties else {"A": 0.5, "B": 0.5}
+            return Verdict("tie", probs, "", "", 0, "addressed")
+        winner = "B" if ra.floored else "A"
+        probs = {label: float(label == winner) for label in self.labels}
+        return Verdict(winner, probs, "", "", 0, "addressed")
 
     def _decide(
         self, prompts: list[Conversation], labels: list[str], fence: Fence, prefix: str | None = None

@@ -36,6 +36,11 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
 * Untrusted text (context, profile, replies, reactions, thoughts) reaches the prompts only in fenced
   blocks (:mod:`rapo_echo.llm.fencing`; one marker per call, drawn from ``rng``, so a group's prompts
   keep their shared prefix), and a text answer is parsed from the judge's own words only.
+* Before that, every text is screened for words aimed at the judge (:mod:`rapo_echo.llm.judge_screen`):
+  a reply under ``addressed`` (default ``floor``: the reply is left out of the judging and takes the
+  group's last rank, shared with any other such reply, and P(best) 0; ``invalid`` makes the group
+  invalid; ``strip`` ranks the rest of the reply), the dialogue, profile and reactions under
+  ``addressed_context`` (default ``strip``; ``invalid`` makes the group invalid).
 """
 
 from __future__ import annotations
@@ -45,14 +50,16 @@ import random
 import string
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from rapo_echo.addressing import addresses_judge, strip_addressing
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.bias import PositionBias, check_orders, first_rank_share
 from rapo_echo.llm.answers import (
     Parsed,
+    answer_words,
     check_logprobs_mode,
     describe_engine,
     generate_parsed,
@@ -60,6 +67,7 @@ from rapo_echo.llm.answers import (
 )
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.judge_screen import JudgeScreen
 from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.llm.ranks import average_ranks
 from rapo_echo.llm.reaction import Reaction, render_profile
@@ -141,10 +149,15 @@ def ranking_ranks(value: Any, labels: Sequence[str]) -> list[float] | None:
     return [float(order.index(label) + 1) for label in labels]
 
 
-def read_ranking(text: str, fence: Fence, labels: Sequence[str]) -> list[float] | None:
-    """:func:`ranking_ranks` of the answer in the judge's own words (blocks and bare copies of fenced text
-    removed), read by :func:`ranking_format`."""
-    return ranking_ranks(ranking_format(len(labels)).parse(fence.own_words(text, copies=True)), labels)
+def read_ranking(
+    text: str, fence: Fence, labels: Sequence[str], engine: ChatEngine | None = None
+) -> list[float] | None:
+    """:func:`ranking_ranks` of the answer read by :func:`ranking_format` from the judge's own words
+    (blocks, copies of fenced text and quotes removed) or, from an ``engine`` that enforced the format,
+    from the whole answer (:func:`~rapo_echo.llm.answers.answer_words`)."""
+    fmt = ranking_format(len(labels))
+    own = fence.own_words(text, copies=True) if engine is None else answer_words(text, fence, engine, fmt)
+    return ranking_ranks(fmt.parse(own), labels)
 
 
 def label_options(size: int) -> list[str]:
@@ -214,8 +227,11 @@ class GroupJudge:
         critique_tokens: int = 96,
         show_profile: bool = True,
         rng: random.Random | None = None,
+        addressed: str = "floor",
+        addressed_context: str = "strip",
     ) -> None:
         check_logprobs_mode("GroupJudge", use_logprobs)
+        self.screen = JudgeScreen(addressed, addressed_context, owner="GroupJudge")
         if max_retries < 0 or tie_eps < 0:
             raise ValueError(
                 f"GroupJudge: max_retries and tie_eps must be >= 0, got {max_retries}, {tie_eps}"
@@ -253,7 +269,7 @@ class GroupJudge:
         return self._fence
 
     def _context(self, scenario: Scenario, fence: Fence) -> str:
-        profile = render_profile(scenario.profile) if self.show_profile else ""
+        profile = render_profile(scenario.profile, strip_addressed=False) if self.show_profile else ""
         about = (
             "What we know about the person (hidden from the supporter):\n"
             + fence.block("PROFILE", profile)
@@ -377,19 +393,85 @@ class GroupJudge:
             if not 1 <= len(group) <= len(LABELS):
                 raise ValueError(f"GroupJudge.rank: group {k} has {len(group)} candidates; allowed 1..26")
         warn_if_weak(self.engine, "judge")
+        screened = [self._screen_group(sc, group) for sc, group in zip(scenarios, groups)]
+        todo = [k for k, (_, kept, _, bad) in enumerate(screened) if not bad and kept]
+        shown_scenarios = [screened[k][0] for k in todo]
+        shown_groups = [screened[k][2] for k in todo]
         self._fence = Fence(rng=self.rng)
-        passes = self._presentation_orders(groups)
+        passes = self._presentation_orders(shown_groups)
         text_mode = not wants_logprobs(self.engine, self.use_logprobs)
-        judged = (
-            self._rank_text(scenarios, groups, passes)
+        judged_shown = (
+            self._rank_text(shown_scenarios, shown_groups, passes)
             if text_mode
-            else self._rank_logprobs(scenarios, groups, passes)
+            else self._rank_logprobs(shown_scenarios, shown_groups, passes)
         )
+        by_group = dict(zip(todo, judged_shown))
+        judged = [
+            self._expand(len(group), screened[k][1], screened[k][3], by_group.get(k))
+            for k, group in enumerate(groups)
+        ]
         self.stats["groups"] += len(groups)
         self.stats["invalid_groups"] += sum(not j.valid for j in judged)
         if with_critiques:
             self.critique(scenarios, groups, judged)
         return judged
+
+    def step_metrics(self) -> dict[str, float]:
+        """This step's position bias (``judge/position_bias/*``) and the texts that addressed the judge
+        (``judge/addressed*``), since the last call."""
+        return {**self.position_bias.step_metrics(), **self.screen.step_metrics()}
+
+    def _screen_group(
+        self, scenario: Scenario, group: Sequence[Candidate]
+    ) -> tuple[Scenario, list[int], list[Candidate], bool]:
+        """A group through :attr:`screen`: (the scenario to show, the indices of the candidates the model
+        judges, those candidates as shown, whether the group is invalid under an ``invalid`` policy)."""
+        shown, hit = self.screen.scenario(scenario)
+        kept: list[int] = []
+        cands: list[Candidate] = []
+        bad = self.screen.context_invalid(hit)
+        for i, cand in enumerate(group):
+            reply = self.screen.reply(cand.reply)
+            reaction, r_hit = self._screen_reaction(cand.reaction)
+            bad = bad or reply.invalid or self.screen.context_invalid(r_hit)
+            if reply.judged:
+                kept.append(i)
+                same = reply.text == cand.reply and reaction is cand.reaction
+                cands.append(cand if same else Candidate(reply.text, reaction))
+        return shown, kept, cands, bad
+
+    def _screen_reaction(self, reaction: Reaction | None) -> tuple[Reaction | None, bool]:
+        if reaction is None or not reaction.valid:
+            return reaction, False
+        message, m_hit = self.screen.context_text(reaction.message)
+        thought, t_hit = self.screen.context_text(reaction.thought)
+        if not (m_hit or t_hit):
+            return reaction, False
+        return replace(reaction, message=message, thought=thought), True
+
+    @staticmethod
+    def _expand(
+        size: int, kept: Sequence[int], bad: bool, shown: GroupJudgement | None
+    ) -> GroupJudgement:
+        """The judgement of a whole group from the judgement of its ``kept`` candidates: each kept one keeps
+        its rank and score, the others (floored) share the last ranks with P(best) 0; all of them floored:
+        one tie. ``bad`` or an invalid judgement: the group is invalid."""
+        if bad or (kept and (shown is None or not shown.valid)):
+            raw, attempts = (shown.raw, shown.attempts) if shown is not None else ([], 0)
+            return GroupJudgement(None, [None] * size, None, False, raw, attempts)
+        if len(kept) == size and shown is not None:
+            return shown
+        floor_rank = (len(kept) + 1 + size) / 2
+        ranks = [floor_rank] * size
+        scores: list[float] | None = [0.0] * size
+        for pos, i in enumerate(kept):
+            ranks[i] = shown.ranks[pos]  # type: ignore[union-attr,index]
+            if shown.scores is None:  # type: ignore[union-attr]
+                scores = None
+            elif scores is not None:
+                scores[i] = shown.scores[pos]  # type: ignore[union-attr]
+        raw, attempts = (shown.raw, shown.attempts) if shown is not None else ([], 0)
+        return GroupJudgement(ranks, [None] * size, scores, True, raw, attempts)
 
     def _presentation_orders(self, groups: Sequence[Sequence[Candidate]]) -> list[list[list[int]]]:
         """Per group, the presentation orders of its passes (caller indices): one order (shuffled with
@@ -585,7 +667,10 @@ class GroupJudge:
         if jobs:
             prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=True) for k, o in jobs]
             fence = self.fence
-            parsers = [partial(read_ranking, fence=fence, labels=LABELS[: len(o)]) for _, o in jobs]
+            parsers = [
+                partial(read_ranking, fence=fence, labels=LABELS[: len(o)], engine=self.engine)
+                for _, o in jobs
+            ]
             sizes = {len(o) for _, o in jobs}
             # one declared format per call: groups of one size share it; mixed sizes go size by size
             parsed_by_job: dict[int, Parsed[list[float]]] = {}
@@ -644,6 +729,12 @@ class GroupJudge:
         jobs = [(k, i) for k, i in which if judged[k].ranks is not None]
         if not jobs:
             return
+        # the critic reads the texts without what addresses the judge (not counted again)
+        scenarios = [self.screen.scenario(sc, count=False)[0] for sc in scenarios]
+        groups = [
+            [Candidate(strip_addressing(c.reply), c.reaction) if addresses_judge(c.reply) else c for c in g]
+            for g in groups
+        ]
         self._fence = fence = Fence(rng=self.rng)
         prompts = [self.critique_prompt(scenarios[k], groups[k], judged[k].ranks or [], i) for k, i in jobs]
         parsed = generate_parsed(

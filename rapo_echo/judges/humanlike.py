@@ -9,6 +9,8 @@
   format (retried, then invalid). ``reasoning`` makes the judge write a ``Reasoning:`` line first (see
   :mod:`rapo_echo.judges.verdict`).
 * The dialogue and the reply reach the prompt only inside fenced blocks (:mod:`.fencing`).
+* A reply that addresses the judge is handled by ``addressed`` (default ``floor``: P(human) 0 without asking
+  the model), a dialogue turn that does by ``addressed_context`` (:mod:`rapo_echo.llm.judge_screen`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_probability
 from rapo_echo.llm.answers import check_logprobs_mode, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.judge_screen import JudgeScreen, Screened
 from rapo_echo.types import Conversation, msg
 
 HUMAN, AI = "human", "AI"
@@ -48,6 +51,7 @@ class HumanlikeScore:
 
     p_human: float | None
     verdict: Verdict
+    screened: dict = field(default_factory=dict)  # what the screen found and did (Screened.info)
 
 
 class HumanlikeJudge:
@@ -63,8 +67,11 @@ class HumanlikeJudge:
         max_retries: int = 2,
         max_new_tokens: int = 64,
         rng: random.Random | None = None,
+        addressed: str = "floor",
+        addressed_context: str = "strip",
     ) -> None:
         check_logprobs_mode("HumanlikeJudge", use_logprobs)
+        self.screen = JudgeScreen(addressed, addressed_context, owner="HumanlikeJudge")
         if max_retries < 0 or max_new_tokens < 1:
             raise ValueError("HumanlikeJudge: max_retries must be >= 0 and max_new_tokens >= 1")
         self.engine = engine
@@ -97,9 +104,26 @@ class HumanlikeJudge:
         return [msg("system", system), msg("user", "\n\n".join(parts))]
 
     def score(self, items: Sequence[tuple[Conversation | None, str]]) -> list[HumanlikeScore]:
-        """P(human) of each ``(dialogue so far, reply)``; invalid verdicts are counted in ``stats``."""
+        """P(human) of each ``(dialogue so far, reply)``, each screened first (:attr:`screen`); invalid
+        verdicts are counted in ``stats``."""
+        out: list[HumanlikeScore | None] = [None] * len(items)
+        shown: list[tuple[int, Conversation | None, Screened]] = []
+        for i, (context, reply) in enumerate(items):
+            hit = False
+            if context is not None:
+                context, hit = self.screen.messages(context)
+            screened = self.screen.reply(reply)
+            info = {**screened.info(), **({"addressed_context": True} if hit else {})}
+            if screened.floored:
+                verdict = Verdict(AI, {HUMAN: 0.0, AI: 1.0}, "", "", 0, "addressed")
+                out[i] = HumanlikeScore(0.0, verdict, info)
+            elif screened.invalid or self.screen.context_invalid(hit):
+                out[i] = HumanlikeScore(None, Verdict(None, None, "", "", 0, "addressed"), info)
+            else:
+                shown.append((i, context, screened))
+                out[i] = HumanlikeScore(None, Verdict(None, None, "", "", 0, "text"), info)
         fence = Fence(rng=self.rng)  # one marker per call: prompts of a batch share their prefix
-        prompts = [self.prompt(context, reply, fence) for context, reply in items]
+        prompts = [self.prompt(context, s.text, fence) for _, context, s in shown]
         verdicts = decide(
             self.engine,
             prompts,
@@ -110,7 +134,9 @@ class HumanlikeJudge:
             max_new_tokens=self.max_new_tokens,
             fence=fence,
         )
-        out = [HumanlikeScore(label_probability(v, HUMAN), v) for v in verdicts]
-        self.stats["judged"] += len(out)
-        self.stats["invalid"] += sum(1 for s in out if s.p_human is None)
-        return out
+        for (i, _, _), v in zip(shown, verdicts):
+            out[i] = HumanlikeScore(label_probability(v, HUMAN), v, out[i].screened)  # type: ignore[union-attr]
+        result: list[HumanlikeScore] = out  # type: ignore[assignment]
+        self.stats["judged"] += len(result)
+        self.stats["invalid"] += sum(1 for s in result if s.p_human is None)
+        return result

@@ -34,6 +34,7 @@ from rapo_echo.judges.humanlike import LABELS as HUMANLIKE_LABELS
 from rapo_echo.judges.humanlike import HumanlikeJudge
 from rapo_echo.judges.verdict import answer_text
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Message, Scenario, msg
 
 TASKS = ("humanlike", "empathy")
@@ -96,7 +97,7 @@ def parse_example(record: Record, default_task: str | None = None) -> JudgeExamp
         )
     messages = _dialogue(obj, where)
     reply = get_str(obj, "reply", where)
-    if not reply.strip():  # type: ignore[union-attr]
+    if is_blank(reply):  # type: ignore[union-attr]
         raise DataError(f"{where}: reply: empty; expected the reply to judge")
     labels = HUMANLIKE_LABELS if task == "humanlike" else EMPATHY_LABELS
     raw = get_str(obj, "label", where)
@@ -107,7 +108,7 @@ def parse_example(record: Record, default_task: str | None = None) -> JudgeExamp
     example = JudgeExample(task, messages, reply, label, where, reasoning or None)  # type: ignore[arg-type]
     if task == "empathy":
         example.reference = get_str(obj, "reference", where)
-        if not example.reference.strip():  # type: ignore[union-attr]
+        if is_blank(example.reference):  # type: ignore[union-attr]
             raise DataError(f"{where}: reference: empty; expected the reference reply")
         example.needs = _needs(obj.get("needs"), where)
         if not messages:

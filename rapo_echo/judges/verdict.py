@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.llm.answers import generate_parsed, wants_logprobs
+from rapo_echo.llm.answers import answer_words, generate_parsed, wants_logprobs
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import judge_labels
 from rapo_echo.structured import AnswerFormat
@@ -98,10 +98,18 @@ def answer_text(label: str, reasoning: str | None, prefix: str = VERDICT_PREFIX)
     return line
 
 
-def read_verdict(text: str, fmt: AnswerFormat, fence: Fence | None = None) -> dict[str, Any] | None:
-    """The text-mode answer object in the judge's own words (``fence``'s blocks and bare copies removed),
-    read by ``fmt`` (:func:`verdict_format`); None when it has none."""
-    own = text if fence is None else fence.own_words(text, copies=True)
+def read_verdict(
+    text: str, fmt: AnswerFormat, fence: Fence | None = None, engine: ChatEngine | None = None
+) -> dict[str, Any] | None:
+    """The text-mode answer object read by ``fmt`` (:func:`verdict_format`) from the judge's own words
+    (``fence``'s blocks, copies and quotes removed) or, from an ``engine`` that enforced ``fmt``, from the
+    whole answer (:func:`~rapo_echo.llm.answers.answer_words`); None when it has none."""
+    if fence is None:
+        own = text
+    elif engine is None:
+        own = fence.own_words(text, copies=True)
+    else:
+        own = answer_words(text, fence, engine, fmt)
     value = fmt.parse(own)
     return value if isinstance(value, dict) else None
 
@@ -169,7 +177,7 @@ def decide(
     parsed = generate_parsed(
         engine,
         prompts,
-        lambda text: read_verdict(text, fmt, fence),
+        lambda text: read_verdict(text, fmt, fence, engine),
         _params(budget),
         max_retries=max_retries,
         answer_format=fmt,

@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from rapo_echo.engines.base import ChatEngine
+from rapo_echo.engines.base import ChatEngine, format_enforcement
 from rapo_echo.errors import CapabilityError
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.strength import warn_if_weak
 from rapo_echo.structured import AnswerFormat
-from rapo_echo.types import Conversation, SamplingParams
+from rapo_echo.types import FAILED, Conversation, SamplingParams
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -25,11 +26,16 @@ RETRY_TEMPERATURE = 0.7  # retries sample at least this hot: a greedy retry woul
 
 @dataclass
 class Parsed(Generic[T]):
-    """A judge's parsed decision (``value`` None when invalid) with the raw text and attempts used."""
+    """A judge's parsed decision (``value`` None when invalid) with the raw text and attempts used;
+    ``failed``: the engine's request failed for good (a remote failure, not an unparseable answer);
+    ``top_logprobs``: the accepted reply's per-token top lists, when asked for and given
+    (:attr:`~rapo_echo.types.Generation.top_logprobs`)."""
 
     value: T | None
     raw: str
     attempts: int
+    failed: bool = False
+    top_logprobs: list[tuple[str, list[tuple[str, float]]]] | None = None
 
 
 LOGPROB_MODES = ("auto", "always", "never")
@@ -63,6 +69,20 @@ def describe_engine(engine: ChatEngine) -> str:
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host
     return f"{name} at {urlunsplit((parts.scheme, netloc, parts.path, '', ''))}"
+
+
+def answer_words(text: str, fence: Fence | None, engine: ChatEngine, fmt: AnswerFormat | None = None) -> str:
+    """The part of a judge's text its answer is read from. An engine that enforces answer formats
+    (constrained decoding, a server's structured output, a checked script) wrote only the answer, so a
+    text that is exactly one answer of ``fmt`` is read whole; otherwise the judge's own words
+    (``fence``'s blocks, copies of fenced text and quotes removed,
+    :meth:`~rapo_echo.llm.fencing.Fence.own_words`), from which the format reads the last well-formed
+    answer."""
+    if fence is None:
+        return text
+    if format_enforcement(engine) != "none" and (fmt is None or fmt.problem(text) is None):
+        return text
+    return fence.own_words(text, copies=True)
 
 
 # one bounded line of free text; the closing newline is allowed so that the call's stop string ends it
@@ -110,9 +130,10 @@ def generate_parsed(
     ``answer_format`` declares the shape of the answer: it travels in the sampling parameters (also of the
     retries) so that an engine that can constrain decoding produces only that shape, and ``parse`` may
     then be None (the format's own :meth:`~rapo_echo.structured.AnswerFormat.parse`). On an engine that
-    enforces nothing (a server without structured output) the same parse and retries apply. The first call
-    of a ``role`` on a model too small to give a meaningful signal logs why, once
-    (:func:`~rapo_echo.llm.strength.warn_if_weak`)."""
+    enforces nothing (a server without structured output) the same parse and retries apply. A reply whose
+    request failed for good (``finish_reason`` ``"error"``) is not asked again: it is invalid at once, with
+    ``failed`` set. The first call of a ``role`` on a model too small to give a meaningful signal logs why,
+    once (:func:`~rapo_echo.llm.strength.warn_if_weak`)."""
     warn_if_weak(engine, role)
     if answer_format is not None:
         params = replace(params, answer_format=answer_format)
@@ -133,9 +154,12 @@ def generate_parsed(
         replies = engine.generate([prompts[i] for i in pending], use)
         still = []
         for i, gens in zip(pending, replies):
+            if gens and gens[0].finish_reason == FAILED:
+                results[i] = Parsed(None, "", attempt + 1, failed=True)
+                continue
             text = gens[0].text if gens and isinstance(gens[0].text, str) else ""
             value = parsers[i](text)
-            results[i] = Parsed(value, text, attempt + 1)
+            results[i] = Parsed(value, text, attempt + 1, top_logprobs=gens[0].top_logprobs if gens else None)
             if value is None:
                 still.append(i)
         pending = still

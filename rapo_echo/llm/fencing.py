@@ -19,9 +19,11 @@ cannot predict; :meth:`Fence.derived` gives a reproducible marker to a caller wi
 
 On the way back, :meth:`Fence.own_words` removes any block a model copied into its answer, so an answer
 is parsed from the model's own words only: a reply that ends in "Score: 5" cannot lend its score to
-a judge that quotes it. With ``copies=True`` (judges) a verbatim copy of a fenced text quoted without
-its markers goes too (texts of at least :data:`MIN_COPY` characters, so a one-word reply never erases
-a label).
+a judge that quotes it. With ``copies=True`` (judges) quoted material goes too: a verbatim copy of a
+fenced text quoted without its markers (texts of at least :data:`MIN_COPY` characters, so a one-word reply
+never erases a label), any JSON object that also stands in a fenced text (a judge that quotes only the
+reply's ``{"score": 5}``), and ``>`` quote lines. The judge's answer is then its last well-formed answer in
+what is left (:meth:`~rapo_echo.structured.AnswerFormat.parse`).
 
 One fence serves a whole batch of prompts built in one call (a group's prompts then still share
 their long prefix, which the ``hf`` engine prefills once).
@@ -34,6 +36,8 @@ import random
 import re
 import secrets
 from collections.abc import Iterable
+
+from rapo_echo.structured import json_object_spans
 
 REDACTED = "[marker removed]"
 _LABEL = re.compile(r"[A-Z][A-Z0-9 _-]{0,39}")
@@ -80,8 +84,8 @@ class Fence:
         """``answer`` (a model's output) without the blocks of this fence it copied: each from its
         opening line to its closing line, or to the end when the closing line is missing; a stray
         closing line goes too. With ``copies``, a bare verbatim copy of any text this fence put in a
-        block (at least :data:`MIN_COPY` characters) goes as well, longest first. What is left is the
-        model's own words."""
+        block (at least :data:`MIN_COPY` characters) goes as well, longest first, then ``>`` quote lines and
+        every JSON object that stands in a fenced text. What is left is the model's own words."""
         marker = re.escape(self.marker)
         label = rf"(?!END\s)(?P<label>{_LABEL.pattern})"
         close = rf"<<<\s*END\s+(?P=label)\s+{marker}\s*>>>"
@@ -90,7 +94,18 @@ class Fence:
         if copies:
             for shown in sorted((t for t in self.shown if len(t) >= MIN_COPY), key=len, reverse=True):
                 text = text.replace(shown, "")
+            text = re.sub(r"(?m)^[ \t]*>.*(?:\n|\Z)", "", text)  # quote lines
+            material = ["".join(t.split()) for t in self.shown]
+            for start, end in reversed(json_object_spans(text)):
+                squeezed = "".join(text[start:end].split())
+                if any(squeezed in m for m in material):
+                    text = text[:start] + text[end:]
         return text
+
+    def holds_marker(self, text: str) -> bool:
+        """Whether ``text`` (a model's answer) holds this fence's marker, in any case: a copy of the prompt's
+        structure (e.g. a block's opening line cut short, which :meth:`own_words` cannot recognise)."""
+        return self.marker.lower() in str(text).lower()
 
     def rules(self) -> str:
         """The sentence that tells the model how to read the blocks (put it in the instructions)."""

@@ -103,7 +103,8 @@ def judge_labels(
 ) -> list[LabelVerdict]:
     """Each prompt's verdict among ``values``' labels. With log-probs: one ``choice_logprobs`` call, the
     label probabilities renormalised over the labels; a row where every label has probability 0 (e.g. none
-    is in a server's top log-probs) falls back to text. Text: generate, ``parse_label`` (one function, or
+    is in a server's top log-probs) falls back to text; an empty row (the request failed for good) is
+    invalid. Text: generate, ``parse_label`` (one function, or
     one per prompt), retry; ``answer_format`` declares the generated answer's shape to the engine
     (:func:`~rapo_echo.llm.answers.generate_parsed`)."""
     warn_if_weak(engine, "judge")
@@ -113,6 +114,9 @@ def judge_labels(
     if prompts and wants_logprobs(engine, logprobs):
         text_rows = []
         for i, row in enumerate(engine.choice_logprobs(prompts, labels)):
+            if not row:  # the request failed for good: invalid, not asked again as text
+                out[i] = LabelVerdict(None, None, None, "", 1, "logprobs")
+                continue
             try:
                 probs = normalize_choices(row)
             except CapabilityError:

@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rapo_echo.addressing import addresses_judge, strip_addressing
+from rapo_echo.text import is_blank
+
 
 @dataclass
 class Reaction:
@@ -34,15 +37,23 @@ PROFILE_FIELDS = {
 }
 
 
-def render_profile(profile: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
+def render_profile(
+    profile: Mapping[str, Any], labels: Mapping[str, str] | None = None, *, strip_addressed: bool = True
+) -> str:
     """The hidden profile as ``- Label: value`` lines: known fields first (in a fixed order, with readable
-    labels), then any other non-empty field under its own name; '' when nothing is set."""
+    labels), then any other non-empty field under its own name; '' when nothing is set. Words aimed at a
+    judge in a value (:mod:`rapo_echo.addressing`) are left out (``strip_addressed``): a profile is shown
+    to the reaction simulator, whose reaction a judge reads. The judges pass False: they have screened
+    the profile under their own policy already (:mod:`rapo_echo.llm.judge_screen`)."""
     labels = PROFILE_FIELDS if labels is None else labels
     keys = [k for k in labels if k in profile] + [k for k in profile if k not in labels]
     lines = []
     for key in keys:
         value = profile[key]
-        if value is None or (isinstance(value, str) and not value.strip()):
+        text = "" if value is None else str(value)
+        if strip_addressed and addresses_judge(text):
+            text = strip_addressing(text)
+        if is_blank(text):
             continue
-        lines.append(f"- {labels.get(key, key)}: {str(value).strip()}")
+        lines.append(f"- {labels.get(key, key)}: {text.strip()}")
     return "\n".join(lines)

@@ -25,6 +25,7 @@ INSTEAD = {
         "against the rule-based hidden-preference user (make quickstart)"
     ),
     "eval": "for a figure that means something pass a served 7B-70B model: --{role} http://HOST:PORT/v1",
+    "data": "for data that means something give this role a served 7B-70B model (http://HOST:PORT/v1)",
 }
 
 

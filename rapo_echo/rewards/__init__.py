@@ -39,7 +39,6 @@ BUILTINS = {
     "humanlike": "rapo_echo.rewards.echo_n1:HumanlikeReward",
     "empathy": "rapo_echo.rewards.echo_n1:EmpathyReward",
     "echo_n1": "rapo_echo.rewards.echo_n1:EchoN1Reward",
-    "emotion_change": "rapo_echo.rewards.emotion:EmotionChangeReward",
 }
 
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 
 from rapo_echo.rewards import RewardOutput
-from rapo_echo.text import repeated_ngram_fraction
+from rapo_echo.text import is_blank, repeated_ngram_fraction
 from rapo_echo.types import Sample
 
 # Markers of a reply that speaks for the other person or leaks the chat format.
@@ -50,7 +50,7 @@ class FormatReward:
 
     def score_one(self, text: str, finish_reason: str = "stop") -> RewardOutput:
         """Score one reply text."""
-        if not text.strip():
+        if is_blank(text):
             return RewardOutput(0.0, "The reply is empty.", {"empty": True})
         score, reasons, info = 1.0, [], {}
         if ROLE_LEAK.search(text):

@@ -17,7 +17,9 @@ combination ``echo_n1``. Each judges through the run's ``judge`` engine (``rapo_
   gives every sample ``w_empathy * empathy + w_humanlike * humanlike``.
 
 A sample the judges cannot score gets ``None`` (masked out of the loss and counted), never 0; the
-reason is in the sample's ``info`` and each reward's ``stats``.
+reason is in the sample's ``info`` and each reward's ``stats``. On a served judge the stages that do not
+depend on each other go out together (:func:`~rapo_echo.engines.concurrency.together`): the references
+with the need analysis, and the empathy judge with the humanlike judge.
 """
 
 from __future__ import annotations
@@ -25,13 +27,21 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.engines.concurrency import calls_concurrently, together
 from rapo_echo.errors import ConfigError, DataError
-from rapo_echo.judges.bias import InjectionProbe, check_orders, inject
+from rapo_echo.judges.bias import (
+    ATTACKS,
+    InjectionProbe,
+    check_orders,
+    merge_metrics,
+    probe_detected,
+    probe_pair,
+)
 from rapo_echo.judges.empathy import (
     EmpathyJudge,
     NeedAnalysis,
@@ -42,8 +52,10 @@ from rapo_echo.judges.empathy import (
 )
 from rapo_echo.judges.humanlike import HumanlikeJudge
 from rapo_echo.llm.answers import check_logprobs_mode
+from rapo_echo.llm.judge_screen import check_policies
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
+from rapo_echo.text import is_blank
 from rapo_echo.types import Sample, Scenario
 
 log = logging.getLogger(__name__)
@@ -60,6 +72,13 @@ def _needs_judge(ctx: RewardContext, name: str) -> Any:
 def _check_mode(name: str, use_logprobs: str) -> None:
     try:
         check_logprobs_mode(f"rewards: {name}", use_logprobs)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _check_policies(name: str, addressed: str, addressed_context: str) -> None:
+    try:
+        check_policies(f"rewards: {name}", addressed, addressed_context)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -84,8 +103,11 @@ class HumanlikeReward:
         max_retries: int = 2,
         max_new_tokens: int = 64,
         seed: int = 0,
+        addressed: str = "floor",
+        addressed_context: str = "strip",
     ) -> None:
         _check_mode(self.name, use_logprobs)
+        _check_policies(self.name, addressed, addressed_context)
         self.judge = HumanlikeJudge(
             _needs_judge(ctx, self.name),
             context_aware=context_aware,
@@ -94,22 +116,29 @@ class HumanlikeReward:
             max_retries=max_retries,
             max_new_tokens=max_new_tokens,
             rng=random.Random(seed),
+            addressed=addressed,
+            addressed_context=addressed_context,
         )
 
     @property
     def stats(self) -> Counter[str]:
         return self.judge.stats
 
+    def step_metrics(self) -> dict[str, float]:
+        """The replies and contexts that addressed the judge since the last call (``judge/addressed*``)."""
+        return self.judge.screen.step_metrics()
+
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         scores = self.judge.score([(s.scenario.messages, s.text) for s in samples])
         out = []
         for sc in scores:
             v = sc.verdict
-            info: dict[str, Any] = {"p_human": sc.p_human, "label": v.label, "source": v.mode}
+            info: dict[str, Any] = {"p_human": sc.p_human, "label": v.label, "source": v.mode, **sc.screened}
             if v.reasoning:
                 info["reasoning"] = v.reasoning
             if sc.p_human is None:
-                info.update(invalid="unparseable verdict", raw=v.raw, attempts=v.attempts)
+                why = "addressed the judge" if v.mode == "addressed" else "unparseable verdict"
+                info.update(invalid=why, raw=v.raw, attempts=v.attempts)
             out.append(RewardOutput(sc.p_human, info=info))
         return out
 
@@ -142,8 +171,11 @@ class EmpathyReward:
         need_tokens: int = 40,
         show_profile: bool = False,
         seed: int = 0,
+        addressed: str = "floor",
+        addressed_context: str = "strip",
     ) -> None:
         _check_mode(self.name, use_logprobs)
+        _check_policies(self.name, addressed, addressed_context)
         self.outcome = _choice(self.name, "outcome", outcome, ("discrete", "probability"))
         self.order = _choice(self.name, "order", order, ("both", "random", "auto", "fixed"))
         try:
@@ -169,6 +201,8 @@ class EmpathyReward:
             ties=ties,
             show_profile=show_profile,
             rng=random.Random(seed),
+            addressed=addressed,
+            addressed_context=addressed_context,
         )
         self.rng = random.Random(seed + 1)
         self.reference_model = reference_model
@@ -224,7 +258,7 @@ class EmpathyReward:
         out: list[tuple[str | None, str]] = []
         need_model = []
         for i, sc in enumerate(scenarios):
-            own = sc.reference if sc.reference and sc.reference.strip() else None
+            own = sc.reference if not is_blank(sc.reference) else None
             if own is not None and self.reference != "model":
                 out.append((own, "scenario"))
             else:
@@ -237,6 +271,16 @@ class EmpathyReward:
                 if text:
                     out[i] = (text, "model")
         return out
+
+    def _stages_together(self) -> bool:
+        """Whether the references and the need analysis may run at the same time: the judge is served and
+        so is the reference model's engine (when references are written at all)."""
+        if not calls_concurrently(self.judge.engine):
+            return False
+        if self.reference == "scenario":
+            return True
+        roles = {"judge": self.ctx.judge, "policy": self.ctx.policy, "simulator": self.ctx.simulator}
+        return calls_concurrently(roles.get(self.reference_model))
 
     # ------------------------------------------------------------------ needs and process
     def _analyse(self, keys: Sequence[str], scenarios: Sequence[Scenario]) -> None:
@@ -264,9 +308,16 @@ class EmpathyReward:
         keys = [scenario_key(s.scenario) for s in samples]
         unique = dict(zip(keys, (s.scenario for s in samples)))
         u_keys, u_scen = list(unique), list(unique.values())
-        refs = dict(zip(u_keys, self.references(u_scen)))
-        if self.needs:
-            self._analyse(u_keys, u_scen)
+
+        def analyse() -> None:
+            if self.needs:
+                self._analyse(u_keys, u_scen)
+
+        # the references and the need analysis do not depend on each other: one round on served engines
+        written, _ = together(
+            [lambda: self.references(u_scen), analyse], concurrent=self._stages_together()
+        )
+        refs = dict(zip(u_keys, written))
         if self.process:
             self._process_factors(u_keys, u_scen)
         infos: list[dict[str, Any]] = []
@@ -275,6 +326,7 @@ class EmpathyReward:
         for s, k in zip(samples, keys):
             ref, source = refs[k]
             info: dict[str, Any] = {"reference_source": source}
+            info.update(self.judge.screen.reply(s.text, count=False).info())
             infos.append(info)
             slots.append([])
             if ref is None:
@@ -289,8 +341,8 @@ class EmpathyReward:
                 slots[-1].append((len(pairs), "A" if policy_first else "B"))
                 pairs.append((s.scenario, needs, a, b))
         measured = len(pairs)
-        probed = self._add_probe(samples, slots, pairs)
-        verdicts = self.judge.compare(pairs, measured)
+        probed, bare_at = self._add_probe(samples, slots, pairs)
+        verdicts = self.judge.compare(pairs, measured, bare_at)
         out = []
         for s, k, info, slot in zip(samples, keys, infos, slots):
             if not slot:
@@ -306,7 +358,7 @@ class EmpathyReward:
             if score is not None and self.process:
                 score = self._apply_process(s.scenario, k, score, info)
             out.append(RewardOutput(score, info=info))
-        self._read_probe(probed, out, verdicts)
+        self._read_probe(probed, out, verdicts, pairs)
         return out
 
     # ------------------------------------------------------------------ injection probe
@@ -315,40 +367,63 @@ class EmpathyReward:
         samples: Sequence[Sample],
         slots: list[list[tuple[int, str]]],
         pairs: list[tuple[Scenario, NeedAnalysis | None, str, str]],
-    ) -> list[tuple[int, list[tuple[int, str]]]]:
-        """Append to ``pairs`` the probe's copies of the first samples still to measure: the same
-        presentations with :data:`~rapo_echo.judges.bias.INJECTION` added to the policy's reply (one
-        batched call with the real comparisons). Returns (sample index, its probe slots)."""
-        probed = []
-        for i, slot in enumerate(slots):
-            if not slot or len(probed) >= self.injection.remaining:
-                continue
-            extra = []
-            for j, label in slot:
-                sc, needs, a, b = pairs[j]
-                a, b = (inject(a), b) if label == "A" else (a, inject(b))
-                extra.append((len(pairs), label))
-                pairs.append((sc, needs, a, b))
-            probed.append((i, extra))
-        return probed
+    ) -> tuple[list[tuple[int, str, list[tuple[int, str]], list[tuple[int, str]]]], int]:
+        """Append to ``pairs`` the probe's copies of the first samples still to measure, one attack each
+        (:data:`~rapo_echo.judges.bias.ATTACKS` in turn): the same presentations attacked, once to be
+        judged through the screen (what the reward would give) and once as written (the bare judge), in
+        one batched call with the real comparisons. Returns (sample index, attack, screened slots, bare
+        slots) per probe, and the index of the first bare copy."""
+        todo = [i for i, slot in enumerate(slots) if slot][: self.injection.remaining]
+        probes = []
+        for k, i in enumerate(todo):
+            attack = ATTACKS[(len(self.injection.records) + k) % len(ATTACKS)]
+            probes.append((i, attack, [probe_pair(pairs[j], label, attack) for j, label in slots[i]]))
+        placed: list[list[tuple[int, str]]] = []
+        bare_at = len(pairs)
+        for copy in range(2):  # first every screened copy, then every bare one
+            if copy == 1:
+                bare_at = len(pairs)
+            for i, _, attacked in probes:
+                placed.append([])
+                for item, (_, label) in zip(attacked, slots[i]):
+                    placed[-1].append((len(pairs), label))
+                    pairs.append(item)
+        n = len(probes)
+        out = [(i, attack, placed[k], placed[n + k]) for k, (i, attack, _) in enumerate(probes)]
+        return out, bare_at
 
     def _read_probe(
         self,
-        probed: Sequence[tuple[int, list[tuple[int, str]]]],
+        probed: Sequence[tuple[int, str, list[tuple[int, str]], list[tuple[int, str]]]],
         out: Sequence[RewardOutput],
         verdicts: Sequence[Any],
+        pairs: Sequence[tuple[Scenario, NeedAnalysis | None, str, str]],
     ) -> None:
-        for i, extra in probed:
-            values = [presentation_outcome(verdicts[j], label, "probability") for j, label in extra]
-            injected = combine_presentations(values)
+        for i, attack, screened, bare in probed:
             plain = out[i].info.get("outcome")
+            injected = combine_presentations(
+                [presentation_outcome(verdicts[j], lb, self.outcome) for j, lb in bare]
+            )
+            defended = combine_presentations(
+                [presentation_outcome(verdicts[j], lb, self.outcome) for j, lb in screened]
+            )
+            j, label = bare[0]
+            sc, _, a, b = pairs[j]
+            detected = probe_detected(sc, a if label == "A" else b, attack)
             if injected is not None and plain is not None:
-                self.injection.add(injected - plain)
+                self.injection.add(
+                    injected - plain, attack, None if defended is None else defended - plain, detected
+                )
 
     def step_metrics(self) -> dict[str, float]:
-        """The judge's position bias (``judge/position_bias/*``) and, while the probe runs, its
-        instruction bias (``judge/injection_bias/*``) since the last call, logged every step."""
-        return {**self.judge.position_bias.step_metrics(), **self.injection.step_metrics()}
+        """The judge's position bias (``judge/position_bias/*``), the texts that addressed it
+        (``judge/addressed*``) and, while the probe runs, its instruction bias (``judge/injection_bias/*``)
+        since the last call, logged every step."""
+        return {
+            **self.judge.position_bias.step_metrics(),
+            **self.judge.screen.step_metrics(),
+            **self.injection.step_metrics(),
+        }
 
     def _orders(self) -> list[bool]:
         """Presentations of one pair: True = the policy's reply is A."""
@@ -424,13 +499,18 @@ class EchoN1Reward:
             raise ConfigError(f"rewards: echo_n1: bad humanlike / empathy args: {exc}") from exc
 
     def step_metrics(self) -> dict[str, float]:
-        """The empathy judge's position bias since the last call (:meth:`EmpathyReward.step_metrics`)."""
-        return self.empathy.step_metrics()
+        """Both judges' step metrics since the last call (:meth:`EmpathyReward.step_metrics`, and the
+        humanlike screen's ``judge/addressed*`` counts added to the empathy one's)."""
+        return merge_metrics([self.empathy.step_metrics(), self.humanlike.step_metrics()])
 
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         domains = [scenario_domain(s.scenario, self.domain_field, self.default_domain) for s in samples]
+        # the two judges do not depend on each other: on a served judge they go out together
+        concurrent = calls_concurrently(self.empathy.judge.engine, self.humanlike.judge.engine)
         if self.mode == "weighted":
-            emp, hum = self.empathy(samples), self.humanlike(samples)
+            emp, hum = together(
+                [lambda: self.empathy(samples), lambda: self.humanlike(samples)], concurrent=concurrent
+            )
             out = []
             for e, h in zip(emp, hum):
                 parts = (e.score, h.score)
@@ -448,11 +528,19 @@ class EchoN1Reward:
                 )
             return out
         out_by: dict[int, RewardOutput] = {}
-        for domain, reward in (("empathy", self.empathy), ("chitchat", self.humanlike)):
-            idx = [i for i, d in enumerate(domains) if d == domain]
-            if idx:
-                for i, o in zip(idx, reward([samples[i] for i in idx])):
-                    # ``route``: the judge it went to; reward_stats shows each one's share per step
-                    info = {"domain": domain, "route": reward.name, "routes": ROUTES, **o.info}
-                    out_by[i] = RewardOutput(o.score, o.critique, info)
+        routes = [
+            (domain, reward, [i for i, d in enumerate(domains) if d == domain])
+            for domain, reward in (("empathy", self.empathy), ("chitchat", self.humanlike))
+        ]
+        routes = [r for r in routes if r[2]]
+
+        def judged(reward: Any, idx: list[int]) -> Callable[[], list[RewardOutput]]:
+            return lambda: reward([samples[i] for i in idx])
+
+        outputs = together([judged(reward, idx) for _, reward, idx in routes], concurrent=concurrent)
+        for (domain, reward, idx), outs in zip(routes, outputs):
+            for i, o in zip(idx, outs):
+                # ``route``: the judge it went to; reward_stats shows each one's share per step
+                info = {"domain": domain, "route": reward.name, "routes": ROUTES, **o.info}
+                out_by[i] = RewardOutput(o.score, o.critique, info)
         return [out_by[i] for i in range(len(samples))]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from rapo_echo.errors import ConfigError
-from rapo_echo.llm.answers import check_logprobs_mode, generate_parsed, wants_logprobs
+from rapo_echo.llm.answers import answer_words, check_logprobs_mode, generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.judge_screen import JudgeScreen
 from rapo_echo.llm.labels import read_label_probabilities
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.structured import AnswerFormat
@@ -36,6 +38,10 @@ class JudgeReward:
     only write that; it is read by that format from the judge's own words, retried up to
     ``max_retries`` times (sampling, so a retry can differ from the greedy first try), then marked
     invalid.
+
+    A reply that addresses the judge is handled by ``addressed`` (default ``floor``: score 0 without asking
+    the model), a dialogue or profile that does by ``addressed_context`` (default ``strip``); see
+    :mod:`rapo_echo.llm.judge_screen`.
     """
 
     name = "judge"
@@ -49,6 +55,8 @@ class JudgeReward:
         max_retries: int = 2,
         max_new_tokens: int = 64,
         show_profile: bool = False,
+        addressed: str = "floor",
+        addressed_context: str = "strip",
     ) -> None:
         if ctx.judge is None:
             raise ConfigError("rewards: the 'judge' reward needs a judge engine (config section 'judge')")
@@ -56,6 +64,7 @@ class JudgeReward:
             raise ConfigError(f"rewards: judge scale must be 2..9 (single-digit labels), got {scale}")
         try:
             check_logprobs_mode("rewards: judge", use_logprobs)
+            self.screen = JudgeScreen(addressed, addressed_context, owner="rewards: judge")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.engine = ctx.judge
@@ -107,7 +116,32 @@ class JudgeReward:
         value = self.answer_format.parse(text)
         return value["score"] if isinstance(value, dict) else None
 
+    def step_metrics(self) -> dict[str, float]:
+        """The replies and contexts that addressed the judge since the last call (``judge/addressed*``)."""
+        return self.screen.step_metrics()
+
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
+        out: list[RewardOutput | None] = [None] * len(samples)
+        shown: list[tuple[int, Sample, dict]] = []
+        for i, s in enumerate(samples):
+            scenario, hit = self.screen.scenario(s.scenario)
+            reply = self.screen.reply(s.text)
+            info = {**reply.info(), **({"addressed_context": True} if hit else {})}
+            if reply.floored:
+                out[i] = RewardOutput(0.0, info={"rating": 1, "source": "addressed", **info})
+            elif reply.invalid or self.screen.context_invalid(hit):
+                out[i] = RewardOutput(None, info={"rating": None, "invalid": "addressed the judge", **info})
+            else:
+                shown.append((i, replace(s, scenario=scenario, text=reply.text), info))
+        for (i, _, info), o in zip(shown, self._judge([s for _, s, _ in shown])):
+            o.info.update(info)
+            out[i] = o
+        return out  # type: ignore[return-value]
+
+    def _judge(self, samples: Sequence[Sample]) -> list[RewardOutput]:
+        """The model's scores of ``samples`` (already screened)."""
+        if not samples:
+            return []
         fence = self.fence(samples)
         text_mode = not wants_logprobs(self.engine, self.use_logprobs)
         prompts = [self.prompt(s, fence, text_mode=text_mode) for s in samples]
@@ -131,7 +165,7 @@ class JudgeReward:
         parsed = generate_parsed(
             self.engine,
             prompts,
-            lambda text: self.parse(fence.own_words(text, copies=True)),
+            lambda text: self.parse(answer_words(text, fence, self.engine, self.answer_format)),
             params,
             max_retries=self.max_retries,
             answer_format=self.answer_format,

@@ -20,6 +20,7 @@ from typing import Any
 
 from rapo_echo.engines.base import ChatEngine, generate_texts
 from rapo_echo.prompting import policy_conversation
+from rapo_echo.scrub import scrub
 from rapo_echo.types import SamplingParams, Scenario
 
 log = logging.getLogger(__name__)
@@ -102,5 +103,5 @@ class ReferenceStore:
                     if text:
                         self._cache[key] = text
                         row = {"key": key, "scenario": sc.id, "reference": text}
-                        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                        fh.write(scrub(json.dumps(row, ensure_ascii=False)) + "\n")
         return [self._cache.get(key) for key in keys]

@@ -119,7 +119,7 @@ def engine(url: str) -> OpenAIEngine:
     [
         ("hang", r"timed out after 0\.5 s .*gave up after 2 attempts", 2),
         ("trickle", r"timed out after 0\.5 s .*gave up after 2 attempts", 2),
-        ("500", r"HTTP 500: engine overloaded \(gave up after 2 attempts\)", 2),
+        ("500", r"HTTP 500: engine overloaded \(gave up after 2 attempts\)", 3),  # + one health request
         ("garbage", r"response is not JSON: '<html>502", 1),
         ("close", r"connection failed .*gave up after 2 attempts", 2),
     ],

@@ -191,7 +191,7 @@ def test_config_traps_are_clear_errors(tmp_path: Path, text: bytes, needle: str)
 def test_yaml_merge_keys_and_reused_anchors_still_work(tmp_path: Path) -> None:
     p = write(
         tmp_path / "run.yaml",
-        "x: &j {engine: scripted}\njudge: *j\nsimulator:\n  <<: *j\n  temperature: 0.5\n",
+        "x: &j {engine: scripted}\njudge: *j\nsimulator:\n  <<: *j\n  max_batch_size: 8\n",
     )
     with pytest.raises(ConfigError, match="x: got"):  # only the unknown top-level key is wrong
         load_config(p)

@@ -241,3 +241,68 @@ class StructuredAPI:
         if key == "guided_json":
             return json.dumps(schema_value(value, self.samples))
         raise AssertionError(f"unexpected format field {key}")
+
+
+# ---------------------------------------------------------------------- a served simulator / judge
+@dataclass
+class ServedAPI:
+    """``respond`` of a :class:`FakeAPI` that plays a vLLM server for any role: ``GET /models`` (``owned_by:
+    owner``, ``vllm`` by default), ``GET /version``, and chat requests answered in the format they ask for,
+    with vLLM-style log-probs and top lists (the benchmark's fake server's answers,
+    :func:`rapo_echo.benchmarks.perf.fake_served.completion_body`). ``fail(seen)`` returns an HTTP status for
+    a chat request that must fail (every time it is sent), or None. ``gate(seen)`` may block any request (to
+    hold a stage until all of it is in flight, e.g. a :class:`Rendezvous`). ``failed`` counts the failures
+    sent."""
+
+    fail: Callable[[Seen], int | None] | None = None
+    gate: Callable[[Seen], None] | None = None
+    seed: int = 0
+    failed: int = 0
+    owner: str = "vllm"
+
+    def __call__(self, seen: Seen, index: int) -> Reply:
+        import random as _random
+
+        from rapo_echo.benchmarks.perf.fake_served import MODEL_ID, VLLM_VERSION, completion_body
+
+        if self.gate is not None:
+            self.gate(seen)
+        if seen.method == "GET" and seen.path.endswith("/models"):
+            return Reply(body={"object": "list", "data": [{"id": MODEL_ID, "owned_by": self.owner}]})
+        if seen.method == "GET" and seen.path == "/version":
+            return Reply(body={"version": VLLM_VERSION})
+        status = self.fail(seen) if self.fail is not None else None
+        if status is not None:
+            self.failed += 1
+            return Reply(status, {"error": {"message": f"injected failure (HTTP {status})"}})
+        return Reply(body=completion_body(seen.body, _random.Random(f"{self.seed}|{index}")))
+
+
+def prompt_of(seen: Seen) -> str:
+    """A chat request's messages as one text (for ``fail`` / ``gate`` predicates)."""
+    return "\n".join(str(m.get("content", "")) for m in (seen.body or {}).get("messages", []))
+
+
+class Rendezvous:
+    """A ``gate`` that holds every matching request until ``want`` of them wait together (then lets all
+    through, and every later one at once). ``peak`` is the most that waited together: it reaches ``want``
+    only if the client had them in flight at the same time (else the wait times out, the requests go on,
+    and the test's assertion on ``peak`` fails instead of the test hanging). No timing is asserted."""
+
+    def __init__(self, want: int, match: Callable[[Seen], bool] = lambda s: True, timeout: float = 30.0):
+        self.want, self.match, self.timeout = want, match, timeout
+        self.lock = threading.Lock()
+        self.waiting = self.peak = self.seen = 0
+
+    def __call__(self, seen: Seen) -> None:
+        if not self.match(seen):
+            return
+        with self.lock:
+            self.seen += 1
+            self.waiting += 1
+            self.peak = max(self.peak, self.waiting)
+        end = time.monotonic() + self.timeout
+        while self.peak < self.want and time.monotonic() < end:
+            time.sleep(0.005)
+        with self.lock:
+            self.waiting -= 1

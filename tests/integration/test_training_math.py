@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.base import PG
+from rapo_echo.algorithms.learner import Learner
 from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.trainer import Trainer
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false"]
 
@@ -47,7 +47,7 @@ def test_bf16_step_one_has_ratio_one_and_reports_the_sampler_gap(tmp_path: Path)
             *QUIET,
         ]
     )
-    Trainer(cfg).train()
+    Learner(cfg).train()
     import yaml
 
     assert yaml.safe_load((run / "config.yaml").read_text())["loss"]["agg"] == "seq-mean-token-mean"  # 9.5
@@ -58,7 +58,7 @@ def test_bf16_step_one_has_ratio_one_and_reports_the_sampler_gap(tmp_path: Path)
     assert 0 < m["train/sampler_logprob_gap/mean"] <= m["train/sampler_logprob_gap/max"]
 
 
-def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Trainer:
+def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Learner:
     cfg = load_config(
         overrides=[
             f"model.name={tiny_folder}",
@@ -71,14 +71,14 @@ def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Trainer:
             *extra,
         ]
     )
-    return Trainer(cfg)
+    return Learner(cfg)
 
 
 @pytest.mark.parametrize(("dtype", "recomputed"), [("bfloat16", True), ("float32", False)])
 def test_old_logprobs_with_several_mini_batches(tmp_path: Path, tiny_folder: Path, dtype, recomputed) -> None:
     """With two mini-batches the first update's forward cannot give the old log-probs: fp32 uses the
     sampler's (they match), bf16 recomputes them with the scorer and measures the gap there."""
-    from rapo_echo.trainer import _LogprobGap
+    from rapo_echo.algorithms.learner import _LogprobGap
 
     trainer = _tiny_trainer(tiny_folder, tmp_path / "run", f"model.dtype={dtype}", "train.mini_batches=2")
     rollout = trainer.algorithm.rollout(trainer._batch(), 0)
@@ -138,8 +138,8 @@ def test_training_tears_down_the_process_group_even_when_it_fails(tmp_path: Path
     ends the group on its way out, a run that fails to start too (the data file is missing)."""
     import torch.distributed as dist
 
+    from rapo_echo.algorithms.learner import run_training
     from rapo_echo.errors import RapoEchoError
-    from rapo_echo.trainer import run_training
 
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -159,7 +159,7 @@ def test_training_tears_down_the_process_group_even_when_it_fails(tmp_path: Path
 # ---------------------------------------------------------------------------- 9.2 token_kl micro-batches
 
 
-def _scripted_rapo_trainer(tiny_folder: Path, run: Path, *extra: str) -> Trainer:
+def _scripted_rapo_trainer(tiny_folder: Path, run: Path, *extra: str) -> Learner:
     """A RAPO trainer on the tiny model whose replies, reactions and rankings are the scripted ones
     of tests/unit/algorithms/test_rapo.py (known ranks: two replies per group are distilled)."""
     from rapo_echo.algorithms.base import AlgoContext
@@ -186,7 +186,7 @@ def _scripted_rapo_trainer(tiny_folder: Path, run: Path, *extra: str) -> Trainer
             *extra,
         ],
     )
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     policy = trainer.policy
     policy.engine = ScriptedPolicyEngine(policy.lm, policy.tokenizer, name="policy")
     trainer.algorithm = RAPO(cfg, AlgoContext(policy, trainer.rewards, simulator(), judge()))
@@ -224,7 +224,7 @@ def test_token_kl_runs_with_any_micro_batch_size(tmp_path: Path, tiny_folder: Pa
 # ---------------------------------------------------------------------------- 9.1 token_kl teacher
 
 
-def _teacher_prompts(trainer: Trainer) -> tuple[list, list[str]]:
+def _teacher_prompts(trainer: Learner) -> tuple[list, list[str]]:
     """Run a rollout and return its samples and the decoded teacher contexts token_kl scored with."""
     policy = trainer.policy
     seen: list[list[int]] = []
@@ -301,7 +301,7 @@ def test_gspo_weighs_sequences_equally_by_default() -> None:
     ratio 1, so each token's loss is -A: seq-mean-token-mean gives (1 + -1) / 2 = 0, where token-mean
     would give (10 * 1 + 2 * -1) / 12 = 2/3 (the long reply weighing 5x)."""
     from rapo_echo.algorithms.base import MicroBatch
-    from rapo_echo.algorithms.grpo import GRPO
+    from rapo_echo.algorithms.grpo import pg_loss
 
     assert load_config(overrides=["loss.policy_loss=gspo"]).loss.agg == "seq-mean-token-mean"
     assert load_config(algo="rapo", overrides=["loss.policy_loss=gspo"]).loss.agg == "seq-mean-token-mean"
@@ -322,7 +322,7 @@ def test_gspo_weighs_sequences_equally_by_default() -> None:
     totals = {PG: {"tokens": 12.0, "seqs": 2.0}}
     for agg, expected in (("auto", 0.0), ("token-mean", 2 / 3)):
         cfg = load_config(overrides=["loss.policy_loss=gspo", f"loss.agg={agg}", "loss.beta=0"])
-        loss, _ = GRPO(cfg, None).pg_loss(mb, logp, torch.zeros_like(logp), totals)  # type: ignore[arg-type]
+        loss, _ = pg_loss(cfg, mb, logp, torch.zeros_like(logp), totals)
         assert loss.item() == pytest.approx(expected, abs=1e-6)
 
 
@@ -465,8 +465,8 @@ def test_scorer_applies_the_models_own_logit_transform(kind: str) -> None:
         batch = collate([prompt], [completion], 0, shared=shared)
         with torch.no_grad():
             got = scorer(batch.to("cpu"), gather_ids=torch.tensor([[[1, 2, 3]] * 3]))
-        assert torch.allclose(got[0][0], expected, atol=1e-5), (shared, got[0][0], expected)
-        assert torch.allclose(got[2][0], own[:, 1:4], atol=1e-5)
+        assert torch.allclose(got.logp[0], expected, atol=1e-5), (shared, got.logp[0], expected)
+        assert torch.allclose(got.gathered[0], own[:, 1:4], atol=1e-5)
     ids, vals = scorer.topk(collate([prompt], [completion], 0), 5)
     top = own.topk(5, -1)
     assert torch.equal(ids[0], top.indices) and torch.allclose(vals[0], top.values, atol=1e-5)
@@ -521,14 +521,15 @@ def test_adv_nll_with_a_negative_weight_is_bounded(tiny_folder: Path) -> None:
     """Weight -2 on an SD row with token probabilities 0.5 and 0.001: -w * max(log p, -5) per token,
     (2 ln 0.5 + 2 * -5) / 2 = -5.6931 (unclipped it was (2 ln 0.5 + 2 ln 0.001) / 2 = -7.6009 and
     kept falling as p -> 0); the token already below the floor gets no gradient."""
-    from rapo_echo.algorithms.base import SD
+    from rapo_echo.algorithms.rapo import SD
+    from rapo_echo.policy import TokenScores
     from tests.unit.algorithms.test_rapo import make_rapo, micro
 
     algo, *_ = make_rapo(tiny_folder, "rapo.sd.loss=adv_nll", "rapo.sd.coef=1.0")
     logp = torch.log(torch.tensor([[0.5, 0.001], [0.9, 0.9]])).requires_grad_(True)
     mb = micro([[0, 0], [0, 0]], [SD, PG], [0.0, 0.0], [-2.0, 1.0])
     totals = {SD: {"tokens": 2.0, "seqs": 1.0}, PG: {"tokens": 2.0, "seqs": 1.0}}
-    loss, metrics = algo.loss(mb, logp, torch.zeros_like(logp), totals)
+    loss, metrics = algo.loss(mb, TokenScores(logp, torch.zeros_like(logp)), totals)
     assert metrics["loss/sd"].item() == pytest.approx((2 * math.log(0.5) + 2 * -5.0) / 2, abs=1e-5)
     loss.backward()
     assert logp.grad[0, 0].item() == pytest.approx(2 / 2, abs=1e-6) and logp.grad[0, 1].item() == 0.0
@@ -542,8 +543,8 @@ def test_sd_advantages_use_the_total_reward(tiny_folder: Path) -> None:
       fixed 0.5 * 1.0 + 0.5 * 5/6 + 0.7 = 1.616667
       originals 0.5 * (0.8, 0.6, 0.4, 0.2) + 0.5 * (1, 2/3, 1/2, 0) + (0.7, 0.4, 0.2, 0.4), mean 0.945833
     weight 0.670833 (with the linear rank reward alone it was 0.5)."""
-    from rapo_echo.algorithms.base import SD, AlgoContext
-    from rapo_echo.algorithms.rapo import RAPO
+    from rapo_echo.algorithms.base import AlgoContext
+    from rapo_echo.algorithms.rapo import RAPO, SD
     from rapo_echo.policy import Policy
     from rapo_echo.rewards import RewardContext, RewardSet
     from tests.unit.algorithms.test_rapo import SCENARIOS, ScriptedPolicyEngine, judge, simulator
@@ -575,7 +576,7 @@ def test_sd_losses_distil_the_temperature_one_distribution(tmp_path: Path, tiny_
     """With rollout.temperature 0.5 the PG rows are scored at 0.5 (the sampling distribution) and the
     SD rows at 1: nll is the mean -log p of the rewrites under the model's own distribution; the
     token_kl teacher's top-k are temperature-1 log-probs (they used to be the 0.5-scaled ones)."""
-    from rapo_echo.algorithms.base import SD
+    from rapo_echo.algorithms.rapo import SD
 
     trainer = _scripted_rapo_trainer(
         tiny_folder,
@@ -594,7 +595,7 @@ def test_sd_losses_distil_the_temperature_one_distribution(tmp_path: Path, tiny_
         (batch,) = teacher_batches
         _, logp = policy.scorer.topk(batch, 4, temperature=1.0)
         for row, it in enumerate(sd):
-            assert torch.allclose(it.teacher_logp, logp[row, : len(it.completion_ids)])  # type: ignore[attr-defined]
+            assert torch.allclose(it.fields["teacher_logp"], logp[row, : len(it.completion_ids)])
         return
     batch = policy.batch([it.prompt_ids for it in sd], [it.completion_ids for it in sd])
     with torch.no_grad():

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
+from rapo_echo.algorithms.learner import Learner
 from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.trainer import Trainer
 from tests.helpers.launch import ROOT, accelerate, run_processes, torchrun
 from tests.helpers.multiproc_probe import record_file, replaying, weights_file
 
@@ -48,34 +48,39 @@ needs_deepspeed = pytest.mark.skipif(
 )
 
 
-def launch(prefix: list[str], model: Path, run: Path, probe_dir: Path, *extra: str) -> None:
+def launch(
+    prefix: list[str], model: Path, run: Path, probe_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> None:
     """Run the probe's ``train`` under a launcher ``prefix`` (2 processes) with the common settings."""
     cmd = [*prefix, str(PROBE), "train", "--model", str(model), "--output", str(run)]
     for s in [f"rollout.batch_size={PER_RANK}", *COMMON, *extra]:
         cmd += ["--set", s]
-    res = run_processes(cmd, env={"PROBE_DIR": str(probe_dir)}, timeout=900)
+    res = run_processes(cmd, env={"PROBE_DIR": str(probe_dir), **(env or {})}, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
 
 
-def resume(prefix: list[str], run: Path, probe_dir: Path) -> None:
-    res = run_processes(
-        [*prefix, str(PROBE), "train", "--resume", str(run)], env={"PROBE_DIR": str(probe_dir)}
-    )
+def resume(
+    prefix: list[str], run: Path, probe_dir: Path, *overrides: str, env: dict[str, str] | None = None
+) -> None:
+    cmd = [*prefix, str(PROBE), "train", "--resume", str(run)]
+    for s in overrides:
+        cmd += ["--set", s]
+    res = run_processes(cmd, env={"PROBE_DIR": str(probe_dir), **(env or {})})
     assert res.returncode == 0, res.stderr[-4000:]
 
 
-def deepspeed_fp32_config(tmp: Path) -> Path:
-    """The shipped ZeRO-2 launch config and its DeepSpeed JSON, the JSON's bf16 turned off so the run can
-    be compared with an fp32 single-process run on a CPU."""
+def deepspeed_fp32_config(tmp: Path, stage: int = 2) -> Path:
+    """The shipped ZeRO-``stage`` launch config and its DeepSpeed JSON, the JSON's bf16 turned off so the
+    run can be compared with an fp32 single-process run on a CPU."""
     import yaml
 
-    ds = json.loads((ROOT / "configs/deepspeed/zero2.json").read_text())
+    ds = json.loads((ROOT / f"configs/deepspeed/zero{stage}.json").read_text())
     ds["bf16"] = {"enabled": False}
-    (tmp / "zero2_fp32.json").write_text(json.dumps(ds))
-    launch_cfg = yaml.safe_load((ROOT / "configs/accelerate/deepspeed_zero2.yaml").read_text())
-    launch_cfg["deepspeed_config"]["deepspeed_config_file"] = str(tmp / "zero2_fp32.json")
-    (tmp / "zero2.yaml").write_text(yaml.safe_dump(launch_cfg))
-    return tmp / "zero2.yaml"
+    (tmp / f"zero{stage}_fp32.json").write_text(json.dumps(ds))
+    launch_cfg = yaml.safe_load((ROOT / f"configs/accelerate/deepspeed_zero{stage}.yaml").read_text())
+    launch_cfg["deepspeed_config"]["deepspeed_config_file"] = str(tmp / f"zero{stage}_fp32.json")
+    (tmp / f"zero{stage}.yaml").write_text(yaml.safe_dump(launch_cfg))
+    return tmp / f"zero{stage}.yaml"
 
 
 def metrics(run: Path) -> list[dict]:
@@ -116,8 +121,11 @@ def check_samples_of_every_rank(run: Path, records: Path) -> None:
             assert sorted(s for s, _ in mine) == sorted(row["scenario"] for row in drawn)
 
 
-def check_equals_single_process(tmp: Path, model: Path, run: Path, records: Path, monkeypatch) -> None:
-    """Replay the ranks' samples in one process with the global batch: same losses, same weights."""
+def check_equals_single_process(
+    tmp: Path, model: Path, run: Path, records: Path, monkeypatch, *extra: str
+) -> None:
+    """Replay the ranks' samples in one process with the global batch (``extra``: the settings the run
+    added to the common ones): same losses, same weights."""
     rollout_at, replayed = replaying(records, world=2)
     monkeypatch.setattr(GRPO, "rollout", rollout_at)
     monkeypatch.setattr(GRPO, "sample_group", replayed)
@@ -128,10 +136,11 @@ def check_equals_single_process(tmp: Path, model: Path, run: Path, records: Path
             f"output={single}",
             f"rollout.batch_size={2 * PER_RANK}",
             *COMMON,
+            *extra,
             "train.save_every=100",
         ]
     )
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     start = {n: p.detach().clone() for n, p in trainer.policy.lm.named_parameters() if p.requires_grad}
     trainer.train()
     multi, one = metrics(run), metrics(single)

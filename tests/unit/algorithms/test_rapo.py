@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rapo_echo.algorithms.base import PG, SD, AlgoContext, MicroBatch
-from rapo_echo.algorithms.rapo import RAPO, select_for_distillation, teacher_prompt
+from rapo_echo.algorithms.base import PG, AlgoContext, MicroBatch
+from rapo_echo.algorithms.rapo import RAPO, SD, select_for_distillation, teacher_prompt
 from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
-from rapo_echo.policy import Policy
+from rapo_echo.policy import Policy, TokenScores
 from rapo_echo.rewards import RewardSet
 from rapo_echo.types import Generation, Scenario, msg
 
@@ -248,7 +248,7 @@ def test_sd_losses_by_hand(tiny_folder, mode: str, expected: float) -> None:
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.5], [0.9, 0.9, 0.9]]))
     mb = micro([[0, 0, 0], [0, 0, 0]], [SD, PG], [0.5, 0.0], [2.0, 1.0])
     totals = {SD: {"tokens": 3.0, "seqs": 1.0}, PG: {"tokens": 3.0, "seqs": 1.0}}
-    loss, metrics = algo.loss(mb, logp, torch.zeros_like(logp), totals)
+    loss, metrics = algo.loss(mb, TokenScores(logp, torch.zeros_like(logp)), totals)
     assert metrics["loss/sd"].item() == pytest.approx(expected, abs=1e-5)
     # the PG row has advantage 0 and ratio 1: its loss is 0, so the total is the SD term
     assert loss.item() == pytest.approx(expected, abs=1e-5)
@@ -261,7 +261,7 @@ def test_rapo_step_on_the_embedded_model(tmp_path) -> None:
     simulator and judge see the base with the adapter off)."""
     import json
 
-    from rapo_echo.trainer import Trainer
+    from rapo_echo.algorithms.learner import Learner
 
     run = tmp_path / "run"
     cfg = load_config(
@@ -281,7 +281,7 @@ def test_rapo_step_on_the_embedded_model(tmp_path) -> None:
             "logging.tensorboard=false",
         ],
     )
-    Trainer(cfg).train()
+    Learner(cfg).train()
     m = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert m["judge/invalid_groups"] == 0.0 and m["items"] >= 3
     for key in ("loss/grpo", "time/simulate", "time/judge", "time/distill", "sd/corrections"):

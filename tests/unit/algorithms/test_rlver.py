@@ -110,12 +110,14 @@ def make_algo(policy: Policy, sim: ScriptedEngine, *sets: str, rewards=None) -> 
     # tests look at the rollouts and the PPO estimates of single dialogues
     one = "rollout.group_size=1" in sets
     sets = tuple(x for x in sets if x != "rollout.group_size=1")
-    # no Trainer resolves "auto" here, so the micro-batch size is given
+    # no Learner resolves "auto" here, so the micro-batch size is given
     base = ["rollout.group_size=2", "rollout.max_new_tokens=24", "train.micro_batch_size=8"]
     cfg = load_config(algo="rlver", overrides=[*base, *sets])
     if one:
         cfg.rollout.group_size = 1
     policy.rollout_cfg = cfg.rollout
+    if RLVER.needs(cfg).value_head:  # what the Learner does before it builds the algorithm
+        policy.add_value_head()
     return RLVER(cfg, AlgoContext(policy, rewards or RewardSet([]), simulator=sim))
 
 
@@ -308,8 +310,8 @@ def test_ppo_values_and_gae(policy):
     [item] = out.items
     # the value head starts at zero, so with gamma = lambda = 1 every policy token's advantage is the
     # reward (30 + 10 + 10) / 100 = 0.5 and its return too; the user's tokens get 0
-    assert item.old_values == pytest.approx([0.0] * len(item.completion_ids))
-    for a, r, m in zip(item.token_advantages, item.returns, item.loss_mask):
+    assert item.fields["old_values"] == pytest.approx([0.0] * len(item.completion_ids))
+    for a, r, m in zip(item.fields["token_advantages"], item.fields["returns"], item.loss_mask):
         assert (a, r) == pytest.approx((0.5, 0.5) if m else (0.0, 0.0))
     dense = make_algo(
         policy,
@@ -322,7 +324,7 @@ def test_ppo_values_and_gae(policy):
     )
     d_out = dense.rollout([scenario("A")], step=0)
     [d_item], n1 = d_out.items, len(d_out.extra["episodes"][0].turns[0].ids)
-    on = [a for a, m in zip(d_item.token_advantages, d_item.loss_mask) if m]
+    on = [a for a, m in zip(d_item.fields["token_advantages"], d_item.loss_mask) if m]
     # rewards (40 - 30) / 100 and (50 - 40) / 100 at the two turns' ends: 0.2 left on turn 1, 0.1 on turn 2
     assert on[:n1] == pytest.approx([0.2] * n1) and on[n1:] == pytest.approx([0.1] * (len(on) - n1))
     # thinking mode: one row per turn, GAE across a dialogue's rows ([dialogue, turn, token] flattened)
@@ -344,7 +346,8 @@ def test_ppo_values_and_gae(policy):
     # its own .1 at its end and the carried advantage of turn 2's first token
     tail2 = [0.1 * 0.5 ** (n2 - 1 - t) for t in range(n2)]
     tail1 = [(0.1 + 0.5 * tail2[0]) * 0.5 ** (n1 - 1 - t) for t in range(n1)]
-    assert second.token_advantages == pytest.approx(tail2) and first.token_advantages == pytest.approx(tail1)
+    assert second.fields["token_advantages"] == pytest.approx(tail2)
+    assert first.fields["token_advantages"] == pytest.approx(tail1)
     with pytest.raises(Exception, match="dense_reward needs estimator: ppo"):
         load_config(algo="rlver", overrides=["rlver.dense_reward=true"])
     policy.scorer.value_head = None
@@ -380,22 +383,22 @@ def rlver_cfg(model: Path, out: Path, *extra: str):
 def test_ppo_trains_and_its_value_head_is_checkpointed_and_restored(tmp_path, tiny_folder):
     from safetensors.torch import load_file
 
-    from rapo_echo.trainer import Trainer
+    from rapo_echo.algorithms.learner import Learner
 
     run = tmp_path / "run"
-    t = Trainer(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=1"))
+    t = Learner(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=1"))
     t.train()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["loss/value"] > 0 and rows[0]["items"] == 4 and rows[0]["emotion/final"] == 50.0
     saved = load_file(str(run / "checkpoints" / "step-1" / "model" / "value_head.safetensors"))
     trained = t.policy.scorer.value_head.state_dict()
     assert saved["linear.bias"].abs().item() > 0  # it learnt something in one step
-    resumed = Trainer(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
+    resumed = Learner(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
     resumed._restore()
     for k, v in resumed.policy.scorer.value_head.state_dict().items():
         assert torch.equal(v, trained[k]) and torch.equal(v, saved[k])
     (run / "checkpoints" / "step-1" / "model" / "value_head.safetensors").unlink()
-    again = Trainer(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
+    again = Learner(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
     with pytest.raises(Exception, match="holds no value_head.safetensors"):
         again._restore()
 

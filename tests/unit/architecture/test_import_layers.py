@@ -1,14 +1,16 @@
-"""The package import graph has no cycle, at any package level and between files.
+"""The package import graph has no cycle, at any package level and between files, and the top-level
+folders of the checkout are layers.
 
 Every module's imports (module level or inside functions) are read with :mod:`ast`, with the
 ``package-dir`` mapping of pyproject.toml applied (``algorithms/`` is ``rapo_echo.algorithms`` and so
 on), so a new cycle fails the suite even where ``lint-imports`` (``make lint``, which also checks the
-order of the layers) is not run.
+order of the layers inside the package) is not run.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -21,19 +23,29 @@ else:  # pragma: no cover
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[3]
-# Package-level import cycles still known, each as (importer, imported) at the level of the package that
-# holds both. Each must still exist (the test fails when one goes, so that it is taken off this list).
+# The top-level folders of the checkout, lowest first: a file may import its own folder's modules and
+# those of the folders before it, never one after it. studies/ is not shipped; it reads everything.
+FOLDER_LAYERS = ("rapo_echo", "simulators", "benchmarks", "algorithms", "studies")
+# Where a lower folder may still name a module of a higher one as an import string, loaded only when
+# used: the command line's table of sub-commands (the `rapo-echo` door lives in the core).
+NAMED_UPWARDS = {"rapo_echo/cli.py": "COMMAND_MODULES"}
+
+
 def package_dirs() -> dict[str, Path]:
     """Package name -> folder, from pyproject.toml's ``[tool.setuptools] package-dir``."""
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     return {name: ROOT / folder for name, folder in setup["package-dir"].items()}
 
 
-def find_modules() -> dict[str, tuple[Path, bool]]:
+@functools.cache
+def find_modules(with_studies: bool = False) -> dict[str, tuple[Path, bool]]:
     """Module name -> (file, whether it is a package's ``__init__``), for every module the
-    distribution ships."""
+    distribution ships (and, ``with_studies``, the studies beside it)."""
     out: dict[str, tuple[Path, bool]] = {}
-    for package, folder in package_dirs().items():
+    folders = dict(package_dirs())
+    if with_studies:
+        folders["studies"] = ROOT / "studies"
+    for package, folder in folders.items():
         for path in sorted(folder.rglob("*.py")):
             parts = list(path.relative_to(folder).with_suffix("").parts)
             is_init = parts[-1] == "__init__"
@@ -41,9 +53,14 @@ def find_modules() -> dict[str, tuple[Path, bool]]:
     return out
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
 def imported_names(name: str, path: Path, is_init: bool) -> Iterable[str]:
     """Every dotted name an ``import`` / ``from ... import`` of the module may refer to."""
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -56,9 +73,10 @@ def imported_names(name: str, path: Path, is_init: bool) -> Iterable[str]:
             yield from (f"{base}.{alias.name}" for alias in node.names)
 
 
-def import_graph() -> dict[str, set[str]]:
+@functools.cache
+def import_graph(with_studies: bool = False) -> dict[str, set[str]]:
     """Module -> the modules of the distribution it imports."""
-    modules = find_modules()
+    modules = find_modules(with_studies)
     return {
         name: {t for t in imported_names(name, path, is_init) if t in modules and t != name}
         for name, (path, is_init) in modules.items()
@@ -130,7 +148,7 @@ def test_the_graph_sees_the_mapped_packages():
     for package in package_dirs():
         assert package in graph, f"{package} was not found"
     assert "rapo_echo.algorithms.rapo" in graph and "rapo_echo.simulators.sage" in graph
-    assert "rapo_echo.algorithms.base" in graph["rapo_echo.trainer"]  # an import across the mapping is seen
+    assert "rapo_echo.policy" in graph["rapo_echo.algorithms.learner"]  # an import across the mapping is seen
 
 
 def test_no_file_level_cycle():
@@ -147,3 +165,101 @@ def test_no_package_level_cycle():
             inside = [f"  {w}" for (a, b), why in kept.items() if {a, b} <= set(component) for w in why]
             problems.append(f"cycle among {component} in {package}:\n" + "\n".join(inside))
     assert not problems, "\n".join(problems)
+
+
+def top_folder(path: Path) -> str:
+    return path.relative_to(ROOT).parts[0]
+
+
+def folder_edges() -> dict[tuple[str, str], list[str]]:
+    """(importing folder, imported folder) -> the file-level imports behind it, between two different
+    top-level folders of the checkout."""
+    modules = find_modules(with_studies=True)
+    out: dict[tuple[str, str], list[str]] = {}
+    for source, targets in import_graph(with_studies=True).items():
+        for target in targets:
+            a, b = top_folder(modules[source][0]), top_folder(modules[target][0])
+            if a != b:
+                out.setdefault((a, b), []).append(f"{source} -> {target}")
+    return out
+
+
+def test_the_top_level_folders_are_layers():
+    """No two top-level folders import each other, and every import between two of them points down
+    FOLDER_LAYERS: the tree on disk tells a reader the direction the code runs."""
+    folders = {top_folder(path) for path, _ in find_modules(with_studies=True).values()}
+    assert folders == set(FOLDER_LAYERS), f"a folder without a layer: {folders - set(FOLDER_LAYERS)}"
+    upward = [
+        why
+        for (a, b), whys in sorted(folder_edges().items())
+        if FOLDER_LAYERS.index(a) < FOLDER_LAYERS.index(b)
+        for why in whys
+    ]
+    assert upward == [], "imports pointing up the folders:\n" + "\n".join(upward)
+    assert ("algorithms", "simulators") in folder_edges()  # the remap is applied: such imports are seen
+
+
+def _string_constants(tree: ast.AST) -> Iterable[tuple[str, str]]:
+    """(enclosing assignment target or "", text) of every string constant that is not a docstring."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            target = node.targets[0].id if isinstance(node.targets[0], ast.Name) else ""
+            for sub in ast.walk(node.value):
+                if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                    docstrings.add(id(sub))
+                    yield target, sub.value
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield "", node.value
+
+
+def test_a_lower_folder_names_a_higher_ones_module_only_in_a_declared_table():
+    """An import string (a registry entry, an ``import_module`` argument) is an import all the same:
+    a lower folder names a module of a higher folder only in the tables of NAMED_UPWARDS."""
+    mapped = {name: top_folder(f / "x") for name, f in package_dirs().items() if name != "rapo_echo"}
+    found = []
+    for path, _ in sorted(find_modules().values()):
+        here = top_folder(path)
+        rel = str(path.relative_to(ROOT))
+        for target, text in _string_constants(parsed(path)):
+            for package, folder in mapped.items():
+                if not text.startswith(package + ".") and text != package:
+                    continue
+                upward = FOLDER_LAYERS.index(folder) > FOLDER_LAYERS.index(here)
+                if upward and NAMED_UPWARDS.get(rel) != target:
+                    found.append(f"{rel}: {text!r}")
+    assert found == []
+
+
+def test_a_checkout_imports_the_mapped_folders_from_where_they_lie():
+    """``python -c "import rapo_echo.algorithms"`` from the checkout finds algorithms/ (the editable
+    install's finder applies the remap), so tracebacks and tools point at the files a reader edits."""
+    import subprocess
+
+    code = "import rapo_echo.algorithms as a, rapo_echo.simulators as s; print(a.__file__); print(s.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(ROOT / f / "__init__.py") for f in ("algorithms", "simulators")]
+
+
+# The training loop and its doors, inside algorithms/: above every algorithm, which never imports them.
+LOOP = ("learner", "run_log", "train_cli", "config_cli", "validation", "openrlhf", "perf")
+
+
+def test_inside_algorithms_the_loop_sits_above_the_algorithms():
+    loop = tuple(f"rapo_echo.algorithms.{m}" for m in LOOP)
+    found = [
+        f"{source} -> {target}"
+        for source, targets in import_graph().items()
+        if source.startswith("rapo_echo.algorithms.") and not source.startswith(loop)
+        for target in targets
+        if target.startswith(loop)
+    ]
+    assert found == []

@@ -253,3 +253,52 @@ def test_cli_runs_baselines_and_the_report_shows_the_section(tmp_path, capsys):
     assert "fidelity only" in capsys.readouterr().err
     assert main(["eval", "--benchmark", "fidelity", "--output", str(tmp_path / "y")]) != 0
     assert "--data is required" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- served engines
+def three_conversations(tmp_path):
+    convs = [conversation(), conversation(ratings=("5", "1")), conversation(ratings=("2", "2"))]
+    return write(tmp_path, convs)
+
+
+def test_on_a_served_engine_every_predictor_and_point_goes_out_at_once(tmp_path):
+    from rapo_echo.engines.openai_engine import OpenAIEngine
+    from tests.helpers.fake_openai import FakeAPI, Rendezvous, ServedAPI, prompt_of
+
+    # 3 conversations x 3 rated turns = 9 turns; the first round: the reaction user's message and emotion
+    # read, SAGE's analysis (its change label read from the same request) and the humanlike judge, 36
+    rv = Rendezvous(36, lambda s: s.method == "POST" and prompt_of(s) != "Hi")  # "Hi": the setup's probe
+    with FakeAPI(ServedAPI(gate=rv)) as api:
+        engine = OpenAIEngine(api.url, api_key_env=None)
+        bench = Fidelity(users=["reaction", "sage"], rewards=["humanlike"], n_boot=20)
+        roles = Roles(policy=None, simulator=engine, judge=engine)  # type: ignore[arg-type]
+        summary = run_eval(bench, roles, EvalSettings(), tmp_path / "out", data=three_conversations(tmp_path))
+    assert rv.peak == 36  # one wave: all six points in one batch, the predictors together
+    chats = [s for s in api.posts() if prompt_of(s) != "Hi"]
+    assert len(chats) == 36 + 9  # then SAGE's replies: no separate change-label request
+    assert summary["n_valid"] == 6 and summary["remote_failed"] == 0
+
+
+def test_failed_requests_cost_their_turns_not_the_run(tmp_path, capsys):
+    from tests.helpers.fake_openai import FakeAPI, ServedAPI, prompt_of
+
+    advice = "You should just find another one."  # one of each conversation's three rated turns
+
+    def fail(seen):  # every request about that turn fails, every time (HTTP 500)
+        return 500 if advice in prompt_of(seen).split("The supporter now says:")[-1] else None
+
+    served = ServedAPI(fail=fail)
+    with FakeAPI(served) as api:
+        out = tmp_path / "out"
+        data = three_conversations(tmp_path)
+        argv = ["eval", "--benchmark", "fidelity", "--data", data, "--user", "reaction", "--user", "sage",
+                "--reward", "humanlike", "--simulator", api.url, "--judge", api.url,
+                "--max-concurrency", "64", "--output", str(out)]  # fmt: skip
+        assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    m = summary["metrics"]
+    # 3 failed turns x (message, emotion read, analysis, humanlike verdict); each tried 4 times
+    assert summary["remote_failed"] == 12 and served.failed == 48
+    for name in ("user:reaction", "user:sage", "reward:humanlike"):
+        assert m[f"{name}/invalid_turns"] == 3  # counted, and the points keep their other turns
+    assert summary["n_cases"] == 6

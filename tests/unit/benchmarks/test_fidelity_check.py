@@ -50,8 +50,8 @@ def test_the_record_lands_in_the_run_dir_and_in_the_report(tmp_path):
 
 
 def test_train_runs_the_check_before_training_and_records_it(tmp_path, monkeypatch):
-    import rapo_echo.trainer
-    from rapo_echo.train_cli import run
+    import rapo_echo.algorithms.learner
+    from rapo_echo.algorithms.train_cli import run
 
     cfg = config(tmp_path)
     cfg.output = str(tmp_path / "run")
@@ -62,8 +62,8 @@ def test_train_runs_the_check_before_training_and_records_it(tmp_path, monkeypat
         (tmp_path / "run").mkdir()
         return SimpleNamespace(run_dir=c.output, stopped_by=None)
 
-    monkeypatch.setattr("rapo_echo.train_cli.build_config", lambda args: cfg)
-    monkeypatch.setattr(rapo_echo.trainer, "run_training", fake_training)
+    monkeypatch.setattr("rapo_echo.algorithms.train_cli.build_config", lambda args: cfg)
+    monkeypatch.setattr(rapo_echo.algorithms.learner, "run_training", fake_training)
     assert run(SimpleNamespace(resume=None)) == 0
     assert seen["cached"] and (tmp_path / "run" / RUN_FILE).is_file()
 

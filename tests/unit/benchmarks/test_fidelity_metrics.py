@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from rapo_echo.benchmarks.fidelity.predictors import Baseline, question_share
@@ -15,6 +16,8 @@ from rapo_echo.benchmarks.fidelity.stats import (
     pair_counts,
     pairwise_agreement,
     spearman,
+    weighted_kendall_tau_b,
+    weighted_spearman,
 )
 
 RATINGS = [1, 2, 3, 4, 5, 3, 2]
@@ -93,17 +96,41 @@ def test_pairwise_agreement_pools_pairs_within_dialogues_only():
 def test_bootstrap_is_seeded_and_reproducible():
     rng = random.Random(0)
     groups = [[rng.random() for _ in range(5)] for _ in range(30)]
+    sums = np.array([sum(g) for g in groups])
 
-    def stat(idx):
-        values = [v for k in idx for v in groups[k]]
-        return sum(values) / len(values)
+    def stat(weights):  # the mean of the points of the drawn groups, each group as often as drawn
+        return float(weights @ sums) / (5 * float(weights.sum()))
 
     first = bootstrap_ci(30, stat, n_boot=200, seed=7)
     assert first == bootstrap_ci(30, stat, n_boot=200, seed=7)
     assert first != bootstrap_ci(30, stat, n_boot=200, seed=8)
     lo, hi = first
-    assert lo < stat(range(30)) < hi
+    assert lo < stat(np.ones(30)) < hi
     assert bootstrap_ci(1, stat) == (None, None)
+    # a weight vector is the resample of whole groups: rebuilding each resample from its drawn indices
+    # (the slow way) gives the same interval
+    draw = np.random.default_rng(7)
+    slow = []
+    for _ in range(200):
+        values = [v for k in draw.integers(0, 30, size=30) for v in groups[k]]
+        slow.append(sum(values) / len(values))
+    assert first == pytest.approx(tuple(np.percentile(slow, [2.5, 97.5])))
+
+
+def test_weighted_statistics_equal_the_plain_ones_on_repeated_points():
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        x = [rng.choice([rng.random(), 0.5, 0.25]) for _ in range(n)]
+        y = [rng.randint(1, 5) for _ in range(n)]
+        w = [rng.randint(0, 3) for _ in range(n)]
+        ex = [v for v, k in zip(x, w) for _ in range(k)]
+        ey = [v for v, k in zip(y, w) for _ in range(k)]
+        for weighted, plain in ((weighted_spearman, spearman), (weighted_kendall_tau_b, kendall_tau_b)):
+            got, expected = weighted(x, y, w), plain(ex, ey)
+            assert (got is None) == (expected is None), (x, y, w)
+            if got is not None:
+                assert got == pytest.approx(expected)
 
 
 def test_baselines_are_reproducible_and_as_defined():

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import benchmarks.perf.bench_grpo as bench
+import benchmarks.perf.workload as bench
 from benchmarks.perf.bench_decode import decode_bytes
 from tests.conftest import SHARED_DATA
 
@@ -42,3 +42,32 @@ def test_decode_bytes_by_hand() -> None:
     # weights 10 x 2 bytes = 20 a step; KV 2 (k, v) x 2 layers x 1 head x 4 x 2 bytes = 32 a token;
     # 3 rows, prompt 5, 2 steps: 2 x 20 + 3 x (5 + 6) x 32 = 40 + 1,056
     assert decode_bytes(model, rows=3, prompt_len=5, steps=2, kv_bytes_per_elem=2) == 1096
+
+
+def test_checkpoint_parts_are_named_by_what_they_hold(tmp_path) -> None:
+    """``benchmarks/perf/checkpoint_sizes.py`` sums a checkpoint's files per part."""
+    from benchmarks.perf.checkpoint_sizes import sizes
+
+    files = {
+        "model/adapter_model.safetensors": 100,
+        "model/tokenizer.json": 10,
+        "model/chat_template.jinja": 1,
+        "optimizer.pt": 200,
+        "accelerate/pytorch_model/zero_pp_rank_0_mp_rank_00_optim_states.pt": 300,
+        "accelerate/pytorch_model/zero_pp_rank_1_mp_rank_00_optim_states.pt": 300,
+        "accelerate/pytorch_model/zero_pp_rank_0_mp_rank_00_model_states.pt": 7,
+        "accelerate/zero_to_fp32.py": 5,
+        "rng_rank0.json": 3,
+    }
+    for rel, n in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x" * n)
+    assert sizes(tmp_path) == {
+        "model_weights": 100,
+        "model_tokenizer": 11,
+        "optimizer": 200,
+        "deepspeed_optimizer_shards": 600,
+        "deepspeed_model_states": 7,
+        "deepspeed_other": 5,
+        "other": 3,
+    }

@@ -55,8 +55,8 @@ def test_did_you_mean_our_own_keys() -> None:
     assert "did you mean rollout.group_size?" in message(overrides=["rollout.group_sise=3"])
     assert "did you mean rollout.max_new_tokens?" in message(overrides=["rollout.max_tokens=3"])
     # a leaf found in several sections: the one of the section written
-    assert did_you_mean(RunConfig, ("judge", "temprature")) == "did you mean judge.temperature?"
-    assert did_you_mean(RunConfig, ("temprature",)).startswith("did you mean simulator.temperature or ")
+    assert did_you_mean(RunConfig, ("simulator", "devise")) == "did you mean simulator.device?"
+    assert did_you_mean(RunConfig, ("devise",)).startswith("did you mean model.device or ")
     assert did_you_mean(RunConfig, ("zzz",)) is None
     assert "did you mean" not in message(overrides=["foo=1"])
 

@@ -251,6 +251,78 @@ def test_static_buffers_are_allocated_once_and_reused(tiny_model, smol_tokenizer
     assert len(pool) == 2 and buf not in pool.values()  # the oldest shape was let go
 
 
+def test_pinned_shape_serves_every_fitting_call(tiny_model, smol_tokenizer) -> None:
+    """A pinned shape (rows x length) is the one buffer set for calls of more than half its rows and at
+    most its length; smaller or longer calls use the buckets; results equal the dynamic loop."""
+    from rapo_echo.engines.static_decode import StaticDecoder
+
+    engine = loop_engine(tiny_model, smol_tokenizer, "static", max_batch_size=64)
+    dynamic = loop_engine(tiny_model, smol_tokenizer, "dynamic", max_batch_size=64)
+    ids = [engine.encode(p) for p in PROMPTS]
+    assert engine.pin_decode_shape(rows=6, length=100)  # the warm-up already decoded on it
+    static = engine._static
+    assert isinstance(static, StaticDecoder) and static.pinned == (6, 128)
+    (buf,) = static._pinned_buffers.values()
+    assert static.shapes == {(6, 128): 1} and not static._pool
+    greedy = SamplingParams(max_new_tokens=5, n=2, temperature=0)
+    for rows in (ids, ids + ids[:1]):  # 4 and 6 rows: the pinned buffers, padded
+        a, b = engine.generate_ids(rows, greedy), dynamic.generate_ids(rows, greedy)
+        assert [[g.token_ids for g in x] for x in a] == [[g.token_ids for g in x] for x in b]
+        for x, y in zip(a, b):
+            assert x[0].logprobs == pytest.approx(y[0].logprobs, abs=1e-5)
+    assert static.shapes == {(6, 128): 3} and list(static._pinned_buffers.values()) == [buf]
+    engine.generate_ids(ids[:1], greedy)  # 2 rows, not more than half: a bucket
+    engine.generate_ids(ids, SamplingParams(max_new_tokens=100, n=2, temperature=0))  # too long
+    assert static.shapes[(8, 128)] == 1 and any(length > 128 for _, length in static.shapes)
+    assert list(static._pinned_buffers.values()) == [buf]  # never evicted by the bucket pool
+    with pytest.raises(ValueError, match="rows and length"):
+        static.pin(0, 10)
+
+
+def test_dynamic_loop_pins_nothing(tiny_model, smol_tokenizer) -> None:
+    engine = loop_engine(tiny_model, smol_tokenizer, "dynamic")
+    assert engine.pin_decode_shape(rows=4, length=64) is False and engine._static is None
+
+
+def test_compiled_rollouts_compile_once_after_the_pin(tiny_model, smol_tokenizer) -> None:
+    """C2: after the pinned warm-up, rollouts of other prompt widths and fewer rows compile nothing new."""
+    from torch._dynamo.utils import counters
+
+    engine = loop_engine(tiny_model, smol_tokenizer, "compiled", max_batch_size=64)
+    torch._dynamo.reset()
+    engine.pin_decode_shape(rows=12, length=300)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    ids = [engine.encode(p) for p in PROMPTS]
+    # 8 and 12 rows of short prompts: buckets (8, 128) and (16, 128) without the pin, (12, 384) with it
+    engine.generate_ids(ids, SamplingParams(max_new_tokens=4, n=4, seed=1))
+    engine.generate_ids([*ids, ids[1]], SamplingParams(max_new_tokens=6, n=4, seed=2))
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert engine._static.shapes == {(12, 384): 3}
+
+
+def test_static_decode_needs_transformers_5_4() -> None:
+    from rapo_echo.engines.static_decode import transformers_supports_static_decode
+
+    assert transformers_supports_static_decode()  # the installed one (pyproject's floor is 5.4)
+    assert transformers_supports_static_decode("5.4.0") and transformers_supports_static_decode("5.23.1")
+    assert transformers_supports_static_decode("6.0.0.dev0")
+    assert not transformers_supports_static_decode("5.3.0")
+    assert not transformers_supports_static_decode("4.57.1")
+
+
+def test_old_transformers_falls_back_to_the_dynamic_loop(
+    tiny_model, smol_tokenizer, monkeypatch, caplog
+) -> None:
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "5.3.0")
+    engine = loop_engine(tiny_model, smol_tokenizer, "static")
+    with caplog.at_level("WARNING"):
+        assert engine.decode_mode == "dynamic"
+    assert "older than 5.4" in caplog.text and "transformers>=5.4" in caplog.text
+
+
 def test_sliding_window_models_keep_the_dynamic_loop(smol_tokenizer) -> None:
     from transformers import MistralConfig, MistralForCausalLM
 

@@ -191,7 +191,7 @@ def test_always_500_gives_up_naming_the_url():
             engine.generate([USER], SamplingParams())
     text = str(info.value)
     assert f"{api.url}/chat/completions" in text and "HTTP 500" in text and "model crashed" in text
-    assert "3 attempts" in text and len(api.seen) == 3
+    assert "3 attempts" in text and len(api.seen) == 4  # and one 1-token health request, refused too
     assert info.value.status == 500
 
 
@@ -213,7 +213,8 @@ def test_other_4xx_fail_at_once_with_the_server_message():
         pytest.raises(EngineError, match="HTTP 400: max_tokens is too large") as info,
     ):
         OpenAIEngine(api.url, model="m", max_retries=5, **FAST).generate([USER], SamplingParams())
-    assert len(api.seen) == 1 and info.value.status == 400
+    # not retried; a 1-token health request (one attempt) is refused too, so the endpoint is down
+    assert len(api.seen) == 2 and api.seen[1].body["max_tokens"] == 1 and info.value.status == 400
 
 
 def free_port() -> int:
@@ -317,7 +318,9 @@ def test_supports_logprobs_probes_once():
     with FakeAPI(lambda s, i: top_reply([("Hi", -0.1)])) as api:
         engine = OpenAIEngine(api.url, model="m", **FAST)
         assert engine.supports_logprobs is True and engine.supports_logprobs is True
-        assert len(api.seen) == 1 and api.seen[0].body["max_tokens"] == 1
+        # one probe; the setup round also asks the model list and the version (structured: auto)
+        assert len(api.posts()) == 1 and api.posts()[0].body["max_tokens"] == 1
+        assert sorted(s.path for s in api.seen if s.method == "GET") == ["/v1/models", "/version"]
     with FakeAPI(lambda s, i: Reply(400, {"error": {"message": "logprobs is not supported"}})) as api:
         assert OpenAIEngine(api.url, model="m", **FAST).supports_logprobs is False
 

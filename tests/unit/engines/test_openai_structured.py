@@ -250,7 +250,7 @@ def test_a_400_that_plain_requests_get_too_is_not_a_refusal():
         with pytest.raises(EngineError, match="max_tokens is too large"):
             engine.generate([USER], params(VERDICT))
     assert engine.structured_output == "server"  # not given up: the format was not the problem
-    assert len(api.posts()) == 2  # response_format, then plain
+    assert len(api.posts()) == 3  # response_format, then plain, then the 1-token health request
 
 
 def test_config_names_the_mode():

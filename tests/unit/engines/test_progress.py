@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 from rapo_echo import progress
-from rapo_echo.engines.openai_engine import OpenAIEngine
+from rapo_echo.engines.openai_engine import EndpointError, OpenAIEngine
 from rapo_echo.types import SamplingParams
 
 
@@ -64,15 +64,19 @@ def test_openai_engine_reports_done_in_flight_and_failed(monkeypatch) -> None:
         if x < 2:
             both_in_flight.wait()  # two requests are in flight at once
         if x == 3:
-            raise ConnectionError("server gone")
+            raise EndpointError("server gone")  # a request that failed for good costs its item
+        if x == 4:
+            raise ConnectionError("a bug, not the endpoint")  # propagates, counted as failed
         return x * 10
 
-    with pytest.raises(ConnectionError):
-        engine._map(call, [0, 1, 2, 3])
-    engine.close()
+    assert engine._map(call, [0, 1, 2, 3], lambda exc: None) == [0, 10, 20, None]
     assert max(in_flight for _, in_flight, _, _ in seen) >= 2
     assert seen[-1][0] + seen[-1][2] == 4 and seen[-1][2] == 1 and seen[-1][1] == 0
     assert {total for *_, total in seen} == {4}
+    with pytest.raises(ConnectionError):
+        engine._map(call, [4], lambda exc: None)
+    engine.close()
+    assert seen[-1] == (0, 0, 1, 1)
 
 
 def test_hf_engine_reports_replies_per_decoded_chunk(monkeypatch, smol_tokenizer) -> None:
@@ -113,5 +117,5 @@ def test_third_party_chatter_is_quiet_unless_verbose(monkeypatch) -> None:
         assert progress.os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
         with warnings.catch_warnings(record=True) as caught:
             warnings.warn_explicit("old API", FutureWarning, "x.py", 1, module="transformers.modeling_utils")
-            warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="rapo_echo.trainer")
+            warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="rapo_echo.algorithms.learner")
         assert [str(w.message) for w in caught] == ["ours"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rapo_echo.engines.scripted import ScriptedEngine
+from rapo_echo.errors import ConfigError
 from rapo_echo.llm.answers import generate_parsed
 from rapo_echo.structured import AnswerFormat, json_object_text, object_schema, validate_json
 from rapo_echo.types import SamplingParams, msg
@@ -71,7 +72,7 @@ def test_scripted_engine_refuses_a_reply_a_constrained_engine_could_not_give() -
     out = generate_parsed(good, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt)
     assert out[0].value == 4 and out[0].attempts == 1
     bad = ScriptedEngine(replies=["four"])
-    with pytest.raises(ValueError, match="does not conform to the answer format 'score'"):
+    with pytest.raises(ConfigError, match="does not conform to the answer format 'score'"):
         generate_parsed(bad, [[msg("user", "rate")]], None, SamplingParams(), answer_format=fmt)
 
 
@@ -124,15 +125,15 @@ def test_jsonschema_checks_on_top_of_our_subset() -> None:
     )
     # our subset stays stricter where the grammar is: 1.0 is not an integer answer
     assert "expected an integer" in validate_json(1.0, {"type": "integer"})
-    # a schema must be well formed, not only inside the subset
-    with pytest.raises(
-        ValueError, match=r"'x'.properties.n.minimum: not a valid JSON schema: '3' is not of type"
-    ):
+    # a schema must be well formed, not only inside the subset (which checks bounds and lengths itself)
+    with pytest.raises(ValueError, match=r"'x'.properties.n.minimum: must be a finite number, got 3"):
         AnswerFormat.json_schema(
             {"type": "object", "properties": {"n": {"type": "integer", "minimum": "3"}}}, name="x"
         )
-    with pytest.raises(ValueError, match=r"maxLength: not a valid JSON schema: -1 is less than the minimum"):
-        AnswerFormat.json_schema({"type": "string", "maxLength": -1})
+    with pytest.raises(ValueError, match=r"'x'.required: not a valid JSON schema: .* non-unique elements"):
+        AnswerFormat.json_schema(
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "a"]}, name="x"
+        )
 
 
 def _schemas():

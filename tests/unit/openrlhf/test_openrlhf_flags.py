@@ -108,7 +108,7 @@ def test_the_recorded_parsers_differ_as_the_releases_do():
 
 @pytest.mark.parametrize("agent", [False, True])
 def test_every_emitted_flag_parses_in_the_lowest_allowed_openrlhf(tmp_path, smol_path, bundle, agent):  # noqa: F811
-    from rapo_echo.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
 
     # every optional flag on: KL loss, entropy bonus, colocation, checkpointing, attention, TensorBoard
     cfg = run_config(

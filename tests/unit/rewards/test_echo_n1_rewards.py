@@ -20,6 +20,7 @@ from rapo_echo.rewards import RewardContext, RewardSet, build_reward
 from rapo_echo.rewards.echo_n1 import EchoN1Reward, EmpathyReward, HumanlikeReward, scenario_domain
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
 from rapo_echo.types import Sample, Scenario, msg
+from tests.helpers.meeting import MeetingEngine
 
 GOOD, BAD = "That sounds exhausting. What happened at the test?", "ok"
 NEED_RULES = [
@@ -308,6 +309,31 @@ def test_echo_n1_routes_by_domain_and_weights() -> None:
         EchoN1Reward(ctx, mode="sum")
     with pytest.raises(ConfigError, match="bad humanlike / empathy args"):
         EchoN1Reward(ctx, empathy={"colour": "red"})
+
+
+def test_on_a_served_judge_independent_stages_go_out_together(tmp_path: Path) -> None:
+    def fn(prompt, options):
+        if " human" in options:
+            return {" human": math.log(0.8), " AI": math.log(0.2)}
+        return comparer({GOOD: 3.0})(prompt, options)
+
+    # weighted: the empathy judge (its need analysis first) and the humanlike judge at once
+    served = MeetingEngine(2, rules=NEED_RULES, choice_fn=fn)
+    reward = EchoN1Reward(RewardContext(judge=served), mode="weighted", empathy={"outcome": "discrete"})
+    out = reward([sample(GOOD), sample(BAD, group=1)])
+    assert served.peak == 2
+    alone = EchoN1Reward(
+        RewardContext(judge=ScriptedEngine(rules=NEED_RULES, choice_fn=fn)),
+        mode="weighted",
+        empathy={"outcome": "discrete"},
+    )([sample(GOOD), sample(BAD, group=1)])
+    assert [o.score for o in out] == [o.score for o in alone]  # the same scores either way
+    # empathy alone: the reference the judge writes and the need analysis at once
+    rules = [*NEED_RULES, (r"(?s)^(?!.*need:$).*", "I'm sorry, that sounds hard.")]
+    served = MeetingEngine(2, rules=rules, choice_fn=fn)
+    empathy = EmpathyReward(RewardContext(judge=served), reference_cache=str(tmp_path), outcome="discrete")
+    [scored] = empathy([sample(GOOD, scenario("n", reference=None))])
+    assert served.peak == 2 and scored.info["reference_source"] == "model" and scored.score is not None
 
 
 def test_registered_by_name_through_the_reward_registry() -> None:

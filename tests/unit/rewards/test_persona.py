@@ -99,8 +99,8 @@ def test_from_config_needs_the_role_engine() -> None:
 
 
 def test_trainer_infers_once_per_step_for_the_whole_batch(tmp_path, tiny_folder) -> None:
+    from rapo_echo.algorithms.learner import Learner
     from rapo_echo.algorithms.run_config import load_config
-    from rapo_echo.trainer import Trainer
 
     rules = "[" + ", ".join(f"['{p}', '{r}']" for p, r in RULES) + "]"
     cfg = load_config(
@@ -120,7 +120,7 @@ def test_trainer_infers_once_per_step_for_the_whole_batch(tmp_path, tiny_folder)
             "train.max_steps=2",
         ]
     )
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     trainer.train()
     calls = trainer.persona.engine.calls
     assert len(calls) == 1 and len(calls[0]["prompts"]) == 6  # step 1: 2 scenarios x 3 fields; step 2: cached

@@ -44,7 +44,7 @@ def test_sage_calls_declare_their_answers_in_every_mode():
     def fn(prompt):
         text = prompt_text(prompt)
         if "emotion right now" in text:
-            return sage_analysis(5) if "JSON" in text else "They listen. I feel a bit lighter."
+            return sage_analysis(5) if "JSON" in text else "They listen. I feel a bit lighter.\nChange: +5"
         return sage_reply("ok then") if "JSON" in text else "ok then"
 
     profile = SageProfile(persona="I am Warm", background="b")  # no first talk: the user opens
@@ -101,8 +101,8 @@ def test_sage_eval_defaults_give_valid_dialogues_with_spread(tmp_path):
     data = tmp_path / "profiles.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    def fn(prompt):  # the free analysis line, and a plain message
-        return "They mean well." if "emotion right now" in prompt_text(prompt) else "mm, go on"
+    def fn(prompt):  # the free analysis line and its Change: line, and a plain message
+        return "They mean well.\nChange: 0" if "emotion right now" in prompt_text(prompt) else "mm, go on"
 
     sim = Recording(fn=fn, choice_fn=by_persona_probs)
     settings = EvalSettings(max_turns=3)

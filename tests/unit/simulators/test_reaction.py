@@ -17,6 +17,7 @@ from rapo_echo.simulators.reaction import (
 )
 from rapo_echo.types import Conversation, Scenario, msg
 from tests.helpers.answers import reaction
+from tests.helpers.meeting import MeetingEngine
 
 PROFILE = {
     "persona": "34-year-old night-shift nurse",
@@ -177,6 +178,21 @@ def test_logprob_mode_three_batched_calls():
     assert [r.thought for r in out] == ["I hope they mean it."] * 2  # the "Thought:" label is removed
     assert out[0].raw == "Thank you, it means a lot.\n[thought] Thought: I hope they mean it."
     assert all(r.valid and r.attempts == 1 and r.scale == 10 for r in out)
+
+
+def test_on_a_served_simulator_the_message_and_the_emotion_read_go_out_together():
+    sequential = logprob_engine({"I'm so sorry.": "Thank you.", "Cheer up!": "Easy for you to say."})
+    served = MeetingEngine(2, fn=sequential.fn, choice_fn=sequential.choice_fn)
+    pairs = [(scenario("a"), "I'm so sorry."), (scenario("b"), "Cheer up!")]
+    together = ReactionSimulator(served, scale=10).react(pairs)
+    assert served.peak == 2  # the message call and the emotion read were in flight at once: one round
+    assert sorted(c["method"] for c in served.calls[:2]) == ["choice_logprobs", "generate"]
+    assert served.calls[2]["method"] == "generate"  # the thought follows the message it is about
+    alone = ReactionSimulator(sequential, scale=10).react(pairs)  # a local engine: one after another
+    assert [c["method"] for c in sequential.calls] == ["generate", "choice_logprobs", "generate"]
+    assert [(r.message, r.emotion_delta, r.thought) for r in together] == [
+        (r.message, r.emotion_delta, r.thought) for r in alone
+    ]
 
 
 def test_logprob_mode_without_thought_makes_two_calls():

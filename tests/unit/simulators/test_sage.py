@@ -4,6 +4,7 @@ dialogues keep their own state, fenced prompts, reproducible markers, the log-pr
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -12,11 +13,13 @@ from rapo_echo.data.sage_profiles import BUNDLED_PROFILES, SageProfile, load_pro
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import DataError
 from rapo_echo.simulators.sage import (
+    CHANGE_OPTIONS,
     SageSettings,
     SageSimulator,
     analysis_fields,
     analysis_format,
     analysis_line,
+    change_probabilities,
     clamp_delta,
     end_reason,
     final_reward,
@@ -123,7 +126,10 @@ def test_answers_are_read_by_their_format_and_never_invent_a_number():
     assert parse_plain_reply("You: not really") == "not really"
     assert parse_plain_reply("Supporter: I hear you") is None and parse_plain_reply("  ") is None
     # the free analysis of the log-prob readout: cut at a stated change, never empty
-    assert analysis_format(with_shift=False).problem("They mean well. I feel seen.") is None
+    free = analysis_format(with_shift=False)  # one line, then a Change: line with one of the options
+    assert free.problem("They mean well. I feel seen.\nChange: +5") is None
+    assert free.problem("They mean well. I feel seen.") is not None
+    assert free.problem("They mean well.\nChange: +7") is not None
     assert analysis_line("Content: a\nAnalyse: b\nChange: 7") == "Content: a\nAnalyse: b"
     assert analysis_line("I feel seen. Change: 99") == "I feel seen."
     assert analysis_line("   ") is None and analysis_line("Change: 5") is None
@@ -378,12 +384,12 @@ def test_logprob_readout_is_the_expected_change():
         import math
 
         assert prompt[-1]["role"] == "assistant" and prompt[-1]["content"].endswith("\nChange:")
-        assert "Change: 99" not in prompt[-1]["content"]  # the stated number is cut off
+        assert "Change: +10" not in prompt[-1]["content"]  # the stated number is cut off
         assert options == [" -10", " -5", " 0", " +5", " +10"]
         return {o: math.log(probs[o.strip()]) if probs[o.strip()] else -math.inf for o in options}
 
     engine = ScriptedEngine(
-        fn=lambda p: "I feel seen. Change: 99" if "emotion right now" in prompt_text(p) else reply("ok"),
+        fn=lambda p: "I feel seen.\nChange: +10" if "emotion right now" in prompt_text(p) else reply("ok"),
         choice_fn=choice,
     )
     sim = SageSimulator(engine, SageSettings(emotion_readout="logprobs"))
@@ -393,3 +399,63 @@ def test_logprob_readout_is_the_expected_change():
     assert d.log[-1]["analysis"] == {"Analyse": "I feel seen."}
     assert sim._logprobs and SageSimulator(engine, SageSettings(emotion_readout="auto"))._logprobs
     assert not SageSimulator(ScriptedEngine(), SageSettings(emotion_readout="auto"))._logprobs
+
+
+# ---------------------------------------------------------------------------- the change read in the analysis
+TOP_AT_CHANGE = [(" +", math.log(0.5)), (" -", math.log(0.2)), (" 0", math.log(0.3))]
+
+
+def analysis_tokens(space_token: bool = False) -> list[tuple[str, list[tuple[str, float]]]]:
+    """An analysis as a served engine returns it: per sampled token its text and top list."""
+    head = ["They", " care", ".", "\nChange", ":"] + ([" "] if space_token else [])
+    tail = ["+", "5"] if space_token else [" +", "5"]
+    rows = [(t, [(t, -0.1)]) for t in head]
+    at = [(t.strip() or t, lp) for t, lp in TOP_AT_CHANGE] if space_token else TOP_AT_CHANGE
+    return [*rows, (tail[0], at), (tail[1], [(tail[1], -0.1)])]
+
+
+def test_change_probabilities_read_right_after_the_label_by_hand():
+    # " -" begins -10 and -5, " 0" begins 0, " +" begins +5 and +10 (a first token is all the list shows):
+    # weights 0.2, 0.2, 0.3, 0.5, 0.5 over 1.7 -> E = (-10*.2 - 5*.2 + 5*.5 + 10*.5) / 1.7 = 4.5 / 1.7
+    probs = change_probabilities(analysis_tokens())
+    assert probs == pytest.approx({"-10": 0.2 / 1.7, "-5": 0.2 / 1.7, "0": 0.3 / 1.7, "+5": 0.5 / 1.7,
+                                   "+10": 0.5 / 1.7})  # fmt: skip
+    assert sum(CHANGE_OPTIONS[o] * p for o, p in probs.items()) == pytest.approx(4.5 / 1.7)
+    assert change_probabilities(analysis_tokens(space_token=True)) == pytest.approx(probs)  # " " then "+"
+    assert change_probabilities(None) is None and change_probabilities([("They", [("They", -0.1)])]) is None
+    no_option = [*analysis_tokens()[:5], (" x", [(" x", -0.1)]), ("5", [("5", -0.1)])]
+    assert change_probabilities(no_option) is None  # no option among the listed tokens: asked separately
+
+
+def test_a_served_simulator_reads_the_change_from_its_analysis_in_two_rounds_a_turn():
+    from rapo_echo.engines.openai_engine import OpenAIEngine
+    from tests.helpers.fake_openai import FakeAPI, Reply, ServedAPI, completion
+
+    served = ServedAPI()
+
+    def respond(seen, index):
+        body = seen.body or {}
+        if seen.method == "POST" and "Change" in str(body.get("structured_outputs", {})):
+            assert body["top_logprobs"] == 20 and body["logprobs"] is True
+            tokens = analysis_tokens()
+            reply = completion("".join(t for t, _ in tokens))
+            entries = []
+            for t, top in tokens:
+                listed = [{"token": a, "logprob": v} for a, v in top]
+                entries.append({"token": t, "logprob": top[0][1], "top_logprobs": listed})
+            reply["choices"][0]["logprobs"] = {"content": entries}
+            return Reply(body=reply)
+        return served(seen, index)
+
+    with FakeAPI(respond) as api:
+        engine = OpenAIEngine(api.url, api_key_env=None)
+        sim = SageSimulator(engine, SageSettings(emotion_readout="auto", plain_reply=True))
+        ds = sim.start([profile("Ann"), profile("Bo")], ["a", "b"])
+        posts_before = len(api.posts())  # the setup's probe
+        sim.step(ds, ["I hear you.", "Tell me more."])
+    posts = api.posts()[posts_before:]
+    assert sim._logprobs and len(posts) == 4 and not any(p.body["max_tokens"] == 1 for p in posts)
+    for d in ds:  # 40 + 4.5/1.7 (the sage preset clamps at 10)
+        assert d.log[-1]["change_read"] == "analysis"
+        assert d.log[-1]["delta"] == pytest.approx(4.5 / 1.7) and d.emotion == pytest.approx(40 + 4.5 / 1.7)
+        assert d.history[-1]["role"] == "user"  # and the reply was written: two rounds for the turn

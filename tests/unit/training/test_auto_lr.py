@@ -74,7 +74,7 @@ def test_config_default_is_auto_and_bad_values_name_the_key() -> None:
 
 @pytest.mark.parametrize(("lora", "asked"), [(False, "auto"), (True, "auto"), (False, 3e-4)])
 def test_trainer_uses_and_writes_the_resolved_rate(tmp_path: Path, tiny_folder: Path, lora, asked) -> None:
-    from rapo_echo.trainer import Trainer
+    from rapo_echo.algorithms.learner import Learner
 
     run = tmp_path / "run"
     cfg = load_config(
@@ -86,7 +86,7 @@ def test_trainer_uses_and_writes_the_resolved_rate(tmp_path: Path, tiny_folder: 
             f"train.lr={asked}",
         ]
     )
-    trainer = Trainer(cfg)
+    trainer = Learner(cfg)
     trainer.open_logs()
     params = base_parameter_count(trainer.policy.lm.named_parameters())
     expected = auto_lr(params, lora) if asked == "auto" else asked

@@ -132,3 +132,77 @@ def test_gguf_cache_key_follows_the_bytes(tmp_path: Path) -> None:
     assert models._gguf_key(a) == models._gguf_key(b)
     assert models._gguf_key(a).startswith("m-")
     assert models._gguf_key(a).split("-")[1] != models._gguf_key(c).split("-")[1]
+
+
+@pytest.mark.parametrize(
+    ("name", "device", "bf16", "expected"),
+    [
+        ("auto", "cpu", None, "float32"),  # CPUs keep float32 (the CPU behaviour is unchanged)
+        ("auto", "mps", None, "float32"),
+        ("auto", "cuda", True, "bfloat16"),  # Ampere and later
+        ("auto", "cuda:3", True, "bfloat16"),
+        ("auto", "cuda", False, "float32"),  # Volta / Turing: no native bf16
+        ("float16", "cuda", True, "float16"),  # an explicit dtype is kept
+        ("float32", "cuda", True, "float32"),
+        ("bfloat16", "cpu", None, "bfloat16"),
+    ],
+)
+def test_auto_dtype_is_bf16_on_a_gpu_that_has_it(name: str, device: str, bf16, expected: str) -> None:
+    assert models.resolve_dtype(name, device, bf16_supported=bf16) == expected
+
+
+def test_auto_dtype_asks_the_device_when_not_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert models.resolve_dtype("auto", "cuda") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert models.resolve_dtype("auto", "cuda") == "float32"
+
+
+def test_tf32_only_for_float32_on_cuda() -> None:
+    assert models.use_tf32("cuda", "float32") and models.use_tf32("cuda:1", "float32")
+    assert not models.use_tf32("cuda", "bfloat16") and not models.use_tf32("cpu", "float32")
+
+
+def test_enable_tf32_sets_the_matmul_precision() -> None:
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        models.enable_tf32()
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_auto_dtype_loads_float32_on_cpu_and_is_recorded(tiny_folder: Path) -> None:
+    """``model.dtype: auto`` (the default) on a CPU loads float32 and the policy writes the resolved
+    dtype back into the run config (config.yaml records what was used)."""
+    import torch
+
+    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.data import load_scenarios
+    from rapo_echo.policy import Policy
+
+    cfg = load_config(
+        overrides=[
+            f"model.name={tiny_folder}",
+            "model.device=cpu",
+            "rollout.batch_size=5",
+            "rollout.group_size=4",
+            "rollout.max_batch_size=12",
+            "rollout.max_new_tokens=50",
+            "rollout.max_prompt_tokens=300",
+        ]
+    )
+    assert cfg.model.dtype == "auto"
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False)
+    assert cfg.model.dtype == "float32" and policy.dtype == torch.float32
+    # C2's one decode shape: rows = min(5 prompts, 12 // 4 = 3) x 4 = 12; length = the longest prompt
+    # of the scenarios + 50, or max_prompt_tokens + 50 when prompts grow (dialogues)
+    scenarios = load_scenarios(None)[:6]
+    longest = max(len(policy.prompt_ids(s)) for s in scenarios)
+    assert policy.rollout_decode_shape(scenarios, dialogue_prompts=False) == (12, longest + 50)
+    assert policy.rollout_decode_shape(scenarios, dialogue_prompts=True) == (12, 350)

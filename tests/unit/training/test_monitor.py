@@ -182,8 +182,8 @@ def test_flagged_steps_and_report_marks(tmp_path: Path) -> None:
 
 
 def test_trainer_logs_the_flags_every_step(tmp_path: Path, tiny_folder: Path) -> None:
+    from rapo_echo.algorithms.learner import Learner
     from rapo_echo.algorithms.run_config import load_config
-    from rapo_echo.trainer import Trainer
 
     run = tmp_path / "run"
     cfg = load_config(
@@ -199,7 +199,7 @@ def test_trainer_logs_the_flags_every_step(tmp_path: Path, tiny_folder: Path) ->
             "train.max_steps=2",
         ]
     )
-    Trainer(cfg).train()
+    Learner(cfg).train()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.run_log import TABLE_COLUMNS, WandbLog, sample_records
+from rapo_echo.algorithms.run_log import TABLE_COLUMNS, WandbLog, sample_records
 from rapo_echo.types import Sample, Scenario, msg
 from tests.helpers.wandb_stand_in import StandIn
 
@@ -68,3 +68,23 @@ def test_real_wandb_offline(monkeypatch, tmp_path: Path) -> None:
     written = json.loads(tables[0].read_text())
     assert written["columns"] == list(TABLE_COLUMNS)
     assert [row[5] for row in written["data"]] == ["That is hard.", "Oh no."]
+
+
+def test_wandb_gets_no_key_a_reply_carries(monkeypatch, tmp_path: Path) -> None:
+    """What goes to wandb is scrubbed as samples.jsonl is: a registered key in a reply or a metric name is
+    masked (the wandb folder sits in the run folder)."""
+    from rapo_echo import scrub
+
+    monkeypatch.setattr(scrub, "_registered", set())  # this test's key only, forgotten after it
+    scrub.register_secret("sk-live-0123456789abcdef")
+    wandb = StandIn()
+    monkeypatch.setitem(sys.modules, "wandb", wandb.module)
+    log = WandbLog("proj", tmp_path / "run", CONFIG, resume=False)
+    leaky = samples()
+    leaky[0].text = "my key is sk-live-0123456789abcdef"
+    log.metrics({"step": 1, "note/sk-live-0123456789abcdef": 1.0}, 1)
+    log.samples(sample_records(leaky, step=1, rank=0), 1)
+    (metrics, _), (table, _) = wandb.logged
+    assert "sk-live-0123456789abcdef" not in json.dumps(metrics)
+    assert "sk-live-0123456789abcdef" not in json.dumps(table["samples"].data)
+    assert table["samples"].data[1][5] == "Oh no."

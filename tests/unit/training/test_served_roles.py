@@ -1,0 +1,58 @@
+"""Training against a served simulator (an ``openai`` engine on a fake vLLM server): a request that fails
+for good costs its dialogue, counted as ``invalid`` and ``remote/failed``, and the step goes on; an endpoint
+that is down stops the run with a message naming it and the last checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rapo_echo.algorithms.learner import Learner, TrainingError
+from rapo_echo.algorithms.run_config import load_config
+from tests.helpers.fake_openai import FakeAPI, ServedAPI, prompt_of
+
+FIRST_PROFILE = "Name: Dario"  # the first bundled SAGE profile (data.limit=2 takes it and one more)
+
+
+def rlver_run(model, out, url: str):
+    sets = [
+        f"model.name={model}",
+        f"output={out}",
+        "simulator.engine=openai",
+        f"simulator.base_url={url}",
+        "simulator.max_retries=1",
+        "simulator.api_key_env=NO_SUCH_KEY_VARIABLE",
+        "data.limit=2",
+        "rollout.batch_size=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=6",
+        "rlver.simulator.max_turns=2",
+        "rlver.simulator.max_new_tokens=32",
+        "train.max_steps=1",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    ]
+    return load_config(algo="rlver", overrides=sets)
+
+
+def test_failed_simulator_requests_cost_their_dialogues_not_the_step(tmp_path, tiny_folder):
+    # every request about the first profile fails (HTTP 500), every time: its two dialogues are lost
+    served = ServedAPI(fail=lambda s: 500 if FIRST_PROFILE in prompt_of(s) else None)
+    with FakeAPI(served) as api:
+        run = tmp_path / "run"
+        Learner(rlver_run(tiny_folder, run, api.url)).train()
+    [row] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert row["invalid"] == 2 and row["valid"] == 2  # the other profile's two dialogues trained
+    assert row["remote/failed"] == 2  # each lost dialogue's first analysis request, tried twice
+    assert served.failed == 4 and (run / "final" / "config.json").is_file()
+
+
+def test_an_endpoint_that_is_down_stops_the_run_naming_it(tmp_path, tiny_folder):
+    with FakeAPI(ServedAPI(fail=lambda s: 503)) as api:
+        run = tmp_path / "run"
+        trainer = Learner(rlver_run(tiny_folder, run, api.url))
+        named = rf"step 1: simulator:openai: POST {api.url}/chat.*last checkpoint"
+        with pytest.raises(TrainingError, match=named):
+            trainer.train()
+    assert not (run / "final").exists()
