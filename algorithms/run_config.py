@@ -9,6 +9,7 @@ an older version, which held every section, is read by ``--resume`` with the oth
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from pathlib import Path
@@ -69,8 +70,10 @@ def load_config(
     which an older version wrote with every algorithm's section: the others are dropped, not refused.
     ``check_devices=False`` accepts devices this machine lacks (a plan made on a login node for GPUs)."""
     given = ConfigTree.read(path)
-    chosen = algo or given.tree.get("algo") or "grpo"
-    where = "--algo" if algo else given.sources.get(("algo",), "algo")
+    named = ConfigTree(copy.deepcopy(given.tree), dict(given.sources))
+    named.apply(flags, overrides)  # a flag's or --set's algo is the run's, as the file's is
+    chosen = algo or named.tree.get("algo") or "grpo"
+    where = "--algo" if algo else named.sources.get(("algo",), "algo")
     if not isinstance(chosen, str):
         raise ConfigError(f"{where}: algo: got {chosen!r}; allowed: {', '.join(algorithm_names())}")
     algo_cls = algorithm_class(chosen, where=f"{where}: algo")
