@@ -26,7 +26,7 @@ policy is built; :meth:`~Algorithm.check_resume` before anything loads on ``--re
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -230,6 +230,12 @@ class Algorithm(abc.ABC):
     def needs(cls, cfg: RunConfig) -> Needs:
         """What this run of the algorithm needs from the Learner and the config (see :class:`Needs`)."""
         return Needs()
+
+    @classmethod
+    def check_plugins(cls, cfg: RunConfig, at: Callable[[str], str]) -> None:
+        """Import the plugins its own section names and check each is one (a ``ConfigError`` whose text
+        starts with ``at(key)``: the key with its ``file:line: ``), before any model loads."""
+        return None
 
     @classmethod
     def check_resume(cls, cfg: RunConfig, checkpoint: Path) -> None:

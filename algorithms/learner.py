@@ -44,7 +44,7 @@ from rapo_echo.checkpoint import (
     staging_path,
     write_state_files,
 )
-from rapo_echo.data import ScenarioStream, load_scenarios
+from rapo_echo.data import ScenarioStream, scenarios_from_config
 from rapo_echo.distributed import (
     accelerator_kwargs,
     configure_deepspeed,
@@ -63,7 +63,7 @@ from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.judges.bias import merge_metrics
 from rapo_echo.master_weights import make_optimizer
-from rapo_echo.models import autocast_dtype
+from rapo_echo.models import autocast_dtype, portable_name
 from rapo_echo.monitor import RewardHackingMonitor
 from rapo_echo.policy import VALUE_HEAD_FILE, Policy, TokenScores, pad_left_aligned
 from rapo_echo.rewards import RewardContext, RewardSet
@@ -72,7 +72,7 @@ from rapo_echo.rundir import check_run_dir, lock_run_dir
 
 from . import get as algorithm_class
 from .base import AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem, pad_rows, totals_of
-from .run_config import RunConfig
+from .run_config import RunConfig, resolve_plugins
 from .run_log import RunLog
 from .validation import BEST_FILE, Validator, validation_scenarios
 
@@ -168,8 +168,9 @@ class Learner:
             self.algo_cls.check_resume(cfg, ckpt)
             check_heads(ckpt, self.needs)
             self._fit_processes(ckpt)
-        # Data and rewards are validated before any model is loaded.
-        self.scenarios = load_scenarios(cfg.data.path, cfg.data.format, cfg.data.selection, cfg.data.limit)
+        # Plugins and data are validated before any model is loaded.
+        resolve_plugins(cfg)
+        self.scenarios = scenarios_from_config(cfg.data)
         if not self.scenarios:
             raise ConfigError(f"data.path: {cfg.data.path or 'bundled examples'} holds no scenarios")
         self.stream = ScenarioStream(self.scenarios, seed=cfg.train.seed, shuffle=cfg.data.shuffle)
@@ -181,6 +182,7 @@ class Learner:
             device=str(self.accelerator.device),
             shared_prompt_forward=cfg.train.shared_prompt_forward,
         )
+        self.policy.base_name = portable_name(cfg.model.name, self.run_dir)
         if self.needs.value_head:  # before the optimizer: it trains with the model
             self.policy.add_value_head()
         self.resolved: dict[str, Any] = {}
@@ -246,7 +248,7 @@ class Learner:
         self.stopped_by = ""  # the signal that stopped the run early, if any
         self.best_step: int | None = None  # keep_best: the step final/ comes from, when not the last
         self.warned_truncation = False
-        self.logs = RunLog(cfg, self.run_dir, self.is_main)
+        self.logs = RunLog(cfg, self.run_dir, self.accelerator, resume)
 
     # ------------------------------------------------------------------ setup helpers
     def _resolve_batch_sizes(self) -> None:
@@ -362,7 +364,10 @@ class Learner:
             self.accelerator.load_state(str(ckpt / "accelerate"), load_module_strict=not self.policy.is_lora)
         else:
             self.policy.load(ckpt / "model")
-            self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
+            if (ckpt / "optimizer.pt").is_file():
+                self.optimizer.load_state_dict(load_torch(ckpt / "optimizer.pt"))
+            else:  # written with train.save_optimizer: false
+                log.warning("%s holds no optimizer state: AdamW's moments start again from zero", ckpt)
         self.scheduler.load_state_dict(load_torch(ckpt / "scheduler.pt"))
         self.stream.load_state_dict(state["data"])
         self.algorithm.load_state_dict(state.get("algorithm", {}))
@@ -407,7 +412,7 @@ class Learner:
             self.run_dir,
             self.step,
             save_model=lambda folder: self.policy.save(folder, merged=False),
-            optimizer=self.optimizer,
+            optimizer=self.optimizer if self.cfg.train.save_optimizer else None,
             scheduler=self.scheduler,
             trainer_state=self._trainer_state(),
             keep=self.cfg.train.keep_checkpoints,
@@ -479,7 +484,7 @@ class Learner:
                 if bar is not None:
                     bar.update(1)
                     keys = self.algorithm.progress_keys
-                    bar.set_postfix({k: f"{metrics.get(k, float('nan')):.3f}" for k in keys})
+                    bar.note(**{k: f"{metrics.get(k, float('nan')):.3f}" for k in keys})
                 done = self.step >= self.cfg.train.max_steps
                 if self.step % self.cfg.train.save_every == 0 or done or self.stop.requested:
                     self._checkpoint()

@@ -11,11 +11,13 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rapo_echo import progress
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.judges.group import Candidate, GroupJudge, GroupJudgement
 from rapo_echo.judges.reactions import ReactionJudge
@@ -23,7 +25,7 @@ from rapo_echo.llm.ranks import average_ranks
 from rapo_echo.llm.reaction import Reaction
 from rapo_echo.logprobs import generalized_jsd, with_tail
 from rapo_echo.models import autocast_dtype
-from rapo_echo.simulators.base import build_simulator, checked_reactions
+from rapo_echo.simulators.base import build_simulator, checked_reactions, resolve_simulator
 from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, ValidationResult, msg
 
@@ -233,6 +235,11 @@ class RAPO(GRPO):
         )
 
     @classmethod
+    def check_plugins(cls, cfg: Any, at: Callable[[str], str]) -> None:
+        """``rapo.simulator.name``: a built-in simulated user or a plugin (``module:attr``, entry point)."""
+        resolve_simulator(cfg.rapo.simulator.name, at("rapo.simulator.name"))
+
+    @classmethod
     def defaults(cls) -> dict[str, Any]:
         # rapo.md 2.4/2.7: rank rewards with mean-centred (not std-normalised) advantages, small KL.
         return {
@@ -360,12 +367,14 @@ class RAPO(GRPO):
         corrections: list[Correction] = []
         if self.sd.enabled:
             t0 = time.perf_counter()
+            stage = progress.start("distillation")  # the policy's rewrites nest under it
             if self.sd.loss == "token_kl":
                 items += self._token_kl_items(samples, reactions, ranked)
             else:
                 corrections = self._corrections(samples, reactions, ranked)
                 items = self._distillation_items(samples, ranked, corrections, items, advantages)
                 record_rewrites(samples, corrections)
+            stage.close()
             timings["distill"] = time.perf_counter() - t0
             metrics.update(self._distill_metrics(items, corrections))
         extra = {"reactions": reactions, "corrections": corrections}

@@ -9,6 +9,7 @@ an older version, which held every section, is read by ``--resume`` with the oth
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Mapping
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, create_model
 
-from rapo_echo.config import SAMPLING_KEYS, ConfigTree, check_device
+from rapo_echo.config import BUILTIN_CHECKS, CHECK_ENTRY_POINTS, SAMPLING_KEYS, ConfigTree, check_device
 from rapo_echo.errors import ConfigError
+from rapo_echo.plugins import resolve_object
 
 from . import get as algorithm_class
 from . import names as algorithm_names
@@ -71,23 +73,18 @@ def load_config(
     others are dropped, not refused.
     ``check_devices=False`` accepts devices this machine lacks (a plan made on a login node for GPUs)."""
     given = ConfigTree.read(path)
-    chosen = algo or given.tree.get("algo") or "grpo"
-    where = "--algo" if algo else given.sources.get(("algo",), "algo")
+    named = ConfigTree(copy.deepcopy(given.tree), dict(given.sources))
+    named.apply(flags, overrides)  # a flag's or --set's algo is the run's, as the file's is
+    chosen = algo or named.tree.get("algo") or "grpo"
+    where = "--algo" if algo else named.sources.get(("algo",), "algo")
     if not isinstance(chosen, str):
         raise ConfigError(f"{where}: algo: got {chosen!r}; allowed: {', '.join(algorithm_names())}")
     algo_cls = algorithm_class(chosen, where=f"{where}: algo")
     tree = given.under(algo_cls.defaults())
     tree.tree["algo"] = chosen
     tree.apply(flags, overrides)
-    named = tree.tree.get("algo")
-    if named != chosen:  # `--set algo=NAME` (or the API's overrides) names the algorithm: load under it
-        if algo is not None:
-            raise ConfigError(f"--algo {algo} and algo: {named!r} (--set / overrides) disagree: name one")
-        if not isinstance(named, str):
-            raise ConfigError(f"algo: got {named!r}; allowed: {', '.join(algorithm_names())}")
-        return load_config(
-            path, algo=named, overrides=overrides, flags=flags, saved=saved, check_devices=check_devices
-        )
+    if tree.tree.get("algo") != chosen:  # --algo and `--set algo=` (or the API's overrides) name two
+        raise ConfigError(f"--algo {algo} and algo: {tree.tree.get('algo')!r} (--set / overrides) disagree")
     drop_other_sections(tree, algo_cls, saved)
     refuse_engine_sampling(tree, saved)
     tree.refuse_secrets()
@@ -95,6 +92,7 @@ def load_config(
     cfg = tree.validate(run_config_class(algo_cls))
     check_group_size(cfg, tree.where("rollout.group_size"))
     check_rewards(cfg, tree.where("rewards"))
+    resolve_plugins(cfg, tree.where)
     for role in ("model", "simulator", "judge") if check_devices else ():
         if role == "model" or getattr(cfg, role).engine in ("hf", "vllm"):
             check_device(getattr(cfg, role).device, f"{role}.device", tree.where(f"{role}.device"))
@@ -145,6 +143,28 @@ def refuse_engine_sampling(tree: ConfigTree, saved: bool) -> None:
             "decode greedily with their own lengths (rapo.judge.max_new_tokens, critique_tokens). Older "
             "versions accepted this key and ignored it: remove it."
         )
+
+
+def resolve_plugins(cfg: RunConfig, where: Any = None) -> None:
+    """Import every plugin the config names and check that it is one, before any model loads: the reward
+    plugins, those of the algorithm's own section (:meth:`Algorithm.check_plugins`: RAPO's simulated user)
+    and the validation checks of your own. ``where(key)`` gives a key's ``file:line: `` prefix. A module
+    named by path is found in the working folder too (:func:`rapo_echo.plugins.cwd_importable`)."""
+    from rapo_echo.rewards import resolve_reward
+
+    def at(key: str) -> str:
+        return (where(key) if where is not None else "") + key
+
+    try:
+        for i, spec in enumerate(cfg.rewards):
+            resolve_reward(spec.name, at(f"rewards.{i}.name"))
+        algorithm_class(cfg.algo).check_plugins(cfg, at)
+        for i, check in enumerate(cfg.validation.checks):
+            if check.name not in BUILTIN_CHECKS:
+                key = at(f"validation.checks.{i}.name")
+                resolve_object(check.name, group=CHECK_ENTRY_POINTS, builtins={}, kind="check", where=key)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid config:\n  {exc}") from None
 
 
 def check_rewards(cfg: RunConfig, where: str = "") -> None:

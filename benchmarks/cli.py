@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from typing import Any
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
@@ -40,9 +41,10 @@ def register(subparsers: Any) -> None:
     )
     ev.add_argument(
         "--data",
-        help="data file in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or "
-        "folder; EPM persona cards or EMPA's case folder; SAGE / RLVER profile JSONL; default for "
-        "sotopia, epm and sage: the bundled English ones)",
+        help="data in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or folder; EPM persona "
+        "cards or EMPA's case folder; SAGE / RLVER profile JSONL; fidelity: ESConv with in-dialogue "
+        "ratings); default: our bundled English sets (esconv, esconv-ref: bundled:esconv_style_en.json); "
+        "fidelity needs it",
     )
     ev.add_argument(
         "--simulator",
@@ -285,10 +287,19 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if args.epm and args.benchmark != "epm":
         raise ConfigError("--epm settings apply to --benchmark epm only")
     benchmark = get_benchmark(args.benchmark)
+    data = args.data
+    if data is None and getattr(benchmark, "default_data", None):
+        data = benchmark.default_data
+        logging.getLogger(__name__).warning(
+            "%s: no --data, so the bundled %s (ours, for trying the pipeline; its figures are not comparable "
+            "with published ones). A real run: --data with the benchmark's data (docs/data.md)",
+            benchmark.name,
+            data,
+        )
     settings = settings_from_args(args)
     specs = {"policy": args.policy, "simulator": args.simulator, "judge": args.judge}
     models = {r: s for r, s in specs.items() if r in benchmark.roles}
-    cases = benchmark.load_cases(args.data, settings)  # fail on bad data before loading any model
+    cases = benchmark.load_cases(data, settings)  # fail on bad data before loading any model
     if not cases:
         print(f"{args.benchmark}: no cases")
         return 1
@@ -296,11 +307,14 @@ def run_eval_command(args: argparse.Namespace) -> int:
     from rapo_echo.rundir import check_writable
 
     # an unwritable --output, or one holding other files or another evaluation: refused before any model
-    config = eval_config(benchmark.name, models, args.data, settings, getattr(benchmark, "protocol", None))
+    config = eval_config(benchmark.name, models, data, settings, getattr(benchmark, "protocol", None))
     check_output(check_writable(args.output), config)
     roles = build_roles(benchmark.roles, specs, **engine_args(args))
+    from rapo_echo import progress
+
+    progress.enable()
     summary = run_eval(
-        benchmark, roles, settings, args.output, data=args.data, limit=args.limit, models=models
+        benchmark, roles, settings, args.output, data=data, limit=args.limit, models=models
     )
     print(json.dumps(summary, indent=2))
     print(f"results: {args.output}/results.jsonl  summary: {args.output}/summary.json")

@@ -42,6 +42,8 @@ NOT_PLOTTED = frozenset({"lr", "world", "updates", "items", "nonfinite_skipped",
 # Left out when they never change: RAPO's linear rank rewards make ``reward/mean`` exactly 0.5 every step.
 HIDDEN_WHEN_FLAT = ("reward/mean",)
 MAX_CURVES = 18
+# A curve with at most this many points is drawn with a marker on each (a one-step run is one point).
+MARKERS_UP_TO = 30
 
 
 def pyplot() -> Any:
@@ -88,16 +90,19 @@ def curve_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [k for k in FIRST_CURVES if k in numeric] + sorted(numeric - set(FIRST_CURVES))
 
 
-def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, list[str]]:
-    """One subplot per metric key, one line per run; steps the reward-hacking monitor flagged are marked
-    by red vertical lines on every subplot. Returns (PNG, or None when there is nothing to plot, and the
-    keys left out)."""
+def training_figure(runs: dict[str, list[dict[str, Any]]]) -> tuple[Any, list[str]]:
+    """One subplot per metric key, one line per run (a marker on each point of a short curve, so a run of
+    one or a few steps shows), a legend on every subplot when several runs share it; steps the
+    reward-hacking monitor flagged are marked by red vertical lines on every subplot. Returns (the
+    matplotlib figure, or None when there is nothing to plot, and the keys left out)."""
     all_rows = [row for rows in runs.values() for row in rows]
     keys = curve_keys(all_rows)
     if not keys:
         return None, []
     shown, left_out = keys[:MAX_CURVES], keys[MAX_CURVES:]
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     cols = min(3, len(shown))
     nrows = math.ceil(len(shown) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
@@ -112,16 +117,39 @@ def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, 
                 if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])
             ]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, linewidth=1.2)
+                marker = "o" if len(pts) <= MARKERS_UP_TO else None
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, linewidth=1.2, marker=marker,
+                        markersize=3.5)  # fmt: skip
         ax.set_title(key, fontsize=9)
         ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.grid(alpha=0.3)
+        if len(runs) > 1 and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     for ax in list(axes.flat)[len(shown) :]:
         ax.axis("off")
-    if len(runs) > 1:
-        axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
-    return png_base64(fig), left_out
+    return fig, left_out
+
+
+def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, list[str]]:
+    """:func:`training_figure` as a base64 PNG (None when there is nothing to plot), and the keys left out."""
+    fig, left_out = training_figure(runs)
+    return (None if fig is None else png_base64(fig)), left_out
+
+
+def metric_unit(key: str) -> str:
+    """The unit of a benchmark's summary metric, from its key (one chart holds one unit)."""
+    k = key.lower()
+    if "turn" in k:
+        return "turns"
+    if k.endswith("rate") or k.endswith("/rate"):
+        return "rate (0-1)"
+    if k in ("successes", "failures") or k.endswith("_count"):
+        return "dialogues"
+    if k.startswith(("bleu", "rouge", "distinct")):
+        return "percent"
+    return "score"
 
 
 def grouped_bars(
@@ -142,6 +170,6 @@ def grouped_bars(
     if ylabel:
         ax.set_ylabel(ylabel, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     fig.tight_layout()
     return png_base64(fig)

@@ -1,10 +1,10 @@
 """``rapo-echo report``: eval and training-run folders -> one self-contained HTML page + a Markdown table.
 
 Inputs: eval output folders (``config.json`` + ``results.jsonl``), training run folders
-(``metrics.jsonl``), or folders holding either one level down. The page has the comparison table
-(policies x benchmark headline metrics), training curves, per-benchmark bars (SOTOPIA: per dimension),
-and the transcripts as ``<details>`` blocks. Images are inline PNGs, CSS is inline, there is no script,
-and every model-written text is HTML-escaped.
+(``metrics.jsonl``), or folders holding either one level down. The page has the comparison (one table
+per benchmark: policies x its headline metrics), training curves, per-benchmark bars (one unit per
+chart; SOTOPIA: per dimension), and the transcripts as ``<details>`` blocks. Images are inline PNGs,
+CSS is inline, there is no script, and every model-written text is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rapo_echo.benchmarks.fidelity.report import NOTE as FIDELITY_NOTE
 from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_table, run_checks_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
 from rapo_echo.benchmarks.paired import paired_success
-from rapo_echo.benchmarks.plots import grouped_bars, training_curves
+from rapo_echo.benchmarks.plots import grouped_bars, metric_unit, training_curves
 from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
 from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
 from rapo_echo.benchmarks.sotopia.report import dimensions_figure
@@ -115,13 +115,24 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def benchmarks_of(evals: Sequence[EvalResult]) -> list[str]:
+    """The benchmarks present, in the registry's order."""
+    order = list(BENCHMARKS)
+    return sorted(
+        {e.benchmark for e in evals}, key=lambda b: (order.index(b) if b in order else len(order), b)
+    )
+
+
+def comparison_tables(evals: Sequence[EvalResult]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """``(benchmark, header, rows)`` per benchmark present: the policies it evaluated, its headline metrics
+    and valid/total cases. One table each, so each fits the page."""
+    return [(b, *comparison_table([e for e in evals if e.benchmark == b])) for b in benchmarks_of(evals)]
+
+
 def comparison_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[str]]]:
     """Header and rows: one row per policy; per benchmark present (registry order) its headline metrics and
     valid/total cases."""
-    order = list(BENCHMARKS)
-    benchmarks = sorted(
-        {e.benchmark for e in evals}, key=lambda b: (order.index(b) if b in order else len(order), b)
-    )
+    benchmarks = benchmarks_of(evals)
     header = ["policy"]
     columns: list[tuple[str, str | None]] = []
     for b in benchmarks:
@@ -223,9 +234,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table in a box that scrolls sideways when the table is wider than the page (never cut)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _markdown_comparison(evals: Sequence[EvalResult]) -> str:
+    """The comparison as one Markdown table per benchmark, each under its name."""
+    return "\n".join(f"**{b}**\n\n" + markdown_table(h, rows) for b, h, rows in comparison_tables(evals))
 
 
 def _img(png: str, alt: str) -> str:
@@ -241,10 +258,14 @@ def _figures(evals: Sequence[EvalResult]) -> list[str]:
         group = [e for e in evals if e.benchmark == bench and e.summary["metrics"]]
         if not group:
             continue
-        keys = [k for k, _ in group[0].summary["headline"]]
-        labels = [label for _, label in group[0].summary["headline"]]
-        series = {e.label: [e.summary["metrics"].get(k) for k in keys] for e in group}
-        out.append(_img(grouped_bars(f"{bench}: headline metrics", labels, series), f"{bench} metrics"))
+        by_unit: dict[str, list[tuple[str, str]]] = {}
+        for key, label in group[0].summary["headline"]:
+            by_unit.setdefault(metric_unit(key), []).append((key, label))
+        for unit, headline in by_unit.items():  # one unit per chart: rates never share an axis with turns
+            labels = [label for _, label in headline]
+            series = {e.label: [e.summary["metrics"].get(k) for k, _ in headline] for e in group}
+            title = f"{bench}: {unit}"
+            out.append(_img(grouped_bars(title, labels, series, ylabel=unit), f"{bench} {unit}"))
     return out
 
 
@@ -282,7 +303,7 @@ h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:
 h3{font-size:15px}table{border-collapse:collapse;font-size:13px;margin:8px 0}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}
-img{max-width:100%;margin:8px 0;border:1px solid #eee}
+img{max-width:100%;margin:8px 0;border:1px solid #eee}.wide{max-width:100%;overflow-x:auto}
 details{margin:4px 0;padding:4px 8px;background:#fafafa;border:1px solid #e5e5e5;border-radius:4px;
  font-size:13px}
 summary{cursor:pointer}.turn{margin:4px 0 4px 8px;white-space:pre-wrap}
@@ -306,8 +327,9 @@ def render_html(
         f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
     ]
     if evals:
-        header, rows = comparison_table(evals)
-        parts.append("<h2>Comparison</h2>" + _html_table(header, rows))
+        parts.append("<h2>Comparison</h2>")
+        for bench, header, rows in comparison_tables(evals):
+            parts.append(f"<h3>{html.escape(bench)}</h3>" + _html_table(header, rows))
         parts.append(
             '<p class="note">ESConv SR = success rate, AT = average turns (PPDPP protocol); BLEU, ROUGE-L '
             "and Distinct in percent; SOTOPIA dimensions on their own ranges, overall = mean of seven.</p>"
@@ -330,7 +352,7 @@ def render_html(
         if any(k.startswith("monitor/") and v for r in runs for row in r.rows for k, v in row.items()):
             parts.append(
                 '<p class="note">red lines: steps the reward-hacking monitor flagged (see the last column '
-                'below and docs/monitor.md)</p>'
+                "below and docs/monitor.md)</p>"
             )
         header, rows = summary_table(runs)
         parts.append("<h3>Runs</h3>" + _html_table(header, rows))
@@ -396,8 +418,7 @@ def build_report(
     write_text_atomic(html_path, page)
     md = f"# {title}\n\n"
     if evals:
-        header, rows = comparison_table(evals)
-        md += markdown_table(header, rows)
+        md += _markdown_comparison(evals)
         paired = paired_table(evals, baseline)
         if paired is not None:
             md += "\nPaired comparison\n\n" + markdown_table(*paired) + "\n" + PAIRED_NOTE + "\n"

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rapo_echo import progress
 from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
@@ -226,10 +227,12 @@ def _run_cases(
     engines = (roles.policy, roles.simulator, roles.judge)
     failed_before = failed_items(*engines)
     size = batch_size(settings, roles)
-    with ResultWriter(output / RESULTS_FILE) as writer:
+    initial = len(cases) - len(pending)
+    bar = progress.task(benchmark.name, total=len(cases), initial=initial, unit="case")
+    with bar as cases_bar, ResultWriter(output / RESULTS_FILE) as writer:
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
-            _run_one_batch(benchmark, batch, roles, settings, writer)
+            _run_one_batch(benchmark, batch, roles, settings, writer, cases_bar)
             log.info(
                 "%s: %d/%d cases done",
                 benchmark.name,
@@ -264,7 +267,12 @@ def prompt_cuts(roles: Roles) -> dict[str, int]:
 
 
 def _run_one_batch(
-    benchmark: Benchmark, batch: Sequence[Case], roles: Roles, settings: EvalSettings, writer: ResultWriter
+    benchmark: Benchmark,
+    batch: Sequence[Case],
+    roles: Roles,
+    settings: EvalSettings,
+    writer: ResultWriter,
+    bar: progress.Task | None = None,
 ) -> None:
     waiting = {c.id for c in batch}
 
@@ -275,6 +283,8 @@ def _run_one_batch(
             )
         waiting.discard(record["id"])
         writer.append(record)
+        if bar is not None:
+            bar.update(1)
 
     benchmark.run_batch(batch, roles, settings, emit)
     if waiting:

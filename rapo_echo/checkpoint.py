@@ -150,7 +150,7 @@ def save_checkpoint(
     step: int,
     *,
     save_model: Any,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     trainer_state: dict[str, Any],
     keep: int = 2,
@@ -158,7 +158,8 @@ def save_checkpoint(
 ) -> Path:
     """Write ``checkpoints/step-N`` atomically and keep the newest ``keep`` checkpoints.
 
-    ``save_model(folder)`` writes the weights (Hugging Face format, safetensors)."""
+    ``save_model(folder)`` writes the weights (Hugging Face format, safetensors); ``optimizer=None``
+    leaves its state out (``train.save_optimizer: false``)."""
     tmp = staging_dir(run_dir, step)
     try:
         save_model(tmp / "model")

@@ -1,4 +1,4 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, config.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, config, export.
 
 Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
 and sets ``func(args) -> exit code``. Only commands whose module imports are listed.
@@ -13,6 +13,7 @@ import sys
 
 from rapo_echo import __version__
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.progress import quiet_third_party
 from rapo_echo.scrub import ScrubFilter
 
 COMMAND_MODULES = (
@@ -24,6 +25,7 @@ COMMAND_MODULES = (
     "rapo_echo.benchmarks.cli",
     "rapo_echo.algorithms.openrlhf.cli",
     "rapo_echo.algorithms.config_cli",
+    "rapo_echo.export",
 )
 
 
@@ -34,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reinforcement learning of empathetic, emotionally supportive dialogue models.",
     )
     parser.add_argument("--version", action="version", version=f"rapo-echo {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log debug messages, and the libraries' own logs and warnings",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -56,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    quiet_third_party(args.verbose)
     for handler in logging.getLogger().handlers:  # no secret value reaches a log line
         if not any(isinstance(f, ScrubFilter) for f in handler.filters):
             handler.addFilter(ScrubFilter())

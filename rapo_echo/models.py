@@ -123,6 +123,31 @@ def resolve(spec: str) -> ResolvedModel:
     return ResolvedModel(spec, is_hub=True, source=spec)
 
 
+def portable_name(spec: str, run_dir: str | Path) -> str:
+    """How a saved adapter names its base model: as the user gave it, so it travels. A hub id and
+    ``default`` stay as they are; a local folder, ``.gguf`` file or run directory becomes a path relative
+    to the run directory (:func:`adapter_base` finds it again from the adapter's folder)."""
+    spec = spec.strip()
+    path = Path(os.path.expanduser(spec))
+    if spec == DEFAULT_SPEC or not path.exists():
+        return spec
+    return os.path.relpath(path.resolve(), Path(run_dir).resolve())
+
+
+def adapter_base(folder: str | Path, base: str) -> str:
+    """The model spec of an adapter's base, as its ``adapter_config.json`` names it: a relative path
+    (see :func:`portable_name`) is looked up from the adapter's folder and the folders above it (a run
+    keeps its adapters at ``checkpoints/step-N/model``); anything else is returned as it is."""
+    path = Path(base)
+    if base == DEFAULT_SPEC or path.is_absolute() or base.startswith("~"):
+        return base
+    folder = Path(folder).resolve()
+    for root in [folder, *list(folder.parents)[:4]]:
+        if (root / path).exists():
+            return str(root / path)
+    return base
+
+
 def run_model_folder(path: str | Path) -> Path | None:
     """The model folder inside a training run directory: ``final/`` when present, else the model of the
     newest ``checkpoints/step-N/`` that has its weights; None when ``path`` is not a run directory.
@@ -338,7 +363,8 @@ def load_model(
 
         from peft import PeftModel
 
-        base_spec = json.loads(adapter_cfg.read_text())["base_model_name_or_path"]
+        named = json.loads(adapter_cfg.read_text())["base_model_name_or_path"]
+        base_spec = adapter_base(resolved.path, named)
         base, tok = load_model(base_spec, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         model = PeftModel.from_pretrained(base, resolved.path)
         return model, tok

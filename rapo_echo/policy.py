@@ -343,6 +343,8 @@ class Policy:
         self.resolved = resolve(model_cfg.name)
         # ``auto`` becomes the dtype used (bfloat16 on a CUDA GPU with it), so config.yaml records it
         model_cfg.dtype = resolve_dtype(model_cfg.dtype, pick_device(device or model_cfg.device))
+        # what a saved adapter names as its base (models.portable_name; the Learner sets it for its run)
+        self.base_name: str | None = None
         lm, tokenizer = load_model(
             self.resolved,
             dtype=model_cfg.dtype,
@@ -574,7 +576,7 @@ class Policy:
         if self.is_lora and merged:
             model = copy.deepcopy(self.lm).merge_and_unload()
         elif self.is_lora:
-            model.peft_config["default"].base_model_name_or_path = self.resolved.path
+            model.peft_config["default"].base_model_name_or_path = self.base_name or self.resolved.path
         kwargs = {"state_dict": state_dict} if state_dict is not None and not merged else {}
         model.save_pretrained(path, safe_serialization=True, **kwargs)
         self.tokenizer.save_pretrained(path)

@@ -8,6 +8,12 @@ llguidance, ``vllm`` through its structured-output parameters, an ``openai`` ser
 checks its scripted replies against it; every engine's text is then read by :meth:`AnswerFormat.parse`,
 the one parser. JSON schemas are limited to the keywords :func:`validate_json` checks, so that what a
 server or grammar enforces is exactly what we validate.
+
+That subset check stays ours, because it is what the grammar enforces: an ``integer`` is written without a
+fraction (``jsonschema`` takes ``1.0`` as an integer) and keywords outside the subset are refused rather
+than ignored. ``jsonschema`` (Draft 2020-12) checks on top of it: a schema must be well formed (a
+``minimum`` that is a number, ``required`` a list), and a value must pass both (``jsonschema`` tells
+``true`` from ``1`` in an ``enum``, which Python's ``==`` does not).
 """
 
 from __future__ import annotations
@@ -53,7 +59,20 @@ MAX_BOUND = 2**53  # |minimum|, |maximum|: beyond it bounds are not exact as JSO
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems")
 
 
-def check_schema(schema: Any, where: str = "schema", depth: int = 0) -> None:
+def check_schema(schema: Any, where: str = "schema") -> None:
+    """Raise ``ValueError`` naming the place when ``schema`` uses a keyword or type outside our subset
+    (:func:`_check_subset`), or is not a well-formed JSON schema (``jsonschema``'s metaschema check)."""
+    _check_subset(schema, where)
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        path = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in exc.path)
+        raise ValueError(f"{where}{path}: not a valid JSON schema: {exc.message}") from None
+
+
+def _check_subset(schema: Any, where: str, depth: int = 0) -> None:
     """Raise ``ValueError`` naming the place when ``schema`` uses a keyword or type outside our subset, or
     holds a value no grammar can take: ``properties`` that is not an object of schemas, ``required`` that
     is not a list of property names, an empty or non-list ``enum`` or one of more than :data:`MAX_ENUM`
@@ -84,7 +103,7 @@ def check_schema(schema: Any, where: str = "schema", depth: int = 0) -> None:
     if not isinstance(props, Mapping):
         raise ValueError(f"{where}.properties: must be an object of schemas, got {type(props).__name__}")
     for name, sub in props.items():
-        check_schema(sub, f"{where}.properties.{name}", depth + 1)
+        _check_subset(sub, f"{where}.properties.{name}", depth + 1)
     required = schema.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         raise ValueError(f"{where}.required: must be a list of property names, got {str(required)[:60]}")
@@ -98,7 +117,7 @@ def check_schema(schema: Any, where: str = "schema", depth: int = 0) -> None:
         if key in schema and not isinstance(schema[key], str):
             raise ValueError(f"{where}.{key}: must be a string")
     if "items" in schema:
-        check_schema(schema["items"], f"{where}.items", depth + 1)
+        _check_subset(schema["items"], f"{where}.items", depth + 1)
 
 
 def _check_bounds(schema: Mapping[str, Any], where: str) -> None:
@@ -127,7 +146,21 @@ def object_schema(properties: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def validate_json(value: Any, schema: Mapping[str, Any], where: str = "$") -> str | None:
-    """Why ``value`` does not conform to ``schema`` (our keyword subset), or None when it does."""
+    """Why ``value`` does not conform to ``schema`` (our keyword subset, then ``jsonschema``), or None
+    when it does."""
+    problem = _subset_problem(value, schema, where)
+    if problem is not None:
+        return problem
+    from jsonschema import Draft202012Validator
+
+    error = next(iter(Draft202012Validator(schema).iter_errors(value)), None)
+    if error is None:
+        return None
+    path = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in error.absolute_path)
+    return f"{where}{path}: {error.message}"
+
+
+def _subset_problem(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
     if "enum" in schema and value not in schema["enum"]:
         return f"{where}: {value!r} is not one of {schema['enum']}"
     kind = schema.get("type")
@@ -144,7 +177,7 @@ def validate_json(value: Any, schema: Mapping[str, Any], where: str = "$") -> st
                 return f"{where}: unexpected field(s) {extra}"
         for name, sub in props.items():
             if name in value:
-                problem = validate_json(value[name], sub, f"{where}.{name}")
+                problem = _subset_problem(value[name], sub, f"{where}.{name}")
                 if problem:
                     return problem
         return None
@@ -155,9 +188,8 @@ def validate_json(value: Any, schema: Mapping[str, Any], where: str = "$") -> st
         if not lo <= len(value) <= hi:
             return f"{where}: {len(value)} items, outside [{lo}, {hi}]"
         for i, item in enumerate(value):
-            problem = (
-                validate_json(item, schema.get("items") or {}, f"{where}[{i}]") if "items" in schema else None
-            )
+            items = schema.get("items")
+            problem = _subset_problem(item, items, f"{where}[{i}]") if items is not None else None
             if problem:
                 return problem
         return None
@@ -245,8 +277,12 @@ def regex_problem(pattern: str) -> str | None:
         parsed = _sre_parser.parse(pattern)
     except re.error as exc:
         return f"the regex does not compile ({exc})"
-    banned = {"ASSERT": "look-around", "ASSERT_NOT": "look-around", "GROUPREF": "a back-reference",
-              "GROUPREF_EXISTS": "a conditional back-reference"}
+    banned = {
+        "ASSERT": "look-around",
+        "ASSERT_NOT": "look-around",
+        "GROUPREF": "a back-reference",
+        "GROUPREF_EXISTS": "a conditional back-reference",
+    }
 
     def walk(items: Any) -> str | None:
         for op, arg in items:

@@ -70,6 +70,17 @@ def is_simulator_class(obj: Any) -> bool:
     return declared and callable(getattr(obj, "react", None))
 
 
+def resolve_simulator(name: str, where: str = "rapo.simulator.name") -> Any:
+    """The simulator class ``name`` refers to (not instantiated); it must declare itself a plugin."""
+    obj = resolve_object(name, group=ENTRY_POINT_GROUP, builtins=BUILTINS, kind="simulator", where=where)
+    if not is_simulator_class(obj):
+        raise ConfigError(
+            f"{where}: {name!r} is not a simulator plugin: a simulator is a class that subclasses "
+            f"rapo_echo.simulators.base.UserSimulator or sets `{MARKER} = True`, with a react(pairs) method"
+        )
+    return obj
+
+
 def build_simulator(
     name: str,
     args: dict[str, Any] | None = None,
@@ -83,12 +94,7 @@ def build_simulator(
     """Instantiate the simulator ``name`` with ``args``; errors name the config field. ``engine``,
     ``scale``, ``seed`` and ``rng`` (a seeded, checkpointed ``random.Random``, e.g. for fence markers)
     are passed to a constructor that declares them."""
-    obj = resolve_object(name, group=ENTRY_POINT_GROUP, builtins=BUILTINS, kind="simulator", where=where)
-    if not is_simulator_class(obj):
-        raise ConfigError(
-            f"{where}: {name!r} is not a simulator plugin: a simulator is a class that subclasses "
-            f"rapo_echo.simulators.base.UserSimulator or sets `{MARKER} = True`, with a react(pairs) method"
-        )
+    obj = resolve_simulator(name, where)
     kwargs = dict(args or {})
     params = inspect.signature(obj).parameters
     given = {"engine": engine, "scale": scale, "seed": seed, "rng": rng}

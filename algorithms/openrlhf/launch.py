@@ -171,6 +171,40 @@ def _full_fine_tuning_lr(lr: float, model_path: str, cfg: RunConfig) -> None:
     )
 
 
+def micro_batch_for(cfg: RunConfig, samples: int, train_batch: int, gpus: int) -> int:
+    """OpenRLHF's micro-batch per GPU. Its trainer splits the samples of one update (``train_batch``)
+    over every GPU in micro-batches, so they must be a multiple of micro-batch x GPUs; and its launcher
+    asserts that the step's samples make at least one micro-batch per GPU (``train_ppo_ray.py``). A
+    number in ``train.micro_batch_size`` is checked; ``auto`` takes the largest size up to rapo-echo's CPU
+    default that fits, so the defaults launch (16 samples on 8 GPUs: micro-batches of 2)."""
+    asked = cfg.train.micro_batch_size
+    sizes = [asked] if isinstance(asked, int) else list(range(min(CPU_MICRO_BATCH, train_batch), 0, -1))
+    for micro in sizes:
+        if train_batch % (micro * gpus) == 0 and samples // micro >= gpus:
+            return micro
+    if isinstance(asked, int) and train_batch % (asked * gpus):
+        raise ConfigError(
+            f"train.micro_batch_size: samples per update ({train_batch}) must be a multiple of "
+            f"micro_batch_size x GPUs ({asked} x {gpus}); set train.micro_batch_size: auto to pick one"
+        )
+    if isinstance(asked, int):
+        raise ConfigError(
+            f"train.micro_batch_size: {samples} samples per step make fewer than one micro-batch of {asked} "
+            f"per GPU ({gpus} GPUs), which OpenRLHF refuses; lower it or set it to auto"
+        )
+    ro, mini = cfg.rollout, cfg.train.mini_batches
+
+    def splits(b: int) -> bool:
+        return (b * ro.group_size) % mini == 0 and (b * ro.group_size // mini) % gpus == 0
+
+    need = next(b for b in range(ro.batch_size, ro.batch_size + gpus * mini + 1) if splits(b))
+    raise ConfigError(
+        f"rollout.batch_size: {train_batch} samples per update (rollout.batch_size x group_size / "
+        f"train.mini_batches) cannot be split evenly over {gpus} GPUs; use rollout.batch_size: {need} (or "
+        "fewer GPUs)"
+    )
+
+
 def launch_command(
     config: RunConfig | str | Path,
     bundle_dir: str | Path,
@@ -211,14 +245,7 @@ def launch_command(
             f"({samples})"
         )
     train_batch = samples // tr.mini_batches
-    # OpenRLHF takes a number per GPU; rapo-echo's ``auto`` (sized by its own trainer) maps to the
-    # former fixed default.
-    micro = tr.micro_batch_size if isinstance(tr.micro_batch_size, int) else CPU_MICRO_BATCH
-    if train_batch % (micro * cluster.world):
-        raise ConfigError(
-            f"train.micro_batch_size: samples per update ({train_batch}) must be a multiple of "
-            f"micro_batch_size x GPUs ({micro} x {cluster.world})"
-        )
+    micro = micro_batch_for(cfg, samples, train_batch, cluster.world)
     rows = count_rows(bundle / PROMPTS_FILE)
     episodes = max(1, math.ceil(tr.max_steps * ro.batch_size / rows))
     if max_len is None:

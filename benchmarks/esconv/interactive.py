@@ -46,9 +46,13 @@ from rapo_echo.structured import AnswerFormat
 DEFAULT_MAX_TURNS = 8
 CRITIC_FORMAT = AnswerFormat.choice(tuple(CRITIC_LABELS), name="esconv_critic")
 SUCCESS_THRESHOLD = 0.5
+# Without --data, ``rapo-echo eval`` runs ESConv on this bundled set (ours, six English dialogues in
+# ESConv's format): enough to try the pipeline, not a result to compare with published figures.
+DEFAULT_DATA = "bundled:esconv_style_en.json"
 DATA_HINT = (
     "pass an ESConv-format file with --data, e.g. the PPDPP test split ppdpp_esc-test.jsonl "
-    "(github.com/dengyang17/PPDPP data/esc-test.txt) or thu-coai's ESConv.json"
+    "(github.com/dengyang17/PPDPP data/esc-test.txt) or thu-coai's ESConv.json; to try the pipeline, "
+    f"--data {DEFAULT_DATA} (our six English dialogues)"
 )
 
 
@@ -79,6 +83,7 @@ class EsconvInteractive:
     """PPDPP-style interactive ESConv evaluation."""
 
     name = "esconv"
+    default_data = DEFAULT_DATA
     roles = ("policy", "simulator", "judge")
     headline = (("success_rate", "ESConv SR"), ("avg_turns", "ESConv AT"))
 

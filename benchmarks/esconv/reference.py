@@ -14,7 +14,7 @@ from typing import Any
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record
 from rapo_echo.benchmarks.esconv.data import read_esconv
-from rapo_echo.benchmarks.esconv.interactive import require_data
+from rapo_echo.benchmarks.esconv.interactive import DEFAULT_DATA, require_data
 from rapo_echo.benchmarks.esconv.seeker import SUPPORTER, supporter_prompt
 from rapo_echo.benchmarks.text_metrics import reference_metrics, rouge_l
 from rapo_echo.engines.base import generate_texts
@@ -24,6 +24,7 @@ class EsconvReference:
     """Reference-based ESConv evaluation (BLEU, ROUGE-L, Distinct)."""
 
     name = "esconv-ref"
+    default_data = DEFAULT_DATA
     roles = ("policy",)
     headline = (
         ("bleu_1", "BLEU-1"),

@@ -1,6 +1,11 @@
-"""Rank statistics of the fidelity benchmark, written out here (no scipy): average ranks, Spearman's
-rho, Kendall's tau-b, within-dialogue pairwise agreement, and percentile bootstrap intervals that
-resample whole dialogues.
+"""Rank statistics of the fidelity benchmark: average ranks, Spearman's rho and Kendall's tau-b (through
+``scipy.stats``), within-dialogue pairwise agreement, and percentile bootstrap intervals that resample
+whole dialogues.
+
+The bootstrap stays ours rather than ``scipy.stats.bootstrap``: a resample of dialogues may leave a
+statistic undefined (one rating level left), and such resamples are dropped here, while scipy's interval
+needs a value from every resample; ours also resamples group indices with the statistic evaluated on
+each, which keeps every seeded interval the benchmark has reported.
 
 A bootstrap resample is a weight vector (how many times each dialogue was drawn), and the statistics
 have weighted forms (:class:`RankedPoints`) that equal the plain ones on the data with every point
@@ -49,46 +54,35 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman's rho: Pearson's r of the average ranks."""
-    return pearson(ascending_ranks(x), ascending_ranks(y))
+    """Spearman's rho (``scipy.stats.spearmanr``: Pearson's r of the average ranks); None for fewer than
+    two pairs or a constant side."""
+    if len(x) != len(y):
+        raise ValueError(f"spearman: {len(x)} values against {len(y)}")
+    if _undefined(x, y):
+        return None
+    return float(scipy_stats().spearmanr(x, y).statistic)
 
 
 def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Kendall's tau-b = (C - D) / sqrt((P - Tx) (P - Ty)) over all pairs, with C / D the concordant /
-    discordant pairs, P all pairs, Tx / Ty the pairs tied in x / in y. When one side takes few values
-    (ratings 1-5) C - D is counted level by level with sorted look-ups, else over all pairs."""
+    """Kendall's tau-b (``scipy.stats.kendalltau``, variant b) = (C - D) / sqrt((P - Tx) (P - Ty)) over all
+    pairs, with C / D the concordant / discordant pairs, P all pairs, Tx / Ty the pairs tied in x / in y;
+    None for fewer than two pairs or a constant side."""
     if len(x) != len(y):
         raise ValueError(f"kendall_tau_b: {len(x)} values against {len(y)}")
-    n = len(x)
-    if n < 2:
+    if _undefined(x, y):
         return None
-    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if len(np.unique(a)) < len(np.unique(b)):
-        a, b = b, a  # b: the side with fewer distinct values (C - D is symmetric)
-    pairs = n * (n - 1) // 2
-    tied_a, tied_b = _tied_pairs(a), _tied_pairs(b)
-    denom = math.sqrt((pairs - tied_a) * (pairs - tied_b))
-    if denom == 0:
-        return None
-    levels = np.unique(b)
-    if len(levels) > 50:
-        upper = np.triu_indices(n, k=1)
-        s = float(np.sum(np.sign(a[:, None] - a[None, :])[upper] * np.sign(b[:, None] - b[None, :])[upper]))
-        return s / denom
-    groups = [np.sort(a[b == level]) for level in levels]
-    s = 0.0
-    for hi in range(len(groups)):
-        for lo in range(hi):
-            low = groups[lo]
-            below = np.searchsorted(low, groups[hi], side="left")  # a_j < a_i: concordant
-            above = len(low) - np.searchsorted(low, groups[hi], side="right")  # a_j > a_i: discordant
-            s += float(np.sum(below) - np.sum(above))
-    return s / denom
+    return float(scipy_stats().kendalltau(x, y, variant="b").statistic)
 
 
-def _tied_pairs(values: np.ndarray) -> int:
-    _, counts = np.unique(values, return_counts=True)
-    return int(np.sum(counts * (counts - 1) // 2))
+def _undefined(x: Sequence[float], y: Sequence[float]) -> bool:
+    return len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2
+
+
+def scipy_stats():
+    """``scipy.stats`` (imported on first use: it takes a second)."""
+    import scipy.stats
+
+    return scipy.stats
 
 
 def pair_counts(predictions: Sequence[float], ratings: Sequence[float]) -> tuple[float, int]:

@@ -30,10 +30,20 @@ class DataConfig(Strict):
 
     path: str | None = Field(
         None,
-        description="Scenario file (JSON/JSONL, ESConv, PPDPP, SAGE profiles) or `bundled:NAME`; None: the"
-        " bundled scenarios.",
+        description="Scenario source: a JSON / JSONL / parquet / arrow / csv file, a `save_to_disk` folder, "
+        "a Hugging Face Hub dataset id or `bundled:NAME`; None: the bundled scenarios (docs/data.md).",
     )
-    format: ScenarioFormat = Field("auto", description="The file's format (`auto`: detected).")
+    format: ScenarioFormat = Field(
+        "auto",
+        description="The rows' format (`auto`: detected): `scenarios` (ours and TRL's `prompt` / "
+        "`messages` rows), `esconv`, `ppdpp`, `hf_esconv`, `sage`.",
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Renames the source's columns to the names the format reads, e.g. `{question: prompt}`.",
+    )
+    split: str = Field("train", description="The split of a Hub dataset or a saved `DatasetDict`.")
+    subset: str | None = Field(None, description="A Hub dataset's subset (configuration) name.")
     shuffle: bool = Field(True, description="Shuffle scenarios (seeded by `train.seed`).")
     limit: int | None = Field(None, ge=1, description="Use only the first this many scenarios.")
     selection: SelectionConfig = Field(default_factory=SelectionConfig, description="Pivotal-turn selection.")

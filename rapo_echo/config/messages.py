@@ -3,9 +3,12 @@ a flag or ``--set``), the key, the value given and what is allowed."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+from rapo_echo.config.trl_names import trl_hint
 
 Sources = dict[tuple[str, ...], str]
 _TYPE_NAMES = {"str", "list[str]", "int", "float", "bool", "dict[str,any]"}
@@ -79,8 +82,11 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
             renamed = getattr(parent, "renamed", {}) if parent is not None else {}
             if loc[-1] in renamed:
                 hint = f"no longer a key; write it as {renamed[loc[-1]].format(value=shown)}"
-            elif parent is not None:
-                hint += f"; allowed keys here: {', '.join(parent.model_fields)}"
+            else:
+                meant = trl_hint(loc[-1], shown) or did_you_mean(root, loc)
+                hint += f"; {meant}" if meant else ""
+                if parent is not None:
+                    hint += f"; allowed keys here: {', '.join(parent.model_fields)}"
         out.append(f"{where(sources, loc)}{key}: got {shown}; {hint}")
     return "invalid config:\n  " + "\n  ".join(dict.fromkeys(out))
 
@@ -115,3 +121,38 @@ def _member(models: list[type[BaseModel]], node: Any) -> type[BaseModel]:
         if field is not None and name in getattr(field.annotation, "__args__", ()):
             return m
     return models[-1]
+
+
+def key_paths(root: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of the config ``root`` describes (sections and their keys, list items as one)."""
+    out: list[str] = []
+    for name, field in root.model_fields.items():
+        path = f"{prefix}{name}"
+        out.append(path)
+        for sub in models_in(field.annotation):
+            out += [p for p in key_paths(sub, path + ".") if p not in out]
+    return out
+
+
+def did_you_mean(root: type[BaseModel], loc: tuple[str, ...]) -> str | None:
+    """``'did you mean KEY?'`` for an unknown key close to one of ``root``'s (same section first)."""
+    name, section = loc[-1], ".".join(x for x in loc[:-1] if not x.isdigit())
+    paths = key_paths(root)
+    leaves: dict[str, list[str]] = {}
+    for p in paths:
+        leaves.setdefault(p.rsplit(".", 1)[-1], []).append(p)
+    near = difflib.get_close_matches(name, leaves, n=1, cutoff=0.75)
+    if not near:  # the whole key; not a section it is written in, nor a key whose name is far from it
+        written = ".".join(loc)
+
+        def near_leaf(p: str) -> bool:
+            return difflib.SequenceMatcher(None, name, p.rsplit(".", 1)[-1]).ratio() >= 0.5
+
+        others = [p for p in paths if not written.startswith(p + ".") and near_leaf(p)]
+        near = difflib.get_close_matches(written, others, n=1, cutoff=0.75)
+        return f"did you mean {near[0]}?" if near else None
+    options = leaves[near[0]]
+    same = [p for p in options if p.rsplit(".", 1)[0] == section] if section else []
+    if same:
+        return f"did you mean {same[0]}?"
+    return f"did you mean {' or '.join(options[:3])}?"

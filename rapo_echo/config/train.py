@@ -46,6 +46,12 @@ class TrainConfig(Strict):
     )
     save_every: int = Field(50, ge=1, description="Checkpoint every this many steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (older ones are deleted).")
+    save_optimizer: bool = Field(
+        True,
+        description="Checkpoints hold the optimizer state (a resume continues exactly; twice the weights' "
+        "size under AdamW). Off: weights, schedule, RNG and data position only (a resume restarts AdamW's "
+        "moments). `final/` never holds it.",
+    )
     max_nonfinite: int = Field(3, ge=1, description="Non-finite losses in a row before the run stops.")
     max_invalid_steps: int = Field(
         3,

@@ -1,8 +1,20 @@
-"""Read JSON / JSONL data files, keeping each record's line so errors can point at it.
+"""The one reader of data rows: every file, folder or Hub dataset a data key names, each row with its
+location so errors can point at it.
 
-A data file is either a JSON list of objects, a single JSON object, or JSONL (one object a line);
-which one is decided from the content, not the name. ``bundled:NAME`` names a file shipped in
-``rapo_echo/examples`` (found through :mod:`importlib.resources`).
+A data source is
+
+* a JSON or JSONL file (any name but a table's): a JSON list of objects, one JSON object, or JSONL (one
+  object a line), decided from the content; read here, so every error names the file and line;
+* a table file that ``datasets`` reads: ``.parquet``, ``.arrow``, ``.csv``, ``.tsv``; rows are numbered
+  from 0 (``FILE row N``);
+* a folder saved with ``datasets``' ``save_to_disk`` (a ``DatasetDict`` gives the row of ``split``);
+* a Hugging Face Hub dataset id (``owner/name``; ``split`` and ``subset`` pick the rows), loaded with
+  ``datasets.load_dataset``;
+* ``bundled:NAME``: a file shipped in ``rapo_echo/examples`` (found through :mod:`importlib.resources`).
+
+JSON and JSONL stay with our reader rather than ``datasets``' JSON builder because it keeps line
+numbers (``datasets`` reports neither the line nor the row of a bad value). ``columns`` renames a
+source's columns to the names the formats read (``{"question": "prompt"}``) before anything else.
 """
 
 from __future__ import annotations
@@ -10,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -23,23 +36,32 @@ if TYPE_CHECKING:
 BUNDLED_PREFIX = "bundled:"
 BUNDLED_SCENARIOS = "scenarios_en.jsonl"
 BUNDLED_ESCONV = "esconv_style_en.json"
-
+# File extensions ``datasets`` reads for us, and the builder that reads each.
+TABLE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".csv": "csv", ".tsv": "csv"}
+JSON_SUFFIXES = (".json", ".jsonl")
+SOURCES_HELP = (
+    "a JSON or JSONL file, a .parquet / .arrow / .csv file, a folder saved with datasets' save_to_disk, "
+    "a Hugging Face Hub dataset id (owner/name) or bundled:NAME"
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _WS = re.compile(r"\s*")
 
 
 @dataclass(frozen=True)
 class Source:
-    """The text of one data file. ``name`` is what messages show; ``path`` a real file, if any."""
+    """One data source, opened. ``name`` is what messages show; ``path`` a real file, if any; ``text``
+    the content of a JSON / JSONL source; ``table`` the ``datasets.Dataset`` of any other."""
 
     name: str
-    text: str
+    text: str | None
     stem: str
     path: str | None
+    table: Any = None
 
 
 @dataclass(frozen=True)
 class Record:
-    """One top-level JSON value and where it starts (``file:line`` or ``file:line (list index i)``)."""
+    """One row and where it is (``file:line``, ``file:line (list index i)`` or ``source row i``)."""
 
     where: str
     data: Any
@@ -57,7 +79,7 @@ def bundled_file(name: str) -> Traversable:
 def bundled_names() -> list[str]:
     """Names of the JSON / JSONL files shipped in ``rapo_echo/examples``."""
     folder = resources.files("rapo_echo") / "examples"
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith((".json", ".jsonl")))
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(JSON_SUFFIXES))
 
 
 class LongInteger(float):
@@ -90,8 +112,24 @@ def loads_json(text: str) -> Any:
     return json.loads(text, parse_int=parse_int)
 
 
-def open_source(path: str | os.PathLike[str] | None) -> Source:
-    """Read a data file (``None`` = the bundled English scenarios, ``bundled:NAME`` = a bundled file)."""
+def read_rows(
+    path: str | os.PathLike[str] | None,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    limit: int | None = None,
+) -> list[Record]:
+    """Every row of a data source (see the module doc; ``None`` = the bundled English scenarios), at
+    most ``limit``, with ``columns`` renamed. The loader every command reads data through."""
+    return read_records(open_source(path, split=split, subset=subset), limit=limit, columns=columns)
+
+
+def open_source(
+    path: str | os.PathLike[str] | None, *, split: str = "train", subset: str | None = None
+) -> Source:
+    """Open a data source (``None`` = the bundled English scenarios, ``bundled:NAME`` = a bundled file).
+    ``split`` and ``subset`` apply to Hub datasets and saved ``DatasetDict`` folders."""
     spec = BUNDLED_PREFIX + BUNDLED_SCENARIOS if path is None else os.fspath(path)
     if spec.startswith(BUNDLED_PREFIX):
         name = spec[len(BUNDLED_PREFIX) :]
@@ -99,50 +137,158 @@ def open_source(path: str | os.PathLike[str] | None) -> Source:
         real = str(res) if Path(str(res)).is_file() else None
         return Source(str(res), res.read_text(encoding="utf-8"), Path(name).stem, real)
     p = Path(spec)
-    if not p.exists():
-        raise DataError(f"{p}: data file not found")
     if p.is_dir():
-        raise DataError(f"{p}: is a folder; expected a .json or .jsonl data file")
+        return _saved_dataset(p, split)
+    if p.is_file():
+        builder = TABLE_BUILDERS.get(p.suffix.lower())
+        if builder is not None:
+            return _table_file(p, builder)
+        return _text_file(p)
+    if p.suffix.lower() in (*JSON_SUFFIXES, *TABLE_BUILDERS) or not _HUB_ID.match(spec):
+        raise DataError(f"{p}: data file not found; a data source is {SOURCES_HELP}")
+    return _hub_dataset(spec, split, subset)
+
+
+def _text_file(p: Path) -> Source:
+    data = p.read_bytes()
     try:
-        text = p.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{p}: not UTF-8 text (byte {exc.start}); expected a JSON or JSONL file") from exc
+        kind = " (a parquet file: name it .parquet)" if data.startswith(b"PAR1") else ""
+        raise DataError(
+            f"{p}: not UTF-8 text (byte {exc.start}){kind}; a file of this name is read as JSON or JSONL. "
+            f"A data source is {SOURCES_HELP}"
+        ) from exc
     return Source(str(p), text, p.stem, str(p))
 
 
-def read_records(src: Source, limit: int | None = None) -> list[Record]:
-    """Every top-level record of ``src`` (at most ``limit``), each with its location."""
+def _table_file(p: Path, builder: str) -> Source:
+    import datasets
+
+    kwargs = {"delimiter": "\t"} if p.suffix.lower() == ".tsv" else {}
     try:
-        return _read_records(src, limit)
-    except RecursionError:
-        raise DataError(f"{src.name}: JSON nested too deeply to read; is the file corrupted?") from None
+        table = datasets.load_dataset(builder, data_files=str(p), split="train", **kwargs)
+    except Exception as exc:  # datasets raises many kinds (ArrowInvalid, DatasetGenerationError, ...)
+        raise DataError(f"{p}: datasets could not read it as {builder}: {_first_line(exc)}") from exc
+    return Source(str(p), None, p.stem, str(p), table)
+
+
+def _saved_dataset(p: Path, split: str) -> Source:
+    if not ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file()):
+        raise DataError(
+            f"{p}: is a folder without a dataset saved by datasets' save_to_disk (no state.json or "
+            f"dataset_dict.json); a data source is {SOURCES_HELP}"
+        )
+    import datasets
+
+    try:
+        saved = datasets.load_from_disk(str(p))
+    except Exception as exc:
+        raise DataError(f"{p}: datasets could not load the saved dataset: {_first_line(exc)}") from exc
+    return Source(str(p), None, p.name, None, _pick_split(saved, split, str(p), "data.split"))
+
+
+def _hub_dataset(spec: str, split: str, subset: str | None) -> Source:
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(spec, name=subset, split=split)
+    except ValueError as exc:
+        if "split" in str(exc).lower():  # an unknown split: say which exist
+            raise DataError(f"{spec}: no split {split!r} ({_first_line(exc)}); set data.split") from exc
+        raise DataError(f"{spec}: could not load it from the Hugging Face Hub: {_first_line(exc)}") from exc
+    except Exception as exc:  # offline, no such dataset, gated, ...
+        raise DataError(
+            f"{spec}: not a local file or folder, and the Hugging Face Hub could not give a dataset of that "
+            f"name ({type(exc).__name__}: {_first_line(exc)}); a data source is {SOURCES_HELP}"
+        ) from exc
+    name = f"{spec}[{split}]" if subset is None else f"{spec}/{subset}[{split}]"
+    return Source(name, None, spec.rsplit("/", 1)[-1], None, _pick_split(loaded, split, spec, "data.split"))
+
+
+def _pick_split(loaded: Any, split: str, name: str, key: str) -> Any:
+    """The ``split`` of a ``DatasetDict`` (a ``Dataset`` is returned as it is)."""
+    if not hasattr(loaded, "keys"):
+        return loaded
+    if split not in loaded:
+        raise DataError(f"{name}: no split {split!r}; it has {', '.join(loaded.keys())} (set {key})")
+    return loaded[split]
+
+
+def read_records(
+    src: Source, limit: int | None = None, columns: Mapping[str, str] | None = None
+) -> list[Record]:
+    """Every top-level record of ``src`` (at most ``limit``), each with its location; ``columns``
+    renames each row's keys (a row without a mapped column is an error naming it)."""
+    if src.table is not None:
+        records = _table_rows(src, limit)
+    else:
+        try:
+            records = _read_records(src, limit)
+        except RecursionError:
+            raise DataError(f"{src.name}: JSON nested too deeply to read; is the file corrupted?") from None
+    return [_renamed(r, columns) for r in records] if columns else records
+
+
+def _table_rows(src: Source, limit: int | None) -> list[Record]:
+    out = []
+    for i, row in enumerate(src.table):
+        if limit is not None and i >= limit:
+            break
+        out.append(Record(f"{src.name} row {i}", _without_nulls(row)))
+    return out
+
+
+def _without_nulls(value: Any) -> Any:
+    """A table row without the ``None`` values Arrow fills in for keys a row does not have (a struct
+    column holds the union of every row's keys)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _renamed(record: Record, columns: Mapping[str, str]) -> Record:
+    if not isinstance(record.data, dict):
+        return record
+    missing = [c for c in columns if c not in record.data]
+    if missing:
+        raise DataError(
+            f"{record.where}: data.columns: column {missing[0]!r} is not in this row (its columns: "
+            f"{', '.join(map(str, record.data)) or 'none'})"
+        )
+    renamed = {columns.get(k, k): v for k, v in record.data.items()}
+    return Record(record.where, renamed)
 
 
 def _read_records(src: Source, limit: int | None) -> list[Record]:
-    start = _WS.match(src.text).end()
-    if start == len(src.text):
+    text = src.text or ""
+    start = _WS.match(text).end()
+    if start == len(text):
         raise DataError(f"{src.name}: the file is empty; expected JSON or JSONL records")
-    first = src.text[start]
+    first = text[start]
     if first == "[":
-        return _json_list(src, start, limit)
+        return _json_list(src, text, start, limit)
     if first != "{":
-        line = src.text.count("\n", 0, start) + 1
+        line = text.count("\n", 0, start) + 1
         raise DataError(
-            f"{src.name}:{line}: expected a JSON list ('[') or JSON objects ('{{'), got {first!r}"
+            f"{src.name}:{line}: expected a JSON list ('[') or JSON objects ('{{'), got {first!r}; a file of "
+            f"this name is read as JSON or JSONL. A data source is {SOURCES_HELP}"
         )
     try:
-        return [Record(f"{src.name}:{src.text.count(chr(10), 0, start) + 1}", loads_json(src.text))]
+        return [Record(f"{src.name}:{text.count(chr(10), 0, start) + 1}", loads_json(text))]
     except json.JSONDecodeError as exc:
         # one pretty-printed object opens with a lone '{' line; anything else is read as JSONL,
         # which names the first line that does not parse
-        if src.text[start:].split("\n", 1)[0].strip() == "{":
+        if text[start:].split("\n", 1)[0].strip() == "{":
             raise _syntax_error(src, exc) from None
-    return _jsonl(src, limit)
+    return _jsonl(src, text, limit)
 
 
-def _jsonl(src: Source, limit: int | None) -> list[Record]:
+def _jsonl(src: Source, text: str, limit: int | None) -> list[Record]:
     out: list[Record] = []
-    for lineno, line in enumerate(src.text.split("\n"), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -157,9 +303,9 @@ def _jsonl(src: Source, limit: int | None) -> list[Record]:
     return out
 
 
-def _json_list(src: Source, start: int, limit: int | None) -> list[Record]:
+def _json_list(src: Source, text: str, start: int, limit: int | None) -> list[Record]:
     """Decode a top-level JSON list element by element to know the line each element starts on."""
-    text, decoder = src.text, json.JSONDecoder(parse_int=parse_int)
+    decoder = json.JSONDecoder(parse_int=parse_int)
     out: list[Record] = []
     line, counted = 1, 0
 
@@ -215,6 +361,11 @@ def get_str(obj: dict[str, Any], key: str, where: str, path: str = "", required:
 
 def _syntax_error(src: Source, exc: json.JSONDecodeError) -> DataError:
     return DataError(f"{src.name}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _short(value: Any) -> str:

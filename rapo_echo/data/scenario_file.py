@@ -1,14 +1,24 @@
-"""Our own ``scenarios`` format: one object per scenario, in a JSON list or JSONL.
+"""The ``scenarios`` format: one row per dialogue context, ours or TRL's, from any data source.
 
-``{"id"?: str, "messages"?: [{"role", "content"}, ...], "opening"?: str, "profile"?: {...},
-"reference"?: str, "meta"?: {...}}`` with exactly one of ``messages`` / ``opening`` (shorthand for a
-single user message). Roles are system / user / assistant, a system message may only come first,
-and the last message must be from the user. Ids default to ``<file stem>-<n>`` (n counts records
-from 0) and must be unique in the file.
+``{"id"?: str | int, "messages" | "opening" | "prompt": ..., "profile"?: {...}, "reference"? |
+"completion"?: ..., "meta"?: {...}}`` with exactly one of
+
+* ``messages``: ``[{"role", "content"}, ...]`` (roles system / user / assistant, a system message only
+  first). When the last turn is the assistant's (a chat dataset's row), that turn is the reference
+  reply and the rest the context, which must then end with the user;
+* ``opening``: shorthand for a single user message;
+* ``prompt``: TRL's prompt column, plain (a string: one user message) or conversational (a list of
+  messages ending with the user); ``completion`` (TRL's prompt-completion rows: a string or
+  ``[{"role": "assistant", ...}]``) is then the reference reply.
+
+Other columns of a row are kept in ``meta["columns"]`` (TRL-style reward functions receive them as
+keyword columns), except a name so close to one of ours that it is taken for a misspelling and refused.
+Ids default to ``<file stem>-<n>`` (n counts records from 0) and must be unique in the file.
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from rapo_echo.data.files import Record, expect_object, get_str
@@ -16,7 +26,8 @@ from rapo_echo.errors import DataError
 from rapo_echo.text import is_blank
 from rapo_echo.types import Message, Scenario
 
-SCENARIO_KEYS = ("id", "messages", "opening", "profile", "reference", "meta")
+SCENARIO_KEYS = ("id", "messages", "opening", "prompt", "profile", "reference", "completion", "meta")
+CONTEXT_KEYS = ("messages", "opening", "prompt")
 ROLES = ("system", "user", "assistant")
 
 # What a user in a scenario mostly wants from the supporter (the ``need`` of a hidden profile).
@@ -46,39 +57,99 @@ def parse_scenarios(records: list[Record], stem: str, file: str) -> list[Scenari
 
 
 def parse_scenario(record: Record, default_id: str, file: str) -> Scenario:
-    """One scenario record -> :class:`Scenario`; errors name the record's line and the field."""
+    """One scenario row -> :class:`Scenario`; errors name the row's location and the field."""
     obj, where = expect_object(record), record.where
-    unknown = [k for k in obj if k not in SCENARIO_KEYS]
-    if unknown:
-        raise DataError(f"{where}: {unknown[0]}: unknown key; allowed keys: {', '.join(SCENARIO_KEYS)}")
-    sid = get_str(obj, "id", where, required=False)
-    if sid is not None and is_blank(sid):
-        raise DataError(f"{where}: id: empty; expected a non-empty string (or leave id out)")
-    has_messages, has_opening = obj.get("messages") is not None, obj.get("opening") is not None
-    if has_messages == has_opening:
-        got = "both" if has_messages else "neither"
-        raise DataError(f"{where}: messages / opening: got {got}; expected exactly one of them")
-    if has_opening:
+    columns = {k: v for k, v in obj.items() if k not in SCENARIO_KEYS}
+    for key in columns:
+        near = difflib.get_close_matches(key, SCENARIO_KEYS, n=1, cutoff=0.85)
+        if near:
+            raise DataError(
+                f"{where}: {key}: unknown key; did you mean {near[0]!r}? (keys read: "
+                f"{', '.join(SCENARIO_KEYS)}; other columns are kept as meta.columns)"
+            )
+    sid = _identifier(obj.get("id"), where)
+    given = [k for k in CONTEXT_KEYS if obj.get(k) is not None]
+    if len(given) != 1:
+        got = " and ".join(given) if given else "none of them"
+        raise DataError(
+            f"{where}: messages / opening / prompt: got {got}; expected exactly one of them (rename a "
+            "column you do not mean with data.columns, e.g. data.columns: {prompt: prompt_text})"
+        )
+    reference = get_str(obj, "reference", where, required=False)
+    if obj.get("completion") is not None:
+        if reference is not None or given != ["prompt"]:
+            raise DataError(f"{where}: completion: goes with prompt, and without reference")
+        reference = _completion(obj["completion"], where)
+    if given == ["opening"]:
         opening = get_str(obj, "opening", where)
         if is_blank(opening):
             raise DataError(f"{where}: opening: empty; expected the user's first message")
         messages: list[Message] = [{"role": "user", "content": opening}]
+    elif given == ["prompt"] and isinstance(obj["prompt"], str):
+        if is_blank(obj["prompt"]):
+            raise DataError(f"{where}: prompt: empty; expected the user's message")
+        messages = [{"role": "user", "content": obj["prompt"]}]
     else:
-        messages = _messages(obj["messages"], where)
+        key = given[0]
+        messages = _messages(obj[key], where, key)
+        if key == "messages" and messages[-1]["role"] == "assistant":
+            if reference is not None:
+                raise DataError(
+                    f"{where}: messages[{len(messages) - 1}]: an assistant last turn is the reference "
+                    "reply, and this row has a reference too; keep one"
+                )
+            reference = messages.pop()["content"]
+        if not messages or messages[-1]["role"] != "user":
+            last = len(messages) - 1
+            got = repr(messages[-1]["role"]) if messages else "no turn before the reference reply"
+            raise DataError(
+                f"{where}: {key}[{max(last, 0)}].role: got {got}; the context must end with the user's turn "
+                "(the policy writes the next assistant turn; a messages row may add one assistant turn "
+                "after it, read as the reference reply)"
+            )
     profile = _mapping(obj, "profile", where)
     meta = _mapping(obj, "meta", where)
     meta.setdefault("source", "scenarios")
     meta.setdefault("file", file)
-    reference = get_str(obj, "reference", where, required=False)
+    if columns:
+        meta["columns"] = columns
     return Scenario(id=sid or default_id, messages=messages, profile=profile, reference=reference, meta=meta)
 
 
-def _messages(value: Any, where: str) -> list[Message]:
+def _identifier(value: Any, where: str) -> str | None:
+    """A row's ``id``: a non-empty string, or an integer (as tables often number their rows)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise DataError(f"{where}: id: got {type(value).__name__} {value!r}; expected a string or an integer")
+    if is_blank(value):
+        raise DataError(f"{where}: id: empty; expected a non-empty string (or leave id out)")
+    return value
+
+
+def _completion(value: Any, where: str) -> str:
+    """TRL's ``completion``: a string, or one assistant message (conversational)."""
+    if isinstance(value, str) and not is_blank(value):
+        return value
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
+        m = value[0]
+        content = get_str(m, "content", where, path="completion[0].")
+        if m.get("role") == "assistant" and not is_blank(content):
+            return content
+    raise DataError(
+        f"{where}: completion: expected a non-empty string or one assistant message "
+        "[{role: assistant, content: ...}]"
+    )
+
+
+def _messages(value: Any, where: str, key: str = "messages") -> list[Message]:
     if not isinstance(value, list) or not value:
-        raise DataError(f"{where}: messages: expected a non-empty list of {{role, content}} objects")
+        raise DataError(f"{where}: {key}: expected a non-empty list of {{role, content}} objects")
     out: list[Message] = []
     for i, m in enumerate(value):
-        field = f"messages[{i}]"
+        field = f"{key}[{i}]"
         if not isinstance(m, dict):
             raise DataError(f"{where}: {field}: got {type(m).__name__}; expected a {{role, content}} object")
         extra = [k for k in m if k not in ("role", "content")]
@@ -93,11 +164,6 @@ def _messages(value: Any, where: str) -> list[Message]:
         if is_blank(content):
             raise DataError(f"{where}: {field}.content: empty; expected the message text")
         out.append({"role": role, "content": content})
-    if out[-1]["role"] != "user":
-        raise DataError(
-            f"{where}: messages[{len(out) - 1}].role: got {out[-1]['role']!r}; the last message must be "
-            "from the user (the policy writes the next assistant turn)"
-        )
     return out
 
 

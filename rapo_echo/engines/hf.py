@@ -21,11 +21,13 @@ from typing import Any
 
 import torch
 
+from rapo_echo import progress
 from rapo_echo.distributed import is_zero3_partitioned
 from rapo_echo.engines.base import split_continuation, truncate_at_stop
 from rapo_echo.engines.constrained import GRAMMAR_FAILED, GrammarCache, TokenConstraint
 from rapo_echo.engines.static_decode import StaticDecoder, resolve_decode, supports_static_cache
 from rapo_echo.errors import ConfigError
+from rapo_echo.progress import label
 from rapo_echo.prompting import fit_conversation
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, SamplingParams
@@ -340,11 +342,14 @@ class HFEngine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        for start in range(0, len(prompt_ids), per_chunk):
-            chunk = [list(p) for p in prompt_ids[start : start + per_chunk]]
-            rows = self._decode_batch(chunk, params, generator)
-            for row in rows:
-                out[start + row.prompt_index].append(self._finish(row, params))
+        replies = len(prompt_ids) * params.n
+        with progress.task(label(self.name, "generate"), total=replies, unit="reply") as bar:
+            for start in range(0, len(prompt_ids), per_chunk):
+                chunk = [list(p) for p in prompt_ids[start : start + per_chunk]]
+                rows = self._decode_batch(chunk, params, generator)
+                for row in rows:
+                    out[start + row.prompt_index].append(self._finish(row, params))
+                bar.update(len(rows))
         return out
 
     def _finish(self, row: _Row, params: SamplingParams) -> Generation:

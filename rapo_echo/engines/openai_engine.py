@@ -71,6 +71,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from rapo_echo import progress
 from rapo_echo.engines.concurrency import RequestLimits, together
 from rapo_echo.engines.deadline import Deadline
 from rapo_echo.engines.vllm_engine import version_tuple
@@ -599,31 +600,40 @@ class OpenAIEngine:
         self, fn: Callable[[Any], Any], items: Sequence[Any], failed: Callable[[EndpointError], Any]
     ) -> list[Any]:
         """``fn`` over ``items``, every request in flight at once (bounded by the engine's limits), results
-        in order. An item whose request fails for good gets ``failed(error)`` and is counted
-        (``failed_items``); when every item failed and the endpoint looks down (module doc), the first error
-        is raised instead. Errors that are not the endpoint's (e.g. a capability error) propagate."""
+        in order; the requests done, in flight and failed go to the progress display. An item whose request
+        fails for good gets ``failed(error)`` and is counted (``failed_items``); when every item failed and
+        the endpoint looks down (module doc), the first error is raised instead. Errors that are not the
+        endpoint's (e.g. a capability error) propagate."""
+        calls = progress.RemoteCalls(len(items))
 
         def one(x: Any) -> tuple[Any, EndpointError | None, bool]:
             started = time.monotonic()
+            calls.start()
             try:
                 out = fn(x)
-            except FormatRefused:
-                raise
             except EndpointError as exc:  # alone: nothing was answered while this item was tried
+                calls.end(ok=False)
+                if isinstance(exc, FormatRefused):
+                    raise
                 return None, exc, self._last_answer < started
+            except BaseException:
+                calls.end(ok=False)
+                raise
+            calls.end()
             self._last_answer = time.monotonic()
             return out, None, False
 
-        if len(items) <= 1:
-            done = [one(x) for x in items]
-        else:
-            pool = ThreadPoolExecutor(
-                max_workers=min(self.max_concurrency, len(items)), thread_name_prefix=self.name
-            )
-            try:
-                done = list(pool.map(one, items))
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+        with progress.task(progress.label(self.name, "requests"), total=len(items), unit="req"):
+            if len(items) <= 1:
+                done = [one(x) for x in items]
+            else:
+                pool = ThreadPoolExecutor(
+                    max_workers=min(self.max_concurrency, len(items)), thread_name_prefix=self.name
+                )
+                try:
+                    done = list(pool.map(one, items))
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
         errors = [e for _, e, _ in done if e is not None]
         if not errors:
             return [r for r, _, _ in done]

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rapo_echo import progress
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.training_data import (
     NEGATIVES,
@@ -173,20 +174,22 @@ def _train_judge(cfg: JudgeTrainingConfig, out: Path) -> dict[str, Any]:
     )
     engine = policy.engine
     t0 = time.perf_counter()
-    before = (
-        accuracy(engine, held_pairs, reasoning=cfg.reasoning, max_new_tokens=cfg.eval_tokens)
-        if held_pairs
-        else {}
-    )
+    with progress.task("held-out accuracy before training"):
+        before = (
+            accuracy(engine, held_pairs, reasoning=cfg.reasoning, max_new_tokens=cfg.eval_tokens)
+            if held_pairs
+            else {}
+        )
     encoded, skipped = _encode(policy, train_pairs, cfg.max_tokens)
     if not encoded:
         raise ConfigError(f"no training example fits --max-tokens {cfg.max_tokens}")
     losses = _sft(policy, encoded, cfg)
-    after = (
-        accuracy(engine, held_pairs, reasoning=cfg.reasoning, max_new_tokens=cfg.eval_tokens)
-        if held_pairs
-        else {}
-    )
+    with progress.task("held-out accuracy after training"):
+        after = (
+            accuracy(engine, held_pairs, reasoning=cfg.reasoning, max_new_tokens=cfg.eval_tokens)
+            if held_pairs
+            else {}
+        )
     report = {
         "model": cfg.model,
         "examples": {"train": len(train), "held_out": len(held), "duplicates_removed": removed},
@@ -255,6 +258,7 @@ def _sft(policy: Any, encoded: list[tuple[list[int], list[int]]], cfg: JudgeTrai
     order: list[int] = []
     losses: list[float] = []
     policy.lm.train()
+    bar = progress.start("train-judge", total=total, unit="step")
     for _ in range(total):
         if len(order) < cfg.batch_size:
             fresh = list(range(len(encoded)))
@@ -274,7 +278,10 @@ def _sft(policy: Any, encoded: list[tuple[list[int], list[int]]], cfg: JudgeTrai
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(step_loss)
-        log.info("train-judge: step %d/%d loss %.4f", len(losses), total, losses[-1])
+        bar.update(1)
+        bar.note(loss=f"{step_loss:.4f}")
+        log.debug("train-judge: step %d/%d loss %.4f", len(losses), total, losses[-1])
+    bar.close()
     policy.lm.eval()
     return losses
 
@@ -361,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         device=args.device,
     )
+    progress.enable()
     report = train_judge(cfg)
     acc = report["held_out_accuracy"]
     for task in sorted(set(acc["before"]) | set(acc["after"])):

@@ -91,7 +91,9 @@ class TRLFunctionReward:
 
     ``prompts`` are the prompt conversations and ``completions`` the replies in TRL's conversational
     form (``[{"role": "assistant", "content": text}]``); the columns are ``completion_ids``,
-    ``profile``, ``reference``, ``scenario_id`` and ``meta`` (one entry per sample).
+    ``profile``, ``reference``, ``scenario_id`` and ``meta`` (one entry per sample), and, as TRL passes
+    a dataset's columns, every other column of the data rows (``meta["columns"]``; ``None`` for a row
+    without it).
     """
 
     def __init__(
@@ -102,20 +104,27 @@ class TRLFunctionReward:
         self.kwargs = kwargs
 
     def __call__(self, samples: Sequence[Sample]) -> list[float | None]:
+        columns: dict[str, Any] = {
+            "completion_ids": [s.completion_ids for s in samples],
+            "profile": [s.scenario.profile for s in samples],
+            "reference": [s.scenario.reference for s in samples],
+            "scenario_id": [s.scenario.id for s in samples],
+            "meta": [s.scenario.meta for s in samples],
+        }
+        extra = [s.scenario.meta.get("columns") or {} for s in samples]
+        for name in dict.fromkeys(k for row in extra for k in row):
+            if name not in columns and name not in self.kwargs and name not in ("prompts", "completions"):
+                columns[name] = [row.get(name) for row in extra]
         out = self.fn(
             prompts=[s.scenario.messages for s in samples],
             completions=[[{"role": "assistant", "content": s.text}] for s in samples],
-            completion_ids=[s.completion_ids for s in samples],
-            profile=[s.scenario.profile for s in samples],
-            reference=[s.scenario.reference for s in samples],
-            scenario_id=[s.scenario.id for s in samples],
-            meta=[s.scenario.meta for s in samples],
+            **columns,
             **self.kwargs,
         )
         return list(out)
 
 
-def _load_object(name: str, where: str) -> Any:
+def resolve_reward(name: str, where: str) -> Any:
     """The object a reward name resolves to. Built-ins and entry points are registered on purpose, so
     they are trusted; an object named by path must pass :func:`is_reward_plugin`."""
     obj = resolve_object(name, group=ENTRY_POINT_GROUP, builtins=BUILTINS, kind="reward", where=where)
@@ -133,7 +142,7 @@ def _load_object(name: str, where: str) -> Any:
 
 def build_reward(name: str, args: dict[str, Any], ctx: RewardContext, *, where: str = "rewards") -> Reward:
     """Instantiate one reward from its spec; errors name the config field."""
-    obj = _load_object(name, where)
+    obj = resolve_reward(name, where)
     if inspect.isclass(obj):
         kwargs = dict(args)
         if "ctx" in inspect.signature(obj).parameters:

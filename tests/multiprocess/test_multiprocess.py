@@ -110,6 +110,17 @@ def check_groups_stay_on_their_rank(records: Path) -> None:
                 seen[scenario] = rank
 
 
+def check_samples_of_every_rank(run: Path, records: Path) -> None:
+    """samples.jsonl holds every rank's samples (not rank 0's only), each with its rank."""
+    rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    for step in (1, 2):
+        for rank in (0, 1):
+            mine = [(r["scenario"], r["reply"]) for r in rows if r["step"] == step and r["rank"] == rank]
+            drawn = json.loads(record_file(records, step, rank).read_text())
+            assert len(mine) == PER_RANK * GROUP == len(drawn)
+            assert sorted(s for s, _ in mine) == sorted(row["scenario"] for row in drawn)
+
+
 def check_equals_single_process(
     tmp: Path, model: Path, run: Path, records: Path, monkeypatch, *extra: str
 ) -> None:
@@ -153,6 +164,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path: Path, tiny_folder: Path, 
     run, records = tmp_path / "run", tmp_path / "records"
     launch(torchrun(2), tiny_folder, run, records)
     check_groups_stay_on_their_rank(records)
+    check_samples_of_every_rank(run, records)
     check_equals_single_process(tmp_path, tiny_folder, run, records, monkeypatch)
     assert (run / "final" / "config.json").is_file()
     resolved = json.loads((run / "resolved.json").read_text())

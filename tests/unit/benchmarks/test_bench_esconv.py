@@ -319,7 +319,7 @@ def test_the_critic_declares_its_four_labels():
 
 
 def test_interactive_needs_data_and_roles():
-    with pytest.raises(ConfigError, match="needs a data file"):
+    with pytest.raises(ConfigError, match=r"needs a data file: .*--data bundled:esconv_style_en.json"):
         EsconvInteractive().load_cases(None, EvalSettings())
     with pytest.raises(ConfigError, match="simulator and a judge"):
         EsconvInteractive().run_batch(make_cases(1), Roles(ScriptedEngine()), EvalSettings(), print)

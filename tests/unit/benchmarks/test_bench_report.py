@@ -14,7 +14,15 @@ import pytest
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.plots import curve_keys
-from rapo_echo.benchmarks.report import build_report, comparison_table, discover, markdown_table, paired_table
+from rapo_echo.benchmarks.report import (
+    EvalResult,
+    build_report,
+    comparison_table,
+    discover,
+    markdown_table,
+    paired_table,
+    render_html,
+)
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import DataError
@@ -129,11 +137,15 @@ def test_report_page_is_self_contained_and_escaped(results, tmp_path):
     assert "I am &lt;script&gt;alert(1)&lt;/script&gt; sorry." in page
     assert not re.search(r"(src|href)=[\"']?(https?:)?//", page)  # nothing loaded from elsewhere
     assert "<title>My &lt;report&gt;</title>" in page
-    assert page.count('src="data:image/png;base64,') >= 4  # sotopia dims, esconv, esconv-ref, training curves
+    # sotopia dims, esconv (a rate and a turn count: two charts), esconv-ref, training curves
+    assert page.count('src="data:image/png;base64,') >= 5
+    assert 'alt="esconv rate (0-1)"' in page and 'alt="esconv turns"' in page
     assert page.count("<details>") == 6 * 2 and "Transcripts (2 of 4)" in page
     assert "critic: turn 1: 1.000 (solved)" in page and "evaluator: believability: 8" in page
     md = md_path.read_text()
-    assert md.startswith("# My <report>\n\n| policy |") and "policy-b" in md
+    # one comparison table per benchmark, each under its name
+    assert md.startswith("# My <report>\n\n**esconv**\n\n| policy | ESConv SR | ESConv AT | esconv valid/n |")
+    assert "**sotopia**\n\n| policy | SOTOPIA goal |" in md and "policy-b" in md
 
 
 def test_training_curve_keys_come_first_then_sorted():
@@ -199,6 +211,74 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     assert (width, height) == (1280, 2000)
     # a rendered page is not blank: a blank screenshot compresses to a few kB
     assert len(png) > 50_000
+    # as laid out at 1280 px: nothing wider than the window, and every comparison table fits its box; also
+    # with five benchmarks of six headline metrics each (one table of 36 columns before)
+    wide = tmp_path / "wide.html"
+    wide.write_text(render_html(many_benchmarks(), [], title="wide", max_transcripts=0))
+    for page in (html_path, wide):
+        layout = measure_layout(chromium, page, tmp_path)
+        assert layout["page"] <= layout["window"] == 1280, layout
+        assert layout["comparison"] and all(w <= box for w, box in layout["comparison"]), layout
+        assert all(w <= layout["window"] for w in layout["images"]), layout
+
+
+def many_benchmarks() -> list[EvalResult]:
+    """Three policies with long names on five benchmarks of six headline metrics each."""
+    evals = []
+    for b in range(5):
+        headline = [[f"metric_{k}", f"benchmark {b} metric {k}"] for k in range(6)]
+        for p in range(3):
+            summary = {
+                "benchmark": f"bench-{b}",
+                "headline": headline,
+                "metrics": {f"metric_{k}": 0.1 * k + p for k in range(6)},
+                "n_valid": 8,
+                "n_cases": 8,
+                "models": {"policy": f"runs/a-rather-long-policy-name-{p}/final"},
+                "data": "bundled",
+            }
+            evals.append(EvalResult(Path(f"/tmp/eval-{b}-{p}"), summary, [], summary["models"]["policy"]))
+    return evals
+
+
+MEASURE = """<script>
+const comparison = [];
+const first = document.querySelector("h2");  // the Comparison section: up to the next h2
+for (let el = first && first.nextElementSibling; el && el.tagName !== "H2"; el = el.nextElementSibling) {
+  if (el.classList.contains("wide")) comparison.push([el.scrollWidth, el.clientWidth]);
+}
+document.title = JSON.stringify({
+  window: window.innerWidth,
+  page: document.documentElement.scrollWidth,
+  comparison,
+  images: [...document.images].map(i => Math.ceil(i.getBoundingClientRect().right)),
+});
+</script>"""
+
+
+def measure_layout(chromium: str, html_path: Path, tmp_path: Path) -> dict:
+    """The page's layout in headless Chromium at 1280 px: a copy of the report with a script that writes
+    the widths into its title, read back from the DOM Chromium dumps."""
+    probe = tmp_path / "probe.html"
+    probe.write_text(html_path.read_text().replace("</body>", MEASURE + "</body>"))
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chrome-dom'}",
+        "--window-size=1280,2000",
+        "--dump-dom",
+        probe.resolve().as_uri(),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    title = re.search(r"<title>(.*?)</title>", proc.stdout, flags=re.S)
+    assert title is not None, proc.stdout[:500]
+    import html as html_lib
+
+    return json.loads(html_lib.unescape(title.group(1)))
 
 
 def test_training_run_samples_show_reactions_and_critiques(tmp_path):
@@ -252,3 +332,29 @@ def test_paired_comparison_against_the_first_folder_or_the_named_baseline(result
     html_path, md_path = build_report([results], tmp_path / "rep", baseline="policy-a")
     assert "<h2>Paired comparison</h2>" in html_path.read_text()
     assert "exact McNemar" in md_path.read_text()
+
+
+def test_short_curves_have_markers_and_every_panel_a_legend():
+    from rapo_echo.benchmarks.plots import metric_unit, pyplot, training_figure
+
+    one_step = [{"step": 1, "reward/mean": 0.5, "kl": 0.01}]
+    longer = [{"step": s, "reward/mean": 0.1 * s, "kl": 0.01 * s} for s in range(1, 41)]
+    fig, _ = training_figure({"one-step": one_step, "forty-steps": longer})
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["reward/mean", "kl"]
+    for ax in axes:
+        assert ax.get_legend() is not None
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["one-step", "forty-steps"]
+        short, long_ = ax.get_lines()
+        assert short.get_marker() == "o" and long_.get_marker() in ("None", None, "")
+    pyplot().close(fig)
+    alone, _ = training_figure({"only": one_step})
+    assert all(ax.get_legend() is None for ax in alone.axes)  # one run: nothing to tell apart
+    pyplot().close(alone)
+    assert [metric_unit(k) for k in ("success_rate", "avg_turns", "bleu_2", "successes", "epmq")] == [
+        "rate (0-1)",
+        "turns",
+        "percent",
+        "dialogues",
+        "score",
+    ]

@@ -266,10 +266,17 @@ def test_eval_cli_runs_each_benchmark_and_shares_engines(tmp_path, fake_engines,
     assert args.func(args) == 0 and json.loads((tmp_path / "r" / "summary.json").read_text())["n_cases"] == 3
 
 
+def test_esconv_without_data_runs_on_the_bundled_set(tmp_path, fake_engines, caplog):
+    for bench in ("esconv", "esconv-ref"):
+        out = tmp_path / bench
+        args = parse(["eval", "--benchmark", bench, "--policy", "p", "--limit", "1", "--output", str(out)])
+        assert args.func(args) == 0
+        config = json.loads((out / "config.json").read_text())
+        assert config["data"] == "bundled:esconv_style_en.json"
+    assert "no --data, so the bundled bundled:esconv_style_en.json" in caplog.text
+
+
 def test_eval_cli_errors_before_loading_models(tmp_path, fake_engines):
-    args = parse(["eval", "--benchmark", "esconv", "--policy", "p", "--output", str(tmp_path / "x")])
-    with pytest.raises(ConfigError, match="needs a data file"):
-        args.func(args)
     args = parse(
         [
             "eval",
@@ -327,4 +334,4 @@ def test_top_level_cli_has_eval_and_report(tmp_path, fake_engines):
     )
     assert main(["report", str(tmp_path / "r"), "--output", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.html").is_file() and (tmp_path / "rep" / "report.md").is_file()
-    assert main(["eval", "--benchmark", "esconv", "--policy", "p", "--output", str(tmp_path / "x")]) == 2
+    assert main(["eval", "--benchmark", "fidelity", "--output", str(tmp_path / "x")]) == 2  # needs --data

@@ -242,7 +242,9 @@ def test_ppdpp_file(tmp_path):
     }
 
 
-def test_hf_esconv_rows_go_through_datasets(tmp_path, monkeypatch):
+def test_hf_esconv_rows_from_jsonl_and_parquet(tmp_path, monkeypatch):
+    """JSON rows are read by our line-numbered reader; a parquet file of the same rows goes through
+    datasets and gives the same scenarios."""
     import datasets
 
     calls = []
@@ -256,9 +258,16 @@ def test_hf_esconv_rows_go_through_datasets(tmp_path, monkeypatch):
     rows = [{"text": json.dumps(ppdpp_row(i))} for i in range(3)]
     jsonl = write_jsonl(tmp_path / "train.json", rows)
     scenarios = load_scenarios(jsonl)
-    assert calls and calls[0][0][0] == "json" and calls[0][1]["data_files"] == str(jsonl)
+    assert not calls
     assert len(scenarios) == 3 and {s.meta["source"] for s in scenarios} == {"hf_esconv"}
     assert scenarios[2].profile["situation"] == "situation 2" and scenarios[2].reference == "I'm so sorry."
+    parquet = tmp_path / "train.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+    from_parquet = load_scenarios(parquet)
+    assert calls and calls[0][0][0] == "parquet" and calls[0][1]["data_files"] == str(parquet)
+    assert [(s.id, s.messages, s.reference) for s in from_parquet] == [
+        (s.id, s.messages, s.reference) for s in scenarios
+    ]
     as_list = tmp_path / "rows.json"
     as_list.write_text(json.dumps(rows))
     assert [s.id for s in load_scenarios(as_list, fmt="hf_esconv")] == ["rows-0-3", "rows-1-3", "rows-2-3"]
@@ -310,8 +319,8 @@ def test_broken_first_line_of_jsonl(tmp_path):
 
 def test_json_list_errors_and_element_lines(tmp_path):
     path = tmp_path / "data.json"
-    path.write_text('[\n  {"opening": "a"},\n  {"opening": "b",\n   "bogus": 1}\n]\n')
-    message = r"bogus: unknown key; allowed keys: id, "
+    path.write_text('[\n  {"opening": "a"},\n  {"opening": "b",\n   "refrence": "x"}\n]\n')
+    message = r"refrence: unknown key; did you mean 'reference'\? \(keys read: id, "
     with pytest.raises(DataError, match=rf"^{path}:3 \(list index 1\): {message}"):
         load_scenarios(path)
     path.write_text('[\n  {"opening": "a"},\n  {"opening": "b"\n  {"opening": "c"}\n]\n')
@@ -325,23 +334,34 @@ def test_json_list_errors_and_element_lines(tmp_path):
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        ({"profile": {}}, r"messages / opening: got neither; expected exactly one of them"),
-        ({"opening": "a", "messages": [{"role": "user", "content": "b"}]}, "got both"),
+        ({"profile": {}}, r"messages / opening / prompt: got none of them; expected exactly one of them"),
+        ({"opening": "a", "messages": [{"role": "user", "content": "b"}]}, "got messages and opening"),
         ({"opening": 5}, r"opening: got int 5; expected a string"),
         ({"opening": "  "}, "opening: empty"),
         ({"messages": []}, "messages: expected a non-empty list"),
         ({"messages": [{"role": "user"}]}, r"messages\[0\]\.content: missing; expected a string"),
         ({"messages": [{"role": "bot", "content": "x"}]}, r"messages\[0\]\.role: got 'bot'; expected one of"),
         (
-            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
-            r"messages\[1\]\.role: got 'assistant'; the last message must be from the user",
+            {"messages": [{"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}]},
+            r"messages\[0\]\.role: got 'assistant'; the context must end with the user's turn",
         ),
+        (
+            {"messages": [{"role": "assistant", "content": "y"}]},
+            r"messages\[0\]\.role: got no turn before the reference reply",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+             "reference": "z"},
+            r"messages\[1\]: an assistant last turn is the reference reply, and this row has a reference too",
+        ),
+        ({"prompt": [{"role": "user", "content": "x"}], "completion": 3}, "completion: expected a non-empty"),
+        ({"prompt": "  "}, "prompt: empty"),
         (
             {"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "y"}]},
             "a system message may only come first",
         ),
         ({"opening": "x", "profile": "sad"}, r"profile: got str; expected a JSON object"),
-        ({"opening": "x", "id": 3}, r"id: got int 3; expected a string"),
+        ({"opening": "x", "id": 3.5}, r"id: got float 3.5; expected a string or an integer"),
         (["opening"], "expected a JSON object, got list"),
     ],
 )

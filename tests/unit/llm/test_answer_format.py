@@ -114,3 +114,84 @@ def test_object_schema_is_closed_all_required_and_ordered() -> None:
     fmt = AnswerFormat.json_object({"b": {"type": "string"}, "a": {"type": "integer"}})
     assert fmt.schema == schema and fmt.parse('{"b": "x", "a": 1}') == {"b": "x", "a": 1}
     assert fmt.parse('{"b": "x"}') is None and fmt.parse('{"b": "x", "a": 1, "c": 0}') is None
+
+
+def test_jsonschema_checks_on_top_of_our_subset() -> None:
+    # a boolean is not the number 1 in an enum (Python's == says it is)
+    assert validate_json(1, {"enum": [1, 2]}) is None
+    assert "True is not one of [1, 2]" in validate_json(True, {"enum": [1, 2]})
+    assert "$.score: False is not one of [0, 1]" in validate_json(
+        {"score": False}, {"type": "object", "properties": {"score": {"enum": [0, 1]}}}
+    )
+    # our subset stays stricter where the grammar is: 1.0 is not an integer answer
+    assert "expected an integer" in validate_json(1.0, {"type": "integer"})
+    # a schema must be well formed, not only inside the subset (which checks bounds and lengths itself)
+    with pytest.raises(ValueError, match=r"'x'.properties.n.minimum: must be a finite number, got 3"):
+        AnswerFormat.json_schema(
+            {"type": "object", "properties": {"n": {"type": "integer", "minimum": "3"}}}, name="x"
+        )
+    with pytest.raises(ValueError, match=r"'x'.required: not a valid JSON schema: .* non-unique elements"):
+        AnswerFormat.json_schema(
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "a"]}, name="x"
+        )
+
+
+def _schemas():
+    from hypothesis import strategies as st
+
+    scalar = st.one_of(
+        st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+                  st.integers(-5, 5), st.integers(0, 5)),
+        st.builds(lambda lo, span: {"type": "string", "minLength": lo, "maxLength": lo + span},
+                  st.integers(0, 3), st.integers(0, 3)),
+        st.just({"type": "number"}),
+        st.just({"type": "boolean"}),
+        st.lists(st.one_of(st.integers(-2, 2), st.booleans(), st.text(max_size=2)), min_size=1, max_size=3)
+        .map(lambda values: {"enum": values}),
+    )  # fmt: skip
+    return st.recursive(
+        scalar,
+        lambda inner: st.one_of(
+            st.builds(
+                lambda item, hi: {"type": "array", "items": item, "maxItems": hi}, inner, st.integers(0, 3)
+            ),
+            st.dictionaries(st.sampled_from("abc"), inner, min_size=1, max_size=3).map(object_schema),
+        ),
+        max_leaves=4,
+    )
+
+
+def _values():
+    from hypothesis import strategies as st
+
+    leaf = st.one_of(
+        st.integers(-6, 11), st.floats(-6, 6, allow_nan=False), st.booleans(), st.text(max_size=6)
+    )
+    return st.recursive(
+        leaf,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(st.sampled_from("abcd"), inner, max_size=4)
+        ),
+        max_leaves=6,
+    )
+
+
+def test_our_subset_never_accepts_what_jsonschema_refuses() -> None:
+    """On random schemas of the subset and random values, our subset check refuses everything the library
+    refuses but a bool in a numeric enum (Python's True == 1), which validate_json refuses through the
+    library; ours refuses more where the grammar does (an integral float is no integer)."""
+    from hypothesis import given, settings
+    from jsonschema import Draft202012Validator
+
+    from rapo_echo.structured import _subset_problem
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(_schemas(), _values())
+    def check(schema, value) -> None:
+        ours = _subset_problem(value, schema, "$")
+        theirs = list(Draft202012Validator(schema).iter_errors(value))
+        if ours is None and theirs:  # where the library is the stricter: Python's True == 1 in an enum
+            assert validate_json(value, schema) is not None
+            assert any("is not one of" in e.message for e in theirs), (schema, value, theirs)
+
+    check()

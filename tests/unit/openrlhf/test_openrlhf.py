@@ -36,6 +36,7 @@ needs_openrlhf = pytest.mark.skipif(
     reason="openrlhf is not installed (to run: pip install --no-deps openrlhf==0.11.2 aiohttp pylatexenc)",
 )
 
+
 # A scripted simulator: the analysis answer depends on the current emotion, the reply on the tier.
 def _rule_reply(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")  # a rule's reply is a format string
@@ -548,3 +549,30 @@ def test_exported_reward_file_through_openrlhfs_single_turn_executor(bundle, smo
     # judge 5 -> 1.0, 11 words -> length 0.275: 1 + 0.5 * 0.275
     assert float(out["reward"][0]) == pytest.approx(1.1375) and float(out["scores"][0]) == pytest.approx(1.0)
     assert float(out["extra_logs"]["rapo/invalid"][0]) == 0.0
+
+
+def test_launch_with_the_defaults(tmp_path, smol_path, bundle):
+    """The defaults launch: 4 contexts x 4 replies = 16 samples per update on 1 node x 8 GPUs, with
+    train.micro_batch_size: auto, take micro-batches of 2 (16 = 2 x 8, one per GPU); before, auto meant 8
+    and the command was refused (16 is no multiple of 8 x 8)."""
+    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+
+    cfg = run_config(tmp_path, smol_path, **{"rollout.batch_size": 4, "train.micro_batch_size": "auto"})
+    cfg.train.lr = 1e-6
+    cmd = launch_command(cfg, bundle, cluster=ClusterSpec())
+    assert flag(cmd, "--train.batch_size") == "16" and flag(cmd, "--actor.num_gpus_per_node") == "8"
+    assert flag(cmd, "--train.micro_batch_size") == "2" == flag(cmd, "--rollout.micro_batch_size")
+    # OpenRLHF's own launch checks (train_ppo_ray.py and its DeepSpeed strategy), on the flags given
+    samples, micro, gpus = 16, 2, 8
+    assert samples % (micro * gpus) == 0 and samples // micro >= gpus
+    # four GPUs: the largest size up to 8 that fits
+    assert (
+        flag(launch_command(cfg, bundle, cluster=ClusterSpec(gpus_per_node=4)), "--train.micro_batch_size")
+        == "4"
+    )
+    twelve = r"16 samples per update .* cannot be split evenly over 12 GPUs; use rollout.batch_size: 6"
+    with pytest.raises(ConfigError, match=twelve):
+        launch_command(cfg, bundle, cluster=ClusterSpec(gpus_per_node=12))
+    cfg.train.micro_batch_size = 4
+    with pytest.raises(ConfigError, match=r"must be a multiple of micro_batch_size x GPUs \(4 x 8\)"):
+        launch_command(cfg, bundle, cluster=ClusterSpec())

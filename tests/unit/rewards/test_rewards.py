@@ -200,3 +200,27 @@ def test_judge_reward_text_mode_retries_sample() -> None:
 def test_judge_reward_needs_an_engine() -> None:
     with pytest.raises(ConfigError, match="judge engine"):
         JudgeReward(RewardContext())
+
+
+def test_trl_function_gets_the_data_rows_other_columns() -> None:
+    """As TRL passes a dataset's columns, a reward function gets the rows' extra columns (None where a
+    row lacks one); the library's own columns and the spec's args keep their meaning."""
+    seen: dict = {}
+
+    def solution_match(prompts, completions, solution, topic, reference, **columns):
+        seen.update(solution=solution, topic=topic, reference=reference, weight=columns["weight"])
+        return [float(c[0]["content"] == s) for c, s in zip(completions, solution)]
+
+    rows = [{"solution": "yes", "topic": "work", "reference": "shadowed"}, {"solution": "no"}]
+    samples = []
+    for i, cols in enumerate(rows):
+        sc = Scenario(f"s{i}", [msg("user", "q")], reference="ref", meta={"columns": cols})
+        samples.append(Sample(sc, 0, [1], [2], None, "yes", "stop"))
+    reward = rw.TRLFunctionReward(solution_match, weight=2)
+    assert reward(samples) == [1.0, 0.0]
+    assert seen == {
+        "solution": ["yes", "no"],
+        "topic": ["work", None],
+        "reference": ["ref", "ref"],
+        "weight": 2,
+    }

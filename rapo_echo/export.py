@@ -1,0 +1,305 @@
+"""``rapo-echo export RUN --to DIR [--merge] [--push-to-hub REPO]``: a run's model as a folder that travels.
+
+DIR gets the run's model (``final/``, else the newest checkpoint's; or the checkpoint named), loadable
+with plain ``transformers`` (or ``peft`` for an adapter), and a model card (``README.md``) holding the
+run's config and results: the last step's metrics, the held-out validations and any evaluation folders
+given with ``--eval``. ``--merge`` merges a LoRA adapter into its base. An adapter exported unmerged
+names its base as a hub id, ``default`` (rapo-echo's embedded model) or a path relative to DIR.
+``--push-to-hub REPO`` uploads DIR with ``huggingface_hub`` (the token from ``HF_TOKEN`` or
+``hf auth login``; never from a config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.jsonl import read_jsonl
+from rapo_echo.models import DEFAULT_GGUF_NAME, DEFAULT_SPEC, adapter_base, is_model_folder, run_model_folder
+
+log = logging.getLogger(__name__)
+
+CARD_FILE = "README.md"
+# the metrics of a run's last step shown on the card, when the run logged them
+CARD_METRICS = ("reward/mean", "reward/std", "loss/total", "kl/mean", "completion_len/mean", "valid")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="copy a run's model to a folder with a model card; merge LoRA; push to the Hugging Face Hub",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run", metavar="RUN", help="a training run folder, or one of its checkpoints/step-N")
+    p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (new or empty)")
+    p.add_argument("--merge", action="store_true", help="merge a LoRA adapter into its base model")
+    p.add_argument(
+        "--eval", action="append", default=[], metavar="EVAL_DIR", help="an eval folder to report; repeatable"
+    )
+    p.add_argument("--push-to-hub", metavar="REPO", help="upload DIR to this Hugging Face Hub repository")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = export_run(args.run, args.to, merge=args.merge, evals=args.eval)
+    print(f"exported: {out}")
+    if args.push_to_hub:
+        url = push_to_hub(out, args.push_to_hub, private=args.private)
+        print(f"pushed: {url}")
+    return 0
+
+
+def find_model(run: str | Path) -> tuple[Path, Path]:
+    """``(model folder, run folder)`` of a run folder (``final/``, else its newest checkpoint) or of one
+    of its checkpoints (``checkpoints/step-N``)."""
+    path = Path(run)
+    if not path.is_dir():
+        raise ConfigError(f"export: {path} is not a folder; give a training run folder or a checkpoint")
+    if (path / "model").is_dir() and path.parent.name == "checkpoints":
+        if not is_model_folder(path / "model"):
+            raise ConfigError(f"export: {path / 'model'} holds no model weights")
+        return path / "model", path.parent.parent
+    folder = run_model_folder(path)
+    if folder is None:
+        raise ConfigError(
+            f"export: {path} holds no final/ or checkpoints/step-N/model; is it a rapo-echo run folder?"
+        )
+    return folder, path
+
+
+def export_run(
+    run: str | Path, to: str | Path, *, merge: bool = False, evals: list[str] | None = None
+) -> Path:
+    """Write the run's model and its model card into ``to`` (new or empty); returns ``to``."""
+    folder, run_dir = find_model(run)
+    out = Path(to)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"export: --to {out} exists and is not an empty folder; name a new one")
+    config = _read_config(run_dir)
+    adapter = (folder / "adapter_config.json").is_file()
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        if adapter and merge:
+            _merge(folder, tmp)
+        else:
+            if merge:
+                log.info("export: %s holds full weights already; --merge changes nothing", folder)
+            for f in folder.iterdir():
+                if f.is_file():
+                    shutil.copy2(f, tmp / f.name)
+            if adapter:
+                _rebase_adapter(folder, tmp, out)
+        card = model_card(run_dir, folder, config, merged=adapter and merge, adapter=adapter and not merge,
+                          evals=evals or [])  # fmt: skip
+        (tmp / CARD_FILE).write_text(card, encoding="utf-8")
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"export: {run_dir} has no config.yaml; is it a rapo-echo run folder?")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _merge(folder: Path, out: Path) -> None:
+    """Load the adapter over its base, merge, save the plain model and tokenizer."""
+    from rapo_echo.models import load_model
+
+    model, tok = load_model(str(folder), device="cpu")
+    merged = model.merge_and_unload()
+    merged.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    value_head = folder / "value_head.safetensors"
+    if value_head.is_file():
+        shutil.copy2(value_head, out / value_head.name)
+
+
+def _rebase_adapter(folder: Path, out: Path, final: Path) -> None:
+    """The exported adapter names its base as seen from its new place: a hub id or ``default`` as it is,
+    a local base relative to the export folder."""
+    cfg_path = out / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    named = cfg.get("base_model_name_or_path") or ""
+    base = adapter_base(folder, named)
+    if base != named or Path(named).is_absolute():
+        cfg["base_model_name_or_path"] = os.path.relpath(Path(base).resolve(), final.resolve())
+        log.warning(
+            "export: the adapter's base is the local folder %s; it is named relative to %s, so the two "
+            "must travel together (or export with --merge)",
+            base,
+            final,
+        )
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def _base_model(config: dict[str, Any]) -> tuple[str, str | None]:
+    """How the card names the base model, and its hub id when it has one."""
+    name = str((config.get("model") or {}).get("name") or DEFAULT_SPEC)
+    if name == DEFAULT_SPEC:
+        return f"rapo-echo's embedded model (SmolLM2-135M-Instruct from {DEFAULT_GGUF_NAME})", None
+    is_hub = name.count("/") == 1 and not Path(name).exists() and not name.startswith((".", "/", "~"))
+    return (name, name) if is_hub else (f"the local model {name}", None)
+
+
+def _table(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "–" if v is None else str(v)
+
+    head = "| " + " | ".join(keys) + " |\n| " + " | ".join("---" for _ in keys) + " |\n"
+    return head + "".join("| " + " | ".join(cell(r.get(k)) for k in keys) + " |\n" for r in rows)
+
+
+def _results(run_dir: Path, evals: list[str]) -> str:
+    parts = []
+    steps = [r for _, r in read_jsonl(run_dir / "metrics.jsonl", "metrics file") if isinstance(r, dict)]
+    if steps:
+        last = steps[-1]
+        keys = ["step", *[k for k in CARD_METRICS if k in last]]
+        parts.append(f"Last training step ({len(steps)} logged):\n\n" + _table([last], keys))
+    vals = [r for _, r in read_jsonl(run_dir / "validation.jsonl", "validation file") if isinstance(r, dict)]
+    if vals:
+        keys = ["step", *sorted({k for r in vals for k in r if k.startswith("val/")})]
+        parts.append("Held-out validation (`validation.jsonl`):\n\n" + _table(vals, keys))
+        best = run_dir / "final" / "best.json"
+        if best.is_file():
+            parts.append(
+                f"`final/` is the best-validated model: step {json.loads(best.read_text())['step']}."
+            )
+    for folder in evals:
+        summary = Path(folder) / "summary.json"
+        if not summary.is_file():
+            raise ConfigError(f"export: --eval {folder}: no summary.json; is it a rapo-echo eval folder?")
+        data = json.loads(summary.read_text(encoding="utf-8"))
+        metrics = {k: v for k, v in (data.get("metrics") or {}).items() if isinstance(v, (int, float))}
+        name = data.get("benchmark", Path(folder).name)
+        parts.append(f"Benchmark `{name}` ({data.get('n_cases', '?')} cases, `{folder}`):\n\n"
+                     + _table([metrics], list(metrics)))  # fmt: skip
+    return "\n\n".join(parts) if parts else "No metrics were logged."
+
+
+def model_card(
+    run_dir: Path, folder: Path, config: dict[str, Any], *, merged: bool, adapter: bool, evals: list[str]
+) -> str:
+    """The model card: Hub metadata (``huggingface_hub.ModelCardData``), how the model was trained, its
+    results, how to load it, and the run's config as it was saved."""
+    from huggingface_hub import ModelCardData
+
+    algo = str(config.get("algo", "?"))
+    base, hub_id = _base_model(config)
+    data = ModelCardData(
+        base_model=hub_id,
+        library_name="peft" if adapter else "transformers",
+        pipeline_tag="text-generation",
+        tags=[
+            "rapo-echo",
+            algo,
+            "reinforcement-learning",
+            "empathetic-dialogue",
+            *(["lora"] if adapter else []),
+        ],
+    )
+    train = config.get("train") or {}
+    rollout = config.get("rollout") or {}
+    rewards = (
+        ", ".join(str(r.get("name")) for r in config.get("rewards") or []) or "none (the algorithm's own)"
+    )
+    if adapter:
+        load = (
+            "```python\nfrom peft import AutoPeftModelForCausalLM\n\n"
+            'model = AutoPeftModelForCausalLM.from_pretrained("PATH")  # loads the base named in '
+            "adapter_config.json\n```\n\nThe base is named in `adapter_config.json`"
+            + (" as `default`: rapo-echo's embedded model (`rapo-echo chat --model PATH` loads it)." if
+               (config.get("model") or {}).get("name", DEFAULT_SPEC) == DEFAULT_SPEC else ".")
+        )  # fmt: skip
+    else:
+        load = (
+            "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            'model = AutoModelForCausalLM.from_pretrained("PATH")\n'
+            'tokenizer = AutoTokenizer.from_pretrained("PATH")\n```'
+        )
+    where = folder.relative_to(run_dir) if folder.is_relative_to(run_dir) else folder
+    what = (
+        "a LoRA adapter"
+        if adapter
+        else ("the LoRA adapter merged into its base" if merged else "full weights")
+    )
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    return f"""---
+{data.to_yaml()}
+---
+
+# {Path(run_dir).resolve().name}
+
+An empathetic, emotionally supportive dialogue model trained with rapo-echo (`--algo {algo}`)
+from {base}: {what} (`{where}` of the run).
+
+- steps: {train.get("max_steps", "?")}, contexts per step: {rollout.get("batch_size", "?")}, replies per
+  context: {rollout.get("group_size", "?")}, learning rate: {train.get("lr", "?")}
+- rewards: {rewards}
+
+## Results
+
+{_results(run_dir, evals)}
+
+The embedded 135M model and small simulators or judges give numbers that say only that the pipeline
+runs; see rapo-echo's docs/limits.md.
+
+## Use
+
+{load}
+
+## Training config
+
+The run's `config.yaml` (secrets are never written to it):
+
+```yaml
+{text}```
+"""
+
+
+def hub_api() -> Any:
+    """The ``huggingface_hub`` client that uploads (one place, so tests can stand in for the Hub here)."""
+    from huggingface_hub import HfApi
+
+    return HfApi()
+
+
+def push_to_hub(folder: str | Path, repo: str, *, private: bool = False) -> str:
+    """Create ``repo`` (if it does not exist) and upload ``folder`` to it; returns the commit URL."""
+    api = hub_api()
+    try:
+        api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+        info = api.upload_folder(
+            repo_id=repo,
+            folder_path=str(folder),
+            repo_type="model",
+            commit_message=f"rapo-echo export of {Path(folder).name}",
+        )
+    except Exception as exc:  # HfHubHTTPError, connection errors: the export itself is kept
+        raise RapoEchoError(
+            f"--push-to-hub {repo}: the upload failed ({type(exc).__name__}: {exc}); the exported folder "
+            f"{folder} is complete: push it later with: hf upload {repo} {folder}"
+        ) from exc
+    return str(getattr(info, "commit_url", info))
