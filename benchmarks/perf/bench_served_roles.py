@@ -79,7 +79,7 @@ def train_config(path: str, url: str, args: argparse.Namespace) -> tuple[str, di
         }
     return "echo_n1.yaml", {
         **common,
-        "judge": {**remote(url), "temperature": 0.0},
+        "judge": remote(url),
         "rollout": {"batch_size": 4, "group_size": 4, "max_new_tokens": args.policy_tokens},
     }
 

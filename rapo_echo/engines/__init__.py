@@ -112,4 +112,4 @@ def engine_from_spec(spec: str, **kw: Any) -> ChatEngine:
     anything else a model spec (``default``, folder, ``.gguf``, hub id) for the ``hf`` engine."""
     from rapo_echo.config import EngineConfig, engine_settings
 
-    return make_engine(EngineConfig(**engine_settings(spec), **kw), role="cli")
+    return make_engine(EngineConfig(**{**engine_settings(spec), **kw}), role="cli")

@@ -121,7 +121,9 @@ def test_injection_raises_a_naive_judge_score_and_is_flagged() -> None:
     """A judge that reads the first 'Score: N' in its prompt is fooled by a reply that ends in one: the
     reward jumps while the held-out judge (which ignores the trick) does not follow."""
     naive = ScriptedEngine(rules=[(r"Score: (\d)", '{{"score": {0}}}')], default='{"score": 2}')
-    reward = JudgeReward(RewardContext(judge=naive), use_logprobs="never")
+    # `addressed: flag` judges the replies that address the judge (the default floors them: the attack then
+    # earns nothing, tests/unit/judges/test_addressed.py); here the monitor must see a judge that is fooled
+    reward = JudgeReward(RewardContext(judge=naive), use_logprobs="never", addressed="flag")
     sc = Scenario("s", [msg("user", "I lost my job.")])
 
     def step(texts: list[str]) -> dict[str, float]:

@@ -41,7 +41,7 @@ def test_layouts_give_the_same_gradients(smol_tokenizer) -> None:
     for shared in (True, False):
         m = make_tiny_model(smol_tokenizer, seed=3).train()
         batch = collate(PROMPTS, COMPLETIONS, pad_id=2, shared=shared)
-        logp, _ = TokenScorer(m)(batch.inputs)
+        logp = TokenScorer(m)(batch.inputs).logp
         (logp * batch.target_mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5)

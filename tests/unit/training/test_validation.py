@@ -443,7 +443,10 @@ def test_rule_floor_rules_must_be_negative_rules_of_the_person(tmp_path: Path, t
     watching = "validation.checks=[{{name: rule_floor, se: 1, rules: {}}}]".format
     cfg = load_config(overrides=[watching("[meta_talk, reflects_feeling, typo]")])
     person = HiddenPreferenceUser(extra_rules=[{"detect": "meta_talk", "weight": -3.0}])
+    from rapo_echo.algorithms.rapo import RAPO
+
     algo = SimpleNamespace(validation_key="val/emotion_delta", simulator=person)
+    algo.negative_rules = lambda: RAPO.negative_rules(algo)  # RAPO's own reading of its person
     with pytest.raises(ConfigError, match=r"rule_floor rules: \['reflects_feeling', 'typo'\] are not"):
         Validator(cfg, HeldOut([], {}), algo, None, tmp_path)
     cfg = load_config(overrides=[watching("[meta_talk, self_talk]")])

@@ -63,12 +63,16 @@ def test_rule_floor_refuses_the_watched_rules_that_rise_beyond_it() -> None:
 
 
 def test_rule_floor_rules_must_be_negative_rules_of_the_person() -> None:
+    from rapo_echo.algorithms.rapo import RAPO
+
     person = HiddenPreferenceUser(extra_rules=[{"detect": "meta_talk", "weight": -3.0}])
     algo = SimpleNamespace(simulator=person)
+    algo.negative_rules = lambda: RAPO.negative_rules(algo)  # RAPO's own reading of its person
     RuleFloor(1.0, rules=["meta_talk", "self_talk"]).bind(algo)
     with pytest.raises(ConfigError, match=r"rule_floor rules: \['reflects_feeling'\] are not negative"):
         RuleFloor(1.0, rules=["meta_talk", "reflects_feeling"]).bind(algo)
-    RuleFloor(1.0, rules=["anything"]).bind(SimpleNamespace())  # a person without rules: nothing to check
+    unknown = SimpleNamespace(negative_rules=lambda: None)  # a person without rules: nothing to check
+    RuleFloor(1.0, rules=["anything"]).bind(unknown)
 
 
 def test_variety_floor_refuses_replies_less_varied_beyond_it() -> None:
