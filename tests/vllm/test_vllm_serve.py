@@ -39,16 +39,31 @@ def test_structured_auto_detects_vllm_and_each_format_is_enforced(served) -> Non
         assert served.structured_output == "server"
 
 
+# Questions the embedded model answers with Yes or No: both are in the served top-20 of the first position
+# (checked against the CPU build's server; the PROMPTS of formats.py start with "I", "My", ... and list
+# neither, so the test compared nothing and failed)
+YES_NO = [
+    [{"role": "user", "content": "Answer with Yes or No only. Is the sky blue?"}],
+    [
+        {
+            "role": "user",
+            "content": "I feel a bit lonely since I moved to a new city. Do you understand me? "
+            "Answer Yes or No.",
+        }
+    ],
+]
+
+
 def test_option_scores_come_from_the_servers_top_logprobs(served, smol_engine) -> None:
     """``choice_logprobs`` reads the first position's top-20 list and adds up the listed spellings of an
     option's first token (``"Yes"`` and ``" Yes"``): it lies between the ``hf`` engine's teacher-forced
     log-prob of the bare token and that of both spellings together."""
     options = ["Yes", "No"]
-    theirs = served.choice_logprobs(PROMPTS, options)
+    theirs = served.choice_logprobs(YES_NO, options)
     assert served.supports_logprobs
     spellings = [o for x in options for o in (x, " " + x)]
     assert all(len(smol_engine.tokenizer(o, add_special_tokens=False)["input_ids"]) == 1 for o in spellings)
-    ours = smol_engine.choice_logprobs(PROMPTS, spellings)
+    ours = smol_engine.choice_logprobs(YES_NO, spellings)
     listed = 0
     for a, b in zip(ours, theirs):
         for o in options:
