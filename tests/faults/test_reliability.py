@@ -197,11 +197,24 @@ def test_yaml_merge_keys_and_reused_anchors_still_work(tmp_path: Path) -> None:
         load_config(p)
 
 
-@pytest.mark.parametrize("algo", algorithms.names())
+GROUP_BASELINE = ("grpo", "rapo", "rlver")  # their advantage compares the replies of a group
+
+
+def test_the_group_algorithms_are_built_in() -> None:
+    assert set(GROUP_BASELINE) <= set(algorithms.names())
+
+
+@pytest.mark.parametrize("algo", GROUP_BASELINE)
 def test_a_group_of_one_is_refused_for_every_algorithm(algo: str) -> None:
     with pytest.raises(ConfigError, match=rf"--set rollout.group_size: rollout.group_size: got 1; {algo}"):
         load_config(algo=algo, overrides=["rollout.group_size=1"])
     assert load_config(algo=algo, overrides=["rollout.group_size=2"]).rollout.group_size == 2
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sft"])
+def test_ppo_and_sft_accept_a_group_of_one(algo: str) -> None:
+    """PPO's value head is its baseline and SFT samples nothing: one reply per context is fine."""
+    assert load_config(algo=algo, overrides=["rollout.group_size=1"]).rollout.group_size == 1
 
 
 def test_rlver_ppo_accepts_a_group_of_one() -> None:
