@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One GPU check: every part a person with a GPU machine should see, in one call, one table.
 
-    python benchmarks/perf/gpu_check.py OUT_DIR [--zero3] [--vllm] [--all]    # a CUDA machine
-    python benchmarks/perf/gpu_check.py OUT_DIR --smoke                       # this CPU, a tiny model
+    python algorithms/perf/gpu_check.py OUT_DIR [--zero3] [--vllm] [--all]    # a CUDA machine
+    python algorithms/perf/gpu_check.py OUT_DIR --smoke                       # this CPU, a tiny model
 
 Parts, each a subprocess under its own timeout (a failure costs one row, never the rest):
 
