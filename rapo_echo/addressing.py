@@ -319,7 +319,7 @@ _SENTENCE_END = re.compile(r"[.!?。！？]+[\"')\]]*(?=\s)|\n")
 
 def _cut(text: str, f: Finding) -> tuple[int, int]:
     """The span removed for ``f``: a fence marker alone (a ``<<<...>>>`` group whole), a JSON object
-    whole, otherwise the sentence (or line) around it."""
+    whole, the bracketed aside that holds it, otherwise the sentence (or line) around it."""
     if f.kind == "fence":
         start, end = f.start, f.end
         if text.startswith("<", start) or text[start:end].strip("<") == "":
@@ -336,6 +336,9 @@ def _cut(text: str, f: Finding) -> tuple[int, int]:
             if depth == 0:
                 return brace, i + 1
         return brace, len(text)
+    group = _enclosing_group(text, f.start, f.end)
+    if group is not None:  # an aside in brackets: the aside alone, the person's own words stay
+        return group
     start = 0
     for m in _SENTENCE_END.finditer(text, 0, f.start):
         start = m.end()
@@ -344,10 +347,48 @@ def _cut(text: str, f: Finding) -> tuple[int, int]:
     return start, end
 
 
+_CLOSE = {"(": ")", "[": "]"}
+
+
+def _enclosing_group(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """The span of the innermost ``(...)`` or ``[...]`` on the same line that holds ``text[start:end]``
+    (its brackets may be part of the match), else None."""
+    depth = 0
+    for i in range(min(start, len(text) - 1), -1, -1):
+        c = text[i]
+        if c == "\n":
+            return None
+        if c in ")]" and i != start:
+            depth += 1
+        elif c in "([":
+            if depth:
+                depth -= 1
+                continue
+            j = _matching(text, i)
+            return (i, j + 1) if j is not None and j + 1 >= end else None
+    return None
+
+
+def _matching(text: str, i: int) -> int | None:
+    """The index of the bracket that closes the one at ``i`` on the same line, else None."""
+    opening, closing, nested = text[i], _CLOSE[text[i]], 0
+    for j in range(i + 1, len(text)):
+        d = text[j]
+        if d == "\n":
+            return None
+        if d == opening:
+            nested += 1
+        elif d == closing:
+            if not nested:
+                return j
+            nested -= 1
+    return None
+
+
 def strip_addressing(text: str, rounds: int = 4) -> str:
-    """``text`` without the parts that address the judge: each finding's sentence (or line), JSON object
-    or marker removed, repeated until nothing is found (at most ``rounds`` times); whitespace tidied. A
-    text with nothing to remove is returned as it is."""
+    """``text`` without the parts that address the judge: each finding's bracketed aside, sentence (or
+    line), JSON object or marker removed, repeated until nothing is found (at most ``rounds`` times);
+    whitespace tidied. A text with nothing to remove is returned as it is."""
     text = str(text or "")
     if not findings(text):
         return text
