@@ -388,7 +388,7 @@ def _matching(text: str, i: int) -> int | None:
 def strip_addressing(text: str, rounds: int = 4) -> str:
     """``text`` without the parts that address the judge: each finding's bracketed aside, sentence (or
     line), JSON object or marker removed, repeated until nothing is found (at most ``rounds`` times);
-    whitespace tidied. A text with nothing to remove is returned as it is."""
+    whitespace tidied at the cuts only. A text with nothing to remove is returned as it is."""
     text = str(text or "")
     if not findings(text):
         return text
@@ -403,6 +403,24 @@ def strip_addressing(text: str, rounds: int = 4) -> str:
                 kept.append(text[at:start])
             at = max(at, end)
         kept.append(text[at:])
-        text = "".join(kept)
-    lines = [" ".join(line.split()) for line in text.split("\n")]
-    return "\n".join(line for line in lines if line).strip()
+        text = _join(kept)
+    return text.strip()
+
+
+def _join(pieces: list[str]) -> str:
+    """The pieces a cut left, joined with the whitespace at each join tidied (one space inside a line, one
+    line break where a line went); the text elsewhere keeps its own spacing, so a context the judge sees
+    differs from the clean one only where something was removed."""
+    out = ""
+    for piece in pieces:
+        if not out:
+            out = piece
+            continue
+        left, right = out.rstrip(" \t"), piece.lstrip(" \t")
+        if left.endswith("\n") and right.startswith("\n"):
+            right = right[1:]
+        sep = "" if not left or not right or left.endswith("\n") or right.startswith("\n") else " "
+        if right[:1] in (".", ",", ";", ":", "!", "?"):
+            sep = ""
+        out = left + sep + right
+    return out
