@@ -96,3 +96,14 @@ def tiny_folder(tmp_path: Path, smol_tokenizer) -> Path:
     model.save_pretrained(out)
     smol_tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(autouse=True)
+def _progress_display_off():
+    """A training run in the test process turns the progress display on for the process
+    (``rapo_echo.progress.enable``); each test starts with it off, as a fresh process does."""
+    from rapo_echo import progress
+
+    progress.enable(False)
+    yield
+    progress.enable(False)

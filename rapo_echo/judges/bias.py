@@ -171,8 +171,11 @@ def merge_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     groups = [
         (METRIC_PREFIX, ("first_share", "chance")),
-        (INJECTION_PREFIX, ("defended_shift",)),  # before the shifts: their count is the one kept
-        (INJECTION_PREFIX, ("shift", "detected")),
+        # each on its own (a judge that logs no share detected still has its shift merged); the shifts
+        # last: their count is the one kept
+        (INJECTION_PREFIX, ("defended_shift",)),
+        (INJECTION_PREFIX, ("detected",)),
+        (INJECTION_PREFIX, ("shift",)),
         *((f"{INJECTION_PREFIX}{attack}/", ("shift",)) for attack in ATTACKS),
     ]
     for prefix, keys in groups:

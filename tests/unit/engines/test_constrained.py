@@ -224,6 +224,9 @@ def test_unconstrained_generation_unchanged(tiny_model, smol_tokenizer, monkeypa
         def advance(self, rows, tokens) -> None:
             pass
 
+        def failure(self, row):  # a grammar that allows everything never gives up
+            return None
+
     monkeypatch.setattr(engine, "_constraint", lambda params, rows, vocab: AllowAll(rows, vocab))
     after = engine.generate(PROMPTS, p)
     assert [[(g.token_ids, g.logprobs) for g in x] for x in after] == [

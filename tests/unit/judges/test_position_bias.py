@@ -67,9 +67,8 @@ def test_merge_and_run_figures_weight_by_decisions() -> None:
     probe.add(0.5)
     probe.add(-0.1)
     assert probe.remaining == 1
-    assert probe.step_metrics() == pytest.approx(
-        {"judge/injection_bias/shift": 0.2, "judge/injection_bias/n": 2}
-    )
+    shown = probe.step_metrics()
+    assert shown["judge/injection_bias/shift"] == pytest.approx(0.2) and shown["judge/injection_bias/n"] == 2
     assert run_injection_shift([{"judge/injection_bias/shift": 0.2, "judge/injection_bias/n": 2.0}]) == (
         pytest.approx(0.2),
         2,

@@ -141,12 +141,14 @@ def test_empathy_p_policy_better_averaged_over_both_orders_by_hand() -> None:
     )
     assert discrete([sample(GOOD)])[0].score == 1.0
     # first-position share: the decisions were A (first shown won) then B -> 1 of 2 = 0.5, chance 0.5
-    assert reward.step_metrics() == {
+    metrics = reward.step_metrics()
+    assert {k: v for k, v in metrics.items() if k.startswith("judge/position_bias/")} == {
         "judge/position_bias/first_share": 0.5,
         "judge/position_bias/chance": 0.5,
         "judge/position_bias/n": 2.0,
     }
-    assert reward.step_metrics() == {}  # nothing new since the last step
+    assert metrics["judge/addressed"] == 0.0 and metrics["judge/addressed/n"] == 2.0  # the screen's counts
+    assert not any(k.startswith("judge/position_bias/") for k in reward.step_metrics())  # nothing new
 
 
 def test_empathy_first_share_of_a_slot_judge_and_auto_orders() -> None:
@@ -188,8 +190,12 @@ def test_injection_probe_measures_how_far_an_instruction_moves_the_judge() -> No
     choices = [c for c in engine.calls if c["method"] == "choice_logprobs"]
     assert [len(c["prompts"]) for c in choices] == [3 * 2 + 2 * 2]  # probes ride in the same call
     metrics = reward.step_metrics()
+    # the probe takes issue 39's attacks in turn: the first probe appends the note (this judge follows it:
+    # +0.5), the second the judge's answer object (this judge ignores it: 0); the mean is 0.25
+    assert metrics["judge/injection_bias/note/shift"] == pytest.approx(0.5)
+    assert metrics["judge/injection_bias/json/shift"] == pytest.approx(0.0)
     assert (
-        metrics["judge/injection_bias/shift"] == pytest.approx(0.5) and metrics["judge/injection_bias/n"] == 2
+        metrics["judge/injection_bias/shift"] == pytest.approx(0.25) and metrics["judge/injection_bias/n"] == 2
     )
     assert metrics["judge/position_bias/n"] == 6  # the probes are not counted as decisions
     assert reward.stats["comparisons"] == 6
