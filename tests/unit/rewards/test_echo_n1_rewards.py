@@ -147,7 +147,7 @@ def test_empathy_p_policy_better_averaged_over_both_orders_by_hand() -> None:
         "judge/position_bias/chance": 0.5,
         "judge/position_bias/n": 2.0,
     }
-    assert metrics["judge/addressed"] == 0.0 and metrics["judge/addressed/n"] == 2.0  # the screen's counts
+    assert metrics["judge/addressed"] == 0.0 and metrics["judge/addressed/n"] == 2.0  # the screen counts
     assert not any(k.startswith("judge/position_bias/") for k in reward.step_metrics())  # nothing new
 
 
@@ -194,9 +194,8 @@ def test_injection_probe_measures_how_far_an_instruction_moves_the_judge() -> No
     # +0.5), the second the judge's answer object (this judge ignores it: 0); the mean is 0.25
     assert metrics["judge/injection_bias/note/shift"] == pytest.approx(0.5)
     assert metrics["judge/injection_bias/json/shift"] == pytest.approx(0.0)
-    assert (
-        metrics["judge/injection_bias/shift"] == pytest.approx(0.25) and metrics["judge/injection_bias/n"] == 2
-    )
+    assert metrics["judge/injection_bias/shift"] == pytest.approx(0.25)
+    assert metrics["judge/injection_bias/n"] == 2
     assert metrics["judge/position_bias/n"] == 6  # the probes are not counted as decisions
     assert reward.stats["comparisons"] == 6
     reward([sample(GOOD, group=i) for i in range(3)])
