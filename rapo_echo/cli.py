@@ -19,12 +19,12 @@ from rapo_echo.scrub import ScrubFilter
 COMMAND_MODULES = (
     "rapo_echo.chat",
     "rapo_echo.serve",
-    "rapo_echo.algorithms.train_cli",
+    "rapo_echo.training.train_cli",
     "rapo_echo.judges.training",
     "rapo_echo.algorithms.datagen.cli",
     "rapo_echo.benchmarks.cli",
     "rapo_echo.algorithms.openrlhf.cli",
-    "rapo_echo.algorithms.config_cli",
+    "rapo_echo.training.config_cli",
     "rapo_echo.export",
 )
 

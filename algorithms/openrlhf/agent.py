@@ -119,8 +119,8 @@ def episode_factory(bundle: str | Path) -> Callable[[], RLVEREpisode]:
     ``rlver_agent.json``). The tokenizer, markers and simulator engine are built once, on first use,
     and shared by all episodes of the process."""
     from rapo_echo.engines import make_engine
+    from rapo_echo.training.run_config import load_config
 
-    from ..run_config import load_config
     from .reward_runtime import bundle_tokenizer
 
     root = Path(bundle)

@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _build_config(args: argparse.Namespace):
-    from ..train_cli import build_config
+    from rapo_echo.training.train_cli import build_config
 
     args.resume = None
     return build_config(args)

@@ -21,8 +21,8 @@ from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.config import dump_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.simulators.sage import SageSettings
+from rapo_echo.training.run_config import RunConfig, load_config
 
-from ..run_config import RunConfig, load_config
 from .agent import AGENT_SETTINGS, write_agent_settings
 from .dataset import write_profiles, write_prompts
 from .reward_runtime import FAILURES_BEFORE_ERROR, default_invalid_reward

@@ -40,8 +40,8 @@ from pathlib import Path
 
 from rapo_echo.autosize import CPU_MICRO_BATCH
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import RunConfig
 
-from ..run_config import RunConfig
 from .dataset import LABEL_KEY, PROMPT_KEY, count_rows
 from .export import AGENT_FILE, PROMPTS_FILE, REWARD_FILE, as_config
 

@@ -34,9 +34,9 @@ from typing import Any
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.errors import ConfigError
 from rapo_echo.rewards import RewardContext, RewardSet
+from rapo_echo.training.run_config import RunConfig, load_config
 from rapo_echo.types import Sample, Scenario
 
-from ..run_config import RunConfig, load_config
 from .dataset import scenario_from_label
 
 log = logging.getLogger(__name__)

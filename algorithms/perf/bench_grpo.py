@@ -68,9 +68,9 @@ def run_ours(args: argparse.Namespace) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from rapo_echo.algorithms.learner import Learner  # absolute: this file also runs as a script
-    from rapo_echo.algorithms.run_config import load_config
     from rapo_echo.models import resolve
+    from rapo_echo.training.learner import Learner  # absolute: this file also runs as a script
+    from rapo_echo.training.run_config import load_config
 
     w = workload()
     tmp = Path(tempfile.mkdtemp(prefix="rapo-bench-"))

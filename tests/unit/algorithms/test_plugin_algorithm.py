@@ -15,9 +15,9 @@ import yaml
 
 from rapo_echo import algorithms
 from rapo_echo.algorithms.base import AlgoContext, MicroBatch
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.policy import Policy, TokenScores
 from rapo_echo.rewards import RewardContext, RewardSet
+from rapo_echo.training.run_config import load_config
 from tests.helpers.rft_algorithm import BEST, RFT
 from tests.unit.algorithms.test_rapo import REPLIES, SCENARIOS, ScriptedPolicyEngine
 

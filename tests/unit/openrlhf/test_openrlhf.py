@@ -21,11 +21,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.chat_template import ChatMarkers
 from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError, DataError, RapoEchoError
+from rapo_echo.training.run_config import load_config
 from rapo_echo.types import msg
 from tests.helpers.answers import sage_analysis, sage_reply
 

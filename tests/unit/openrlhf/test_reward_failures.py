@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.algorithms.openrlhf.reward_runtime import OpenRLHFReward
-from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.training.run_config import load_config
 from tests.helpers.fake_openai import FakeAPI, Reply, StructuredAPI
 
 LOGGER = "rapo_echo.algorithms.openrlhf.reward_runtime"

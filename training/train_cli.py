@@ -15,7 +15,7 @@ from .run_config import load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from . import names
+    from rapo_echo.algorithms import names
 
     known = "|".join(names())
     p = sub.add_parser(
@@ -124,7 +124,7 @@ STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
 
 
 def hardware(args: argparse.Namespace, cfg) -> object:
-    """The :class:`~rapo_echo.algorithms.plan.Hardware` the flags and the config name."""
+    """The :class:`~rapo_echo.training.plan.Hardware` the flags and the config name."""
     from .plan import Hardware, zero_stage_of
 
     zero, processes, source = args.zero or 0, None, ""
@@ -152,7 +152,7 @@ def hardware(args: argparse.Namespace, cfg) -> object:
 
 
 def dry_run(args: argparse.Namespace, cfg) -> int:
-    """Print the plan (``rapo_echo.algorithms.plan``); nothing is loaded but config.json and the tokenizer."""
+    """Print the plan (``rapo_echo.training.plan``); nothing is loaded but config.json and the tokenizer."""
     import json
 
     from .plan import format_plan, make_plan
@@ -166,7 +166,7 @@ def dry_run(args: argparse.Namespace, cfg) -> int:
 
 def train_with(cfg, *, resume: bool = False):
     """Run the training ``cfg`` describes (with its fidelity check first, when configured); returns the
-    :class:`~rapo_echo.algorithms.learner.Learner` (``run_dir``, ``stopped_by``)."""
+    :class:`~rapo_echo.training.learner.Learner` (``run_dir``, ``stopped_by``)."""
     from .learner import run_training
 
     check = None

@@ -23,9 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def reference() -> str:
     """The reference page: the shared sections of every run, then each built-in algorithm's own section
     and defaults (a plugin's are its own to document)."""
+    from rapo_echo.algorithms import get, names
     from rapo_echo.config.reference import reference_markdown
 
-    from . import get, names
     from .run_config import RunConfig
 
     algorithms = {name: get(name) for name in names(builtin=True)}

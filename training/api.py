@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from rapo_echo.algorithms.run_sections import RunConfig
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
 
-from .run_sections import RunConfig
 from .train_cli import run_config_for, train_with
 
 

@@ -25,7 +25,8 @@ from rapo_echo.jsonl import append_jsonl, keep_jsonl
 from rapo_echo.scrub import scrub_data
 
 if TYPE_CHECKING:
-    from .base import Rollout
+    from rapo_echo.algorithms.base import Rollout
+
     from .run_config import RunConfig
 
 # the columns of the wandb samples table (a samples.jsonl record holds more: the full prompt and info)

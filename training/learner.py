@@ -27,6 +27,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from rapo_echo.algorithms import get as algorithm_class
+from rapo_echo.algorithms.base import (
+    AlgoContext,
+    Algorithm,
+    MicroBatch,
+    Needs,
+    Rollout,
+    Totals,
+    TrainItem,
+    pad_rows,
+    totals_of,
+)
 from rapo_echo.atomic import remove_leftovers, replace_dir, staging_for
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
 from rapo_echo.autosize import as_record, resolve_batch_sizes
@@ -70,8 +82,6 @@ from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.rewards.persona import PersonaInference
 from rapo_echo.rundir import check_run_dir, lock_run_dir
 
-from . import get as algorithm_class
-from .base import AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem, pad_rows, totals_of
 from .run_config import RunConfig, resolve_plugins
 from .run_log import RunLog
 from .validation import BEST_FILE, Validator, validation_scenarios
@@ -522,7 +532,7 @@ class Learner:
             )
 
     def _validate(self) -> None:
-        """Held-out validation of the current weights (main process only; see algorithms/validation)."""
+        """Held-out validation of the current weights (main process only; see training/validation)."""
         if self.validator is None or not self.is_main:
             return
         self.logs.scalars(self.step, self.validator.run(self.step))

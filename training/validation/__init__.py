@@ -34,10 +34,10 @@ from .checks import Check, Comparison, build_checks, replaces_best
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
+    from rapo_echo.algorithms.base import Algorithm
     from rapo_echo.policy import Policy
     from rapo_echo.types import Scenario
 
-    from ..base import Algorithm
     from ..run_config import RunConfig
 
 log = logging.getLogger(__name__)

@@ -18,16 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, create_model
 
+from rapo_echo.algorithms import get as algorithm_class
+from rapo_echo.algorithms import names as algorithm_names
+from rapo_echo.algorithms.run_sections import RunConfig
 from rapo_echo.config import BUILTIN_CHECKS, CHECK_ENTRY_POINTS, SAMPLING_KEYS, ConfigTree, check_device
 from rapo_echo.errors import ConfigError
 from rapo_echo.plugins import resolve_object
 
-from . import get as algorithm_class
-from . import names as algorithm_names
-from .run_sections import RunConfig
-
 if TYPE_CHECKING:
-    from .base import Algorithm
+    from rapo_echo.algorithms.base import Algorithm
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,14 @@ if TYPE_CHECKING:
 
     from pydantic import BaseModel
 
-    from ..base import Algorithm
+    from rapo_echo.algorithms.base import Algorithm
 
 # name -> import string, imported on first use
 CHECKS = {
-    "min_gain": "rapo_echo.algorithms.validation.checks:MinGain",
-    "subset_floor": "rapo_echo.algorithms.validation.checks:SubsetFloor",
-    "rule_floor": "rapo_echo.algorithms.validation.checks:RuleFloor",
-    "variety_floor": "rapo_echo.algorithms.validation.checks:VarietyFloor",
+    "min_gain": "rapo_echo.training.validation.checks:MinGain",
+    "subset_floor": "rapo_echo.training.validation.checks:SubsetFloor",
+    "rule_floor": "rapo_echo.training.validation.checks:RuleFloor",
+    "variety_floor": "rapo_echo.training.validation.checks:VarietyFloor",
 }
 
 Gains = dict[str, dict[str, float]]
