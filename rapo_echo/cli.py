@@ -21,7 +21,7 @@ COMMAND_MODULES = (
     "rapo_echo.serve",
     "rapo_echo.training.train_cli",
     "rapo_echo.judges.training",
-    "rapo_echo.algorithms.datagen.cli",
+    "rapo_echo.datagen.cli",
     "rapo_echo.benchmarks.cli",
     "rapo_echo.algorithms.openrlhf.cli",
     "rapo_echo.training.config_cli",

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapo_echo.algorithms.datagen.grading import own_lines
+from rapo_echo.datagen.grading import own_lines
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.verdict import answer_instruction, decide
 from rapo_echo.llm.answers import generate_parsed, wants_logprobs
@@ -250,7 +250,7 @@ def topic_prompt(d: Dialogue, fence: Fence) -> Conversation:
 
 
 class Synthesis:
-    """The pipeline (:class:`rapo_echo.algorithms.datagen.runner.Pipeline`)."""
+    """The pipeline (:class:`rapo_echo.datagen.runner.Pipeline`)."""
 
     name = "synthesize"
     dataset_file = "sft.jsonl"

@@ -5,11 +5,11 @@ Per chunk of contexts, each stage one batched engine call:
 
 1. **select** (``select: judge``): the judge keeps the contexts whose last message calls for empathy;
 2. **safety** (``safety: judge``): the judge keeps out those the safety constitution names
-   (:mod:`rapo_echo.algorithms.datagen.screening`);
+   (:mod:`rapo_echo.datagen.screening`);
 3. **candidates**: the writer samples ``candidates`` replies per context (the policy's prompt); the
    context's own reference reply (an ESConv supporter turn) joins them with ``include_reference``;
 4. **grade**: the grader writes a critique and a score 1-5 for every candidate
-   (:mod:`rapo_echo.algorithms.datagen.grading`);
+   (:mod:`rapo_echo.datagen.grading`);
 5. **rewrite**, up to ``rounds`` times: every candidate graded at most ``rewrite_max`` is rewritten from
    its critique and graded again; a version still below ``golden_min`` is rewritten again from its new
    critique;
@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rapo_echo.algorithms.datagen import grading, screening
-from rapo_echo.algorithms.datagen.screening import SAFE_LABEL, Constitution
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.datagen import grading, screening
+from rapo_echo.datagen.screening import SAFE_LABEL, Constitution
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
 from rapo_echo.types import SamplingParams, Scenario
@@ -116,7 +116,7 @@ def protocol(constitution: Constitution) -> dict[str, str]:
 
 
 class CritiqueRewrite:
-    """The pipeline (:class:`rapo_echo.algorithms.datagen.runner.Pipeline`)."""
+    """The pipeline (:class:`rapo_echo.datagen.runner.Pipeline`)."""
 
     name = "critique-rewrite"
     dataset_file = "pairs.jsonl"

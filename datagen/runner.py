@@ -6,7 +6,7 @@ each role, the data and every setting, and a resume with any of them changed is 
 (:func:`~rapo_echo.benchmarks.runner.claim_output`); one process holds the folder at a time;
 ``results.jsonl`` gets one fsynced line per finished context, so a killed command, started again with the
 same arguments, skips the contexts already there. Each record also holds its context's
-:func:`~rapo_echo.algorithms.datagen.contexts.context_key`: a context whose content changed under the
+:func:`~rapo_echo.datagen.contexts.context_key`: a context whose content changed under the
 same id is refused, never mixed in. ``summary.json`` and the dataset the next command reads are recomputed
 from every record of the asked contexts, in their input order, each time the command ends.
 
@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from rapo_echo.algorithms.datagen.contexts import context_key
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
@@ -36,6 +35,7 @@ from rapo_echo.benchmarks.results import (
     write_json_atomic,
 )
 from rapo_echo.benchmarks.runner import claim_output
+from rapo_echo.datagen.contexts import context_key
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
 from rapo_echo.types import Scenario
 

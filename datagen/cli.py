@@ -271,9 +271,9 @@ def _run(
     args: argparse.Namespace, command: str, specs: dict[str, str], settings: Any, protocol: dict, build: Any
 ) -> int:
     """Load the contexts, check ``--output`` (both before any model loads), load the engines, run."""
-    from rapo_echo.algorithms.datagen.contexts import load_contexts
-    from rapo_echo.algorithms.datagen.runner import WHAT, data_config, run_pipeline
     from rapo_echo.benchmarks.runner import check_output
+    from rapo_echo.datagen.contexts import load_contexts
+    from rapo_echo.datagen.runner import WHAT, data_config, run_pipeline
     from rapo_echo.rundir import check_writable
 
     if args.limit is not None and args.limit < 1:
@@ -301,12 +301,12 @@ def _system(value: str | None) -> str | None:
 
 
 def run_critique_rewrite(args: argparse.Namespace) -> int:
-    from rapo_echo.algorithms.datagen.critique_rewrite import (
+    from rapo_echo.datagen.critique_rewrite import (
         CritiqueRewrite,
         CritiqueRewriteSettings,
         protocol,
     )
-    from rapo_echo.algorithms.datagen.screening import Constitution
+    from rapo_echo.datagen.screening import Constitution
 
     constitution = Constitution.from_file(args.constitution) if args.constitution else Constitution()
     settings = _settings(
@@ -344,7 +344,7 @@ def run_critique_rewrite(args: argparse.Namespace) -> int:
 
 
 def run_references(args: argparse.Namespace) -> int:
-    from rapo_echo.algorithms.datagen.reference_replies import References, ReferenceSettings, protocol
+    from rapo_echo.datagen.reference_replies import References, ReferenceSettings, protocol
 
     settings = _settings(
         ReferenceSettings,
@@ -374,7 +374,7 @@ def run_references(args: argparse.Namespace) -> int:
 
 
 def run_hard_prompts(args: argparse.Namespace) -> int:
-    from rapo_echo.algorithms.datagen.hard_prompts import HardPrompts, HardPromptSettings, protocol
+    from rapo_echo.datagen.hard_prompts import HardPrompts, HardPromptSettings, protocol
 
     try:
         reward_args = json.loads(args.reward_args)
@@ -407,7 +407,7 @@ def run_hard_prompts(args: argparse.Namespace) -> int:
 
 
 def run_synthesize(args: argparse.Namespace) -> int:
-    from rapo_echo.algorithms.datagen.synthesis import (
+    from rapo_echo.datagen.synthesis import (
         COMPANION_PROMPT,
         Synthesis,
         SynthesisSettings,

@@ -4,7 +4,7 @@ judge scores 3 of 5; the policy earns a reward only by beating it; docs/algorith
 
 Per chunk of contexts: the context's own reference reply (``include_reference``) and ``candidates``
 replies sampled from the writer (the policy's prompt) are graded by the grader
-(:mod:`rapo_echo.algorithms.datagen.grading`, one batched call); a context with a reply graded exactly
+(:mod:`rapo_echo.datagen.grading`, one batched call); a context with a reply graded exactly
 ``target`` takes it (of several, the one the grader gave ``target`` the highest probability, else the
 first). The others get fresh samples, up to ``rounds`` rounds. A context still without one gets, by
 ``fallback``, the reply graded nearest the target (``closest``, a tie to the lower grade) or none
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rapo_echo.algorithms.datagen import grading
-from rapo_echo.algorithms.datagen.contexts import scenario_row
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.datagen import grading
+from rapo_echo.datagen.contexts import scenario_row
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
 from rapo_echo.types import SamplingParams, Scenario
@@ -69,7 +69,7 @@ def protocol() -> dict[str, str]:
 
 
 class References:
-    """The pipeline (:class:`rapo_echo.algorithms.datagen.runner.Pipeline`)."""
+    """The pipeline (:class:`rapo_echo.datagen.runner.Pipeline`)."""
 
     name = "references"
     dataset_file = "scenarios.jsonl"

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rapo_echo.algorithms.datagen.contexts import scenario_row
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.datagen.contexts import scenario_row
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
 from rapo_echo.rewards import RewardContext, as_output, build_reward
@@ -89,7 +89,7 @@ def keep(
 
 
 class HardPrompts:
-    """The pipeline (:class:`rapo_echo.algorithms.datagen.runner.Pipeline`)."""
+    """The pipeline (:class:`rapo_echo.datagen.runner.Pipeline`)."""
 
     name = "hard-prompts"
     dataset_file = "prompts.jsonl"
