@@ -23,7 +23,7 @@ COMMAND_MODULES = (
     "rapo_echo.judges.training",
     "rapo_echo.datagen.cli",
     "rapo_echo.benchmarks.cli",
-    "rapo_echo.algorithms.openrlhf.cli",
+    "rapo_echo.integrations.openrlhf.cli",
     "rapo_echo.training.config_cli",
     "rapo_echo.export",
 )

@@ -14,13 +14,13 @@ import pytest
 
 from rapo_echo.auto_lr import FULL_LR_AT_REFERENCE, LORA_FACTOR
 from rapo_echo.errors import ConfigError
-from tests.unit.openrlhf.test_openrlhf import ROOT, bundle, flag, run_config  # noqa: F401 (bundle: the fixture)
+from tests.unit.integrations.openrlhf.test_openrlhf import ROOT, bundle, flag, run_config  # noqa: F401 (bundle: the fixture)
 
 HUB_7B = "Qwen/Qwen2.5-7B-Instruct"  # not readable on this machine: its size is unknown here
 
 
 def test_a_lora_rate_for_an_unreadable_model_is_refused(tmp_path, smol_path, bundle):  # noqa: F811
-    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.integrations.openrlhf import ClusterSpec, launch_command
 
     cfg = run_config(tmp_path, smol_path, **{"train.lr": 2e-4})
     with pytest.raises(ConfigError, match=r"train.lr: 0.0002 .*full fine-tuning.*--keep-lr"):
@@ -33,7 +33,7 @@ def test_a_lora_rate_for_an_unreadable_model_is_refused(tmp_path, smol_path, bun
 
 
 def test_a_lora_rate_for_a_readable_model_names_the_auto_rate(tmp_path, smol_path, bundle):  # noqa: F811
-    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.integrations.openrlhf import ClusterSpec, launch_command
 
     lora_rate = FULL_LR_AT_REFERENCE * LORA_FACTOR  # auto's LoRA rate for the 135M model
     cfg = run_config(tmp_path, smol_path, **{"train.lr": lora_rate})
@@ -45,7 +45,7 @@ def test_a_lora_rate_for_a_readable_model_names_the_auto_rate(tmp_path, smol_pat
 
 
 def test_the_readmes_export_of_configs_grpo_yaml_is_refused_then_runs_with_auto(tmp_path, smol_path, capsys):
-    from rapo_echo.algorithms.openrlhf.cli import register
+    from rapo_echo.integrations.openrlhf.cli import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))

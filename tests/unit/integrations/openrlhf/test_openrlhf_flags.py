@@ -18,9 +18,9 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.unit.openrlhf.test_openrlhf import bundle, run_config  # noqa: F401 (bundle: the fixture)
+from tests.unit.integrations.openrlhf.test_openrlhf import bundle, run_config  # noqa: F401 (bundle: the fixture)
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 # openrlhf 0.11.2, openrlhf/cli/train_ppo_ray.py: every option the parser defines.
 FLAGS_0_11_2 = frozenset(
@@ -108,7 +108,7 @@ def test_the_recorded_parsers_differ_as_the_releases_do():
 
 @pytest.mark.parametrize("agent", [False, True])
 def test_every_emitted_flag_parses_in_the_lowest_allowed_openrlhf(tmp_path, smol_path, bundle, agent):  # noqa: F811
-    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.integrations.openrlhf import ClusterSpec, launch_command
 
     # every optional flag on: KL loss, entropy bonus, colocation, checkpointing, attention, TensorBoard
     cfg = run_config(

@@ -5,7 +5,7 @@
   assistant opening (:class:`~rapo_echo.chat_template.ChatMarkers`), and the reply is cut at its
   end-of-turn marker (no marker: the reply was truncated, ``finish_reason="length"``).
 * The prompt conversation comes from the label when it carries a rapo-echo scenario (datasets written
-  by :mod:`rapo_echo.algorithms.openrlhf.dataset`), else from parsing the rendered prompt.
+  by :mod:`rapo_echo.integrations.openrlhf.dataset`), else from parsing the rendered prompt.
 * ``rewards`` is the weighted sum of the run's rewards. A sample a reward could not score (``None``)
   gets ``invalid_reward`` instead, never a silent 0: OpenRLHF cannot mask a sample out of the loss,
   and it calls ``reward_func`` with one sample at a time, so no batch statistic (such as "the batch

@@ -29,7 +29,7 @@ from rapo_echo.training.run_config import load_config
 from rapo_echo.types import msg
 from tests.helpers.answers import sage_analysis, sage_reply
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 HAS_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
 needs_openrlhf = pytest.mark.skipif(
     not HAS_OPENRLHF,
@@ -161,7 +161,7 @@ def test_unsupported_template_is_a_clear_error():
 
 
 def test_rlver_episode_reset_and_steps(smol_tokenizer):
-    from rapo_echo.algorithms.openrlhf.agent import RLVEREpisode
+    from rapo_echo.integrations.openrlhf.agent import RLVEREpisode
 
     engine = ScriptedEngine.from_config(SIM_SCRIPT)
     ep = RLVEREpisode(engine, smol_tokenizer, system_prompt="Be kind.")
@@ -191,7 +191,7 @@ def test_rlver_episode_reset_and_steps(smol_tokenizer):
 
 @pytest.fixture
 def bundle(tmp_path, smol_path, smol_tokenizer):
-    from rapo_echo.algorithms.openrlhf import export_dataset, export_reward_file, export_rlver_agent
+    from rapo_echo.integrations.openrlhf import export_dataset, export_reward_file, export_rlver_agent
 
     cfg = run_config(tmp_path, smol_path)
     out = tmp_path / "bundle"
@@ -219,7 +219,7 @@ def test_export_writes_the_job_folder(bundle):
 
 
 def test_export_redacts_secrets(tmp_path, smol_path, smol_tokenizer, monkeypatch):
-    from rapo_echo.algorithms.openrlhf import export_reward_file
+    from rapo_echo.integrations.openrlhf import export_reward_file
 
     monkeypatch.setenv("MY_API_KEY", "sk-very-secret-value")
     leaky = {"judge.script": {"default": "Score: 3 sk-very-secret-value"}}
@@ -232,7 +232,7 @@ def test_export_redacts_secrets(tmp_path, smol_path, smol_tokenizer, monkeypatch
 
 
 def test_export_refuses_what_cannot_run(tmp_path, smol_path, smol_tokenizer):
-    from rapo_echo.algorithms.openrlhf import export_reward_file, export_rlver_agent
+    from rapo_echo.integrations.openrlhf import export_reward_file, export_rlver_agent
 
     with pytest.raises(ConfigError, match="no rewards"):
         export_reward_file(load_config(None, flags={"model.name": smol_path, "rewards": []}), tmp_path / "x")
@@ -289,7 +289,7 @@ def test_exported_reward_file_in_a_fresh_process(bundle):
 
 
 def test_reward_sample_uses_the_label_scenario_and_marks_truncation(bundle, smol_tokenizer):
-    from rapo_echo.algorithms.openrlhf.reward_runtime import OpenRLHFReward
+    from rapo_echo.integrations.openrlhf.reward_runtime import OpenRLHFReward
 
     reward = OpenRLHFReward.from_bundle(bundle / "run_config.yaml", bundle / "tokenizer")
     row = json.loads((bundle / "prompts.jsonl").read_text().splitlines()[1])
@@ -304,7 +304,7 @@ def test_reward_sample_uses_the_label_scenario_and_marks_truncation(bundle, smol
 
 
 def test_policy_judge_is_explained(tmp_path, smol_path, smol_tokenizer):
-    from rapo_echo.algorithms.openrlhf.reward_runtime import OpenRLHFReward
+    from rapo_echo.integrations.openrlhf.reward_runtime import OpenRLHFReward
 
     cfg = run_config(tmp_path, smol_path, **{"judge.engine": "policy"})
     with pytest.raises(ConfigError, match="engine: openai"):
@@ -312,7 +312,7 @@ def test_policy_judge_is_explained(tmp_path, smol_path, smol_tokenizer):
 
 
 def test_profiles_dataset_from_rlver_rows(tmp_path, smol_path):
-    from rapo_echo.algorithms.openrlhf import export_profiles
+    from rapo_echo.integrations.openrlhf import export_profiles
 
     src = tmp_path / "profiles.jsonl"
     src.write_text(
@@ -340,7 +340,7 @@ def flag(cmd: list[str], name: str, n: int = 1):
 
 
 def test_launch_command_maps_the_run(tmp_path, smol_path, bundle):
-    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.integrations.openrlhf import ClusterSpec, launch_command
 
     cfg = run_config(
         tmp_path, smol_path, **{"loss.beta": 0.02, "train.warmup_steps": 10, "train.mini_batches": 2}
@@ -389,7 +389,7 @@ def test_launch_command_maps_the_run(tmp_path, smol_path, bundle):
     ],
 )
 def test_launch_refuses_what_openrlhf_cannot_do(tmp_path, smol_path, bundle, overrides, cluster, match):
-    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.integrations.openrlhf import ClusterSpec, launch_command
 
     group = overrides.get("rollout.group_size")  # load_config itself refuses 1: set it afterwards
     cfg = run_config(tmp_path, smol_path, **{k: v for k, v in overrides.items() if k != "rollout.group_size"})
@@ -400,14 +400,14 @@ def test_launch_refuses_what_openrlhf_cannot_do(tmp_path, smol_path, bundle, ove
 
 
 def test_launch_needs_the_exported_files(tmp_path, smol_path):
-    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.integrations.openrlhf import ClusterSpec, launch_command
 
     with pytest.raises(ConfigError, match="openrlhf export"):
         launch_command(run_config(tmp_path, smol_path), tmp_path, cluster=ClusterSpec(gpus_per_node=4))
 
 
 def test_cli_export_and_launch(tmp_path, smol_path, capsys, monkeypatch):
-    from rapo_echo.algorithms.openrlhf.cli import register
+    from rapo_echo.integrations.openrlhf.cli import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
@@ -469,7 +469,7 @@ def openrlhf_args(argv: list[str]) -> SimpleNamespace:
 
 @needs_openrlhf
 def test_launch_flags_parse_with_openrlhfs_own_parser(tmp_path, smol_path, bundle):
-    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.integrations.openrlhf import ClusterSpec, launch_command
 
     cfg = run_config(tmp_path, smol_path, **{"loss.beta": 0.02, "loss.policy_loss": "gspo"})
     cmd = launch_command(cfg, bundle, cluster=ClusterSpec(nodes=1, gpus_per_node=4))
@@ -555,7 +555,7 @@ def test_launch_with_the_defaults(tmp_path, smol_path, bundle):
     """The defaults launch: 4 contexts x 4 replies = 16 samples per update on 1 node x 8 GPUs, with
     train.micro_batch_size: auto, take micro-batches of 2 (16 = 2 x 8, one per GPU); before, auto meant 8
     and the command was refused (16 is no multiple of 8 x 8)."""
-    from rapo_echo.algorithms.openrlhf import ClusterSpec, launch_command
+    from rapo_echo.integrations.openrlhf import ClusterSpec, launch_command
 
     cfg = run_config(tmp_path, smol_path, **{"rollout.batch_size": 4, "train.micro_batch_size": "auto"})
     cfg.train.lr = 1e-6

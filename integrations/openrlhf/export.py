@@ -46,7 +46,7 @@ FAILURES_BEFORE_ERROR failures in a row).
 
 from pathlib import Path
 
-from rapo_echo.algorithms.openrlhf.reward_runtime import BundleReward
+from rapo_echo.integrations.openrlhf.reward_runtime import BundleReward
 
 HERE = Path(__file__).resolve().parent
 INVALID_REWARD = {invalid!r}
@@ -78,7 +78,7 @@ from pathlib import Path
 
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from rapo_echo.algorithms.openrlhf.agent import episode_factory
+from rapo_echo.integrations.openrlhf.agent import episode_factory
 
 new_episode = episode_factory(Path(__file__).resolve().parent)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.openrlhf.reward_runtime import OpenRLHFReward
+from rapo_echo.integrations.openrlhf.reward_runtime import OpenRLHFReward
 from rapo_echo.training.run_config import load_config
 from tests.helpers.fake_openai import FakeAPI, Reply, StructuredAPI
 
-LOGGER = "rapo_echo.algorithms.openrlhf.reward_runtime"
+LOGGER = "rapo_echo.integrations.openrlhf.reward_runtime"
 
 
 def judge_config(tmp_path: Path, smol_path: str, url: str, **extra):
@@ -135,7 +135,7 @@ def load_reward_file(bundle: Path):
 def test_exported_reward_file_survives_a_down_judge_and_a_broken_bundle(
     tmp_path, smol_path, smol_tokenizer, caplog
 ) -> None:
-    from rapo_echo.algorithms.openrlhf import export_reward_file
+    from rapo_echo.integrations.openrlhf import export_reward_file
 
     bundle = tmp_path / "bundle"
     export_reward_file(judge_config(tmp_path, smol_path, closed_port_url()), bundle, tokenizer=smol_tokenizer)
@@ -159,8 +159,8 @@ def test_a_down_judge_through_openrlhfs_single_turn_executor(tmp_path, smol_path
 
     from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-    from rapo_echo.algorithms.openrlhf import export_reward_file
-    from tests.unit.openrlhf.test_openrlhf import FakeVLLM
+    from rapo_echo.integrations.openrlhf import export_reward_file
+    from tests.unit.integrations.openrlhf.test_openrlhf import FakeVLLM
 
     bundle = tmp_path / "bundle"
     export_reward_file(judge_config(tmp_path, smol_path, closed_port_url()), bundle, tokenizer=smol_tokenizer)

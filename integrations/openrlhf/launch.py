@@ -2,7 +2,7 @@
 
 The run's hyper-parameters are mapped to OpenRLHF's dotted flags (``openrlhf/cli/train_ppo_ray.py``;
 0.11.2 or newer, the first release that accepts ``--actor.loss_agg_mode``: the ``openrlhf`` extra's
-lower bound, checked by tests/unit/openrlhf/test_openrlhf_flags.py):
+lower bound, checked by tests/unit/integrations/openrlhf/test_openrlhf_flags.py):
 
 ====================================  ====================================================================
 rapo-echo                             OpenRLHF
@@ -78,7 +78,7 @@ class ClusterSpec:
 
 
 def _eps_defaults(policy_loss: str) -> tuple[float, float]:
-    from ..core import POLICY_LOSSES as LOSS_FUNCTIONS
+    from rapo_echo.algorithms.core import POLICY_LOSSES as LOSS_FUNCTIONS
 
     params = inspect.signature(LOSS_FUNCTIONS[policy_loss]).parameters
     return float(params["eps_low"].default), float(params["eps_high"].default)
