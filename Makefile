@@ -87,7 +87,7 @@ quickstart: install
 	@echo "report:        $(QUICKSTART_RUN)/report/report.html"
 
 bench: install
-	$(BIN)/python algorithms/perf/bench_grpo.py
+	$(BIN)/python perf/bench_grpo.py
 
 # TRL's GRPOTrainer (the peer) lives in its own venv so that TRL never becomes our dependency.
 TRL_VENV ?= .venv-trl
@@ -97,14 +97,14 @@ $(TRL_VENV)/.installed:
 	touch $@
 
 bench-compare: install $(TRL_VENV)/.installed
-	$(BIN)/python algorithms/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
+	$(BIN)/python perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
 
-# One GPU check in one call (benchmarks/gpu_check.sh; about 5 minutes on an H200): make gpu-check
+# One GPU check in one call (perf/gpu_check.sh; about 5 minutes on an H200): make gpu-check
 # GPU_CHECK_OUT=DIR [GPU_CHECK_ARGS="--zero3 --vllm"]; GPU_CHECK_ARGS=--smoke runs it on a CPU.
 GPU_CHECK_OUT ?= runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
 GPU_CHECK_ARGS ?=
 gpu-check:
-	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmarks/gpu_check.sh $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) perf/gpu_check.sh $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 # The dependency floors (docs/guarantees.md): a venv with the lowest version
 # pyproject.toml allows of every dependency (tests/helpers/floors.py), running the engine and trainer

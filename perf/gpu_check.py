@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One GPU check: every part a person with a GPU machine should see, in one call, one table.
 
-    python algorithms/perf/gpu_check.py OUT_DIR [--zero3] [--vllm] [--all]    # a CUDA machine
-    python algorithms/perf/gpu_check.py OUT_DIR --smoke                       # this CPU, a tiny model
+    python perf/gpu_check.py OUT_DIR [--zero3] [--vllm] [--all]    # a CUDA machine
+    python perf/gpu_check.py OUT_DIR --smoke                       # this CPU, a tiny model
 
 Parts, each a subprocess under its own timeout (a failure costs one row, never the rest):
 
@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rapo_echo.algorithms.perf.bench_grpo import SHARED_BENCH_CANDIDATES
+from rapo_echo.perf.bench_grpo import SHARED_BENCH_CANDIDATES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 # Per-part limits; the default parts also share BUDGET_S, so the call ends within 8 minutes whatever
 # hangs (--zero3 / --vllm add at most their own limits).
@@ -110,8 +110,8 @@ def profile_decode(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch._dynamo.utils import counters
 
-    from rapo_echo.algorithms.perf.bench_grpo import set_workload_dir, workload
     from rapo_echo.engines.hf import HFEngine
+    from rapo_echo.perf.bench_grpo import set_workload_dir, workload
     from rapo_echo.types import SamplingParams
 
     if args.workload:
@@ -297,7 +297,7 @@ def main() -> int:
         plan.append(
             ("models", [py, me, str(out), "--part", "tiny", "--tok", str(tok), "--model", str(model)])
         )
-        compare = [py, "algorithms/perf/bench_grpo.py", "--device", "cpu", "--steps", "1"]
+        compare = [py, "perf/bench_grpo.py", "--device", "cpu", "--steps", "1"]
         compare += ["--model", str(model), "--out", str(out / "compare.jsonl")]
         compare += ["--set", "rollout.max_new_tokens=8"]
         workload = small
@@ -315,13 +315,13 @@ def main() -> int:
             return 2
         env.setdefault("BIG_STEPS", "3")
         plan.append(("models", [py, str(maker), "--tok", str(tok), "--out", str(models), "--which", "b"]))
-        compare = [py, "algorithms/perf/bench_grpo.py", "--compare", "--device", "cuda"]
+        compare = [py, "perf/bench_grpo.py", "--compare", "--device", "cuda"]
         compare += ["--workload", str(large), "--model", str(model), "--out", str(out / "compare.jsonl")]
         workload = str(large)
     plan.append(("compare", compare))
     decode = [
         py,
-        "benchmarks/perf/bench_decode.py",
+        "perf/bench_decode.py",
         "--device",
         device,
         "--dtype",

@@ -7,8 +7,8 @@ samples, 48 new tokens on the shared workload; ``--workload`` picks another fold
 GPU one), sampled at the workload's temperature. Every method gets one untimed warm-up call (which
 also compiles the ``compiled`` loop), then ``--repeats`` timed calls; medians are reported.
 
-    python benchmarks/perf/bench_decode.py                          # CPU, fp32, the embedded model
-    python benchmarks/perf/bench_decode.py --device cuda --dtype bfloat16 --model DIR \\
+    python perf/bench_decode.py                          # CPU, fp32, the embedded model
+    python perf/bench_decode.py --device cuda --dtype bfloat16 --model DIR \\
         --workload ../shared/bench/gpu/large --loops dynamic,compiled
 
 Bandwidth limit (CUDA only): a decode step must read every weight once and the KV cache written so
@@ -28,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from rapo_echo.benchmarks.perf.workload import set_workload_dir, workload
+from rapo_echo.perf.workload import set_workload_dir, workload
 
 
 def sync(device: str) -> None:

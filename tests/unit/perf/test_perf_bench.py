@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import benchmarks.perf.workload as bench
-from rapo_echo.benchmarks.perf.bench_decode import decode_bytes
+import rapo_echo.perf.workload as bench
+from rapo_echo.perf.bench_decode import decode_bytes
 from tests.conftest import SHARED_DATA
 
 SHARED_BENCH = SHARED_DATA.parent / "bench"
@@ -45,8 +45,8 @@ def test_decode_bytes_by_hand() -> None:
 
 
 def test_checkpoint_parts_are_named_by_what_they_hold(tmp_path) -> None:
-    """``benchmarks/perf/checkpoint_sizes.py`` sums a checkpoint's files per part."""
-    from rapo_echo.benchmarks.perf.checkpoint_sizes import sizes
+    """``perf/checkpoint_sizes.py`` sums a checkpoint's files per part."""
+    from rapo_echo.perf.checkpoint_sizes import sizes
 
     files = {
         "model/adapter_model.safetensors": 100,

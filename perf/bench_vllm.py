@@ -2,8 +2,8 @@
 """The ``vllm`` engine against the ``hf`` engine on the same rollout, and the weight sync: one JSON line per
 measure, then a summary line. Runs in the vLLM tier's venv (``make test-vllm`` builds ``.venv-vllm``).
 
-    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python algorithms/perf/bench_vllm.py          # CPU, fp32
-    .venv-vllm/bin/python algorithms/perf/bench_vllm.py --device cuda --dtype bfloat16 --model DIR
+    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python perf/bench_vllm.py          # CPU, fp32
+    .venv-vllm/bin/python perf/bench_vllm.py --device cuda --dtype bfloat16 --model DIR
 
 The rollout is the benchmark workload's (``bench_grpo.workload()``: 8 prompts x 4 samples, 48 new tokens,
 its temperature). Each engine gets one untimed warm-up call, then ``--repeats`` timed calls; medians are
@@ -25,7 +25,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from rapo_echo.algorithms.perf.bench_grpo import set_workload_dir, workload
+from rapo_echo.perf.bench_grpo import set_workload_dir, workload
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:

@@ -6,8 +6,8 @@ read per part: ``model/`` (Hugging Face / PEFT folder, tokenizer included), ``op
 ``accelerate/`` (DeepSpeed's shards: ``*model_states.pt`` and ``*optim_states.pt``), the rest (RNG,
 scheduler, trainer state). One JSON line per setup, then a summary line.
 
-    python benchmarks/perf/checkpoint_sizes.py                 # the embedded SmolLM2-135M, 5 setups
-    python benchmarks/perf/checkpoint_sizes.py --setups lora,zero3-full --model DIR
+    python perf/checkpoint_sizes.py                 # the embedded SmolLM2-135M, 5 setups
+    python perf/checkpoint_sizes.py --setups lora,zero3-full --model DIR
 
 The DeepSpeed setups use the shipped ``configs/accelerate/deepspeed_zero{2,3}.yaml`` and JSON (bf16 on,
 as shipped; ``--fp32`` turns it off in a copy).
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 SETUPS = {  # name: (processes, ZeRO stage or None, LoRA)

@@ -1,6 +1,6 @@
 """The fixed benchmark workload (``../shared/bench/workload.py``: prompts, reward, sizes), found where the
 checkout's neighbours keep it; the speed benchmarks of the engines (here) and of the training loop
-(``algorithms/perf/bench_grpo.py``) read the same one."""
+(``perf/bench_grpo.py``) read the same one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # Where the shared workload folder is looked for, in order: $RAPO_SHARED_BENCH, ../shared/bench beside
 # the checkout, .gpukit/ inside it (what ../shared/bench/gpu/README.md carries to a GPU machine).
 SHARED_BENCH_CANDIDATES = [

@@ -12,8 +12,8 @@ less a one-token call, per further step) and the time spent computing the gramma
 (``mask_ms_per_step``, per step for the whole batch, and ``mask_share`` of the call), which is what
 constraining adds.
 
-    python benchmarks/perf/bench_constrained.py                       # CPU, fp32, the embedded model
-    python benchmarks/perf/bench_constrained.py --device cuda --loop compiled --prompts 16 --n 8
+    python perf/bench_constrained.py                       # CPU, fp32, the embedded model
+    python perf/bench_constrained.py --device cuda --loop compiled --prompts 16 --n 8
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # A judge's questions, our own; cycled to --prompts.
 QUESTIONS = [

@@ -7,14 +7,14 @@ steps, lr 1e-6, the workload's deterministic reward). The figures use the peer's
 (``sec_per_step_median``, ``completion_tokens_per_s``, ``peak_rss_mb``, ``total_wall_s``) plus a
 per-stage breakdown. Model loading is not timed.
 
-    python algorithms/perf/bench_grpo.py                 # our GRPO, full fine-tuning
-    python algorithms/perf/bench_grpo.py --lora          # LoRA variant (reference = adapter off)
-    python algorithms/perf/bench_grpo.py --algo rapo     # RAPO step (simulator + judge share weights)
-    python algorithms/perf/bench_grpo.py --gradient-checkpointing   # the memory effect (peak_rss_mb)
-    python algorithms/perf/bench_grpo.py --algo rlver    # RLVER step: 8 profiles x 4 dialogues of
+    python perf/bench_grpo.py                 # our GRPO, full fine-tuning
+    python perf/bench_grpo.py --lora          # LoRA variant (reference = adapter off)
+    python perf/bench_grpo.py --algo rapo     # RAPO step (simulator + judge share weights)
+    python perf/bench_grpo.py --gradient-checkpointing   # the memory effect (peak_rss_mb)
+    python perf/bench_grpo.py --algo rlver    # RLVER step: 8 profiles x 4 dialogues of
                                                          # 3 policy turns of <= 48 tokens, the
                                                          # simulator sharing the policy's weights
-    python algorithms/perf/bench_grpo.py --compare       # peer (TRL, own venv) and ours alternately + ratios
+    python perf/bench_grpo.py --compare       # peer (TRL, own venv) and ours alternately + ratios
 
 Each run happens in a fresh process, one after another (never two at once on 2 cores).
 """
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rapo_echo.benchmarks.perf.workload import (
+from rapo_echo.perf.workload import (
     ROOT,
     SHARED_BENCH,
     SHARED_BENCH_CANDIDATES,
@@ -104,7 +104,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         "loss.agg=token-mean",
         "loss.eps_low=0.2",
         "loss.eps_high=0.2",
-        "rewards=[{name: 'rapo_echo.algorithms.perf.bench_grpo:workload_reward'}]",
+        "rewards=[{name: 'rapo_echo.perf.bench_grpo:workload_reward'}]",
         "logging.progress=false",
         "logging.tensorboard=false",
         "train.save_every=1000000",
@@ -152,7 +152,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     total = time.perf_counter() - t_all
     gpu: dict[str, Any] = {}
     if cuda:
-        from rapo_echo.benchmarks.perf.bench_decode import decode_bytes, measured_bandwidth
+        from rapo_echo.perf.bench_decode import decode_bytes, measured_bandwidth
 
         gpu["peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         gpu["peak_gpu_reserved_mb"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)

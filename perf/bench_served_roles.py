@@ -12,9 +12,9 @@ wall time, the command's exit status, and the failed items the run counted (``re
 training step, ``remote_failed`` of an eval summary, where the checkout reports them). JSON lines go to
 ``--output``.
 
-    python benchmarks/perf/bench_served_roles.py                         # all paths, 1 s latency
-    python benchmarks/perf/bench_served_roles.py --paths fidelity,rlver --fault-rate 0.25
-    python benchmarks/perf/bench_served_roles.py --latency 2 --jitter 0.5
+    python perf/bench_served_roles.py                         # all paths, 1 s latency
+    python perf/bench_served_roles.py --paths fidelity,rlver --fault-rate 0.25
+    python perf/bench_served_roles.py --latency 2 --jitter 0.5
 
 Floors (the review's definition, ``../shared/reviews/2026-11-27-served-roles.md``: data dependencies only,
 SAGE's change label counted as its own round, plus one setup round):
@@ -39,11 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rapo_echo.perf.fake_served import FakeServed
 
-from fake_served import FakeServed
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 PATHS = ("rapo", "rlver", "echo_n1", "fidelity")
 FIDELITY_DATA = "/work/shared/data/esconv/FailedESConv.json"
 

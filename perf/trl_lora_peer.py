@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 SHARED_BENCH = Path(
-    os.environ.get("RAPO_SHARED_BENCH", Path(__file__).resolve().parents[3] / "shared" / "bench")
+    os.environ.get("RAPO_SHARED_BENCH", Path(__file__).resolve().parents[2] / "shared" / "bench")
 )
 sys.path.insert(0, str(SHARED_BENCH))
 

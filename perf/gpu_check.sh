@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU check in one call (about 5 minutes on an H200; every part under its own timeout):
-#   benchmarks/gpu_check.sh OUT_DIR [--zero3] [--vllm] [--all]   # on a CUDA machine
-#   benchmarks/gpu_check.sh OUT_DIR --smoke                      # on a CPU: a tiny model, tests the script
+#   perf/gpu_check.sh OUT_DIR [--zero3] [--vllm] [--all]   # on a CUDA machine
+#   perf/gpu_check.sh OUT_DIR --smoke                      # on a CPU: a tiny model, tests the script
 # Prints one table (step time and peak memory beside TRL's, decode against the bandwidth limit, the
 # profile's top kernels and compiles per decode shape, ZeRO-3 and vLLM rows on request) and writes JSON
 # lines to OUT_DIR/gpu_check.jsonl. On a machine that reaches no package registry (../shared/bench/gpu/
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-    echo "usage: benchmarks/gpu_check.sh OUT_DIR [--smoke] [--zero3] [--vllm] [--all]" >&2
+    echo "usage: perf/gpu_check.sh OUT_DIR [--smoke] [--zero3] [--vllm] [--all]" >&2
     exit 2
 fi
 PY=${PYTHON:-}
@@ -21,4 +21,4 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && ! "$PY" -c "import rapo_echo"
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     "$PY" -m pip install -q --no-deps --no-index --no-build-isolation -e .
 fi
-exec "$PY" algorithms/perf/gpu_check.py "$@"
+exec "$PY" perf/gpu_check.py "$@"

@@ -6,7 +6,7 @@ predictors), seeded. Prints one JSON line (and appends it to ``--output``).
 Only :func:`~rapo_echo.benchmarks.fidelity.bench.summarize_points` is called, an API older than this
 script, so ``PYTHONPATH=<old tree>`` measures an older checkout the same way.
 
-    python benchmarks/perf/bench_fidelity_summary.py [--dialogues 5880] [--n-boot 1000] [--output FILE]
+    python perf/bench_fidelity_summary.py [--dialogues 5880] [--n-boot 1000] [--output FILE]
 """
 
 from __future__ import annotations
