@@ -23,16 +23,17 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# lint-imports checks the layers of pyproject.toml's [tool.importlinter]. Its graph builder reads a package
-# from one folder, so it reads rapo_echo from a tree of links laid out as the package is installed (with
-# algorithms/, simulators/ and benchmarks/ inside, as package-dir maps them).
+# lint-imports checks the layers of pyproject.toml's [tool.importlinter]. Its graph builder (grimp) reads a
+# package from the one folder its import spec names, so it reads rapo_echo from a tree of links laid out as
+# the package is installed: rapo_echo/'s files, and each folder package-dir maps into rapo_echo beside them.
 IMPORT_TREE := build/import-tree
+MAPPED = $(BIN)/python -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"]; print(*(k.split(".", 1)[1] + "=" + v for k, v in d.items() if "." in k))'
 
 lint: install
 	$(BIN)/ruff check .
 	rm -rf $(IMPORT_TREE) && mkdir -p $(IMPORT_TREE)/rapo_echo
 	ln -s $(CURDIR)/rapo_echo/* $(IMPORT_TREE)/rapo_echo/
-	for d in algorithms simulators benchmarks; do ln -s $(CURDIR)/$$d $(IMPORT_TREE)/rapo_echo/$$d; done
+	for m in $$($(MAPPED)); do ln -s $(CURDIR)/$${m#*=} $(IMPORT_TREE)/rapo_echo/$${m%%=*}; done
 	cd $(IMPORT_TREE) && $(abspath $(BIN))/lint-imports $(CURDIR)/pyproject.toml
 
 # The documentation site (docs/, mkdocs.yml), built strictly: a broken link or anchor fails.
