@@ -266,3 +266,12 @@ def test_a_checkout_imports_the_mapped_folders_from_where_they_lie():
     code = "import rapo_echo.algorithms as a, rapo_echo.simulators as s; print(a.__file__); print(s.__file__)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(ROOT / f / "__init__.py") for f in ("algorithms", "simulators")]
+
+
+def test_every_package_is_shipped():
+    """pyproject.toml lists every package (setuptools cannot discover them under a package-dir prefix):
+    a folder with an ``__init__.py`` left out of the list would be missing from the wheel."""
+    listed = set(pyproject()["tool"]["setuptools"]["packages"])
+    packages = {name for name, (_, is_init) in find_modules().items() if is_init}
+    assert packages - listed == set()
+    assert listed - packages <= {"rapo_echo.examples"}  # data only (package-data), no __init__.py
