@@ -1,6 +1,6 @@
 """The fixed benchmark workload (``../shared/bench/workload.py``: prompts, reward, sizes), found where the
-checkout's neighbours keep it; the speed benchmarks of the engines (here) and of the training loop
-(``perf/bench_grpo.py``) read the same one."""
+checkout's neighbours keep it; the speed benchmarks of the engines (``bench_decode.py``) and of the
+training loop (``bench_grpo.py``) read the same one."""
 
 from __future__ import annotations
 
