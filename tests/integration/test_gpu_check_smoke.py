@@ -26,7 +26,7 @@ def test_smoke_mode_prints_one_table_and_json_lines(tmp_path: Path) -> None:
     out = tmp_path / "check"
     env = {**os.environ, "RAPO_SHARED_BENCH": str(BENCH), "PYTHON": sys.executable}
     proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--smoke"],
+        ["bash", str(ROOT / "perf" / "gpu_check.sh"), str(out), "--smoke"],
         capture_output=True,
         text=True,
         timeout=1500,
