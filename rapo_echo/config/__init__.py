@@ -10,6 +10,7 @@ from rapo_echo.config.base import Autocast, AutoLR, AutoSize, Dtype, LogprobMode
 from rapo_echo.config.data import DataConfig, SelectionConfig
 from rapo_echo.config.engine import SAMPLING_KEYS, EngineConfig, engine_settings
 from rapo_echo.config.fidelity import FidelityCheckConfig
+from rapo_echo.config.flags import Flag, add_flags, section_from_args
 from rapo_echo.config.loader import ConfigTree
 from rapo_echo.config.logs import LoggingConfig
 from rapo_echo.config.messages import format_validation_error
@@ -47,6 +48,7 @@ __all__ = [
     "Dtype",
     "EngineConfig",
     "FidelityCheckConfig",
+    "Flag",
     "LoggingConfig",
     "LogprobMode",
     "LoraConfig",
@@ -65,6 +67,7 @@ __all__ = [
     "TrainConfig",
     "ValidationConfig",
     "VarietyFloorCheck",
+    "add_flags",
     "check_device",
     "check_yaml_nodes",
     "deep_merge",
@@ -76,6 +79,7 @@ __all__ = [
     "parse_reward_flag",
     "read_yaml",
     "redacted",
+    "section_from_args",
     "set_path",
     "url_secret",
 ]
