@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from pydantic import Field
+
+from rapo_echo.config import DEFAULT_SYSTEM_PROMPT, Flag, LogprobMode, OptionalText, Strict
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.types import SamplingParams
 
@@ -25,49 +27,68 @@ class Roles:
     judge: ChatEngine | None = None
 
 
-@dataclass(frozen=True)
-class EvalSettings:
-    """How an evaluation samples and when episodes end. ``max_turns`` None = the benchmark's own default
-    (ESConv 8, SOTOPIA 20). Temperature 0 is greedy decoding (the PPDPP test protocol)."""
+class EvalSettings(Strict):
+    """How an evaluation samples and when episodes end (recorded in the output's ``config.json``).
+    Temperature 0 is greedy decoding (the PPDPP test protocol)."""
 
-    max_turns: int | None = None
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    simulator_temperature: float = 0.0
-    judge_max_new_tokens: int = 256
-    simulator_max_new_tokens: int | None = None  # None: the benchmark's own (SAGE 512, else max_new_tokens)
-    judge_retries: int = 2
-    judge_logprobs: str = "auto"  # auto | always | never (see rapo_echo.llm.answers.wants_logprobs)
-    seed: int | None = 0
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
-    sage_system_prompt: str = "sage"  # SAGE: sage (SAGE's kind of prompt) | ours (``system_prompt``)
-    batch_size: int | None = None  # cases run together; None: auto (rapo_echo.benchmarks.runner.batch_size)
-    subset: str = "all"  # SOTOPIA: all | hard
-    sotopia_scorer: str = "ours"  # SOTOPIA: ours (the judge role) | sotopia (the official evaluator)
-    sotopia_model: str = "gpt-4o"  # SOTOPIA with the official scorer: its evaluator model (litellm name)
-    emotion_readout: str = "auto"  # SAGE: the user's emotion change from text | logprobs | auto
-    sage_reply: str = "plain"  # SAGE: the user's message alone (plain) or SAGE's reasoning fields (fields)
-    epm: dict[str, Any] = field(default_factory=dict)  # EPM: EpmConfig overrides (benchmarks/epm/vectors.py)
-
-    def __post_init__(self) -> None:
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.simulator_max_new_tokens is not None and self.simulator_max_new_tokens < 1:
-            raise ValueError(f"simulator_max_new_tokens must be >= 1, got {self.simulator_max_new_tokens}")
-        if (self.batch_size is not None and self.batch_size < 1) or self.judge_retries < 0:
-            raise ValueError("batch_size must be >= 1 and judge_retries >= 0")
-        if self.judge_logprobs not in ("auto", "always", "never"):
-            raise ValueError(f"judge_logprobs must be auto, always or never, got {self.judge_logprobs!r}")
-        if self.sage_system_prompt not in ("sage", "ours"):
-            raise ValueError(f"sage_system_prompt must be 'sage' or 'ours', got {self.sage_system_prompt!r}")
-        if self.subset not in ("all", "hard"):
-            raise ValueError(f"subset must be 'all' or 'hard', got {self.subset!r}")
-        if self.sotopia_scorer not in ("ours", "sotopia"):
-            raise ValueError(f"sotopia_scorer must be 'ours' or 'sotopia', got {self.sotopia_scorer!r}")
-        if self.emotion_readout not in ("auto", "text", "logprobs"):
-            raise ValueError(f"emotion_readout must be auto, text or logprobs, got {self.emotion_readout!r}")
-        if self.sage_reply not in ("plain", "fields"):
-            raise ValueError(f"sage_reply must be 'plain' or 'fields', got {self.sage_reply!r}")
+    max_turns: int | None = Field(
+        None, ge=1, description="Episode length limit (unset: esconv 8, sotopia 20, epm 45, sage 10 replies)."
+    )
+    max_new_tokens: int = Field(128, ge=1, description="Reply length limit of the policy and the simulator.")
+    temperature: float = Field(0.0, ge=0.0, description="The policy's sampling temperature (0: greedy).")
+    simulator_temperature: float = Field(0.0, ge=0.0, description="The simulator's sampling temperature.")
+    judge_max_new_tokens: int = Field(256, ge=1, description="Reply length limit of the judge.")
+    simulator_max_new_tokens: int | None = Field(
+        None, ge=1, description="The simulator's reply length limit (unset: sage 512, else `max_new_tokens`)."
+    )
+    judge_retries: int = Field(
+        2, ge=0, le=20, description="Retries of an unparseable judge or SAGE simulator reply."
+    )
+    judge_logprobs: LogprobMode = Field(
+        "auto", description="Read label verdicts from log-probs (`auto`: when the judge engine has them)."
+    )
+    seed: int | None = Field(0, ge=0, description="Seed of the engines' sampling.")
+    system_prompt: OptionalText = Field(
+        DEFAULT_SYSTEM_PROMPT, description="The policy's system prompt (`''`: none)."
+    )
+    sage_system_prompt: Literal["sage", "ours"] = Field(
+        "sage",
+        description="sage: the policy's system prompt is SAGE's kind (comparable with SAGE's leaderboard) or "
+        "`ours` (`system_prompt`).",
+    )
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Cases run together per batch (unset: every case at once, up to 512, when a role is an "
+        "http(s) endpoint; else 8).",
+    )
+    subset: Literal["all", "hard"] = Field("all", description="sotopia: all scenarios or the hard ones.")
+    sotopia_scorer: Annotated[Literal["ours", "sotopia"], Flag("--scorer")] = Field(
+        "ours",
+        description="sotopia: our evaluator on the judge engine, or SOTOPIA's own (needs pip install "
+        "'rapo-echo[sotopia]'; comparable with published figures with a GPT-4-class model).",
+    )
+    sotopia_model: str = Field(
+        "gpt-4o",
+        description="sotopia with SOTOPIA's scorer: its evaluator model in sotopia's naming (gpt-4o, or "
+        "custom/<model>@<base_url> for an OpenAI-compatible server).",
+    )
+    emotion_readout: Literal["auto", "text", "logprobs"] = Field(
+        "auto",
+        description="sage: the user's emotion change from label probabilities (`logprobs`; one forward, "
+        "usable with small simulators), from the analysis's stated number (`text`: SAGE's protocol), or "
+        "`auto` (logprobs when the simulator engine has them).",
+    )
+    sage_reply: Literal["plain", "fields"] = Field(
+        "plain",
+        description="sage: the simulated user writes its message alone (`plain`) or with SAGE's reasoning "
+        "fields first (`fields`: SAGE's protocol, needs a capable simulator).",
+    )
+    epm: Annotated[dict[str, Any], Flag(metavar="KEY=VALUE")] = Field(
+        default_factory=dict,
+        description="epm: EPM constants to override (benchmarks/epm/vectors.py EpmConfig), e.g. `--epm "
+        "alpha=0.05`; repeatable.",
+    )
 
     def policy_params(self) -> SamplingParams:
         return SamplingParams(

@@ -15,212 +15,106 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
-from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from rapo_echo.benchmarks.runner import BENCHMARKS
+from rapo_echo.config import Dtype, Flag, Strict, add_flags, section_from_args
 from rapo_echo.engines.base import ChatEngine
+from rapo_echo.errors import ConfigError
+
+SPEC = "a model spec (default, a folder, a run folder, a .gguf file, a hub id) or an http(s):// endpoint"
+
+
+class EvalCommand(EvalSettings):
+    """`rapo-echo eval`: the benchmark, its roles' engines, data and output, and the evaluation's
+    settings (`EvalSettings`, recorded in the output's `config.json`)."""
+
+    # the registry's names (a Literal built from them)
+    benchmark: Literal[tuple(BENCHMARKS)] = Field(description="The benchmark to run.")  # type: ignore[valid-type]
+    policy: str | None = Field(None, description=f"The policy: {SPEC} (required but for fidelity).")
+    transcripts: str | None = Field(
+        None,
+        description="sage: score dialogues already run, in SAGE's released result format (a "
+        "*_result.jsonl file or a folder of them; one output folder per file); no model is loaded.",
+    )
+    data: str | None = Field(
+        None,
+        description="Data in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or folder; EPM "
+        "persona cards or EMPA's case folder; SAGE / RLVER profile JSONL; fidelity: ESConv with in-dialogue "
+        "ratings); unset: our bundled English sets (esconv, esconv-ref); fidelity needs it.",
+    )
+    simulator: str = Field(
+        "default", description=f"Seeker / partner / EPM user and director: {SPEC}, or `policy`."
+    )
+    judge: str = Field("default", description=f"Critic / evaluator / EPM rater: {SPEC}, or `policy`.")
+    user: Annotated[list[str], Flag(metavar="NAME")] = Field(
+        default_factory=list,
+        description="fidelity: a simulated user to test on the simulator engine: reaction (RAPO), sage "
+        "(RLVER's SAGE-style user) or a simulator plugin (module:Class); repeatable.",
+    )
+    reward: Annotated[list[str], Flag(metavar="NAME")] = Field(
+        default_factory=list,
+        description="fidelity: a reward plugin to test (empathy, humanlike, judge, length, module:attr, ...; "
+        "judge rewards use the judge engine); repeatable.",
+    )
+    limit: int | None = Field(None, ge=1, description="Only the first N cases (fidelity: conversations).")
+    output: str = Field(description="Output folder (results.jsonl, summary.json); resumes if it exists.")
+    max_concurrency: int | None = Field(
+        None, ge=1, le=4096, description="http(s) endpoints: requests in flight at once per endpoint (256)."
+    )
+    max_rpm: float | None = Field(None, gt=0, description="http(s) endpoints: requests per minute.")
+    max_tpm: float | None = Field(None, gt=0, description="http(s) endpoints: tokens per minute.")
+    recompute: Annotated[str | None, Flag(metavar="DIR")] = Field(
+        None,
+        description="epm: recompute success and EPM-Q from published per-case result files in DIR (no "
+        "models).",
+    )
+    dtype: Dtype = Field("float32", description="Local models' weights' dtype.")
+    device: str = Field("auto", description="Local models' device: auto, cpu, cuda, cuda:N or mps.")
+
+    def settings(self) -> EvalSettings:
+        """The evaluation's settings alone (what ``config.json`` records)."""
+        return EvalSettings.model_validate(self.model_dump(include=set(EvalSettings.model_fields)))
+
+    def engine_args(self) -> dict[str, Any]:
+        """The engines' settings (the request limits only where given: the engine's defaults apply)."""
+        limits = self.model_dump(include={"max_concurrency", "max_rpm", "max_tpm"}, exclude_none=True)
+        return {"dtype": self.dtype, "device": self.device, **limits}
+
+
+class ReportCommand(Strict):
+    """`rapo-echo report`: evaluation and training-run folders rendered into one HTML page and a Markdown
+    table."""
+
+    dirs: Annotated[list[str], Flag(positional=True)] = Field(
+        description="Eval output folders, training run folders, or folders holding them."
+    )
+    output: str = Field("report", description="Folder for report.html and report.md.")
+    max_transcripts: int = Field(50, ge=0, description="Transcripts shown per evaluation.")
+    title: str = Field("rapo-echo report", description="The page's title.")
+    baseline: str | None = Field(
+        None,
+        description="Eval folder or policy spec the paired comparison of per-case success compares the "
+        "others with (unset: each benchmark's first folder as given).",
+    )
 
 
 def register(subparsers: Any) -> None:
     """Add the ``eval`` and ``report`` sub-commands."""
-    from rapo_echo.benchmarks.runner import BENCHMARKS
-
     ev = subparsers.add_parser(
         "eval",
         help="run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ev.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
-    ev.add_argument("--policy", help="model spec or http(s):// endpoint of the policy (required)")
-    ev.add_argument(
-        "--transcripts",
-        help="sage: score dialogues already run, in SAGE's released result format (a *_result.jsonl file "
-        "or a folder of them; one output folder per file); no model is loaded",
-    )
-    ev.add_argument(
-        "--data",
-        help="data in the benchmark's format (ESConv JSON/JSONL; SOTOPIA JSON file or folder; EPM persona "
-        "cards or EMPA's case folder; SAGE / RLVER profile JSONL; fidelity: ESConv with in-dialogue "
-        "ratings); default: our bundled English sets (esconv, esconv-ref: bundled:esconv_style_en.json); "
-        "fidelity needs it",
-    )
-    ev.add_argument(
-        "--simulator",
-        default="default",
-        help="seeker / partner / EPM user and director model spec, or 'policy' (default: default)",
-    )
-    ev.add_argument(
-        "--judge",
-        default="default",
-        help="critic / evaluator / EPM rater model spec, or 'policy' (default: default)",
-    )
-    ev.add_argument(
-        "--user",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="fidelity: a simulated user to test, on the --simulator engine: reaction (RAPO), sage "
-        "(RLVER's SAGE-style user) or a simulator plugin (module:Class); repeatable",
-    )
-    ev.add_argument(
-        "--reward",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="fidelity: a reward plugin to test (empathy, humanlike, judge, length, module:attr, ...; judge "
-        "rewards use the --judge engine); repeatable",
-    )
-    ev.add_argument("--limit", type=int, help="only the first N cases (fidelity: conversations)")
-    ev.add_argument(
-        "--output", required=True, help="output folder (results.jsonl, summary.json); resumes if it exists"
-    )
-    ev.add_argument(
-        "--batch-size",
-        type=int,
-        help="cases run together per batch (default: every case at once, up to 512, when a role is an "
-        "http(s) endpoint; else 8)",
-    )
-    ev.add_argument(
-        "--max-concurrency",
-        type=int,
-        help="http(s) endpoints: requests in flight at once per endpoint (default 256; lower it for a hosted "
-        "API's cap)",
-    )
-    ev.add_argument("--max-rpm", type=float, help="http(s) endpoints: requests per minute (default: none)")
-    ev.add_argument("--max-tpm", type=float, help="http(s) endpoints: tokens per minute (default: none)")
-    ev.add_argument(
-        "--max-turns",
-        type=int,
-        help="episode length limit (default: esconv 8, sotopia 20, epm 45, sage 10 replies)",
-    )
-    ev.add_argument(
-        "--max-new-tokens", type=int, default=128, help="reply length limit for policy and simulator"
-    )
-    ev.add_argument("--temperature", type=float, default=0.0, help="policy sampling temperature (0 = greedy)")
-    ev.add_argument("--simulator-temperature", type=float, default=0.0)
-    ev.add_argument(
-        "--simulator-max-new-tokens",
-        type=int,
-        help="simulator reply length limit (default: sage 512, others --max-new-tokens)",
-    )
-    ev.add_argument("--judge-max-new-tokens", type=int, default=256)
-    ev.add_argument(
-        "--judge-retries",
-        type=int,
-        default=2,
-        help="retries of an unparseable judge or SAGE simulator reply (default 2)",
-    )
-    ev.add_argument(
-        "--judge-logprobs",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="read label verdicts from log-probs: auto = when the judge engine exposes them",
-    )
-    ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument(
-        "--system-prompt", default=DEFAULT_SYSTEM_PROMPT, help="the policy's system prompt ('' for none)"
-    )
-    ev.add_argument(
-        "--sage-system-prompt",
-        choices=("sage", "ours"),
-        default="sage",
-        help="sage: the policy's system prompt is SAGE's kind (comparable with SAGE's leaderboard; the "
-        "default) or ours (--system-prompt)",
-    )
-    ev.add_argument(
-        "--subset", choices=("all", "hard"), default="all", help="sotopia: all scenarios or the hard ones"
-    )
-    ev.add_argument(
-        "--scorer",
-        choices=("ours", "sotopia"),
-        default="ours",
-        help="sotopia: our evaluator on the --judge engine (default) or SOTOPIA's own evaluator (needs "
-        "pip install 'rapo-echo[sotopia]'; comparable with published figures with a GPT-4-class model)",
-    )
-    ev.add_argument(
-        "--sotopia-model",
-        default="gpt-4o",
-        help="sotopia --scorer sotopia: the evaluator model in sotopia's naming (gpt-4o, or "
-        "custom/<model>@<base_url> for an OpenAI-compatible server)",
-    )
-    ev.add_argument(
-        "--emotion-readout",
-        choices=("auto", "text", "logprobs"),
-        default="auto",
-        help="sage: the user's emotion change from label probabilities (logprobs; one forward, usable "
-        "with small simulators), from the analysis's stated number (text: SAGE's protocol), or auto "
-        "(logprobs when the simulator engine has them; the default)",
-    )
-    ev.add_argument(
-        "--sage-reply",
-        choices=("plain", "fields"),
-        default="plain",
-        help="sage: the simulated user writes its message alone (plain, the default) or with SAGE's "
-        "reasoning fields first (fields: SAGE's protocol, needs a capable simulator)",
-    )
-    ev.add_argument(
-        "--epm",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="epm: override an EPM constant (benchmarks/epm/vectors.py EpmConfig), e.g. --epm alpha=0.05",
-    )
-    ev.add_argument(
-        "--recompute",
-        metavar="DIR",
-        help="epm: recompute success and EPM-Q from published per-case result files in DIR (no models)",
-    )
-    ev.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
-    ev.add_argument("--device", default="auto")
+    add_flags(ev, EvalCommand)
     ev.set_defaults(func=run_eval_command)
-
     rep = subparsers.add_parser("report", help="render evaluation / training-run folders into an HTML report")
-    rep.add_argument(
-        "dirs", nargs="+", help="eval output folders, training run folders, or folders holding them"
-    )
-    rep.add_argument(
-        "--output", default="report", help="folder for report.html and report.md (default: ./report)"
-    )
-    rep.add_argument(
-        "--max-transcripts", type=int, default=50, help="transcripts shown per evaluation (default 50)"
-    )
-    rep.add_argument("--title", default="rapo-echo report")
-    rep.add_argument(
-        "--baseline",
-        help="eval folder or policy spec the paired comparison of per-case success compares the others "
-        "with (default: each benchmark's first folder as given)",
-    )
+    add_flags(rep, ReportCommand, config=False)
     rep.set_defaults(func=run_report_command)
-
-
-def settings_from_args(args: argparse.Namespace) -> EvalSettings:
-    try:
-        return EvalSettings(
-            max_turns=args.max_turns,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            simulator_temperature=args.simulator_temperature,
-            judge_max_new_tokens=args.judge_max_new_tokens,
-            simulator_max_new_tokens=args.simulator_max_new_tokens,
-            judge_retries=args.judge_retries,
-            judge_logprobs=args.judge_logprobs,
-            seed=args.seed,
-            system_prompt=args.system_prompt or None,
-            sage_system_prompt=args.sage_system_prompt,
-            batch_size=args.batch_size,
-            subset=args.subset,
-            sotopia_scorer=args.scorer,
-            sotopia_model=args.sotopia_model,
-            emotion_readout=args.emotion_readout,
-            sage_reply=args.sage_reply,
-            epm=epm_overrides(args.epm),
-        )
-    except ValueError as exc:
-        from rapo_echo.errors import ConfigError
-
-        raise ConfigError(f"eval: {exc}") from exc
 
 
 def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any) -> Roles:
@@ -245,49 +139,33 @@ def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any
     return Roles(policy=policy, **others)
 
 
-def engine_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine settings of the eval flags (the request limits only where given: the config's defaults
-    apply otherwise)."""
-    kw: dict[str, Any] = {"dtype": args.dtype, "device": args.device}
-    limits = {"max_concurrency": args.max_concurrency, "max_rpm": args.max_rpm, "max_tpm": args.max_tpm}
-    kw.update({k: v for k, v in limits.items() if v is not None})
-    return kw
-
-
-def epm_overrides(items: list[str]) -> dict[str, Any]:
-    """``--epm KEY=VALUE`` flags as a mapping (values parsed as YAML scalars)."""
-    from rapo_echo.config import parse_override
-
-    return {".".join(key): value for key, value in (parse_override(t) for t in items)}
-
-
 def run_eval_command(args: argparse.Namespace) -> int:
     from rapo_echo.benchmarks.runner import get_benchmark, run_eval
-    from rapo_echo.errors import ConfigError
 
-    if args.recompute:
-        if args.benchmark != "epm":
+    cmd = section_from_args(EvalCommand, args)
+    if cmd.recompute:
+        if cmd.benchmark != "epm":
             raise ConfigError("--recompute works with --benchmark epm only")
         from rapo_echo.benchmarks.epm.recompute import recompute
 
-        summary = recompute(args.recompute, args.output, epm_overrides(args.epm))
+        summary = recompute(cmd.recompute, cmd.output, cmd.epm)
         print(json.dumps(summary, indent=2))
-        print(f"results: {args.output}/results.jsonl  summary: {args.output}/summary.json")
+        print(f"results: {cmd.output}/results.jsonl  summary: {cmd.output}/summary.json")
         return 0
-    if args.transcripts:
-        return run_transcripts_command(args)
-    if args.benchmark == "fidelity":
+    if cmd.transcripts:
+        return run_transcripts_command(cmd)
+    if cmd.benchmark == "fidelity":
         from rapo_echo.benchmarks.fidelity.cli import run_fidelity_command
 
-        return run_fidelity_command(args, settings_from_args(args), engine_args(args))
-    if args.user or args.reward:
+        return run_fidelity_command(cmd)
+    if cmd.user or cmd.reward:
         raise ConfigError("--user and --reward apply to --benchmark fidelity only")
-    if not args.policy:
+    if not cmd.policy:
         raise ConfigError("eval: --policy is required (except with --recompute, or --transcripts with sage)")
-    if args.epm and args.benchmark != "epm":
+    if cmd.epm and cmd.benchmark != "epm":
         raise ConfigError("--epm settings apply to --benchmark epm only")
-    benchmark = get_benchmark(args.benchmark)
-    data = args.data
+    benchmark = get_benchmark(cmd.benchmark)
+    data = cmd.data
     if data is None and getattr(benchmark, "default_data", None):
         data = benchmark.default_data
         logging.getLogger(__name__).warning(
@@ -296,41 +174,38 @@ def run_eval_command(args: argparse.Namespace) -> int:
             benchmark.name,
             data,
         )
-    settings = settings_from_args(args)
-    specs = {"policy": args.policy, "simulator": args.simulator, "judge": args.judge}
+    settings = cmd.settings()
+    specs = {"policy": cmd.policy, "simulator": cmd.simulator, "judge": cmd.judge}
     models = {r: s for r, s in specs.items() if r in benchmark.roles}
     cases = benchmark.load_cases(data, settings)  # fail on bad data before loading any model
     if not cases:
-        print(f"{args.benchmark}: no cases")
+        print(f"{cmd.benchmark}: no cases")
         return 1
     from rapo_echo.benchmarks.runner import check_output, eval_config
     from rapo_echo.rundir import check_writable
 
     # an unwritable --output, or one holding other files or another evaluation: refused before any model
     config = eval_config(benchmark.name, models, data, settings, getattr(benchmark, "protocol", None))
-    check_output(check_writable(args.output), config)
-    roles = build_roles(benchmark.roles, specs, **engine_args(args))
+    check_output(check_writable(cmd.output), config)
+    roles = build_roles(benchmark.roles, specs, **cmd.engine_args())
     from rapo_echo import progress
 
     progress.enable()
-    summary = run_eval(
-        benchmark, roles, settings, args.output, data=data, limit=args.limit, models=models
-    )
+    summary = run_eval(benchmark, roles, settings, cmd.output, data=data, limit=cmd.limit, models=models)
     print(json.dumps(summary, indent=2))
-    print(f"results: {args.output}/results.jsonl  summary: {args.output}/summary.json")
+    print(f"results: {cmd.output}/results.jsonl  summary: {cmd.output}/summary.json")
     return 0
 
 
-def run_transcripts_command(args: argparse.Namespace) -> int:
+def run_transcripts_command(cmd: EvalCommand) -> int:
     """``eval --benchmark sage --transcripts DIR``: score released SAGE result files, print a table."""
     from rapo_echo.benchmarks.sage.run import score_transcripts
-    from rapo_echo.errors import ConfigError
 
-    if args.benchmark != "sage":
+    if cmd.benchmark != "sage":
         raise ConfigError(
-            f"eval: --transcripts scores SAGE result files; use --benchmark sage, not {args.benchmark}"
+            f"eval: --transcripts scores SAGE result files; use --benchmark sage, not {cmd.benchmark}"
         )
-    summaries = score_transcripts(args.transcripts, args.output)
+    summaries = score_transcripts(cmd.transcripts, cmd.output)
     print("| model | dialogues | valid | SAGE score | success | failure | avg turns |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for s in summaries:
@@ -347,15 +222,16 @@ def run_transcripts_command(args: argparse.Namespace) -> int:
             shown = "; ".join(f"{k}: {v}" for k, v in list(bad.items())[:10])
             more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
             print(f"{s['models']['policy']}: {len(bad)} invalid, not scored: {shown}{more}")
-    print(f"written under {args.output}")
+    print(f"written under {cmd.output}")
     return 0
 
 
 def run_report_command(args: argparse.Namespace) -> int:
     from rapo_echo.benchmarks.report import build_report
 
+    cmd = section_from_args(ReportCommand, args)
     html_path, md_path = build_report(
-        args.dirs, args.output, max_transcripts=args.max_transcripts, title=args.title, baseline=args.baseline
+        cmd.dirs, cmd.output, max_transcripts=cmd.max_transcripts, title=cmd.title, baseline=cmd.baseline
     )
     print(f"report: {html_path}\nmarkdown table: {md_path}")
     return 0

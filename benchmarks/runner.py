@@ -11,7 +11,6 @@ record in the file; the run's own summary also says how many remote requests fai
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
 import json
@@ -85,7 +84,7 @@ def eval_config(
         "benchmark": benchmark,
         "models": models,
         "data": data,
-        "settings": dataclasses.asdict(settings),
+        "settings": settings.model_dump(),
     }
     digest = data_digest(data)
     if digest is not None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rapo_echo.algorithms.run_sections import RunConfig
 from rapo_echo.benchmarks.base import EvalSettings, Roles
+from rapo_echo.config import ConfigTree
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
 
@@ -83,7 +84,7 @@ def _last_metrics(path: Path) -> dict[str, Any]:
     return json.loads(lines[-1]) if lines else {}
 
 
-SETTING_NAMES = tuple(f.name for f in fields(EvalSettings))
+SETTING_NAMES = tuple(EvalSettings.model_fields)
 
 
 def evaluate(
@@ -116,10 +117,7 @@ def evaluate(
         raise ConfigError(
             f"evaluate: unknown setting {', '.join(unknown)}; allowed: {', '.join(SETTING_NAMES)}"
         )
-    try:
-        eval_settings = EvalSettings(**settings)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"evaluate: {exc}") from exc
+    eval_settings = ConfigTree(dict(settings)).validate(EvalSettings)
     bench = get_benchmark(benchmark)
     given = {"policy": policy, "simulator": simulator, "judge": judge}
     needed = {r: v for r, v in given.items() if r in bench.roles}

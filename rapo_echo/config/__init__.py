@@ -6,7 +6,16 @@ algorithm declares its own section beside its code, and the run config that comp
 ``load_config``, lives in :mod:`rapo_echo.training.run_config`.
 """
 
-from rapo_echo.config.base import Autocast, AutoLR, AutoSize, Dtype, LogprobMode, ScenarioFormat, Strict
+from rapo_echo.config.base import (
+    Autocast,
+    AutoLR,
+    AutoSize,
+    Dtype,
+    LogprobMode,
+    OptionalText,
+    ScenarioFormat,
+    Strict,
+)
 from rapo_echo.config.data import DataConfig, SelectionConfig
 from rapo_echo.config.engine import SAMPLING_KEYS, EngineConfig, engine_settings
 from rapo_echo.config.fidelity import FidelityCheckConfig
@@ -55,6 +64,7 @@ __all__ = [
     "MinGainCheck",
     "ModelConfig",
     "MonitorConfig",
+    "OptionalText",
     "PersonaConfig",
     "PluginCheck",
     "RewardSpec",

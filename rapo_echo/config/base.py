@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, PlainValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator
 
 
 class Strict(BaseModel):
@@ -41,3 +41,6 @@ Autocast = Literal["auto", "none", "bfloat16", "float16"]
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 LogprobMode = Literal["auto", "always", "never"]
 ScenarioFormat = Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage"]
+
+# A text where an empty one means none (``--system-prompt ''``: no system prompt).
+OptionalText = Annotated[str | None, BeforeValidator(lambda v: None if v == "" else v)]

@@ -13,6 +13,7 @@ flags, ``--set``. Errors name the file and line, the flag or the ``--set`` (as `
 from __future__ import annotations
 
 import argparse
+import inspect
 import types
 import typing
 from dataclasses import dataclass
@@ -71,11 +72,17 @@ def add_flags(parser: argparse.ArgumentParser, section: type[BaseModel], *, conf
         parser.add_argument(
             "--set", action="append", default=[], metavar="KEY=VALUE", help="set any key (after the flags)"
         )
-    for name, info in section.model_fields.items():
+    for name, info in fields_in_order(section).items():
         if name in _RESERVED:
             raise TypeError(f"{section.__name__}.{name}: the name is taken by the command line")
         if not _sections(info.annotation):
             _add_field(parser, name, info)
+
+
+def fields_in_order(section: type[BaseModel]) -> dict[str, FieldInfo]:
+    """The section's fields, its own before those it inherits (a command's before its settings')."""
+    own = [n for n in section.model_fields if n in inspect.get_annotations(section)]
+    return {n: section.model_fields[n] for n in dict.fromkeys([*own, *section.model_fields])}
 
 
 def _add_field(parser: argparse.ArgumentParser, name: str, info: FieldInfo) -> None:

@@ -307,7 +307,7 @@ def test_eval_cli_errors_before_loading_models(tmp_path, fake_engines):
             str(tmp_path / "x"),
         ]
     )
-    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
+    with pytest.raises(ConfigError, match="flag --batch-size: batch_size: got 0; Input should be greater"):
         args.func(args)
     assert fake_engines == {}
 

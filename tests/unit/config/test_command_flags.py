@@ -1,0 +1,40 @@
+"""Every command's flags come from its section: a non-finite or out-of-range number is refused with an
+error naming the flag (exit 2), before any model loads (issue 45; issue 46 lists the data commands')."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rapo_echo.cli import main
+
+EVAL = ["eval", "--benchmark", "esconv", "--policy", "p"]
+# (the command, the flag, a bad value: nan, inf or out of range)
+CASES = [
+    (EVAL, "--temperature", "nan"),
+    (EVAL, "--temperature", "inf"),
+    (EVAL, "--temperature", "-1"),
+    (EVAL, "--simulator-temperature", "nan"),
+    (EVAL, "--max-rpm", "inf"),
+    (EVAL, "--max-tpm", "0"),
+    (EVAL, "--max-turns", "0"),
+    (EVAL, "--limit", "0"),
+    (["eval", "--benchmark", "epm", "--policy", "p"], "--epm", "alpha=.nan"),
+]
+
+
+@pytest.mark.parametrize(("command", "flag", "value"), CASES, ids=[f"{c[0]} {f} {v}" for c, f, v in CASES])
+def test_a_bad_number_is_refused_naming_the_flag(
+    command: list[str], flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    import rapo_echo.engines as engines
+
+    monkeypatch.setattr(engines, "engine_from_spec", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "out"
+    assert main([*command, flag, value, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}" in err and err.startswith("rapo-echo: invalid config:\n"), err
+    problems = err.splitlines()[1:]
+    assert len(problems) == 1 and flag in problems[0], err
+    assert not out.exists()
