@@ -11,7 +11,7 @@ from rapo_echo.benchmarks.fidelity.bench import Fidelity
 from rapo_echo.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rapo_echo.benchmarks.cli import EvalCommand
+    from rapo_echo.benchmarks.eval_command import EvalCommand
 
 # rewards that score without an engine (everything else gets the --judge engine)
 ENGINE_FREE_REWARDS = ("length", "format", "question", "think_format")

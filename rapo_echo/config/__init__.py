@@ -1,5 +1,6 @@
 """Typed configuration: the shared sections of a run's config, YAML loading with ``file:line`` errors,
-``--set`` overrides, refusing and scrubbing secrets, and the Markdown reference of a schema.
+``--set`` overrides, every command's flags generated from its section (:mod:`rapo_echo.config.flags`),
+refusing and scrubbing secrets, and the Markdown reference of a schema.
 
 This is the lowest layer: it imports no other part of the library but its base utilities. Each
 algorithm declares its own section beside its code, and the run config that composes them, with
@@ -10,6 +11,7 @@ from rapo_echo.config.base import (
     Autocast,
     AutoLR,
     AutoSize,
+    Device,
     Dtype,
     LogprobMode,
     OptionalText,
@@ -54,6 +56,7 @@ __all__ = [
     "Autocast",
     "ConfigTree",
     "DataConfig",
+    "Device",
     "Dtype",
     "EngineConfig",
     "FidelityCheckConfig",

@@ -61,9 +61,24 @@ def flag_name(name: str, info: FieldInfo) -> str:
     return spec.name or "--" + name.replace("_", "-")
 
 
-def add_flags(parser: argparse.ArgumentParser, section: type[BaseModel], *, config: bool = True) -> None:
-    """One flag per field of ``section`` (help: the field's description and default), and with ``config``
-    the ``--config FILE`` and ``--set KEY=VALUE`` flags; read them back with :func:`section_from_args`."""
+def flag_names(name: str, info: FieldInfo) -> list[str]:
+    """Every flag that sets field ``name``: a boolean's two (``--merge``, ``--no-merge``), else one."""
+    flag = flag_name(name, info)
+    if _inner(info.annotation) is not bool:
+        return [flag]
+    return [flag, flag_of(info).off or "--no-" + flag.removeprefix("--")]
+
+
+def add_flags(
+    parser: argparse.ArgumentParser,
+    section: type[BaseModel],
+    *,
+    config: bool = True,
+    title: str | None = None,
+) -> None:
+    """One flag per field of ``section`` (help: the field's description and default; under ``title`` in
+    the help when given), and with ``config`` the ``--config FILE`` and ``--set KEY=VALUE`` flags; read
+    them back with :func:`section_from_args`."""
     parser.set_defaults(**{SECTION: section})
     if config:
         parser.add_argument(
@@ -72,32 +87,41 @@ def add_flags(parser: argparse.ArgumentParser, section: type[BaseModel], *, conf
         parser.add_argument(
             "--set", action="append", default=[], metavar="KEY=VALUE", help="set any key (after the flags)"
         )
+    group = parser.add_argument_group(title) if title else parser
     for name, info in fields_in_order(section).items():
         if name in _RESERVED:
             raise TypeError(f"{section.__name__}.{name}: the name is taken by the command line")
         if not _sections(info.annotation):
-            _add_field(parser, name, info)
+            _add_field(group, name, info)
 
 
 def fields_in_order(section: type[BaseModel]) -> dict[str, FieldInfo]:
-    """The section's fields, its own before those it inherits (a command's before its settings')."""
-    own = [n for n in section.model_fields if n in inspect.get_annotations(section)]
-    return {n: section.model_fields[n] for n in dict.fromkeys([*own, *section.model_fields])}
+    """The section's fields, its own first, then each base's in the order of its bases (a command's own
+    before the settings it inherits)."""
+    names = [n for cls in section.__mro__ for n in inspect.get_annotations(cls) if n in section.model_fields]
+    return {n: section.model_fields[n] for n in dict.fromkeys([*names, *section.model_fields])}
 
 
-def _add_field(parser: argparse.ArgumentParser, name: str, info: FieldInfo) -> None:
+class _Switch(argparse.Action):
+    """A boolean's two flags in one: ``--name`` sets it true, its ``off`` flag (``--no-name``) false."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kw)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, option_string == self.option_strings[0])
+
+
+def _add_field(parser: Any, name: str, info: FieldInfo) -> None:
     spec, flag = flag_of(info), flag_name(name, info)
     text = (info.description or "").replace("%", "%%")
     default = info.get_default(call_default_factory=True)
-    if not info.is_required() and default not in (None, [], {}, ""):
+    if not info.is_required() and default is not False and default not in (None, [], {}, ""):
         text += f" (default: {_shown(default)})"
     inner = _inner(info.annotation)
     kw: dict[str, Any] = {"help": text, "default": argparse.SUPPRESS}
     if inner is bool:
-        parser.add_argument(flag, dest=name, action="store_const", const=True, **kw)
-        off = spec.off or "--no-" + flag.removeprefix("--")
-        kw["help"] = argparse.SUPPRESS
-        parser.add_argument(off, dest=name, action="store_const", const=False, **kw)
+        parser.add_argument(*flag_names(name, info), dest=name, action=_Switch, **kw)
         return
     if spec.positional:
         kw = {"help": text, "nargs": "+" if _is_list(info.annotation) else None}
@@ -105,8 +129,8 @@ def _add_field(parser: argparse.ArgumentParser, name: str, info: FieldInfo) -> N
         return
     choices = _literals(inner)
     only = all(typing.get_origin(m) is typing.Literal for m in _members(inner))
-    if only and all(isinstance(c, str) for c in choices) and not spec.sep:
-        kw["choices"] = choices
+    if only and not spec.sep:
+        kw["choices"] = [str(c) for c in choices]  # the text given; _convert reads it back
     if (_is_list(info.annotation) and not spec.sep) or typing.get_origin(inner) is dict:
         kw["action"] = "append"
     parser.add_argument(flag, dest=name, metavar=spec.metavar, **kw)
@@ -199,10 +223,11 @@ def _value(raw: Any, info: FieldInfo, flag: str) -> Any:
     return _convert(raw, info.annotation)
 
 
-def section_from_args(section: type[M], args: argparse.Namespace) -> M:
-    """The section the command line gives: ``--config``'s file, under the flags, under ``--set``; a
+def section_from_args(section: type[M], args: argparse.Namespace, *, files: bool = True) -> M:
+    """The section the command line gives: ``--config``'s file, under the flags, under ``--set`` (without
+    ``files``: the flags alone, where ``--config`` and ``--set`` are another config's); a
     :class:`~rapo_echo.errors.ConfigError` naming the file and line, the flag or the ``--set`` otherwise."""
-    tree = ConfigTree.read(getattr(args, "config", None))
+    tree = ConfigTree.read(getattr(args, "config", None) if files else None)
     problems = []
     for name, info in section.model_fields.items():
         if name not in vars(args):
@@ -217,7 +242,7 @@ def section_from_args(section: type[M], args: argparse.Namespace) -> M:
         tree.sources[(name,)] = f"flag {flag}"
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
-    tree.apply(overrides=getattr(args, "set", None) or [])
+    tree.apply(overrides=(getattr(args, "set", None) or []) if files else [])
     tree.refuse_nonfinite()
     missing = [
         f"{flag_name(n, i)}: required (or `{n}:` in the --config file)"

@@ -73,7 +73,7 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
     out = []
     for err in exc.errors():
         loc = _real_keys(tree, tuple(str(x) for x in err["loc"]))
-        key = ".".join(loc) or "(top level)"
+        key = ".".join(loc)
         value = _lookup(tree, loc)
         shown = "(missing)" if value is _MISSING else repr(value)
         hint = _describe(err)
@@ -87,6 +87,9 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
                 hint += f"; {meant}" if meant else ""
                 if parent is not None:
                     hint += f"; allowed keys here: {', '.join(parent.model_fields)}"
+        if not loc:  # a check of the whole section: its own message (the whole tree is no help)
+            out.append(hint)
+            continue
         out.append(f"{where(sources, loc)}{key}: got {shown}; {hint}")
     return "invalid config:\n  " + "\n  ".join(dict.fromkeys(out))
 

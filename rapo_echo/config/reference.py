@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from rapo_echo.config.flags import fields_in_order, flag_name
+from rapo_echo.config.flags import fields_in_order, flag_names
 from rapo_echo.config.messages import models_in
 
 
@@ -115,7 +115,8 @@ def _section_table(model: type[BaseModel], paths: list[str], command: str | None
         desc = info.description or ""
         if subs:
             desc += " See " + ", ".join(f"[{m.__name__}](#{_anchor(m)})" for m in subs) + "."
-        name = f"`{key}`" + (f" (`{flag_name(key, info)}`)" if command and not subs else "")
+        flags = " / ".join(f"`{f}`" for f in flag_names(key, info))
+        name = f"`{key}`" + (f" ({flags})" if command and not subs else "")
         row = [name, _type_name(info.annotation), _default(info), _allowed(info), desc.strip()]
         out.append("| " + " | ".join(_cell(c) for c in row) + " |")
     out.append("")
