@@ -27,9 +27,13 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field, field_validator
+
+from rapo_echo.config import Flag, LogprobMode
 from rapo_echo.datagen.grading import own_lines
+from rapo_echo.datagen.settings import DataSettings
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.verdict import answer_instruction, decide
 from rapo_echo.llm.answers import generate_parsed, wants_logprobs
@@ -120,30 +124,31 @@ def parse_stages(stages: Sequence[str]) -> list[tuple[int, str]]:
     return out
 
 
-@dataclass(frozen=True)
-class SynthesisSettings:
-    """The command's switches (documented with their sources in docs/algorithms/echo_n1.md)."""
+class SynthesisSettings(DataSettings):
+    """`data synthesize`'s switches (documented with their sources in docs/algorithms/echo_n1.md)."""
 
-    stages: tuple[str, ...] = DEFAULT_STAGES
-    director_every: int = 5
-    companion_prompt: str = COMPANION_PROMPT
-    system_in_rows: bool = True
-    temperature: float = 0.7
-    user_temperature: float = 0.9
-    max_new_tokens: int = 96
-    user_tokens: int = 64
-    profile_tokens: int = 320
-    use_logprobs: str = "auto"
-    max_retries: int = 2
-    seed: int = 0
-    batch_size: int = 16
+    stages: Annotated[list[str], Flag(sep=",")] = Field(
+        default_factory=lambda: list(DEFAULT_STAGES),
+        description="The curriculum, TURNS:TONE,... from first to last (tones: neutral, mild, intense).",
+    )
+    director_every: int = Field(5, ge=1, description="Exchanges between the director's decisions.")
+    companion_prompt: str = Field(COMPANION_PROMPT, description="The companion's system prompt.")
+    system_in_rows: bool = Field(True, description="The companion's system prompt is in the sft.jsonl rows.")
+    temperature: float = Field(0.7, ge=0.0, description="The companion's sampling temperature.")
+    user_temperature: float = Field(0.9, ge=0.0, description="The user's sampling temperature.")
+    user_tokens: int = Field(64, ge=1, description="A user message's token budget.")
+    profile_tokens: int = Field(320, ge=1, description="A profile's token budget.")
+    use_logprobs: LogprobMode = Field(
+        "auto",
+        description="The director's decision from label probabilities (`auto`: where the engine has them).",
+    )
+    max_retries: int = Field(2, ge=0, le=20, description="Retries of an unreadable answer.")
 
-    def __post_init__(self) -> None:
-        parse_stages(self.stages)
-        if self.director_every < 1 or self.batch_size < 1 or self.max_retries < 0:
-            raise ValueError("director_every and batch_size must be >= 1, max_retries >= 0")
-        if min(self.max_new_tokens, self.user_tokens, self.profile_tokens) < 1:
-            raise ValueError("token budgets must be >= 1")
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, stages: list[str]) -> list[str]:
+        parse_stages(stages)
+        return stages
 
 
 def protocol() -> dict[str, str]:

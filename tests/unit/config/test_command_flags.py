@@ -10,6 +10,7 @@ import pytest
 from rapo_echo.cli import main
 
 EVAL = ["eval", "--benchmark", "esconv", "--policy", "p"]
+DATA = ("critique-rewrite", "references", "hard-prompts", "synthesize")
 # (the command, the flag, a bad value: nan, inf or out of range)
 CASES = [
     (EVAL, "--temperature", "nan"),
@@ -21,10 +22,22 @@ CASES = [
     (EVAL, "--max-turns", "0"),
     (EVAL, "--limit", "0"),
     (["eval", "--benchmark", "epm", "--policy", "p"], "--epm", "alpha=.nan"),
+    # issue 46's data commands: tracebacks, and NaN written to config.json, before sections
+    *[(["data", c], "--temperature", v) for c in DATA for v in ("nan", "inf", "-1")],
+    (["data", "synthesize"], "--user-temperature", "nan"),
+    (["data", "hard-prompts"], "--threshold", "nan"),
+    (["data", "hard-prompts"], "--threshold", "1.5"),
+    (["data", "critique-rewrite"], "--golden-min", "6"),
+    (["data", "references"], "--batch-size", "0"),
+    (["data", "hard-prompts"], "--reward-args", "{weight: .inf}"),
 ]
 
 
-@pytest.mark.parametrize(("command", "flag", "value"), CASES, ids=[f"{c[0]} {f} {v}" for c, f, v in CASES])
+IDS = [f"{c[1] if c[0] in ('data', 'openrlhf') else c[0]} {f} {v}" for c, f, v in CASES]
+WRITES = ("eval", "data", "train-judge", "train")  # the commands with an --output
+
+
+@pytest.mark.parametrize(("command", "flag", "value"), CASES, ids=IDS)
 def test_a_bad_number_is_refused_naming_the_flag(
     command: list[str], flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
@@ -32,7 +45,7 @@ def test_a_bad_number_is_refused_naming_the_flag(
 
     monkeypatch.setattr(engines, "engine_from_spec", lambda *a, **k: pytest.fail("a model was loaded"))
     out = tmp_path / "out"
-    assert main([*command, flag, value, "--output", str(out)]) == 2
+    assert main([*command, flag, value, *(["--output", str(out)] if command[0] in WRITES else [])]) == 2
     err = capsys.readouterr().err
     assert f"{flag}" in err and err.startswith("rapo-echo: invalid config:\n"), err
     problems = err.splitlines()[1:]

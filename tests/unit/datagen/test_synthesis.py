@@ -66,7 +66,7 @@ def _run(settings: SynthesisSettings, n: int = 3, user=None):
 
 
 def test_director_switch_end_and_lockstep() -> None:
-    settings = SynthesisSettings(stages=("2:neutral", "7:intense"), director_every=3)
+    settings = SynthesisSettings(stages=["2:neutral", "7:intense"], director_every=3)
     contexts, pipe, companion, user, director = _run(settings)
     records = pipe.run_chunk(contexts)
     assert [(r["stage"], r["exchanges"], r["ended_by"]) for r in records] == [
@@ -89,7 +89,7 @@ def test_director_switch_end_and_lockstep() -> None:
 
 
 def test_rows_follow_the_curriculum(tmp_path: Path) -> None:
-    settings = SynthesisSettings(stages=("2:neutral", "3:mild"), director_every=5)
+    settings = SynthesisSettings(stages=["2:neutral", "3:mild"], director_every=5)
     contexts, pipe, *_ = _run(settings, n=4)
     config = data_config("synthesize", {}, None, "auto", {}, protocol())
     summary = run_pipeline(pipe, contexts, tmp_path / "out", config, batch_size=3, progress=False)
@@ -103,7 +103,7 @@ def test_rows_follow_the_curriculum(tmp_path: Path) -> None:
 
 def test_unreadable_profile_gives_no_row() -> None:
     bad = ScriptedEngine(fn=lambda prompt: "I would rather not", structured=False)
-    contexts, pipe, *_ = _run(SynthesisSettings(stages=("2:neutral",), max_retries=0), n=1, user=bad)
+    contexts, pipe, *_ = _run(SynthesisSettings(stages=["2:neutral"], max_retries=0), n=1, user=bad)
     record = pipe.run_chunk(contexts)[0]
     assert (record["ended_by"], record["valid"], record["messages"]) == ("profile_invalid", False, [])
     assert pipe.export([(contexts[0], record)])[0] == []
