@@ -30,6 +30,9 @@ CASES = [
     (["data", "critique-rewrite"], "--golden-min", "6"),
     (["data", "references"], "--batch-size", "0"),
     (["data", "hard-prompts"], "--reward-args", "{weight: .inf}"),
+    (["train-judge", "--data", "x.jsonl"], "--lr", "inf"),
+    (["train-judge", "--data", "x.jsonl"], "--eval-fraction", "nan"),
+    (["train-judge", "--data", "x.jsonl"], "--eval-fraction", "1"),
 ]
 
 

@@ -218,6 +218,6 @@ def test_train_judge_end_to_end(tmp_path: Path, smol_path: str, capsys: pytest.C
     engine = HFEngine.from_spec(resolve(str(out)).path, device="cpu")
     [score] = HumanlikeJudge(engine).score([([msg("user", "hi")], "hey you")])
     assert 0.0 <= score.p_human <= 1.0  # type: ignore[operator]
-    with pytest.raises(SystemExit):
-        main(["train-judge", "--output", str(tmp_path / "x")])  # --data is required
+    assert main(["train-judge", "--output", str(tmp_path / "x")]) == 2  # --data is required
+    assert "--data: required" in capsys.readouterr().err
     assert main(argv) == 2  # the output folder is not empty: refused, nothing overwritten
