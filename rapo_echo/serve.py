@@ -38,17 +38,17 @@ import hmac
 import importlib
 import json
 import os
-import re
 import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import parse_qsl, urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from rapo_echo.config import Device, Dtype, Flag, Strict, add_flags, section_from_args
 from rapo_echo.engines.base import ChatEngine, format_enforcement
 from rapo_echo.engines.constrained import GRAMMAR_FAILED
 from rapo_echo.errors import ConfigError, RapoEchoError
@@ -721,7 +721,37 @@ def create_app(
 
 
 # ---------------------------------------------------------------------- CLI
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+class ServeConfig(Strict):
+    """`rapo-echo serve`: the model served, where, and the server's limits."""
+
+    model: Annotated[str, Flag(metavar="SPEC")] = Field(
+        "default",
+        description="`default` (embedded SmolLM2-135M-Instruct), a model folder, a training run or "
+        "checkpoint folder, a .gguf file, or a hub id.",
+    )
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port; 0 picks a free one.")
+    served_name: Annotated[str | None, Flag(metavar="NAME")] = Field(
+        None, description="Model id clients send (unset: the model's spec)."
+    )
+    api_key_env: Annotated[str | None, Flag(metavar="VAR")] = Field(
+        None,
+        description="Require 'Authorization: Bearer <key>' where the key is read from this environment "
+        "variable.",
+    )
+    dtype: Dtype = Field("float32", description="The weights' dtype.")
+    device: Device = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
+    default_max_tokens: Annotated[int, Flag(metavar="N")] = Field(
+        512, ge=1, description="Reply length limit when a request sets none."
+    )
+    max_body_mb: Annotated[float, Flag(metavar="MB")] = Field(
+        DEFAULT_MAX_BODY_MB,
+        gt=0,
+        description="Refuse request bodies larger than this with HTTP 413, before tokenising.",
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="uvicorn's log level."
+    )
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -732,41 +762,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models), "
         "e.g. for the 'openai' engine of a simulator or judge, or for any OpenAI client.",
     )
-    p.add_argument(
-        "--model",
-        default="default",
-        metavar="SPEC",
-        help="'default' (embedded SmolLM2-135M-Instruct), a model folder, a training run or checkpoint "
-        "folder, a .gguf file, or a hub id (default: %(default)s)",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
-    p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default: %(default)s)")
-    p.add_argument(
-        "--served-name", default=None, metavar="NAME", help="model id clients send (default: SPEC)"
-    )
-    p.add_argument(
-        "--api-key-env",
-        default=None,
-        metavar="VAR",
-        help="require 'Authorization: Bearer <key>' where the key is read from this environment variable",
-    )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: %(default)s)")
-    p.add_argument(
-        "--default-max-tokens",
-        metavar="N",
-        type=int,
-        default=512,
-        help="reply length limit when a request sets none (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-body-mb",
-        metavar="MB",
-        type=float,
-        default=DEFAULT_MAX_BODY_MB,
-        help="refuse request bodies larger than this with HTTP 413, before tokenising (default: %(default)s)",
-    )
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_flags(p, ServeConfig)
     p.set_defaults(func=run)
     return p
 
@@ -785,47 +781,40 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, bind the socket, print the URL and serve until Ctrl-C / SIGTERM."""
-    if not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port: got {args.port}; must be between 0 and 65535")
-    if not _DEVICE.fullmatch(args.device):
-        raise ConfigError(f"--device: got {args.device!r}; allowed: auto, cpu, cuda, cuda:N, mps")
-    if args.default_max_tokens < 1:
-        raise ConfigError(f"--default-max-tokens: got {args.default_max_tokens}; must be >= 1")
-    if not args.max_body_mb > 0:
-        raise ConfigError(f"--max-body-mb: got {args.max_body_mb}; must be > 0")
+    cfg = section_from_args(ServeConfig, args)
     api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
+    if cfg.api_key_env:
+        api_key = os.environ.get(cfg.api_key_env)
         if not api_key:
             raise ConfigError(
-                f"--api-key-env: the environment variable {args.api_key_env} is not set or empty"
+                f"--api-key-env: the environment variable {cfg.api_key_env} is not set or empty"
             )
     require_serve_extra("fastapi")
     uvicorn = require_serve_extra("uvicorn")
     from rapo_echo.engines.hf import HFEngine
 
-    engine = HFEngine.from_spec(args.model, dtype=args.dtype, device=args.device, name="serve")
-    name = args.served_name or args.model
+    engine = HFEngine.from_spec(cfg.model, dtype=cfg.dtype, device=cfg.device, name="serve")
+    name = cfg.served_name or cfg.model
     app = create_app(
         engine,
         name,
         api_key,
-        default_max_tokens=args.default_max_tokens,
-        max_body_bytes=max(1, int(args.max_body_mb * 2**20)),
+        default_max_tokens=cfg.default_max_tokens,
+        max_body_bytes=max(1, int(cfg.max_body_mb * 2**20)),
     )
-    sock = bind_socket(args.host, args.port)
+    sock = bind_socket(cfg.host, cfg.port)
     port = sock.getsockname()[1]
-    shown = f"[{args.host}]" if ":" in args.host else args.host
+    shown = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     print(
         f"rapo-echo serve: model {name!r} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)",
         flush=True,
     )
-    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+    if api_key is None and cfg.host not in ("127.0.0.1", "localhost", "::1"):
         print(
-            f"warning: listening on {args.host} without --api-key-env; anyone who can reach it can use it",
+            f"warning: listening on {cfg.host} without --api-key-env; anyone who can reach it can use it",
             flush=True,
         )
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=cfg.log_level))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled; stopping is the normal end

@@ -33,6 +33,9 @@ CASES = [
     (["train-judge", "--data", "x.jsonl"], "--lr", "inf"),
     (["train-judge", "--data", "x.jsonl"], "--eval-fraction", "nan"),
     (["train-judge", "--data", "x.jsonl"], "--eval-fraction", "1"),
+    (["serve"], "--max-body-mb", "nan"),
+    (["serve"], "--max-body-mb", "-1"),
+    (["serve"], "--port", "70000"),
 ]
 
 
