@@ -36,6 +36,8 @@ CASES = [
     (["serve"], "--max-body-mb", "nan"),
     (["serve"], "--max-body-mb", "-1"),
     (["serve"], "--port", "70000"),
+    (["chat"], "--temperature", "nan"),
+    (["chat"], "--top-p", "inf"),
 ]
 
 
