@@ -17,10 +17,12 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import Field
 
+from rapo_echo.config import Flag, Strict, add_flags, section_from_args
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import read_jsonl
 from rapo_echo.models import DEFAULT_GGUF_NAME, DEFAULT_SPEC, adapter_base, is_model_folder, run_model_folder
@@ -32,6 +34,23 @@ CARD_FILE = "README.md"
 CARD_METRICS = ("reward/mean", "reward/std", "loss/total", "kl/mean", "completion_len/mean", "valid")
 
 
+class ExportConfig(Strict):
+    """`rapo-echo export`: the run exported, where to, and whether to merge and push it."""
+
+    run: Annotated[str, Flag(positional=True)] = Field(
+        description="A training run folder, or one of its checkpoints/step-N."
+    )
+    to: Annotated[str, Flag(metavar="DIR")] = Field(description="The folder to write (new or empty).")
+    merge: bool = Field(False, description="Merge a LoRA adapter into its base model.")
+    eval: Annotated[list[str], Flag(metavar="EVAL_DIR")] = Field(
+        default_factory=list, description="An eval folder to report on the card; repeatable."
+    )
+    push_to_hub: Annotated[str | None, Flag(metavar="REPO")] = Field(
+        None, description="Upload the folder to this Hugging Face Hub repository."
+    )
+    private: bool = Field(False, description="With `push_to_hub`: create the repository private.")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
@@ -39,22 +58,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run", metavar="RUN", help="a training run folder, or one of its checkpoints/step-N")
-    p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (new or empty)")
-    p.add_argument("--merge", action="store_true", help="merge a LoRA adapter into its base model")
-    p.add_argument(
-        "--eval", action="append", default=[], metavar="EVAL_DIR", help="an eval folder to report; repeatable"
-    )
-    p.add_argument("--push-to-hub", metavar="REPO", help="upload DIR to this Hugging Face Hub repository")
-    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
+    add_flags(p, ExportConfig, config=False)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export_run(args.run, args.to, merge=args.merge, evals=args.eval)
+    cfg = section_from_args(ExportConfig, args)
+    out = export_run(cfg.run, cfg.to, merge=cfg.merge, evals=cfg.eval)
     print(f"exported: {out}")
-    if args.push_to_hub:
-        url = push_to_hub(out, args.push_to_hub, private=args.private)
+    if cfg.push_to_hub:
+        url = push_to_hub(out, cfg.push_to_hub, private=cfg.private)
         print(f"pushed: {url}")
     return 0
 
