@@ -35,10 +35,13 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from rapo_echo.autosize import CPU_MICRO_BATCH
+from rapo_echo.config import Flag, Strict
 from rapo_echo.errors import ConfigError
 from rapo_echo.training.run_config import RunConfig
 
@@ -51,20 +54,25 @@ AGGREGATIONS = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-tok
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
-@dataclass(frozen=True)
-class ClusterSpec:
-    """Where OpenRLHF runs. With ``colocate`` (OpenRLHF's hybrid engine) actor, reference and vLLM
-    share every GPU (``vllm_engines x vllm_tensor_parallel`` must equal ``nodes x gpus_per_node``);
-    otherwise ``vllm_engines`` needs GPUs of its own."""
+class ClusterSpec(Strict):
+    """Where OpenRLHF runs. With `colocate` (OpenRLHF's hybrid engine) actor, reference and vLLM share
+    every GPU (`vllm_engines x vllm_tensor_parallel` must equal `nodes x gpus_per_node`); otherwise
+    `vllm_engines` needs GPUs of its own."""
 
-    nodes: int = 1
-    gpus_per_node: int = 8
-    vllm_engines: int | None = None
-    vllm_tensor_parallel: int = 1
-    vllm_gpu_memory_utilization: float = 0.5
-    colocate: bool = True
-    zero_stage: int = 2
-    address: str = "http://127.0.0.1:8265"
+    nodes: int = Field(1, ge=1, description="Nodes of the Ray cluster.")
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node.")
+    vllm_engines: int | None = Field(
+        None, ge=1, description="vLLM engines (unset: one per GPU group of `vllm_tensor_parallel`)."
+    )
+    vllm_tensor_parallel: Annotated[int, Flag("--vllm-tp")] = Field(
+        1, ge=1, description="vLLM tensor-parallel size."
+    )
+    vllm_gpu_memory_utilization: Annotated[float, Flag("--vllm-memory")] = Field(
+        0.5, gt=0.0, le=1.0, description="vLLM's gpu_memory_utilization."
+    )
+    colocate: bool = Field(True, description="vLLM on the training GPUs (the hybrid engine), or its own.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
+    address: str = Field("http://127.0.0.1:8265", description="Ray dashboard address.")
 
     @property
     def world(self) -> int:

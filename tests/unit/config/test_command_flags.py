@@ -38,6 +38,10 @@ CASES = [
     (["serve"], "--port", "70000"),
     (["chat"], "--temperature", "nan"),
     (["chat"], "--top-p", "inf"),
+    (["train", "--dry-run"], "--gpu-memory", "nan"),
+    (["train", "--dry-run"], "--gpus", "0"),
+    (["openrlhf", "launch", "--bundle", "b"], "--vllm-memory", "nan"),
+    (["openrlhf", "launch", "--bundle", "b"], "--nodes", "0"),
 ]
 
 
