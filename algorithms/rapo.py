@@ -279,24 +279,7 @@ class RAPO(GRPO):
         if jc.kind == "reactions":
             self.judge = ReactionJudge(tie_eps=jc.tie_eps)
         else:
-            self.judge = GroupJudge(
-                ctx.judge,
-                use_logprobs=jc.use_logprobs,
-                max_retries=jc.max_retries,
-                reverse_pass=jc.reverse_pass,
-                shuffle=jc.shuffle,
-                orders=jc.orders,
-                auto_probe=jc.auto_probe,
-                auto_threshold=jc.auto_threshold,
-                tie_eps=jc.tie_eps,
-                ties=jc.ties,
-                max_new_tokens=jc.max_new_tokens,
-                critique_tokens=jc.critique_tokens,
-                show_profile=jc.show_profile,
-                rng=self.rng,
-                addressed=jc.addressed,
-                addressed_context=jc.addressed_context,
-            )
+            self.judge = GroupJudge(ctx.judge, jc, rng=self.rng)
 
     @staticmethod
     def simulator_args(sim: Any) -> dict[str, Any]:

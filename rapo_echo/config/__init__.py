@@ -22,6 +22,7 @@ from rapo_echo.config.data import DataConfig, SelectionConfig
 from rapo_echo.config.engine import SAMPLING_KEYS, EngineConfig, engine_settings
 from rapo_echo.config.fidelity import FidelityCheckConfig
 from rapo_echo.config.flags import Flag, add_flags, section_from_args
+from rapo_echo.config.judge import GroupJudgeConfig
 from rapo_echo.config.loader import ConfigTree
 from rapo_echo.config.logs import LoggingConfig
 from rapo_echo.config.messages import format_validation_error
@@ -61,6 +62,7 @@ __all__ = [
     "EngineConfig",
     "FidelityCheckConfig",
     "Flag",
+    "GroupJudgeConfig",
     "LoggingConfig",
     "LogprobMode",
     "LoraConfig",

@@ -8,7 +8,7 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
 * Log-prob mode: one ``choice_logprobs`` call for all groups (and both passes) reads P(best) over the
   group's labels right after the prefix ``... helped the person most is Reply``; the options are the
   labels with a leading space (``" A"``, ``" B"``, ...), single tokens in common BPE vocabularies.
-  How the ranks come out of those probabilities is ``ties`` (:data:`TIE_RULES`):
+  How the ranks come out of those probabilities is ``ties`` (``rapo.judge.ties``):
 
   - ``chained``: rank by P(best); neighbours closer than ``tie_eps`` tie, chained, so one block can
     span many times ``tie_eps`` (the rule before the study in docs/algorithms/rapo.md);
@@ -54,13 +54,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from rapo_echo.config import GroupJudgeConfig
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judges.bias import PositionBias, check_orders, first_rank_share
+from rapo_echo.judges.bias import PositionBias, first_rank_share
 from rapo_echo.llm.addressing import addresses_judge, strip_addressing
 from rapo_echo.llm.answers import (
     Parsed,
     answer_words,
-    check_logprobs_mode,
     describe_engine,
     generate_parsed,
     wants_logprobs,
@@ -77,7 +77,6 @@ from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 log = logging.getLogger(__name__)
 LABELS = string.ascii_uppercase
-TIE_RULES = ("chained", "leader", "none", "sequential", "pairwise")
 BEST_PREFIX = "The reply that helped the person most is Reply"
 CRITIQUE_PREFIX = "The person's reaction shows"  # starts the critique: keeps small judges on task
 CRITIQUE_STOP = ("\n\n",)  # a critique is one short paragraph
@@ -213,48 +212,18 @@ class GroupJudge:
     def __init__(
         self,
         engine: ChatEngine,
+        cfg: GroupJudgeConfig | None = None,
         *,
-        use_logprobs: str = "auto",
-        max_retries: int = 2,
-        reverse_pass: bool = False,
-        shuffle: bool = True,
-        orders: str = "both",
-        auto_probe: int = 32,
-        auto_threshold: float = 0.6,
-        tie_eps: float = 0.02,
-        ties: str = "chained",
-        max_new_tokens: int = 384,
-        critique_tokens: int = 96,
-        show_profile: bool = True,
         rng: random.Random | None = None,
-        addressed: str = "floor",
-        addressed_context: str = "strip",
+        **settings: Any,
     ) -> None:
-        check_logprobs_mode("GroupJudge", use_logprobs)
-        self.screen = JudgeScreen(addressed, addressed_context, owner="GroupJudge")
-        if max_retries < 0 or tie_eps < 0:
-            raise ValueError(
-                f"GroupJudge: max_retries and tie_eps must be >= 0, got {max_retries}, {tie_eps}"
-            )
-        if max_new_tokens < 1 or critique_tokens < 1:
-            raise ValueError("GroupJudge: max_new_tokens and critique_tokens must be >= 1")
-        check_orders("GroupJudge", orders, auto_probe, auto_threshold)
-        if ties not in TIE_RULES:
-            raise ValueError(f"GroupJudge: ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
+        """``cfg``: the judge's section (e.g. RAPO's ``rapo.judge``), taken whole; ``settings``: fields of
+        :class:`~rapo_echo.config.GroupJudgeConfig` given one by one (over ``cfg``'s)."""
+        given = cfg.model_dump(include=set(GroupJudgeConfig.model_fields)) if cfg is not None else {}
+        self.cfg = GroupJudgeConfig.model_validate({**given, **settings})
+        self.screen = JudgeScreen(self.cfg.addressed, self.cfg.addressed_context, owner="GroupJudge")
         self.engine = engine
-        self.use_logprobs = use_logprobs
-        self.max_retries = max_retries
-        self.reverse_pass = reverse_pass
-        self.shuffle = shuffle
-        self.orders = orders
-        self.auto_probe = auto_probe
-        self.auto_threshold = auto_threshold
         self.position_bias = PositionBias()
-        self.tie_eps = tie_eps
-        self.ties = ties
-        self.max_new_tokens = max_new_tokens
-        self.critique_tokens = critique_tokens
-        self.show_profile = show_profile
         self.rng = rng if rng is not None else random.Random(0)
         self.stats: Counter[str] = Counter()
         self._fence: Fence | None = None
@@ -269,7 +238,7 @@ class GroupJudge:
         return self._fence
 
     def _context(self, scenario: Scenario, fence: Fence) -> str:
-        profile = render_profile(scenario.profile, strip_addressed=False) if self.show_profile else ""
+        profile = render_profile(scenario.profile, strip_addressed=False) if self.cfg.show_profile else ""
         about = (
             "What we know about the person (hidden from the supporter):\n"
             + fence.block("PROFILE", profile)
@@ -399,7 +368,7 @@ class GroupJudge:
         shown_groups = [screened[k][2] for k in todo]
         self._fence = Fence(rng=self.rng)
         passes = self._presentation_orders(shown_groups)
-        text_mode = not wants_logprobs(self.engine, self.use_logprobs)
+        text_mode = not wants_logprobs(self.engine, self.cfg.use_logprobs)
         judged_shown = (
             self._rank_text(shown_scenarios, shown_groups, passes)
             if text_mode
@@ -478,14 +447,15 @@ class GroupJudge:
         ``shuffle``), or under ``orders`` ``both`` (or ``auto`` while biased) its G cyclic shifts, a
         balanced set in which every candidate is shown once in every position; ``reverse_pass`` adds each
         order reversed."""
-        every = self.position_bias.both_orders(self.orders, self.auto_probe, self.auto_threshold)
+        every = self.position_bias.both_orders(self.cfg.orders, self.cfg.auto_probe, self.cfg.auto_threshold)
         out = []
         for group in groups:
             order = list(range(len(group)))
-            if self.shuffle:
+            if self.cfg.shuffle:
                 self.rng.shuffle(order)
             shown = balanced_orders(order) if every else [order]
-            out.append([o for base in shown for o in ([base, base[::-1]] if self.reverse_pass else [base])])
+            both = self.cfg.reverse_pass
+            out.append([o for base in shown for o in ([base, base[::-1]] if both else [base])])
         return out
 
     def _tally(self, ranks: Sequence[float], order: Sequence[int]) -> None:
@@ -509,13 +479,13 @@ class GroupJudge:
     ) -> list[GroupJudgement]:
         many = [k for k in range(len(groups)) if len(groups[k]) > 1]
         found: dict[int, tuple[list[float], list[float]] | None]
-        if self.ties == "pairwise":
+        if self.cfg.ties == "pairwise":
             found = self._pairwise(scenarios, groups, many)
         else:
             jobs = [(k, order) for k in many for order in passes[k]]
             rank_sets, score_sets = (
                 self._sequential(scenarios, groups, jobs)
-                if self.ties == "sequential"
+                if self.cfg.ties == "sequential"
                 else self._p_best(scenarios, groups, jobs)
             )
             found = {}
@@ -586,7 +556,7 @@ class GroupJudge:
             for pos, i in enumerate(order):
                 scores[i] = shown[pos]
             score_sets.setdefault(k, []).append(scores)
-            ranks = ranks_from_p_best(scores, self.ties, self.tie_eps)
+            ranks = ranks_from_p_best(scores, self.cfg.ties, self.cfg.tie_eps)
             rank_sets.setdefault(k, []).append(ranks)
             self._tally(ranks, order)
         return rank_sets, score_sets
@@ -682,8 +652,8 @@ class GroupJudge:
                         self.engine,
                         [prompts[n] for n in idx],
                         [parsers[n] for n in idx],
-                        SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0),
-                        max_retries=self.max_retries,
+                        SamplingParams(max_new_tokens=self.cfg.max_new_tokens, temperature=0.0),
+                        max_retries=self.cfg.max_retries,
                         answer_format=ranking_format(size),
                     ),
                 ):
@@ -741,8 +711,8 @@ class GroupJudge:
             self.engine,
             prompts,
             lambda text: clean_critique(fence.own_words(CRITIQUE_FORMAT.parse(text) or "")),
-            SamplingParams(max_new_tokens=self.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
-            max_retries=self.max_retries,
+            SamplingParams(max_new_tokens=self.cfg.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
+            max_retries=self.cfg.max_retries,
             answer_format=CRITIQUE_FORMAT,
         )
         self._count_calls("critique", parsed)
