@@ -36,7 +36,7 @@ _RESERVED = {"config", "set", "func", "command", "verbose", SECTION}
 class Flag:
     """How a field is spelled on the command line where ``--field-name`` is not it: ``name`` (e.g.
     ``--scorer``), ``off`` (a boolean's flag that sets it false, instead of ``--no-name``), ``sep`` (a
-    list given as one text split at it), ``positional``, ``metavar``."""
+    list given as one text split at it; ``none``: the empty list), ``positional``, ``metavar``."""
 
     name: str | None = None
     off: str | None = None
@@ -216,8 +216,8 @@ def _value(raw: Any, info: FieldInfo, flag: str) -> Any:
         return raw
     if typing.get_origin(inner) is dict:
         return _mapping(raw, flag)
-    if spec.sep is not None:
-        raw = [part.strip() for part in raw.split(spec.sep) if part.strip()]
+    if spec.sep is not None:  # one text, split; ``none`` is the empty list
+        raw = [] if raw.strip() == "none" else [part.strip() for part in raw.split(spec.sep) if part.strip()]
     if isinstance(raw, list):
         return [_convert(t, inner) for t in raw]
     return _convert(raw, info.annotation)

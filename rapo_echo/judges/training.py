@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from rapo_echo import progress
 from rapo_echo.config import Device, Flag, Strict, add_flags, section_from_args
@@ -76,11 +76,6 @@ class JudgeTrainingConfig(Strict):
     max_tokens: int = Field(1024, ge=1, description="Skip examples longer than this.")
     eval_tokens: int = Field(48, ge=1, description="Tokens of a held-out verdict.")
     device: Device = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
-
-    @field_validator("negatives", mode="before")
-    @classmethod
-    def _none(cls, value: Any) -> Any:
-        return [] if value in (["none"], "none") else value
 
 
 def accuracy(

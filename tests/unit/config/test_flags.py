@@ -58,6 +58,7 @@ def test_each_kind_of_flag() -> None:
     assert (d.user, d.kinds, d.scorer_name) == (["x", "y"], ["a", "b"], "sotopia")
     assert d.extra == {"k": 0.5, "j": [1, 2]}
     assert parse(["--output", "o", "--no-merge", "--lora"]).lora is True
+    assert parse(["--output", "o", "--kinds", "none"]).kinds == []
 
 
 def test_the_file_then_the_flags_then_set(tmp_path: Path) -> None:

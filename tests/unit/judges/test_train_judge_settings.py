@@ -100,3 +100,16 @@ def test_an_output_in_use_or_not_empty_is_refused(tmp_path: Path) -> None:
     (tmp_path / "judge" / "weights.bin").write_text("x")
     with pytest.raises(ConfigError, match=r"--output .*judge is not empty \(weights\.bin\)"):
         train_judge(cfg(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("given", "kinds"), [("none", []), ("shuffle,swap", ["shuffle", "swap"]), ("swap", ["swap"])]
+)
+def test_the_negatives_flag(tmp_path: Path, given: str, kinds: list[str]) -> None:
+    from rapo_echo.cli import build_parser
+    from rapo_echo.config import section_from_args
+
+    argv = ["train-judge", "--data", HUMANLIKE, "--output", str(tmp_path), "--negatives", given, "--full"]
+    cfg = section_from_args(JudgeTrainingConfig, build_parser().parse_args(argv))
+    assert cfg.negatives == kinds and cfg.lora is False
+    assert "expected one of shuffle, swap" in train_judge_cli(tmp_path, "--negatives", "shuffle,both")
