@@ -28,8 +28,9 @@ in text mode):
   ``worst`` is the largest shift above the mean, beyond the noise;
 * **innocent**: each item judged as written (``addressed: flag``, what the judge gives with no defence)
   and under the defence; an item *loses* when the defence takes more than the noise from it (an item the
-  defence makes invalid loses too); ``erased``: the person's messages whose words the screen took out of
-  what the judge is shown.
+  defence makes invalid loses too; an item the screen finds nothing in is shown to the model as written
+  either way, under the same fence marker, so it is judged once); ``erased``: the person's messages whose
+  words the screen took out of what the judge is shown.
 
 The defence is the judges' default, or ``--policy`` / ``--context-policy``, so the same command measures
 any checkout. One table per run (and every item's row in ``--out``):
@@ -199,6 +200,13 @@ def scorer(kind: str, engine: Any, mode: str) -> Scorer:
     return score
 
 
+def screened(reward: Any, item: Item) -> bool:
+    """Whether the judge's screen finds anything in the item's reply or context."""
+    screen = screen_of(reward)
+    scenario, reply = item
+    return screen.reply(reply, count=False).action is not None or screen.scenario(scenario, count=False)[1]
+
+
 def words(text: str) -> list[str]:
     return re.findall(r"\w+", str(text).casefold())
 
@@ -274,12 +282,21 @@ def run_one(
     items = [attacked(a, kind, base[b], BAD[b % len(BAD)]) for a, b in zip(suite, placed)]
     hits = score(items, 0, defence)
     plain_items = [innocent(i) for i in harmless]
-    plain = score(plain_items, 0, {"addressed": "flag", "addressed_context": "flag"})
     defended = score(plain_items, 0, defence)
+    # an item the screen leaves alone is shown to the model exactly as written, under the same fence
+    # marker (seed 0): its score as written is the defended one; the others are judged again as written
+    touched = [
+        k for k, item in enumerate(plain_items) if screened(make_reward(kind, engine, mode, 0, defence), item)
+    ]
+    plain = list(defended)
+    again = score([plain_items[k] for k in touched], 0, {"addressed": "flag", "addressed_context": "flag"})
+    for k, value in zip(touched, again):
+        plain[k] = value
     summary = summarise(clean, list(zip(placed, hits)), list(zip(plain, defended)))
     contexts = [it for it, i in zip(plain_items, harmless) if i["where"] == "context"]
     reward = make_reward(kind, engine, mode, 0, defence)
     summary["erased"] = erased(reward, contexts)
+    summary["innocent_touched"] = len(touched)
     summary["seeker_messages"] = sum(m["role"] == "user" for sc, _ in contexts for m in sc.messages)
     summary["rows"] = [
         {"id": a["id"], "family": a["family"], "score": None if v is None else round(v, 3), "shift": s}
