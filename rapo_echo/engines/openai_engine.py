@@ -531,17 +531,20 @@ class OpenAIEngine:
 
     def _answers(self) -> bool:
         """Whether the endpoint answers a 1-token chat request (one attempt): the health check after a call
-        whose every request got an error status (are those items the problem, or the endpoint?)."""
+        whose every request got an error status (are those items the problem, or the endpoint?). HTTP 429
+        is an answer: the server is up and limits the rate (a storm of them costs items, not the run)."""
         payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
         try:
             body = self._request_json("POST", "/chat/completions", payload, retries=0)
             return bool(self._parse_choices(self.base_url + "/chat/completions", body))
-        except EndpointError:
-            return False
+        except EndpointError as exc:
+            return exc.status == 429
 
     def _probe(self) -> None:
         """One 1-token request with ``top_logprobs``: whether the server returns log-probs (a server that
-        rejects the fields with HTTP 400 / 422 does not; other failures raise)."""
+        rejects the fields with HTTP 400 / 422 does not). A probe the server answered with another error
+        (HTTP 429 in a rate-limit storm, a 5xx) leaves it unknown: this call goes without log-probs and the
+        next one asks again (a busy endpoint costs items, never the run); no answer at all raises."""
         payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
         payload.update(top_logprobs=1, temperature=1.0)
         try:
@@ -549,6 +552,15 @@ class OpenAIEngine:
         except EndpointError as exc:
             if exc.status in (400, 422):  # the server rejects the logprobs fields
                 self._supports_logprobs, self._last_answer = False, time.monotonic()
+                return
+            if exc.status is not None and not isinstance(exc, FormatRefused):  # it answered: not down
+                self._last_answer = time.monotonic()
+                log.warning(
+                    "%s: the log-prob probe got HTTP %d after its retries; this call goes without "
+                    "log-probs and the next one asks again",
+                    self.base_url,
+                    exc.status,
+                )
                 return
             raise
         self._last_answer = time.monotonic()

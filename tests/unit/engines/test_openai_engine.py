@@ -376,3 +376,17 @@ def test_malformed_responses_are_clear_errors(body, needle):
         with pytest.raises(EngineError, match=f"POST {api.url}/chat/completions: {needle}"):
             OpenAIEngine(api.url, model="m", **FAST).generate([USER], SamplingParams())
         assert len(api.seen) == 1  # a malformed answer is not retried
+
+
+def test_a_429_storm_on_the_log_prob_probe_does_not_stop_the_run(caplog):
+    # issue 46: with max_retries=1 and every request answered 429, the 1-token probe raised and training
+    # stopped at step 1; the endpoint answers, so only the items fail and the next call asks again
+    storm = Reply(429, {"error": {"message": "rate limited"}}, headers={"Retry-After": "0.01"})
+    with FakeAPI(lambda s, i: storm if s.method == "POST" else Reply(body={"data": [{"id": "m"}]})) as api:
+        engine = OpenAIEngine(api.url, model="m", max_retries=1, **FAST)
+        assert engine.supports_logprobs is False
+        out = engine.generate([USER], SamplingParams(max_new_tokens=4))
+        assert out[0][0].finish_reason == "error"  # the item fails; the call returns
+        assert engine.supports_logprobs is False
+        assert sum(s.body.get("max_tokens") == 1 for s in api.posts()) >= 2  # probed again
+    assert "the log-prob probe got HTTP 429" in caplog.text
