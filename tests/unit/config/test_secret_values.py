@@ -63,7 +63,8 @@ def test_a_key_in_a_url_query_under_a_plain_name_is_refused(param: str) -> None:
     # issue 46: Google-style ``?key=...`` whose value is in no environment variable was written to
     # config.json / config.yaml and printed by --dry-run
     url = f"https://llm.example.com/v1?{param}=plainvalue123"
-    with pytest.raises(ConfigError, match=rf"judge\.base_url: .*query parameter '{param}' holds a secret") as e:
+    why = rf"judge\.base_url: .*query parameter '{param}' holds a secret"
+    with pytest.raises(ConfigError, match=why) as e:
         load_config(overrides=[f"judge.base_url={url}"])
     assert "plainvalue123" not in str(e.value)
     assert load_config(overrides=["judge.base_url=https://llm.example.com/v1?keyboard=1"]) is not None
