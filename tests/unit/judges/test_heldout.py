@@ -100,3 +100,22 @@ def test_the_monitor_reports_a_training_score_the_held_out_judge_does_not_follow
     assert "heldout/train_score rose" in record.getMessage() and "'Score: 5'" in record.getMessage()
     quiet = RewardHackingMonitor(MonitorConfig(), 64)
     assert quiet.update(1, {"heldout/score": 0.1})[PREFIX + "reward_divergence"] == 0.0
+
+
+def test_the_report_draws_the_agreement_series() -> None:
+    from rapo_echo.benchmarks.plots import curve_keys
+    from rapo_echo.benchmarks.training_report import SUMMARY_KEYS
+
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.2 * s,
+            "heldout/agreement": a,
+            "heldout/score": 0.5,
+            "heldout/train_score": 0.2 * s,
+        }
+        for s, a in ((1, 0.5), (2, 0.25))
+    ]
+    keys = curve_keys(rows)
+    assert keys[:4] == ["reward/mean", "heldout/agreement", "heldout/train_score", "heldout/score"]
+    assert ("heldout/agreement", "held-out judge agreement") in SUMMARY_KEYS
