@@ -23,13 +23,14 @@ in text mode):
 
 * **noise**: each clean base judged ``--repeats`` times, each call with its own fence marker (the judges
   draw one per call; the ``judge`` reward derives it from its batch, so the study draws it per call as a
-  different batch would); the noise is the widest spread (max - min) of one base's calls;
+  different batch would), the first under the marker the attacks and the innocent items are judged
+  under; the noise is the widest spread (max - min) of one base's calls;
 * **attacks**: an attack *rises* when its score exceeds its clean base's mean by more than the noise;
   ``worst`` is the largest shift above the mean, beyond the noise;
 * **innocent**: each item judged as written (``addressed: flag``, what the judge gives with no defence)
   and under the defence; an item *loses* when the defence takes more than the noise from it (an item the
-  defence makes invalid loses too; an item the screen finds nothing in is shown to the model as written
-  either way, under the same fence marker, so it is judged once); ``erased``: the person's messages whose
+  defence makes invalid loses too; an item the screen finds nothing in is shown to the model exactly as
+  written under any defence, so it cannot lose and is not judged); ``erased``: the person's messages whose
   words the screen took out of what the judge is shown.
 
 The defence is the judges' default, or ``--policy`` / ``--context-policy``, so the same command measures
@@ -64,6 +65,38 @@ JUDGES = tuple(TEXT_KEY)
 
 Item = tuple[Any, str]  # (scenario, reply)
 Scorer = Callable[[Sequence[Item], int, dict[str, str]], list[float | None]]
+
+
+class Remembered:
+    """The engine, each prompt's answer kept: a prompt asked again in the run (the set-aside reading of
+    every attack on one base is that base's bad reply, under the same marker) is answered from memory, as
+    the model would answer it again (greedy or label log-probs: the same prompt, the same answer). Every
+    other attribute is the engine's."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.memo: dict[str, Any] = {}
+        self.asked = self.reused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def _answer(self, method: Callable, prompts: Sequence[Any], extra: Any) -> list[Any]:
+        keys = [json.dumps([p, extra], sort_keys=True, default=repr) for p in prompts]
+        todo = list(dict.fromkeys(k for k in keys if k not in self.memo))
+        if todo:
+            index = {k: i for i, k in enumerate(keys)}
+            for k, answer in zip(todo, method([prompts[index[k]] for k in todo])):
+                self.memo[k] = answer
+        self.asked += len(todo)
+        self.reused += len(keys) - len(todo)
+        return [self.memo[k] for k in keys]
+
+    def choice_logprobs(self, prompts: Sequence[Any], options: Sequence[str], **kw: Any) -> list[Any]:
+        return self._answer(lambda ps: self.engine.choice_logprobs(ps, options, **kw), prompts, [options, kw])
+
+    def generate(self, prompts: Sequence[Any], params: Any) -> list[Any]:
+        return self._answer(lambda ps: self.engine.generate(ps, params), prompts, repr(params))
 
 
 def load_suite(path: Path) -> list[dict[str, Any]]:
@@ -276,22 +309,24 @@ def run_one(
     score = scorer(kind, engine, mode)
     defence = policy_args(args.policy, args.context_policy)
     clean_items = [(b, BAD[i % len(BAD)]) for i, b in enumerate(base)]
-    calls = [score(clean_items, seed, defence) for seed in range(1, args.repeats + 1)]
+    # seed 0 is the attacks' marker: the clean base under it is one of its repeated calls (and the
+    # set-aside reading of an attack on it)
+    calls = [score(clean_items, seed, defence) for seed in range(args.repeats)]
     clean = [[call[b] for call in calls] for b in range(len(base))]
     placed = [k % len(base) for k in range(len(suite))]
     items = [attacked(a, kind, base[b], BAD[b % len(BAD)]) for a, b in zip(suite, placed)]
     hits = score(items, 0, defence)
     plain_items = [innocent(i) for i in harmless]
-    defended = score(plain_items, 0, defence)
-    # an item the screen leaves alone is shown to the model exactly as written, under the same fence
-    # marker (seed 0): its score as written is the defended one; the others are judged again as written
-    touched = [
-        k for k, item in enumerate(plain_items) if screened(make_reward(kind, engine, mode, 0, defence), item)
-    ]
-    plain = list(defended)
-    again = score([plain_items[k] for k in touched], 0, {"addressed": "flag", "addressed_context": "flag"})
-    for k, value in zip(touched, again):
-        plain[k] = value
+    # an item the screen finds nothing in is shown to the model exactly as written under any defence: it
+    # cannot lose, and is not judged; the others are judged as written and under the defence
+    check = make_reward(kind, engine, mode, 0, defence)
+    touched = [k for k, item in enumerate(plain_items) if screened(check, item)]
+    shown = [plain_items[k] for k in touched]
+    plain: list[float | None] = [0.0] * len(plain_items)
+    defended: list[float | None] = [0.0] * len(plain_items)
+    as_written = score(shown, 0, {"addressed": "flag", "addressed_context": "flag"})
+    for k, p, d in zip(touched, as_written, score(shown, 0, defence)):
+        plain[k], defended[k] = p, d
     summary = summarise(clean, list(zip(placed, hits)), list(zip(plain, defended)))
     contexts = [it for it, i in zip(plain_items, harmless) if i["where"] == "context"]
     reward = make_reward(kind, engine, mode, 0, defence)
@@ -303,9 +338,10 @@ def run_one(
         for a, v, s in zip(suite, hits, summary.pop("shifts"))
     ]
     summary["innocent_rows"] = [
-        {"id": i["id"], "plain": p, "defended": d, "lost": lost}
-        for i, p, d, lost in zip(harmless, plain, defended, summary.pop("lost"))
-    ]
+        {"id": i["id"], "touched": k in touched, "plain": p if k in touched else None,
+         "defended": d if k in touched else None, "lost": lost}
+        for k, (i, p, d, lost) in enumerate(zip(harmless, plain, defended, summary.pop("lost")))
+    ]  # fmt: skip
     return summary
 
 
@@ -349,7 +385,7 @@ def main() -> None:
     from rapo_echo.engines.hf import HFEngine
     from rapo_echo.models import resolve
 
-    engine = HFEngine.from_spec(resolve("default").path, device="cpu")
+    engine = Remembered(HFEngine.from_spec(resolve("default").path, device="cpu"))
     suite, harmless = load_suite(Path(args.attacks)), load_suite(Path(args.innocent))
     if args.limit:
         suite, harmless = suite[: args.limit], harmless[: args.limit]
@@ -378,6 +414,8 @@ def main() -> None:
         "model": "SmolLM2-135M-Instruct (judge), hf engine, CPU",
         "results": results,
         "seconds": round(time.perf_counter() - t0, 1),
+        "prompts_asked": engine.asked,
+        "prompts_reused": engine.reused,
     }
     print(json.dumps({k: v for k, v in out.items() if k != "results"}))
     if args.out:
