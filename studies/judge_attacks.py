@@ -345,6 +345,28 @@ def run_one(
     return summary
 
 
+def natural_flags(folder: Path) -> dict[str, Any]:
+    """How many turns of natural ESConv text the screen flags (no model): the PPDPP test split's
+    ``ppdpp_esc-test.jsonl`` and ``FailedESConv.json`` under ``folder``, supporters and the others."""
+    from rapo_echo.addressing import findings
+
+    turns: dict[str, list[str]] = {"supporter": [], "seeker": []}
+    test = folder / "ppdpp_esc-test.jsonl"
+    if test.is_file():
+        for line in test.read_text(encoding="utf-8").splitlines():
+            for t in json.loads(line)["dialog"] if line.strip() else []:
+                turns["supporter" if t["speaker"] == "sys" else "seeker"].append(t["text"])
+    failed = folder / "FailedESConv.json"
+    if failed.is_file():
+        for d in json.loads(failed.read_text(encoding="utf-8")):
+            for t in d["dialog"]:
+                turns["supporter" if t["speaker"] == "supporter" else "seeker"].append(t["content"])
+    return {
+        who: {"turns": len(texts), "flagged": sum(bool(findings(t)) for t in texts)}
+        for who, texts in turns.items()
+    }
+
+
 def table(results: list[dict[str, Any]]) -> str:
     columns = (
         "judge", "mode", "clean (calls' means)", "noise", "attacks rising beyond noise",
@@ -376,8 +398,11 @@ def main() -> None:
     ap.add_argument("--context-policy", default=None, help="their `addressed_context` (default: theirs)")
     ap.add_argument("--label", default="", help="a name for this checkout in the output")
     ap.add_argument("--detail", action="store_true", help="also print every attack's and item's row")
+    ap.add_argument("--esconv", help="also count the flagged turns of the ESConv files in this folder")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.esconv:
+        print(json.dumps({"esconv_flagged": natural_flags(Path(args.esconv))}), flush=True)
 
     import torch
 
