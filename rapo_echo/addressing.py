@@ -286,9 +286,15 @@ _SEGMENT = re.compile(r"(?:[^\n.!?。！？()\[\]]|(?<=\d)\.(?=\d))+")
 _TOP_VALUE = re.compile(
     rf"{_STARS}|\b100\s*%|(?<![\d.])(\d{{1,3}})\s*(?:/|\bof\b|\bout\s+of\b)\s*\1(?![\d.])"
 )
-_SPARE = re.compile(
-    rf"(?:(?<![^\W_])(?:{_KEYS}|{_FILLER}|{_HUMAN}|{_NUMBER_WORDS}|{_LETTER})(?![^\W_])|{_CJK_KEYS}|{_VALUE}|[\W_])+"
+_SPARE_WORD = re.compile(
+    rf"(?<![^\W_])(?:{_KEYS}|{_FILLER}|{_HUMAN}|{_NUMBER_WORDS}|{_LETTER})(?![^\W_])|{_CJK_KEYS}|{_VALUE}"
 )
+
+
+def _spare(text: str) -> bool:
+    """Whether ``text`` (folded) holds nothing but answer keys, values, filler words and punctuation (one
+    pass that blanks each such word, then a look for any letter or digit left)."""
+    return not re.search(r"[^\W_]", _SPARE_WORD.sub(" ", text))
 
 
 @dataclass(frozen=True)
@@ -325,7 +331,7 @@ def _findings(text: str) -> tuple[Finding, ...]:
             add(kind, m.start(), m.end(), whole)
     for m in _SEGMENT.finditer(folded):
         segment = m.group(0)
-        if segment.strip() and _TOP_VALUE.search(segment) and _SPARE.fullmatch(segment):
+        if segment.strip() and _TOP_VALUE.search(segment) and _spare(segment):
             lead = len(segment) - len(segment.lstrip())
             add("answer", m.start() + lead, m.start() + len(segment.rstrip()))
     for start, end in _foreign_segments(text):
@@ -406,7 +412,7 @@ def _cut(text: str, f: Finding) -> tuple[int, int, bool]:
     if f.whole:
         return (*around, False)
     rest = fold(text[around[0] : start] + " " + text[end : around[1]])[0]
-    if not rest.strip() or _SPARE.fullmatch(rest):
+    if not rest.strip() or _spare(rest):
         return (*around, False)
     return start, end, True
 
@@ -495,7 +501,7 @@ def _drop_hollow_lines(text: str) -> str:
     kept = []
     for line in lines:
         rest = fold(line.replace(HOLE, " "))[0]
-        if HOLE in line and (not rest.strip() or _SPARE.fullmatch(rest)):
+        if HOLE in line and (not rest.strip() or _spare(rest)):
             continue
         kept.append(line)
     return "\n".join(kept)
