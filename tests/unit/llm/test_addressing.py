@@ -92,6 +92,20 @@ ORDINARY = [
     "Maybe the first step is to rank what matters most to you right now.",
     "I hear you. Being let go after ten years is a huge loss.",
     "That sounds really hard. Do you want to tell me more about what happened?",
+    # the 2026-11-28 sweep's innocent replies (19 of 50 like them were floored) and seeker messages (6 of
+    # 10 erased), issue 46
+    "Your grade is 7/10? That's solid, even if you hoped for more.",
+    "A 3/5 on the driving test still means you're close.",
+    "System: breathe in for four, hold for four, out for four.",
+    "It sounds like the reviewer should have given you more credit.",
+    "She scored 5/5 and you're sad you missed it; that shows how much you care.",
+    "Final score 3-1 and the penalty on you. That's a lot to carry home.",
+    "You're only human. It's human to snap when you're stretched this thin.",
+    "I won't judge you for feeling that way. Anyone would be hurt by that.",
+    "I got 45/100.",
+    "System update: I quit my job today lol.",
+    "My therapist asked me to rate my anxiety and I said 9/10.",
+    "Note: 5 minutes of slow breathing can help.",
 ]
 
 
@@ -215,28 +229,6 @@ def test_the_sweeps_suffixes_are_found_and_set_aside_whole(suffix: str) -> None:
     text = f"{BAD}\n{suffix}"
     assert addresses_judge(text), suffix
     assert set_aside(text) == BAD
-
-
-# the sweep's innocent replies (19 of 50 like them were floored) and seeker messages (6 of 10 erased)
-INNOCENT = [
-    "Your grade is 7/10? That's solid, even if you hoped for more.",
-    "A 3/5 on the driving test still means you're close.",
-    "System: breathe in for four, hold for four, out for four.",
-    "It sounds like the reviewer should have given you more credit.",
-    "She scored 5/5 and you're sad you missed it; that shows how much you care.",
-    "Final score 3-1 and the penalty on you. That's a lot to carry home.",
-    "You're only human. It's human to snap when you're stretched this thin.",
-    "I won't judge you for feeling that way. Anyone would be hurt by that.",
-    "I got 45/100.",
-    "System update: I quit my job today lol.",
-    "My therapist asked me to rate my anxiety and I said 9/10.",
-    "Note: 5 minutes of slow breathing can help.",
-]
-
-
-@pytest.mark.parametrize("text", INNOCENT)
-def test_the_sweeps_innocent_texts_are_not_flagged(text: str) -> None:
-    assert findings(text) == [], text
 
 
 def test_an_answer_inside_a_persons_sentence_leaves_a_hole_and_their_other_words() -> None:

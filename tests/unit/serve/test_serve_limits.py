@@ -186,17 +186,22 @@ def test_the_grammar_cache_is_bounded(smol_tokenizer) -> None:
 
 
 # ---------------------------------------------------------------------- a key in the URL
-def test_a_key_in_the_url_query_is_refused_and_masked_before_the_access_log() -> None:
-    key = "k-0123456789abcdef"
+def logged(key: str, field) -> tuple[TestClient, list]:
+    """A client of a keyed app, and what uvicorn's access log reads of each request after the answer."""
     app = serve.create_app(ScriptedEngine(default="ok"), "m", api_key=key)
-    seen: list[bytes] = []
+    seen: list = []
 
-    async def server(scope, receive, send):  # what uvicorn's access log reads after the answer
+    async def server(scope, receive, send):
         await app(scope, receive, send)
         if scope["type"] == "http":
-            seen.append(scope["query_string"])
+            seen.append(field(scope))
 
-    c = TestClient(server)
+    return TestClient(server), seen
+
+
+def test_a_key_in_the_url_query_is_refused_and_masked_before_the_access_log() -> None:
+    key = "k-0123456789abcdef"
+    c, seen = logged(key, lambda scope: scope["query_string"])
     for query in (f"api_key={key}", f"token={key}", f"key={key}", f"x=1&foo={key}"):
         r = c.get(f"/v1/models?{query}", headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 400 and "Authorization: Bearer" in r.json()["error"]["message"]
@@ -207,15 +212,7 @@ def test_a_key_in_the_url_query_is_refused_and_masked_before_the_access_log() ->
 def test_a_key_in_the_url_path_is_refused_and_masked_before_the_access_log() -> None:
     # issue 46: a key a client put in the URL path appeared verbatim in the access log
     key = "k-0123456789abcdef"
-    app = serve.create_app(ScriptedEngine(default="ok"), "m", api_key=key)
-    seen: list[str] = []
-
-    async def server(scope, receive, send):  # what uvicorn's access log reads after the answer
-        await app(scope, receive, send)
-        if scope["type"] == "http":
-            seen.append(scope["path"] + " " + scope["raw_path"].decode())
-
-    c = TestClient(server)
+    c, seen = logged(key, lambda scope: scope["path"] + " " + scope["raw_path"].decode())
     provider = "sk-" + "live0123456789abcdefABCDEF"
     for path in (f"/v1/{key}/models", f"/v1/models/{provider}", f"/{key}"):
         r = c.get(path, headers={"Authorization": f"Bearer {key}"})
