@@ -107,11 +107,13 @@ class HeldoutJudge:
         """P(yes) of each ``(scenario, reply)`` (the lower of as written and set aside when suspect)."""
         text_mode = not wants_logprobs(self.engine, self.use_logprobs)
         fence = Fence(rng=self.rng)
-        shown, asides = [], []
+        shown, asides, floored = [], [], []
         for k, (scenario, reply) in enumerate(items):
             views, screened = self.screen.views(scenario), self.screen.reply(reply)
             shown.append((views.scenario, screened.text))
-            if screened.aside is not None or views.aside is not None:
+            if screened.floored:  # nothing but suspect text: the worst outcome, unasked
+                floored.append(k)
+            elif screened.aside is not None or views.aside is not None:
                 aside = screened.text if screened.aside is None else screened.aside
                 asides.append((k, views.aside or views.scenario, aside))
         prompts = [self.prompt(sc, r, fence, text_mode=text_mode) for sc, r in shown]
@@ -127,6 +129,8 @@ class HeldoutJudge:
         out = [label_probability(v, "yes") for v in verdicts[: len(shown)]]
         for (k, _, _), v in zip(asides, verdicts[len(shown) :]):
             out[k] = self.screen.lowered(out[k], label_probability(v, "yes"))
+        for k in floored:
+            out[k] = 0.0
         return out
 
     def step(self, step: int, samples: Sequence[Any]) -> dict[str, float]:
