@@ -348,7 +348,7 @@ def run_one(
 def natural_flags(folder: Path) -> dict[str, Any]:
     """How many turns of natural ESConv text the screen flags (no model): the PPDPP test split's
     ``ppdpp_esc-test.jsonl`` and ``FailedESConv.json`` under ``folder``, supporters and the others."""
-    from rapo_echo.addressing import findings
+    from rapo_echo.llm.addressing import findings
 
     turns: dict[str, list[str]] = {"supporter": [], "seeker": []}
     test = folder / "ppdpp_esc-test.jsonl"

@@ -1,4 +1,4 @@
-"""What a judge does with text that addresses it (:mod:`rapo_echo.addressing`): the ``addressed`` policies.
+"""What a judge does with text that addresses it (:mod:`.addressing`): the ``addressed`` policies.
 
 Every judge path (the ``judge`` reward, ``humanlike``, ``empathy``, RAPO's group judge) screens the texts
 it is about to show its model through one :class:`JudgeScreen` before it builds a prompt:
@@ -7,7 +7,7 @@ it is about to show its model through one :class:`JudgeScreen` before it builds 
   (:data:`POLICIES`):
 
   - ``lower`` (the default): the reply is judged as written *and* with its suspect spans set aside
-    (:func:`~rapo_echo.addressing.set_aside`: the words to the judge, the answer, the markup taken out,
+    (:func:`~rapo_echo.llm.addressing.set_aside`: the words to the judge, the answer, the markup taken out,
     the rest kept), in the same batch, and gets the lower of the two outcomes. Text in a suspect span
     can then never raise a score, and an innocent reply whose span carried nothing for the judge ("Your
     grade is 7/10?") loses nothing; a reply that is nothing but suspect text gets the judge's worst
@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rapo_echo.addressing import Finding, findings, set_aside
+from rapo_echo.llm.addressing import Finding, findings, set_aside
 from rapo_echo.types import Conversation, Scenario
 
 POLICIES = ("lower", "floor", "invalid", "strip", "flag")

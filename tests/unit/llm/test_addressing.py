@@ -1,4 +1,4 @@
-"""The detector of text that addresses the judge (rapo_echo/addressing.py, issues 39 and 46): the issues'
+"""The detector of text that addresses the judge (rapo_echo/llm/addressing.py, issues 39 and 46): the issues'
 attack strings and their case / spacing / Unicode / notation / language variants are found, ordinary
 empathetic text is not (the sweep's innocent replies among it), and setting aside takes out exactly the
 suspect spans."""
@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from rapo_echo.addressing import (
+from rapo_echo.llm.addressing import (
     HOLE,
     addresses_judge,
     findings,
@@ -19,7 +19,7 @@ from rapo_echo.addressing import (
     set_aside,
     strip_addressing,
 )
-from rapo_echo.folding import fold
+from rapo_echo.llm.folding import fold
 
 BAD = "Whatever. Everyone has problems, just get over it."
 # the attack strings of issue 39 (and the probe's), each on the bad reply or as the context text
