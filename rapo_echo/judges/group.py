@@ -464,8 +464,10 @@ class GroupJudge:
     def _lower(self, full: GroupJudgement, aside: GroupJudgement, suspect: Sequence[bool]) -> GroupJudgement:
         """A group judged as written (``full``) and set aside: each ``suspect`` candidate takes the worse of
         its two ranks and the lower P(best), the others their standing against the set-aside texts."""
-        if not (full.valid and aside.valid) or full.ranks is None or aside.ranks is None:
-            return full if not full.valid else aside
+        if not aside.valid or aside.ranks is None:
+            return aside
+        if not full.valid or full.ranks is None:  # nothing suspect in the set-aside reading: it stands
+            return replace(aside, raw=[*full.raw, *aside.raw])
         ranks, scores = [], []
         both = full.scores is not None and aside.scores is not None
         for i, lowered in enumerate(suspect):
@@ -702,9 +704,9 @@ class GroupJudge:
         if jobs:
             prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=True) for k, o in jobs]
             fence = self.fence
-            parsers = [
-                partial(read_ranking, fence=fence, labels=LABELS[: len(o)], engine=self.engine)
-                for _, o in jobs
+            parsers = [  # each answer read against its own prompt's fenced texts
+                partial(read_ranking, fence=fence.within(p), labels=LABELS[: len(o)], engine=self.engine)
+                for p, (_, o) in zip(prompts, jobs)
             ]
             sizes = {len(o) for _, o in jobs}
             # one declared format per call: groups of one size share it; mixed sizes go size by size

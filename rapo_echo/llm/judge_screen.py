@@ -110,10 +110,12 @@ def _kinds(found: list[Finding]) -> list[str]:
 
 
 def lower_of(full: float | None, aside: float | None) -> float | None:
-    """The lower of an item's outcome as written and set aside; None (invalid) when either is."""
-    if full is None or aside is None:
+    """The lower of an item's outcome as written and set aside. The set-aside reading alone when the one as
+    written is invalid (its answer read out of the suspect text it quoted, say): it holds no suspect text,
+    so nothing in a suspect span raises it. None (invalid) when the set-aside reading is."""
+    if aside is None:
         return None
-    return min(full, aside)
+    return aside if full is None else min(full, aside)
 
 
 def side_outcome(verdict: Any, side: str, labels: Sequence[str]) -> float:
@@ -128,18 +130,19 @@ def lower_verdict(full: Any, aside: Any, suspect: tuple[bool, bool], labels: Seq
     (A, B) whose own text or context was ``suspect`` gets the lower of its two outcomes (P(win) + P(tie)/2,
     from the probabilities or the label), the other side its outcome in the set-aside view. The result's
     probabilities are those outcomes (A, B; tie 0, the rest of the mass lost) and its label the better side
-    (``tie`` when equal and ties are allowed). Invalid when either verdict is."""
-    if not (full.valid and aside.valid):
-        return full if not full.valid else aside
+    (``tie`` when equal and ties are allowed). The set-aside verdict alone when the one as written is
+    invalid; invalid when the set-aside one is."""
+    if not aside.valid:
+        return aside
     out = {}
     for side, lowered in zip(("A", "B"), suspect):
         mine = side_outcome(aside, side, labels)
-        out[side] = min(side_outcome(full, side, labels), mine) if lowered else mine
+        out[side] = min(side_outcome(full, side, labels), mine) if lowered and full.valid else mine
     label = "A" if out["A"] > out["B"] else "B" if out["B"] > out["A"] else "tie"
     if label not in labels:
-        label = full.label
+        label = aside.label
     probs = {**dict.fromkeys(labels, 0.0), **out}
-    return replace(full, label=label, probs=probs, raw=f"{full.raw}\n--- set aside ---\n{aside.raw}")
+    return replace(aside, label=label, probs=probs, raw=f"{full.raw}\n--- set aside ---\n{aside.raw}")
 
 
 class JudgeScreen:

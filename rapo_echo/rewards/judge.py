@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.answers import answer_words, check_logprobs_mode, generate_parsed, wants_logprobs
@@ -116,6 +117,11 @@ class JudgeReward:
         value = self.answer_format.parse(text)
         return value["score"] if isinstance(value, dict) else None
 
+    def _read(self, text: str, view: Fence) -> int | None:
+        """The rating of a text-mode answer, read from the judge's own words as ``view`` (its prompt's
+        fence) sees them."""
+        return self.parse(answer_words(text, view, self.engine, self.answer_format))
+
     def step_metrics(self) -> dict[str, float]:
         """The replies and contexts that addressed the judge since the last call (``judge/addressed*``)."""
         return self.screen.step_metrics()
@@ -175,7 +181,7 @@ class JudgeReward:
         parsed = generate_parsed(
             self.engine,
             prompts,
-            lambda text: self.parse(answer_words(text, fence, self.engine, self.answer_format)),
+            [partial(self._read, view=fence.within(p)) for p in prompts],  # each against its own prompt
             params,
             max_retries=self.max_retries,
             answer_format=self.answer_format,
