@@ -48,6 +48,9 @@ class DataCommand(Strict):
     dtype: Dtype = Field("float32", description="Local models' weights' dtype.")
     device: Device = Field("auto", description="Local models' device: auto, cpu, cuda, cuda:N or mps.")
     progress: bool = Field(True, description="Show a progress bar.")
+    timeout_minutes: float | None = Field(
+        None, gt=0, description="Stop (resumably) before the next chunk once this many minutes passed."
+    )
 
 
 class CritiqueRewriteCommand(DataCommand, CritiqueRewriteSettings):
@@ -181,12 +184,20 @@ def _run(
     warn_weak_roles(engines)
     pipeline = build(engines, contexts)
     summary = run_pipeline(
-        pipeline, contexts, cmd.output, config, batch_size=cmd.batch_size, progress=cmd.progress
+        pipeline,
+        contexts,
+        cmd.output,
+        config,
+        batch_size=cmd.batch_size,
+        progress=cmd.progress,
+        timeout_s=None if cmd.timeout_minutes is None else cmd.timeout_minutes * 60,
     )
     print(json.dumps(summary, indent=2))
     print(f"dataset: {cmd.output}/{pipeline.dataset_file}  records: {cmd.output}/results.jsonl")
     if not summary["complete"]:
-        print(f"incomplete: {summary['n_failed']} contexts failed; run the same command again to retry them")
+        failed = f"{summary['n_failed']} contexts failed"
+        why = f"stopped early ({summary['stopped']})" if summary["stopped"] else failed
+        print(f"incomplete: {why}; run the same command again to resume")
         return 1
     return 0
 
