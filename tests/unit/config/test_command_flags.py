@@ -29,6 +29,8 @@ CASES = [
     (["data", "hard-prompts"], "--threshold", "1.5"),
     (["data", "critique-rewrite"], "--golden-min", "6"),
     (["data", "references"], "--batch-size", "0"),
+    (["data", "references"], "--timeout-minutes", "nan"),
+    (["data", "synthesize"], "--timeout-minutes", "0"),
     (["data", "hard-prompts"], "--reward-args", "{weight: .inf}"),
     (["train-judge", "--data", "x.jsonl"], "--lr", "inf"),
     (["train-judge", "--data", "x.jsonl"], "--eval-fraction", "nan"),
