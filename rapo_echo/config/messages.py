@@ -83,7 +83,8 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
             if loc[-1] in renamed:
                 hint = f"no longer a key; write it as {renamed[loc[-1]].format(value=shown)}"
             else:
-                meant = trl_hint(loc[-1], shown) or did_you_mean(root, loc)
+                trl = trl_hint(loc[-1], shown) if {"train", "rollout"} <= set(root.model_fields) else None
+                meant = trl or did_you_mean(root, loc)  # TRL's names map onto a run config's keys only
                 hint += f"; {meant}" if meant else ""
                 if parent is not None:
                     hint += f"; allowed keys here: {', '.join(parent.model_fields)}"

@@ -109,3 +109,13 @@ def test_help_shows_description_and_default(capsys) -> None:
     text = parser.format_help()
     assert "--scorer SCORER_NAME" in text and "Renamed flag, 100%. (default: ours)" in " ".join(text.split())
     assert "{fast,slow}" in text and "--config" not in text and "--inner" not in text
+
+
+def test_an_unknown_key_gets_no_run_config_hint(tmp_path: Path) -> None:
+    # a command's section named TRL's spelling of a run-config key (`learning_rate` is `train.lr` there),
+    # a key this section does not have
+    f = tmp_path / "c.yaml"
+    f.write_text("output: o\nlearning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:2: learning_rate: got 0.1; unknown key") as err:
+        parse(["--config", str(f)])
+    assert "TRL" not in str(err.value) and "train.lr" not in str(err.value)
