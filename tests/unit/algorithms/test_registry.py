@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pydantic import Field
 
-from rapo_echo import algorithms
+from rapo_echo import algorithms, plugins
 from rapo_echo.algorithms.base import Algorithm, Needs
 from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.config import Strict, dump_config
@@ -69,7 +69,7 @@ def test_a_name_two_packages_claim_is_refused(monkeypatch) -> None:
         return SimpleNamespace(name="twice", value=value, dist=SimpleNamespace(name=dist), load=lambda: GRPO)
 
     found = [ep("a.x:One", "pkg-a"), ep("b.y:Two", "pkg-b")]
-    monkeypatch.setattr(algorithms, "entry_points", lambda group: found)
+    monkeypatch.setattr(plugins, "entry_points", lambda group: found)
     twice = r"'twice' is registered twice: a.x:One \(pkg-a\), b.y:Two \(pkg-b\)"
     with pytest.raises(ConfigError, match=twice):
         algorithms.get("twice")
