@@ -59,7 +59,7 @@ def test_literal_choices_listed() -> None:
 
 
 def test_registry_checked_names() -> None:
-    with pytest.raises(ConfigError, match="loss.advantage.*allowed: dr_grpo, grpo, rloo"):
+    with pytest.raises(ConfigError, match="loss.advantage.*known: dr_grpo, grpo, rloo"):
         load_config(overrides=["loss.advantage=ppo"])
     with pytest.raises(ConfigError, match="algo"):
         load_config(algo="nope")
