@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from rapo_echo import plugins
 
 
 def install(site: Path, name: str, entry_points: str, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -31,3 +34,14 @@ def named_in_library(word: str) -> list[str]:
         for p in files
         if p.suffix in (".py", ".yaml", ".toml") and pattern.search(p.read_text())
     ]
+
+
+def two_packages_claim(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two installed packages register ``name`` in every entry-point group: ``a.x:One`` (pkg-a) and
+    ``b.y:Two`` (pkg-b)."""
+
+    def ep(value: str, dist: str) -> SimpleNamespace:
+        return SimpleNamespace(name=name, value=value, dist=SimpleNamespace(name=dist), load=lambda: None)
+
+    found = [ep("a.x:One", "pkg-a"), ep("b.y:Two", "pkg-b")]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: found)

@@ -6,17 +6,15 @@ and nothing of the library names it. (tests/integration/test_plugin_estimator.py
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rapo_echo import plugins
 from rapo_echo.algorithms.loss_config import LossConfig
 from rapo_echo.algorithms.registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from rapo_echo.errors import ConfigError
 from rapo_echo.training.run_config import load_config
-from tests.helpers.installed import install, named_in_library
+from tests.helpers.installed import install, named_in_library, two_packages_claim
 from tests.helpers.plugin_estimators import minmax_advantages
 
 HELPER = "tests.helpers.plugin_estimators"
@@ -71,12 +69,8 @@ def test_unknown_and_undeclared_names_are_refused_listing_what_is_available(inst
 
 
 def test_a_name_two_packages_claim_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    def ep(value: str, dist: str) -> SimpleNamespace:
-        return SimpleNamespace(name="twice", value=value, dist=SimpleNamespace(name=dist), load=lambda: None)
-
-    found = [ep("a.x:one", "pkg-a"), ep("b.y:two", "pkg-b")]
-    monkeypatch.setattr(plugins, "entry_points", lambda group: found)
-    twice = r"loss.advantage: the advantage estimator 'twice' is registered twice: a.x:one \(pkg-a\), b.y:two"
+    two_packages_claim("twice", monkeypatch)
+    twice = r"loss.advantage: the advantage estimator 'twice' is registered twice: a.x:One \(pkg-a\), b.y:Two"
     with pytest.raises(ConfigError, match=twice):
         ADVANTAGE_ESTIMATORS.get("twice", "loss.advantage")
 

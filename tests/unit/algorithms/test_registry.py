@@ -12,13 +12,14 @@ import pytest
 import yaml
 from pydantic import Field
 
-from rapo_echo import algorithms, plugins
+from rapo_echo import algorithms
 from rapo_echo.algorithms.base import Algorithm, Needs
 from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.config import Strict, dump_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.training.learner import check_heads
 from rapo_echo.training.run_config import load_config
+from tests.helpers.installed import two_packages_claim
 
 
 class ShoutConfig(Strict):
@@ -39,7 +40,7 @@ class Unfinished(Algorithm):
 
     name = "unfinished"
 
-    def rollout(self, scenarios, step):  # type: ignore[override]
+    def rollout(self, scenarios, step):
         raise NotImplementedError
 
 
@@ -65,11 +66,7 @@ def test_only_declared_algorithms_are_used() -> None:
 
 
 def test_a_name_two_packages_claim_is_refused(monkeypatch) -> None:
-    def ep(value: str, dist: str) -> SimpleNamespace:
-        return SimpleNamespace(name="twice", value=value, dist=SimpleNamespace(name=dist), load=lambda: GRPO)
-
-    found = [ep("a.x:One", "pkg-a"), ep("b.y:Two", "pkg-b")]
-    monkeypatch.setattr(plugins, "entry_points", lambda group: found)
+    two_packages_claim("twice", monkeypatch)
     twice = r"'twice' is registered twice: a.x:One \(pkg-a\), b.y:Two \(pkg-b\)"
     with pytest.raises(ConfigError, match=twice):
         algorithms.get("twice")
