@@ -191,9 +191,9 @@ def reward_stats(samples: list[Sample], names: list[str]) -> dict[str, float]:
     out["reward/mean"] = statistics.fmean(valid) if valid else float("nan")
     out["reward/std"] = statistics.pstdev(valid) if len(valid) > 1 else 0.0
     for name in names:
-        vals = [s.rewards[name] for s in samples if s.rewards.get(name) is not None]
-        out[f"reward/{name}/mean"] = statistics.fmean(vals) if vals else float("nan")  # type: ignore[arg-type]
-        out[f"reward/{name}/std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0  # type: ignore[arg-type]
+        vals = [v for s in samples if (v := s.rewards.get(name)) is not None]
+        out[f"reward/{name}/mean"] = statistics.fmean(vals) if vals else float("nan")
+        out[f"reward/{name}/std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0
         out.update(route_shares(samples, name))
     out["invalid"] = float(sum(1 for s in samples if s.reward is None))
     lengths = [len(s.completion_ids) for s in samples]
