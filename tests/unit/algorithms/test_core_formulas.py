@@ -414,7 +414,7 @@ def test_policy_losses_declare_their_aggregation():
     assert aggregation_of(gspo_policy_loss) == "seq-mean-token-mean"
     assert aggregation_of(clip_policy_loss) == "token-mean"
     with pytest.raises(ValueError, match="aggregation is one of"):
-        policy_loss(aggregation="mean")  # type: ignore[arg-type]  # the refusal under test
+        policy_loss(aggregation="mean")
 
 
 def test_config_choices_match_the_registries():

@@ -53,7 +53,7 @@ def test_it_learns_the_best_reply_of_each_group(tiny_folder: Path) -> None:
     assert algo.rollout(SCENARIOS, step=1).items == []
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.0], [0.5, 1.0, 1.0]]).clamp(min=1e-30))
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    mb = MicroBatch([], None, mask, logp, None, torch.zeros(2), torch.ones(2), [BEST, BEST])  # type: ignore[arg-type]
+    mb = MicroBatch([], None, mask, logp, None, torch.zeros(2), torch.ones(2), [BEST, BEST])  # type: ignore[arg-type]  # a hand-made micro-batch: no ids needed
     loss, _ = algo.loss(mb, TokenScores(logp, torch.zeros_like(logp)), {BEST: {"tokens": 3.0, "seqs": 2.0}})
     assert loss.item() == pytest.approx(-(2 * math.log(0.5) + math.log(0.25)) / 3)
 
