@@ -72,6 +72,18 @@ def test_a_name_two_packages_claim_is_refused(monkeypatch) -> None:
         algorithms.get("twice")
 
 
+def test_a_hook_reads_its_own_section_typed() -> None:
+    from rapo_echo.algorithms.rapo_config import RapoConfig
+    from rapo_echo.algorithms.rlver_config import RlverConfig
+
+    cfg = load_config(algo="rlver", overrides=["rlver.estimator=ppo"])
+    assert cfg.section("rlver", RlverConfig).estimator == "ppo"
+    with pytest.raises(TypeError, match=r"\(algo: rlver\) has no 'rapo' section of RapoConfig"):
+        cfg.section("rapo", RapoConfig)
+    with pytest.raises(TypeError, match=r"has no 'train' section of RlverConfig"):  # another kind
+        cfg.section("train", RlverConfig)
+
+
 def test_a_saved_config_holds_the_chosen_algorithms_section_only(tmp_path: Path) -> None:
     for algo, own in (("rapo", {"rapo"}), ("rlver", {"rlver"}), ("grpo", set())):
         dump_config(load_config(algo=algo), tmp_path / f"{algo}.yaml")
