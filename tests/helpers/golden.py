@@ -32,10 +32,32 @@ COMMON = [
     "--set", "rollout.max_new_tokens=12", "--set", "train.save_every=2",
     "--set", "logging.tensorboard=false", "--set", "logging.progress=false", *FP32,
 ]  # fmt: skip
+
+
+def _analysis(shift: int) -> str:
+    """A scripted SAGE analysis (``emotion_readout: text``) with the emotion change ``shift``; the braces
+    doubled for the scripted engine's ``str.format``."""
+    fields = {"content": "support", "fit": "it depends", "mind": "weighing it", "reaction": "noted"}
+    return json.dumps({**fields, "shift": shift}).replace("{", "{{").replace("}", "}}")
+
+
+# The RLVER runs' simulated user is scripted: its text never comes from sampling, so no kernel's last digit
+# can change a word of it, and the emotion follows from the policy's reply by fixed rules (a question
+# lifts it by 5, a reply of 40 characters or more by 2, anything else lowers it by 5). The numbers then
+# follow from the policy alone (its samples, forward and update), as in the other golden runs.
+_REPLY = r"emotion analyst.*Supporter: [^<]*"
+SIMULATOR_SCRIPT = {
+    "rules": [
+        [_REPLY + r"\?[^<]*<<<END DIALOGUE", _analysis(5)],
+        [r"emotion analyst.*Supporter: [^<]{40,}<<<END DIALOGUE", _analysis(2)],
+        [r"emotion analyst", _analysis(-5)],
+    ],
+    "default": "I am not sure that helps.",
+}
 RLVER = [
     "--config", "configs/rlver.yaml", "--set", "rollout.batch_size=1", "--set", "rlver.simulator.max_turns=1",
-    "--set", "rlver.simulator.max_new_tokens=16", "--set", "rlver.simulator.emotion_readout=logprobs",
-    "--set", "rlver.simulator.plain_reply=true",
+    "--set", "simulator.engine=scripted", "--set", f"simulator.script={json.dumps(SIMULATOR_SCRIPT)}",
+    "--set", "rlver.simulator.emotion_readout=text", "--set", "rlver.simulator.plain_reply=true",
 ]  # fmt: skip
 RUNS = {
     "rapo": ["--config", "configs/quickstart.yaml", *COMMON, "--set", "rollout.batch_size=2",
@@ -43,7 +65,7 @@ RUNS = {
              "--set", "rapo.sd.autocast=none"],
     "grpo": ["--algo", "grpo", "--reward", "length", *COMMON, "--set", "rollout.batch_size=2",
              "--set", "rollout.group_size=2"],
-    "rlver_grpo": [*RLVER, *COMMON, "--set", "rollout.group_size=2"],
+    "rlver_grpo": [*RLVER, *COMMON, "--set", "rollout.group_size=4"],
     "rlver_ppo": [*RLVER, *COMMON, "--set", "rollout.group_size=1", "--set", "rlver.estimator=ppo"],
 }  # fmt: skip
 SKIP_PREFIXES = ("time/", "tokens_per_s")
@@ -64,10 +86,12 @@ KERNEL_ENV = (
 
 # Allowed difference elsewhere than the recording environment, per number: SPREAD_FACTOR times the largest
 # difference measured between kernel sets and library versions, and never less than REL_FLOOR of the
-# number (about 8 float32 rounding steps) or ABS_FLOOR.
+# number (about 8 float32 rounding steps) or ABS_FLOOR: a number near 0 that is a mean or difference of
+# float32 terms of about 1 (a loss whose advantages sum to 0, an advantage mean) carries their rounding
+# (about 1e-7 each), whatever its own size; two kernel sets that happen to agree on it do not make it exact.
 SPREAD_FACTOR = 10.0
 REL_FLOOR = 1e-6
-ABS_FLOOR = 1e-12
+ABS_FLOOR = 1e-6
 
 
 def kernel_env(env: Mapping[str, str] | None) -> dict[str, str]:
