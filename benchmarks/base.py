@@ -48,8 +48,24 @@ class EvalSettings:
     emotion_readout: str = "auto"  # SAGE: the user's emotion change from text | logprobs | auto
     sage_reply: str = "plain"  # SAGE: the user's message alone (plain) or SAGE's reasoning fields (fields)
     epm: dict[str, Any] = field(default_factory=dict)  # EPM: EpmConfig overrides (benchmarks/epm/vectors.py)
+    # -- how far a figure can be trusted (docs/reading-results.md); each field's flag: benchmarks/cli.py
+    # add_measure_flags. repeats: every case this many times, each repeat with its own seeds
+    # (benchmarks/runner.py repeat_seed); judge_recheck: each judged case asks its judge its last
+    # question once more, with a fresh seed and prompt marker (the judge's self-agreement); state_probe:
+    # SAGE asks the policy each turn how the user feels (emotional state tracking; auto = with the hard
+    # profiles); profiles: SAGE's bundled profile set.
+    repeats: int = 1
+    judge_recheck: bool = True
+    state_probe: str = "auto"  # auto | on | off
+    profiles: str = "standard"  # standard | hard
 
     def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.state_probe not in ("auto", "on", "off"):
+            raise ValueError(f"state_probe must be auto, on or off, got {self.state_probe!r}")
+        if self.profiles not in ("standard", "hard"):
+            raise ValueError(f"profiles must be standard or hard, got {self.profiles!r}")
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.simulator_max_new_tokens is not None and self.simulator_max_new_tokens < 1:

@@ -38,6 +38,7 @@ from rapo_echo.benchmarks.epm.director import (
 from rapo_echo.benchmarks.epm.judge import EpmForm, EpmJudge
 from rapo_echo.benchmarks.epm.user import COMPANION, USER, PersonaCard, Turn, clean_user_reply, user_prompt
 from rapo_echo.benchmarks.epm.vectors import (
+    INDEX_GROUPS,
     INDEX_KEYS,
     EpmConfig,
     Point,
@@ -57,6 +58,7 @@ from rapo_echo.benchmarks.epm.vectors import (
     thresholds,
     verdict,
 )
+from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.engines.base import reply_texts
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.labels import judge_labels
@@ -106,6 +108,27 @@ def case_metrics(points: Sequence[Point], turns: int, success: bool, cfg: EpmCon
     }
 
 
+def case_epmq(part: str) -> Any:
+    """A record's own EPM-Q or group score (``epmq``, ``outcome``, ...): :func:`epmq` of the case alone,
+    under the record's weights. EPM-Q is linear in the indices, so the mean over cases is the run's."""
+
+    def value(record: Record) -> float | None:
+        weights = record.get("info", {}).get("epmq_weights")
+        cfg = EpmConfig(weights=tuple(weights)) if weights else EpmConfig()
+        return epmq([record["metrics"]], cfg)[part]
+
+    return value
+
+
+# every summary figure that is a mean over cases, for its interval and spread (benchmarks/figures.py)
+EPM_FIGURES: dict[str, Figure] = {
+    "success_rate": Figure("success"),
+    **{part: Figure(case_epmq(part)) for part in ("epmq", *INDEX_GROUPS)},
+    **{k: Figure(k) for k in INDEX_KEYS},
+    "avg_turns": Figure("turns"),
+}
+
+
 def summarize_epm(records: Sequence[Record]) -> dict[str, Any]:
     """Success, EPM-Q and its parts, endings and breakdowns over the valid records."""
     valid = [r for r in records if r["valid"]]
@@ -135,6 +158,20 @@ class Epm:
     name = "epm"
     roles = ("policy", "simulator", "judge")
     headline = (("success_rate", "EPM success"), ("epmq", "EPM-Q"))
+    figures = EPM_FIGURES
+    prompt_modules = (
+        "rapo_echo.benchmarks.epm.user",
+        "rapo_echo.benchmarks.epm.director",
+        "rapo_echo.benchmarks.epm.judge",
+    )
+
+    def card_details(self, settings: EvalSettings) -> dict[str, Any]:
+        """The card's episode (turn cap and every EPM constant) and the policy's system prompt."""
+        cfg = self.config(settings)
+        return {
+            "episode": {"max_turns": settings.max_turns or cfg.max_turns, "epm": cfg.model_dump(mode="json")},
+            "system_prompt": settings.system_prompt,
+        }
 
     def config(self, settings: EvalSettings) -> EpmConfig:
         return epm_config(settings.epm)

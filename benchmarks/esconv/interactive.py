@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
 from rapo_echo.benchmarks.esconv.data import EsconvConversation, read_esconv
@@ -34,6 +34,7 @@ from rapo_echo.benchmarks.esconv.seeker import (
     seeker_prompt,
     supporter_prompt,
 )
+from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.engines.base import reply_texts
 from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
@@ -86,6 +87,22 @@ class EsconvInteractive:
     default_data = DEFAULT_DATA
     roles = ("policy", "simulator", "judge")
     headline = (("success_rate", "ESConv SR"), ("avg_turns", "ESConv AT"))
+    figures: ClassVar[dict[str, Figure]] = {
+        "success_rate": Figure("success"),
+        "avg_turns": Figure("turns"),
+        "final_reward": Figure("final_reward"),
+    }
+    prompt_modules = ("rapo_echo.benchmarks.esconv.seeker",)
+
+    def card_details(self, settings: EvalSettings) -> dict[str, Any]:
+        """The card's episode (turn cap, success threshold) and the policy's system prompt."""
+        return {
+            "episode": {
+                "max_turns": settings.max_turns or DEFAULT_MAX_TURNS,
+                "success_above": SUCCESS_THRESHOLD,
+            },
+            "system_prompt": settings.system_prompt,
+        }
 
     def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
         convs = read_esconv(require_data(data, self.name))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.data.sage_profiles import load_profiles
 from rapo_echo.engines.base import generate_texts, reply_texts
 from rapo_echo.engines.concurrency import calls_concurrently
@@ -88,6 +89,38 @@ class Sage:
     headline = (("score", "SAGE score"), ("successes", "SAGE success"), ("failures", "SAGE failure"))
     # recorded in config.json, so a folder is only resumed under the same simulator prompts
     protocol: ClassVar[dict[str, str]] = {"simulator_prompts": PROMPT_VERSION, "simulator_preset": "sage"}
+    figures: ClassVar[dict[str, Figure]] = {
+        "score": Figure("final_emotion"),
+        "successes": Figure("success", count=True),
+        "failures": Figure("failure", count=True),
+        "success_rate": Figure("success"),
+        "failure_rate": Figure("failure"),
+        "avg_turns": Figure("turns"),
+    }
+    prompt_modules = ("rapo_echo.simulators.sage",)
+
+    def card_details(self, settings: EvalSettings) -> dict[str, Any]:
+        """The card's episode: turn cap, the simulated user's starting emotion and rules, the readout,
+        the profile set; the simulator's reply length; the policy's system prompt."""
+        sim = preset("sage")
+        return {
+            "episode": {
+                "max_turns": settings.max_turns or DEFAULT_MAX_TURNS,
+                "initial_emotion": sim.initial_emotion,
+                "max_delta": sim.max_delta,
+                "floor": sim.floor,
+                "emotion_readout": settings.emotion_readout,
+                "reply": settings.sage_reply,
+                "profiles": settings.profiles,
+            },
+            "simulator_max_new_tokens": settings.simulator_max_new_tokens or DEFAULT_SIMULATOR_TOKENS,
+            "system_prompt": self.system_prompt(settings),
+        }
+
+    @staticmethod
+    def system_prompt(settings: EvalSettings) -> str | None:
+        """The policy's system prompt: SAGE's kind (``--sage-system-prompt sage``) or ``--system-prompt``."""
+        return SAGE_POLICY_PROMPT if settings.sage_system_prompt == "sage" else settings.system_prompt
 
     def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
         """One case per profile (``data``: RLVER / SAGE profile JSONL; default: our bundled English ones)."""
@@ -157,9 +190,9 @@ class Sage:
             overlap=calls_concurrently(roles.simulator),
         )
 
-    @staticmethod
-    def _policy_prompt(settings: EvalSettings, d: SageDialogue) -> Conversation:
-        system = SAGE_POLICY_PROMPT if settings.sage_system_prompt == "sage" else settings.system_prompt
+    @classmethod
+    def _policy_prompt(cls, settings: EvalSettings, d: SageDialogue) -> Conversation:
+        system = cls.system_prompt(settings)
         head = [msg("system", system)] if system else []
         return head + list(d.history)
 

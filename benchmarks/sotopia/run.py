@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.benchmarks.sotopia.agent import (
     ACTION_FORMAT,
     AgentTurn,
@@ -92,6 +93,23 @@ class Sotopia:
     name = "sotopia"
     roles = ("policy", "simulator", "judge")
     headline = (("goal", "SOTOPIA goal"), ("overall", "SOTOPIA overall"), ("hard/goal", "SOTOPIA-hard goal"))
+    figures: ClassVar[dict[str, Figure]] = {
+        **{d: Figure(d) for d in (*DIMENSIONS, "overall")},
+        "hard/goal": Figure("goal", where=lambda r: bool(r["info"].get("hard"))),
+        "hard/overall": Figure("overall", where=lambda r: bool(r["info"].get("hard"))),
+    }
+    prompt_modules = ("rapo_echo.benchmarks.sotopia.agent", "rapo_echo.benchmarks.sotopia.evaluator")
+
+    def card_details(self, settings: EvalSettings) -> dict[str, Any]:
+        """The card's episode (turn cap, subset, scorer and its model) and the policy's system prompt."""
+        episode: dict[str, Any] = {
+            "max_turns": settings.max_turns or DEFAULT_MAX_TURNS,
+            "subset": settings.subset,
+            "scorer": settings.sotopia_scorer,
+        }
+        if settings.sotopia_scorer == "sotopia":
+            episode["scorer_model"] = settings.sotopia_model
+        return {"episode": episode, "system_prompt": None}
 
     def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
         pairs = list(enumerate(load_sotopia(data)))  # ids keep the index in the file, also for --subset hard
