@@ -110,6 +110,12 @@ class Case:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def case_key(case: Case) -> str:
+    """The case's own id, the same in every repeat (what its prompt markers are drawn from, so that a
+    repeat is the case rerun with the repeat's seed)."""
+    return str(case.meta.get("case", case.id))
+
+
 class Benchmark(Protocol):
     """A benchmark: loads its cases, runs a batch of them in lockstep, and summarises the records.
 

@@ -41,7 +41,6 @@ from rapo_echo.errors import ConfigError, DataError
 CARD_FILE = "card.json"
 CARD_VERSION = 1
 FINGERPRINT_VALUES = 256  # values of each weight tensor the local model's fingerprint reads
-SERVED_FIELDS = ("id", "root", "parent", "owned_by", "max_model_len")  # stable fields of a /v1/models entry
 
 
 def digest(text: str | bytes) -> str:

@@ -223,6 +223,8 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate every case not yet in ``output/results.jsonl``; returns the summary (also written)."""
     output = Path(output)
+    if settings.repeats > 1 and not getattr(benchmark, "repeatable", True):
+        raise ConfigError(f"{benchmark.name}: --repeats does not apply (its intervals are its own)")
     cases = benchmark.load_cases(data, settings)
     if limit is not None:
         if limit < 1:
@@ -230,8 +232,6 @@ def run_eval(
         # a benchmark may count its limit in larger units (fidelity: conversations, not rated points)
         limit_cases = getattr(benchmark, "limit_cases", None)
         cases = limit_cases(cases, limit) if limit_cases else cases[:limit]
-    if settings.repeats > 1 and not getattr(benchmark, "repeatable", True):
-        raise ConfigError(f"{benchmark.name}: --repeats does not apply (its intervals are its own)")
     runs = with_repeats(cases, settings.repeats)
     ids = [c.id for c in runs]
     if len(set(ids)) != len(ids):

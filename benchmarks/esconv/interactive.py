@@ -22,7 +22,16 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar
 
-from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.base import (
+    Case,
+    Emit,
+    EvalSettings,
+    Record,
+    Roles,
+    case_key,
+    make_record,
+    mean,
+)
 from rapo_echo.benchmarks.esconv.data import EsconvConversation, read_esconv
 from rapo_echo.benchmarks.esconv.seeker import (
     CRITIC_LABELS,
@@ -116,7 +125,7 @@ class EsconvInteractive:
             raise ConfigError("the esconv benchmark needs a simulator and a judge engine")
         max_turns = settings.max_turns or DEFAULT_MAX_TURNS
         episodes = [
-            _Episode(c, c.data, [(SEEKER, c.data.profile.situation)], case_fence(c.id, settings.seed))
+            _Episode(c, c.data, [(SEEKER, c.data.profile.situation)], case_fence(case_key(c), settings.seed))
             for c in cases
         ]
 

@@ -31,7 +31,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.base import (
+    Case,
+    Emit,
+    EvalSettings,
+    Record,
+    Roles,
+    case_key,
+    make_record,
+    mean,
+)
 from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.data.sage_profiles import load_profiles
 from rapo_echo.engines.base import generate_texts, reply_texts
@@ -148,7 +157,7 @@ class Sage:
 
     def run_batch(self, cases: Sequence[Case], roles: Roles, settings: EvalSettings, emit: Emit) -> None:
         sim = self.simulator(roles, settings)
-        dialogues = sim.start([c.data for c in cases], [c.id for c in cases])
+        dialogues = sim.start([c.data for c in cases], [c.id for c in cases], [case_key(c) for c in cases])
         by_id = {c.id: c for c in cases}
         for d in dialogues:
             if d.done:

@@ -23,7 +23,16 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar
 
-from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.base import (
+    Case,
+    Emit,
+    EvalSettings,
+    Record,
+    Roles,
+    case_key,
+    make_record,
+    mean,
+)
 from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.benchmarks.sotopia.agent import (
     ACTION_FORMAT,
@@ -134,7 +143,8 @@ class Sotopia:
             )
         max_turns = settings.max_turns or DEFAULT_MAX_TURNS
         episodes = [
-            _Episode(c, c.data, c.meta["policy_agent"], agent_fence(c.id, settings.seed)) for c in cases
+            _Episode(c, c.data, c.meta["policy_agent"], agent_fence(case_key(c), settings.seed))
+            for c in cases
         ]
         for turn in range(max_turns):
             actor = turn % 2
