@@ -195,6 +195,9 @@ def register(subparsers: Any) -> None:
         "with (default: each benchmark's first folder as given)",
     )
     rep.set_defaults(func=run_report_command)
+    from rapo_echo.benchmarks.compare import register as register_compare
+
+    register_compare(subparsers)
 
 
 # ------------------------------------------------------------------ how far a figure can be trusted

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.epm.report import epm_section, epmq_table
+from rapo_echo.benchmarks.eval_folder import EvalResult, is_eval, read_eval
 from rapo_echo.benchmarks.fidelity.report import NOTE as FIDELITY_NOTE
 from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_table, run_checks_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
 from rapo_echo.benchmarks.paired import paired_success
 from rapo_echo.benchmarks.plots import grouped_bars, metric_unit, training_curves
-from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
-from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
+from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, write_text_atomic
+from rapo_echo.benchmarks.runner import BENCHMARKS
 from rapo_echo.benchmarks.sotopia.report import dimensions_figure
 from rapo_echo.benchmarks.training_report import (
     JUDGE_BIAS_NOTE,
@@ -40,25 +41,9 @@ METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass
-class EvalResult:
-    path: Path
-    summary: dict[str, Any]
-    records: list[dict[str, Any]]
-    label: str = ""
-
-    @property
-    def benchmark(self) -> str:
-        return self.summary["benchmark"]
-
-
-@dataclass
 class TrainingRun:
     path: Path
     rows: list[dict[str, Any]]
-
-
-def _is_eval(p: Path) -> bool:
-    return (p / CONFIG_FILE).is_file() and (p / RESULTS_FILE).is_file()
 
 
 def discover(dirs: Sequence[str | Path]) -> tuple[list[EvalResult], list[TrainingRun]]:
@@ -70,10 +55,10 @@ def discover(dirs: Sequence[str | Path]) -> tuple[list[EvalResult], list[Trainin
         if not root.is_dir():
             raise DataError(f"{root}: not a folder")
         found = False
-        candidates = [root] if _is_eval(root) else [root, *sorted(c for c in root.iterdir() if c.is_dir())]
+        candidates = [root] if is_eval(root) else [root, *sorted(c for c in root.iterdir() if c.is_dir())]
         for p in candidates:
-            if _is_eval(p):
-                evals.append(EvalResult(p, compute_summary(p), read_records(p / RESULTS_FILE)))
+            if is_eval(p):
+                evals.append(read_eval(p))
                 found = True
             if (p / METRICS_FILE).is_file():
                 runs.append(TrainingRun(p, read_metrics(p / METRICS_FILE)))
@@ -94,8 +79,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def _label(evals: list[EvalResult]) -> None:
     """Row label = the policy spec; the folder name is added where one policy has two evals of a benchmark."""
-    for e in evals:
-        e.label = str(e.summary.get("models", {}).get("policy") or e.path.name)
     seen: dict[tuple[str, str], int] = {}
     for e in evals:
         seen[(e.label, e.benchmark)] = seen.get((e.label, e.benchmark), 0) + 1
