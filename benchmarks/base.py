@@ -3,7 +3,8 @@ the record it writes per case."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -139,6 +140,31 @@ class Benchmark(Protocol):
 def mean(values: Sequence[float]) -> float | None:
     """Arithmetic mean, None for no values."""
     return sum(values) / len(values) if values else None
+
+
+RECHECK_SEED_OFFSET = 7919  # a judge's recheck samples with its seed + this (a prime: no repeat's seed)
+
+
+def recheck_params(params: SamplingParams) -> SamplingParams:
+    """The sampling of a judge's recheck: the same, with another seed."""
+    return dataclasses.replace(
+        params, seed=None if params.seed is None else params.seed + RECHECK_SEED_OFFSET
+    )
+
+
+def recheck_entry(first: Mapping[str, Any], again: Mapping[str, Any], diffs: Sequence[float] = ()) -> Record:
+    """A judge's answers to the same questions, asked twice (the second time with a fresh seed and prompt
+    marker), as a record's ``info['judge_recheck']``: ``agree`` is the share of the questions (the keys of
+    ``first``) answered alike the second time (an unreadable second answer disagrees), ``abs_diff`` the
+    mean of ``diffs``, the absolute differences of the numbers the answers give (None without any)."""
+    keys = list(first)
+    same = sum(again.get(k) is not None and again.get(k) == first[k] for k in keys)
+    return {
+        "agree": same / len(keys) if keys else None,
+        "abs_diff": sum(diffs) / len(diffs) if diffs else None,
+        "first": dict(first),
+        "again": dict(again),
+    }
 
 
 def make_record(
