@@ -373,7 +373,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def run_transcripts_command(args: argparse.Namespace) -> int:
     """``eval --benchmark sage --transcripts DIR``: score released SAGE result files, print a table."""
-    from rapo_echo.benchmarks.sage.run import score_transcripts
+    from rapo_echo.benchmarks.sage.transcripts import score_transcripts
     from rapo_echo.errors import ConfigError
 
     if args.benchmark != "sage":
