@@ -191,8 +191,14 @@ def register(subparsers: Any) -> None:
     rep.add_argument("--title", default="rapo-echo report")
     rep.add_argument(
         "--baseline",
-        help="eval folder or policy spec the paired comparison of per-case success compares the others "
-        "with (default: each benchmark's first folder as given)",
+        help="eval folder or policy spec the others are compared with, figure by figure and card by card "
+        "(default: each benchmark's first folder as given)",
+    )
+    rep.add_argument(
+        "--show-incomparable",
+        action="store_true",
+        help="put evaluations whose benchmark cards differ (another simulator, judge, sampling, prompt or "
+        "data) side by side anyway, marked; by default they are left out of the comparison and named",
     )
     rep.set_defaults(func=run_report_command)
     from rapo_echo.benchmarks.compare import register as register_compare
@@ -405,7 +411,12 @@ def run_report_command(args: argparse.Namespace) -> int:
     from rapo_echo.benchmarks.report import build_report
 
     html_path, md_path = build_report(
-        args.dirs, args.output, max_transcripts=args.max_transcripts, title=args.title, baseline=args.baseline
+        args.dirs,
+        args.output,
+        max_transcripts=args.max_transcripts,
+        title=args.title,
+        baseline=args.baseline,
+        show_incomparable=args.show_incomparable,
     )
     print(f"report: {html_path}\nmarkdown table: {md_path}")
     return 0

@@ -112,6 +112,7 @@ class PairedFigure:
     interval: tuple[float, float] | None
     p: float
     test: str
+    discordant: tuple[int, int] | None = None  # McNemar: cases only the other won, only the baseline won
 
 
 def case_means(records: Sequence[dict[str, Any]], figure: Figure) -> tuple[dict[str, float], bool]:
@@ -141,13 +142,13 @@ def paired_figure(
     if binary:
         wins, losses = int(np.sum((xb == 1) & (xa == 0))), int(np.sum((xa == 1) & (xb == 0)))
         c = PairedSuccess(len(shared), int(xa.sum()), int(xb.sum()), wins, losses)
-        interval, p, test = c.interval, c.p, MCNEMAR
+        interval, p, test, discordant = c.interval, c.p, MCNEMAR, (wins, losses)
     else:
         d = xb - xa
         interval, p, test = paired_bootstrap_ci(d), wilcoxon_signed_rank(d)[1], WILCOXON
-    return PairedFigure(
-        key, len(shared), float(xa.mean()), float(xb.mean()), float((xb - xa).mean()), interval, p, test
-    )
+        discordant = None
+    means = (float(xa.mean()), float(xb.mean()), float((xb - xa).mean()))
+    return PairedFigure(key, len(shared), *means, interval, p, test, discordant)
 
 
 def paired_figures(

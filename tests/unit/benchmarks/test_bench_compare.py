@@ -90,3 +90,30 @@ def test_compare_refuses_runs_measured_differently_and_shows_them_marked(tmp_pat
     out = capsys.readouterr().out
     assert "NOT COMPARABLE" in out and "sampling.simulator.temperature: 0.0 vs 0.7" in out
     assert "| SAGE score |" in out
+
+
+def test_report_leaves_out_runs_measured_differently_and_shows_them_marked(tmp_path):
+    from rapo_echo.benchmarks.report import build_report
+
+    root = tmp_path / "runs"
+    sage(tmp_path, "runs/cold", "I hear you", repeats=2)
+    sage(tmp_path, "runs/warm", "Tell me more", repeats=2, simulator_temperature=0.7)
+    sage(tmp_path, "runs/cold-b", "Tell me more", repeats=2)
+    html_path, md_path = build_report([root], tmp_path / "rep")
+    md = md_path.read_text()
+    assert "| Tell me more [cold-b] |" in md and "| I hear you |" in md
+    assert "Tell me more [warm]" in md and "left out of the comparison" in md
+    assert "sampling.simulator.temperature: 0.0 vs 0.7" in md
+    table = md.split("\n\n")[2]  # the SAGE comparison table: the runs measured alike only
+    assert "[warm]" not in table and "[cold-b]" in table
+    assert "SAGE score" in table and table.count(" [") >= 3  # every cell with its interval
+    assert "Paired comparison" in md and "| sage | Tell me more [cold-b] | I hear you | SAGE score |" in md
+    page = html_path.read_text()
+    assert "sampling.simulator.temperature: 0.0 vs 0.7" in page and "benchmark card" in page
+    assert "95% interval" in page and "sd across repeats" in page and "Judge consistency" in page
+
+    html_path, md_path = build_report([root], tmp_path / "shown", show_incomparable=True)
+    md = md_path.read_text()
+    assert "| Tell me more [warm] [card differs] |" in md and "shown as asked (--show-incomparable)" in md
+    assert "card differs: sampling.simulator.temperature" in html_path.read_text()
+    assert main(["report", str(root), "--output", str(tmp_path / "cli"), "--show-incomparable"]) == 0
