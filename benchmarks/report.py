@@ -324,7 +324,9 @@ def render_html(
         if figures is not None:
             parts.append(_html_table(*figures))
         # fidelity's figures are in its own section's table
-        metric_rows = [] if e.benchmark == "fidelity" else [[k, fmt(v)] for k, v in s["metrics"].items()]
+        in_figures = set(s.get("figures") or {})  # the rest of the metrics, beside the figures above
+        metrics = [[k, fmt(v)] for k, v in s["metrics"].items() if k not in in_figures]
+        metric_rows = [] if e.benchmark == "fidelity" else metrics
         if metric_rows:
             parts.append(_html_table(["metric", "value"], metric_rows))
         shown = e.records[:max_transcripts]

@@ -13,7 +13,7 @@ from rapo_echo.benchmarks.card import card_differences
 from rapo_echo.benchmarks.eval_folder import EvalResult
 from rapo_echo.benchmarks.figures import figures_of
 from rapo_echo.benchmarks.paired import paired_figures
-from rapo_echo.benchmarks.runner import get_benchmark
+from rapo_echo.benchmarks.runner import BENCHMARKS, get_benchmark
 from rapo_echo.errors import DataError
 
 MARK = " [card differs]"
@@ -134,7 +134,7 @@ def paired_table(
     for bench in dict.fromkeys(e.benchmark for e in evals):
         group = [e for e in evals if e.benchmark == bench]
         base = reference_of(group, baseline)
-        if base is None:
+        if base is None or bench not in BENCHMARKS:
             continue
         figures = figures_of(get_benchmark(bench), [])
         labels = {key: label for key, label in base.summary.get("headline", [])}
