@@ -1,4 +1,5 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, config, export.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, compare, config,
+export.
 
 Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
 and sets ``func(args) -> exit code``. Only commands whose module imports are listed.
