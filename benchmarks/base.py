@@ -51,7 +51,7 @@ class EvalSettings:
     epm: dict[str, Any] = field(default_factory=dict)  # EPM: EpmConfig overrides (benchmarks/epm/vectors.py)
     # -- how far a figure can be trusted (docs/reading-results.md); each field's flag: benchmarks/cli.py
     # add_measure_flags. repeats: every case this many times, each repeat with its own seeds
-    # (benchmarks/runner.py repeat_seed); judge_recheck: each judged case asks its judge its last
+    # (repeat_seed below); judge_recheck: each judged case asks its judge its last
     # question once more, with a fresh seed and prompt marker (the judge's self-agreement); state_probe:
     # SAGE asks the policy each turn how the user feels (emotional state tracking; auto = with the hard
     # profiles); profiles: SAGE's bundled profile set.
@@ -109,6 +109,15 @@ class Case:
     id: str
     data: Any
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+REPEAT_SEED_STRIDE = 1000  # repeat k runs with seed + k * this (far apart: a role may use seed + 1 too)
+
+
+def repeat_seed(seed: int | None, repeat: int) -> int | None:
+    """The seed of repeat ``repeat`` (``--repeats``): the run's own for the first (0), ``seed + repeat *``
+    :data:`REPEAT_SEED_STRIDE` after it (None stays None: unseeded)."""
+    return seed if seed is None or repeat == 0 else seed + repeat * REPEAT_SEED_STRIDE
 
 
 def case_key(case: Case) -> str:

@@ -10,7 +10,7 @@ A card holds:
   emotion, the benchmark's own switches); a hash of every prompt source; and the data (the file's
   SHA-256, and a hash of the cases as the benchmark read them);
 * ``under_test`` -- the policy, its sampling and its system prompt (what a comparison is about);
-* ``seeds`` -- the run's seed and each repeat's (:func:`rapo_echo.benchmarks.runner.repeat_seed`);
+* ``seeds`` -- the run's seed and each repeat's (:func:`rapo_echo.benchmarks.base.repeat_seed`);
 * ``code`` -- the rapo-echo version, and the git commit (and whether the tree had changes) where the
   package runs from a checkout.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import __version__
-from rapo_echo.benchmarks.base import Case, EvalSettings, Roles
+from rapo_echo.benchmarks.base import Case, EvalSettings, Roles, repeat_seed
 from rapo_echo.errors import ConfigError, DataError
 
 CARD_FILE = "card.json"
@@ -190,8 +190,6 @@ def build_card(
     cases: Sequence[Case],
 ) -> dict[str, Any]:
     """The card of an evaluation about to run (``cases``: the cases it asked for, one repeat)."""
-    from rapo_echo.benchmarks.runner import repeat_seed
-
     details = benchmark.card_details(settings) if hasattr(benchmark, "card_details") else {}
     episode = dict(details.get("episode", {}))
     instrument: dict[str, Any] = {

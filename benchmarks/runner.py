@@ -19,7 +19,6 @@ what is done. The summary holds the metrics as the mean over repeats, every figu
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import json
 import logging
@@ -29,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import progress
-from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles
-from rapo_echo.benchmarks.card import CARD_FILE, build_card, check_card_resume, read_card
+from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles, repeat_seed
+from rapo_echo.benchmarks.card import CARD_FILE, build_card, check_card_resume, file_digest, read_card
 from rapo_echo.benchmarks.figures import METHOD, by_repeat, figures_of, mean_metrics, run_figures
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
@@ -60,15 +59,8 @@ BENCHMARKS: dict[str, str] = {
 # settings that do not change what a case's result means, so they may differ when resuming (repeats: a
 # larger number adds repeats to a finished run)
 RESUME_FREE = ("batch_size", "written_at", "repeats")
-REPEAT_SEED_STRIDE = 1000  # repeat k runs with seed + k * this (far apart: a role may use seed + 1 too)
 LOCAL_BATCH = 8  # cases per batch when every role runs on a local engine
 REMOTE_WAVE = 512  # cases per wave when a role is served (a crash loses at most one wave's cases)
-
-
-def repeat_seed(seed: int | None, repeat: int) -> int | None:
-    """The seed of repeat ``repeat``: the run's own for the first (0), ``seed + repeat *``
-    :data:`REPEAT_SEED_STRIDE` after it (None stays None: unseeded)."""
-    return seed if seed is None or repeat == 0 else seed + repeat * REPEAT_SEED_STRIDE
 
 
 def repeat_id(case_id: str, repeat: int) -> str:
@@ -128,14 +120,10 @@ def eval_config(
 
 
 def data_digest(data: str | None) -> str | None:
-    """The SHA-256 of a data file's bytes (None for no data or a bundled file)."""
-    if not data or data.startswith("bundled:") or not Path(data).is_file():
+    """The SHA-256 of a data file's bytes (None for no data or a bundled file: the card hashes those)."""
+    if not data or data.startswith("bundled:"):
         return None
-    digest = hashlib.sha256()
-    with open(data, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_digest(data)
 
 
 def check_output(output: Path, config: dict[str, Any], what: str = "evaluation") -> None:

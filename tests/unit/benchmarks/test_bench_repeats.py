@@ -9,10 +9,10 @@ import json
 import pytest
 
 from rapo_echo.benchmarks import card as card_module
-from rapo_echo.benchmarks.base import EvalSettings, Roles
+from rapo_echo.benchmarks.base import EvalSettings, Roles, repeat_seed
 from rapo_echo.benchmarks.card import card_differences, engine_identity, prompt_wording
 from rapo_echo.benchmarks.results import read_records
-from rapo_echo.benchmarks.runner import check_resume, get_benchmark, repeat_seed, run_eval
+from rapo_echo.benchmarks.runner import check_resume, get_benchmark, run_eval
 from rapo_echo.engines.openai_engine import OpenAIEngine
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError
