@@ -80,7 +80,7 @@ def test_the_card_records_the_instrument(tmp_path):
     assert inst["sampling"]["simulator"] == {"temperature": 0.7, "max_new_tokens": 512, "retries": 2}
     assert "judge" not in inst["sampling"]  # sage has no judge role
     assert inst["episode"]["initial_emotion"] == 40.0 and inst["episode"]["max_turns"] == 10
-    assert set(inst["prompts"]) == {"rapo_echo.simulators.sage"}
+    assert set(inst["prompts"]) == {"rapo_echo.simulators.sage", "rapo_echo.benchmarks.sage.tracking"}
     assert inst["data"]["cases"] == 4 and len(inst["data"]["file_sha256"]) == 64
     assert card["seeds"] == {"seed": 3, "repeats": [3, 1003]}
     assert card["under_test"]["sampling"] == {"temperature": 0.0, "max_new_tokens": 128}
