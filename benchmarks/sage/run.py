@@ -46,7 +46,6 @@ from rapo_echo.data.sage_profiles import BUNDLED_HARD_PROFILES, load_profiles
 from rapo_echo.engines.base import generate_texts, reply_texts
 from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
-from rapo_echo.llm.answers import generate_parsed
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.turns import advance_together
 from rapo_echo.simulators.sage import PROMPT_VERSION, SageDialogue, SageSimulator, preset
@@ -254,18 +253,14 @@ class Sage:
         fences = [
             Fence.derived([d.fence_key, str(d.turns)], salt=f"sage-probe:{settings.seed}") for d in batch
         ]
-        params = dataclasses.replace(settings.policy_params(), max_new_tokens=PROBE_TOKENS)
-        answers = generate_parsed(
-            roles.policy,
-            [probe_prompt(d.history, f) for d, f in zip(batch, fences)],
-            None,
-            params,
-            max_retries=settings.judge_retries,
-            role="policy",
-            answer_format=PROBE_FORMAT,
+        params = dataclasses.replace(
+            settings.policy_params(), max_new_tokens=PROBE_TOKENS, answer_format=PROBE_FORMAT
         )
-        for d, a in zip(batch, answers):
-            probes[d.id].append({"turn": d.turns, "estimate": a.value, "hidden": d.emotion})
+        prompts = [probe_prompt(d.history, f) for d, f in zip(batch, fences)]
+        answers = reply_texts(roles.policy, prompts, params)  # one try: a measurement, not a retry loop
+        for d, text in zip(batch, answers):
+            estimate = None if text is None else PROBE_FORMAT.parse(text)
+            probes[d.id].append({"turn": d.turns, "estimate": estimate, "hidden": d.emotion})
 
     @staticmethod
     def _recheck(
