@@ -48,7 +48,7 @@ from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.turns import advance_together
-from rapo_echo.simulators.sage import PROMPT_VERSION, SageDialogue, SageSimulator, preset
+from rapo_echo.simulators.sage import CHANGE_OPTIONS, PROMPT_VERSION, SageDialogue, SageSimulator, preset
 from rapo_echo.types import Conversation, msg
 
 DEFAULT_MAX_TURNS = 10
@@ -74,6 +74,11 @@ def outcome(final_emotion: float, turns: int) -> dict[str, Any]:
         "failure": float(final_emotion < FAILURE_BELOW),
         "turns": turns,
     }
+
+
+def nearest_change(change: float) -> float:
+    """The change option (:data:`~rapo_echo.simulators.sage.CHANGE_OPTIONS`) nearest ``change``."""
+    return min(CHANGE_OPTIONS.values(), key=lambda option: abs(option - change))
 
 
 def summarize_outcomes(records: Sequence[Record]) -> dict[str, Any]:
@@ -268,7 +273,8 @@ class Sage:
     ) -> dict[str, dict[str, Any]]:
         """The simulated user's reading of each dialogue's last read reply, asked once more with a fresh
         seed and prompt marker (the user's emotion is this benchmark's judgment): ``info['judge_recheck']``,
-        alike when both changes round to the same whole number."""
+        alike when both changes are nearest the same of SAGE's change options (-10, -5, 0, +5, +10: the
+        readings' own grain); ``read`` keeps the two changes as read."""
         assert roles.simulator is not None
         again = SageSimulator(roles.simulator, sim.settings, seed=sim.seed + RECHECK_SEED_OFFSET)
         valid = [d for d in batch if not d.invalid]
@@ -277,9 +283,12 @@ class Sage:
             if read is not None:
                 first, second = read
                 diffs = [abs(first - second)] if second is not None else []
-                out[d.id] = recheck_entry(
-                    {"change": round(first)}, {"change": None if second is None else round(second)}, diffs
+                entry = recheck_entry(
+                    {"change": nearest_change(first)},
+                    {"change": None if second is None else nearest_change(second)},
+                    diffs,
                 )
+                out[d.id] = {**entry, "read": [first, second]}
         return out
 
     @classmethod

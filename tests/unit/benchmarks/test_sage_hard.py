@@ -35,6 +35,12 @@ def test_profiles_hard_is_the_bundled_set_and_refuses_data(tmp_path):
         sage.load_cases(profiles_file(tmp_path, [row("x", "0")]), EvalSettings(profiles="hard"))
 
 
+def test_a_reading_is_alike_at_the_grain_of_the_change_options():
+    from rapo_echo.benchmarks.sage.run import nearest_change
+
+    assert [nearest_change(x) for x in (0.28, 1.03, 2.4, 2.6, -7.6, 14.0)] == [0, 0, 0, 5, -10, 10]
+
+
 def test_tracking_by_hand():
     probes = [
         {"estimate": 40, "hidden": 40.0},
@@ -105,7 +111,13 @@ def test_the_users_emotion_reading_is_asked_again(tmp_path):
     )
     for r in read_records(tmp_path / "steady" / "results.jsonl"):
         recheck = r["info"]["judge_recheck"]  # the stepping user reads +5 whatever the marker
-        assert recheck == {"agree": 1.0, "abs_diff": 0.0, "first": {"change": 5}, "again": {"change": 5}}
+        assert recheck == {
+            "agree": 1.0,
+            "abs_diff": 0.0,
+            "first": {"change": 5.0},
+            "again": {"change": 5.0},
+            "read": [5.0, 5.0],
+        }
     data = profiles_file(tmp_path, [row(f"q{i}", "0") for i in range(8)])
     summary = run_eval(
         get_benchmark("sage"),
@@ -119,7 +131,8 @@ def test_the_users_emotion_reading_is_asked_again(tmp_path):
         next(e["delta"] for e in reversed(r["info"]["log"]) if "delta" in e)
         for r in read_records(tmp_path / "noisy" / "results.jsonl")
     ]
-    assert [c["first"]["change"] for c in rechecks] == [round(d) for d in last_deltas]
+    assert [c["read"][0] for c in rechecks] == last_deltas
+    assert all(c["first"]["change"] in (-10, -5, 0, 5, 10) for c in rechecks)
     assert {c["agree"] for c in rechecks} == {0.0, 1.0}  # a user whose reading hangs on the prompt marker
     assert summary["metrics"]["judge/self_agreement"] == pytest.approx(
         sum(c["agree"] for c in rechecks) / len(rechecks)
