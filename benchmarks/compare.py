@@ -38,7 +38,7 @@ def figure_row(c: PairedFigure, labels: dict[str, str]) -> list[str]:
         "–" if c.interval is None else f"[{number(c.interval[0], True)}, {number(c.interval[1], True)}]"
     )
     return [
-        labels.get(c.figure, c.figure),
+        labels.get(c.figure, c.figure.replace("_", " ")),
         str(c.n),
         number(c.baseline),
         number(c.other),
@@ -53,17 +53,21 @@ def judge_line(a: EvalResult, b: EvalResult) -> str | None:
     """How far each run's judge agreed with itself on its rechecks, or None when neither rechecked."""
     parts = []
     for name, e in (("A", a), ("B", b)):
-        f = (e.summary.get("figures") or {}).get("judge/self_agreement")
-        n = ((e.summary.get("figures") or {}).get("judge/rechecks") or {}).get("mean")
+        figures = e.summary.get("figures") or {}
+        f = figures.get("judge/self_agreement")
         if f is not None:
             interval = "" if f["lo"] is None else f" [{number(f['lo'])}, {number(f['hi'])}]"
-            parts.append(f"{name} {number(f['mean'])}{interval} over {int(n or 0)} rechecks")
+            diff = (figures.get("judge/abs_diff") or {}).get("mean")
+            n = int((figures.get("judge/rechecks") or {}).get("mean") or 0)
+            parts.append(
+                f"{name} {number(f['mean'])}{interval}, mean |difference| {number(diff)} ({n} rechecks)"
+            )
     if not parts:
         return None
     return (
-        "judge self-agreement (the same question asked again, fresh seed and marker): "
+        "judge self-agreement (its last question asked again, fresh seed and prompt marker): "
         + "; ".join(parts)
-        + ". A judge that disagrees with itself this often cannot tell differences of that size apart."
+        + ". A difference between the runs within the judge's own wobble is not one it can tell."
     )
 
 

@@ -148,8 +148,8 @@ def paired_table(
                 if c.discordant is not None:
                     test += f": {c.discordant[0]} only policy, {c.discordant[1]} only baseline"
                 rows.append(
-                    [bench, e.label, base.label, labels.get(c.figure, c.figure), str(c.n), fmt(c.baseline)]
-                    + [fmt(c.other), f"{c.difference:+.3f}{interval}", f"{c.p:.3f}", test]
+                    [bench, e.label, base.label, labels.get(c.figure, c.figure.replace("_", " ")), str(c.n)]
+                    + [fmt(c.baseline), fmt(c.other), f"{c.difference:+.3f}{interval}", f"{c.p:.3f}", test]
                 )
     return (header, rows) if rows else None
 

@@ -72,12 +72,12 @@ def test_compare_prints_every_figure_with_its_interval_and_p(tmp_path, capsys):
     assert main(["compare", a, b]) == 0
     out = capsys.readouterr().out
     lines = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert set(lines) >= {"figure", "SAGE score", "success_rate", "failure_rate", "avg_turns"}
-    for figure in ("SAGE score", "success_rate"):  # success is a rate per case over its two repeats
+    assert set(lines) >= {"figure", "SAGE score", "success rate", "failure rate", "avg turns"}
+    for figure in ("SAGE score", "success rate"):  # success is a rate per case over its two repeats
         cells = [c.strip() for c in lines[figure].split("|")[1:-1]]
         assert cells[1] == "6" and cells[5].startswith("[") and float(cells[6]) <= 1.0
         assert cells[7] == WILCOXON
-    assert "Wilcoxon signed-rank test" in out
+    assert "Wilcoxon signed-rank test" in out and "judge self-agreement" in out and "rechecks)" in out
 
 
 def test_compare_refuses_runs_measured_differently_and_shows_them_marked(tmp_path, capsys):
