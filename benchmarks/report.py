@@ -251,9 +251,11 @@ def render_html(
     learning: Sequence[tuple[Path, dict[str, Any]]] = (),
     baseline: str | None = None,
     card_notes: Sequence[str] = (),
+    apart: Sequence[EvalResult] = (),
 ) -> str:
-    """The whole report page (``evals`` already checked for comparable cards: ``card_notes`` says which
-    were left out or are shown marked, :func:`~rapo_echo.benchmarks.report_figures.check_cards`)."""
+    """The whole report page. ``evals`` stand side by side (checked for comparable cards by
+    :func:`~rapo_echo.benchmarks.report_figures.check_cards`); ``apart``, measured differently, get their
+    own sections only; ``card_notes`` say which and why."""
     parts = [
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
@@ -310,7 +312,7 @@ def render_html(
             if samples:
                 parts.append(f"<h3>Samples of {html.escape(run.path.name)} (last logged step)</h3>")
                 parts.append(samples_html(samples))
-    for e in evals:
+    for e in [*evals, *apart]:
         s = e.summary
         parts.append(f"<h2>{html.escape(e.benchmark)} — {html.escape(e.label)}</h2>")
         models = ", ".join(f"{k}: {v}" for k, v in s.get("models", {}).items())
@@ -352,7 +354,7 @@ def build_report(
     evaluation whose benchmark card differs from it is left out of the comparison, named with the
     difference, or with ``show_incomparable`` shown marked."""
     evals, runs = discover(dirs)
-    evals, notes = check_cards(evals, baseline, show_incomparable)
+    evals, apart, notes = check_cards(evals, baseline, show_incomparable)
     output = Path(output)
     html_path, md_path = output / "report.html", output / "report.md"
     page = render_html(
@@ -363,6 +365,7 @@ def build_report(
         learning=find_learning(dirs),
         baseline=baseline,
         card_notes=notes,
+        apart=apart,
     )
     write_text_atomic(html_path, page)
     md = f"# {title}\n\n"

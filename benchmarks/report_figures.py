@@ -92,14 +92,16 @@ def reference_of(group: Sequence[EvalResult], baseline: str | None) -> EvalResul
 
 def check_cards(
     evals: Sequence[EvalResult], baseline: str | None = None, show_incomparable: bool = False
-) -> tuple[list[EvalResult], list[str]]:
-    """The evaluations that may stand side by side and a note per one that may not: per benchmark, each
-    evaluation's card against the reference's (:func:`reference_of`); one measured differently is left out
-    and named with what differs, or with ``show_incomparable`` kept, marked (label suffix, and
+) -> tuple[list[EvalResult], list[EvalResult], list[str]]:
+    """``(side by side, apart, notes)``: per benchmark, each evaluation's card against the reference's
+    (:func:`reference_of`); one measured differently is kept apart (its own section, no comparison) and
+    named with what differs, or with ``show_incomparable`` put side by side, marked (label suffix, and
     ``card_differs``)."""
     if baseline is not None and not any(_is_baseline(e, baseline) for e in evals):
         raise DataError(f"--baseline {baseline}: no evaluation folder or policy of that name in the inputs")
-    kept, notes = [], []
+    kept: list[EvalResult] = []
+    apart: list[EvalResult] = []
+    notes: list[str] = []
     for bench in dict.fromkeys(e.benchmark for e in evals):
         group = [e for e in evals if e.benchmark == bench]
         ref = reference_of(group, baseline) or group[0]
@@ -117,8 +119,9 @@ def check_cards(
                 kept.append(e)
                 notes.append(what + " -- shown as asked (--show-incomparable), marked" + MARK)
             else:
+                apart.append(e)
                 notes.append(what + " -- left out of the comparison (--show-incomparable shows it, marked)")
-    return kept, notes
+    return kept, apart, notes
 
 
 def paired_table(

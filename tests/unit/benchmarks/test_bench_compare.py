@@ -110,6 +110,7 @@ def test_report_leaves_out_runs_measured_differently_and_shows_them_marked(tmp_p
     assert "Paired comparison" in md and "| sage | Tell me more [cold-b] | I hear you | SAGE score |" in md
     page = html_path.read_text()
     assert "sampling.simulator.temperature: 0.0 vs 0.7" in page and "benchmark card" in page
+    assert "<h2>sage — Tell me more [warm]</h2>" in page  # not compared, but shown on its own
     assert "95% interval" in page and "sd across repeats" in page and "Judge consistency" in page
 
     html_path, md_path = build_report([root], tmp_path / "shown", show_incomparable=True)
