@@ -182,7 +182,7 @@ def judge_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[str]]
                 e.label,
                 fmt(agree["mean"]) + interval,
                 fmt(diff),
-                fmt(n),
+                str(int(n)) if isinstance(n, (int, float)) and float(n).is_integer() else fmt(n),
                 "n/a (scores one at a time)",
             ]
         )

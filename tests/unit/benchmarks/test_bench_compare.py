@@ -108,6 +108,7 @@ def test_report_leaves_out_runs_measured_differently_and_shows_them_marked(tmp_p
     assert "[warm]" not in table and "[cold-b]" in table
     assert "SAGE score" in table and table.count(" [") >= 3  # every cell with its interval
     assert "Paired comparison" in md and "| sage | Tell me more [cold-b] | I hear you | SAGE score |" in md
+    assert "| sage | I hear you | 0.417 [0.250, 0.500] | 7.500 | 6 |" in md  # judge consistency; a count
     page = html_path.read_text()
     assert "sampling.simulator.temperature: 0.0 vs 0.7" in page and "benchmark card" in page
     assert "<h2>sage — Tell me more [warm]</h2>" in page  # not compared, but shown on its own
