@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,13 @@ from .rapo_config import RapoConfig
 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
+
+    from .run_sections import RunConfig
+
+    class RapoRunConfig(RunConfig):
+        """The run config :func:`.run_config.run_config_class` builds for RAPO (the type checker's view)."""
+
+        rapo: RapoConfig
 
 # A self-distillation target: a corrected reply learnt under the plain context, normalised over the
 # mini-batch's SD tokens, and scored at temperature 1 so every SD loss (and the ``token_kl`` teacher)
@@ -216,16 +223,17 @@ class RAPO(GRPO):
 
     name = "rapo"
     config = RapoConfig
+    cfg: RapoRunConfig
     # Linear rank rewards average 0.5 in every group, so show the simulated emotion change instead.
     progress_keys = ("sim/emotion_delta", "loss/sd", "loss/total")
     validation_key = "val/emotion_delta"
     validation_dialogues = True
 
     @classmethod
-    def needs(cls, cfg: Any) -> Needs:
+    def needs(cls, cfg: RunConfig) -> Needs:
         """Its judge's group ranks are the reward (plugins are optional extras); self-distillation adds
         the SD rows, and ``token_kl`` the teacher's top-k on them."""
-        sd = cfg.rapo.sd
+        sd = cfg.section("rapo", RapoConfig).sd
         token_kl = sd.enabled and sd.loss == "token_kl"
         return policy_gradient_needs(
             cfg,
@@ -235,9 +243,9 @@ class RAPO(GRPO):
         )
 
     @classmethod
-    def check_plugins(cls, cfg: Any, at: Callable[[str], str]) -> None:
+    def check_plugins(cls, cfg: RunConfig, at: Callable[[str], str]) -> None:
         """``rapo.simulator.name``: a built-in simulated user or a plugin (``module:attr``, entry point)."""
-        resolve_simulator(cfg.rapo.simulator.name, at("rapo.simulator.name"))
+        resolve_simulator(cfg.section("rapo", RapoConfig).simulator.name, at("rapo.simulator.name"))
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -249,9 +257,9 @@ class RAPO(GRPO):
             "rollout": {"group_size": 4},
         }
 
-    def __init__(self, cfg: Any, ctx: AlgoContext) -> None:
+    def __init__(self, cfg: RunConfig, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)
-        rc = cfg.rapo
+        rc = cfg.section("rapo", RapoConfig)
         if (rc.simulator.name == "reaction" and ctx.simulator is None) or (
             rc.judge.kind == "model" and ctx.judge is None
         ):
@@ -280,7 +288,7 @@ class RAPO(GRPO):
             self.judge = ReactionJudge(tie_eps=jc.tie_eps)
         else:
             self.judge = GroupJudge(
-                ctx.judge,
+                ctx.judge,  # type: ignore[arg-type]  # not None: refused above for kind "model"
                 use_logprobs=jc.use_logprobs,
                 max_retries=jc.max_retries,
                 reverse_pass=jc.reverse_pass,
@@ -532,10 +540,11 @@ class RAPO(GRPO):
             return group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
         adv = [0.0] * len(samples)
         for g in groups:
-            valid = [i for i in g if samples[i].reward is not None]
-            if len(valid) < 2:
+            scored = [(i, r) for i in g if (r := samples[i].reward) is not None]
+            if len(scored) < 2:
                 continue
-            ranks = average_ranks([samples[i].reward for i in valid])  # type: ignore[misc]
+            valid = [i for i, _ in scored]
+            ranks = average_ranks([r for _, r in scored])
             for i, a in zip(valid, gopo_advantages(ranks)):
                 adv[i] = a
         return adv
@@ -544,14 +553,11 @@ class RAPO(GRPO):
     def _selected(self, samples: list[Sample], groups: list[list[int]]) -> list[int]:
         chosen: list[int] = []
         for g in groups:
-            ranks = [samples[i].info.get("rank") for i in g]
-            if any(r is None for r in ranks):
+            ranks = [r for i in g if (r := samples[i].info.get("rank")) is not None]
+            if len(ranks) < len(g):
                 continue
             picked = select_for_distillation(
-                ranks,
-                [samples[i].reward for i in g],
-                self.sd.select,
-                self.sd.threshold,  # type: ignore[arg-type]
+                ranks, [samples[i].reward for i in g], self.sd.select, self.sd.threshold
             )
             picked.sort(key=lambda p: -ranks[p])  # worst first
             if self.sd.max_per_group:
@@ -704,13 +710,16 @@ class RAPO(GRPO):
         ]
         completions = [samples[i].completion_ids for i in chosen]
         items = []
-        for start in range(0, len(chosen), self.cfg.train.micro_batch_size):
-            part = slice(start, start + self.cfg.train.micro_batch_size)
+        for start in range(0, len(chosen), self.cfg.train.micro_batch):
+            part = slice(start, start + self.cfg.train.micro_batch)
             batch = policy.batch(prompts[part], completions[part])
             ids, logp = policy.scorer.topk(batch, k)  # temperature 1, as the student's SD rows
             for row, i in enumerate(chosen[part]):
                 n = len(samples[i].completion_ids)
-                teacher = {TEACHER_IDS: ids[row, :n].cpu(), TEACHER_LOGP: logp[row, :n].cpu()}
+                teacher: dict[str, Sequence[float] | torch.Tensor] = {
+                    TEACHER_IDS: ids[row, :n].cpu(),
+                    TEACHER_LOGP: logp[row, :n].cpu(),
+                }
                 items.append(
                     TrainItem(
                         samples[i].prompt_ids,
