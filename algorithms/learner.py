@@ -481,6 +481,9 @@ class Learner:
                 self.step += 1
                 self.logs.step(self.step, metrics)
                 self._check_valid(metrics)
+                if self.cfg.train.stop_on_alarm and self.monitor.fired:  # checkpoint, then stop below
+                    self.stop.requested = True
+                    self.stop.signal_name = "alarm " + ", ".join(a["alarm"] for a in self.monitor.fired)
                 if bar is not None:
                     bar.update(1)
                     keys = self.algorithm.progress_keys

@@ -211,6 +211,25 @@ def select_for_distillation(
     return chosen
 
 
+def pulls(out: TokenScores, **terms: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``<name>/pull`` for each loss term: the L1 norm of its gradient with respect to the token
+    log-probs it reads (``out.logp``, and ``out.gathered`` for ``token_kl``), i.e. how hard it pulls on
+    the policy's outputs. The terms are normalised by the mini-batch totals, so micro-batches add up;
+    ``sd/pull`` / ``pg/pull`` is the monitor's ``sd/pg_ratio``. Only the loss's own graph above the
+    log-probs is traversed (not the model)."""
+    inputs = [t for t in (out.logp, out.gathered) if t is not None and t.requires_grad]
+    if not inputs:
+        return {}
+    res = {}
+    for name, term in terms.items():
+        if not term.requires_grad:
+            res[f"{name}/pull"] = torch.zeros(())
+            continue
+        grads = torch.autograd.grad(term, inputs, retain_graph=True, allow_unused=True)
+        res[f"{name}/pull"] = sum((g.detach().abs().sum() for g in grads if g is not None), torch.zeros(()))
+    return res
+
+
 class RAPO(GRPO):
     """GRPO over judge ranks of simulated reactions, plus critique self-distillation."""
 
@@ -730,12 +749,16 @@ class RAPO(GRPO):
         """GRPO's objective over the rank rewards plus ``rapo.sd.coef`` times the SD loss, a token-mean
         over the mini-batch's SD tokens (:meth:`sd_per_token`)."""
         loss, metrics = pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
-        if not self.sd.enabled or totals[SD]["tokens"] == 0 or SD not in mb.kinds:
-            return loss, metrics  # no SD rows here (other micro-batches of the mini-batch have them)
+        if not self.sd.enabled or totals[SD]["tokens"] == 0:
+            return loss, metrics
+        if SD not in mb.kinds:  # no SD rows here (other micro-batches of the mini-batch have them)
+            metrics.update(pulls(out, pg=loss))
+            return loss, metrics
         mask = mb.kind_mask(SD)
         per = self.sd_per_token(mb, out.logp, mask, out.gathered)
         sd = (per * mask).sum() / totals[SD]["tokens"]
         metrics["loss/sd"] = sd.detach()
+        metrics.update(pulls(out, pg=loss, sd=self.sd.coef * sd))
         return loss + self.sd.coef * sd, metrics
 
     def sd_per_token(
@@ -779,6 +802,7 @@ class RAPO(GRPO):
         out = {
             "sim/invalid": float(sum(not r.valid for r in reactions)),
             "sim/emotion_delta": statistics.fmean(deltas) if deltas else float("nan"),
+            "sim/emotion_delta_std": statistics.pstdev(deltas) if len(deltas) > 1 else 0.0,
             "judge/invalid_groups": float(sum(not j.valid for j in judgements)),
             "critique/len": statistics.fmean(crit) if crit else 0.0,
         }

@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""The long-run study (issue 47): RAPO's self-distillation modes with guards off and on, GRPO on the same
+ranks beside them, and RLVER with final versus per-turn rewards, each run for hundreds of steps on the
+embedded model, with the curves that show a run going bad.
+
+Every run is a plain ``rapo-echo train`` run folder under ``--root`` (one process at a time, ``nice``,
+one thread); the driver trains each run in chunks of ``--chunk`` steps, continuing it from its last
+checkpoint with ``--resume`` (the count of resumes is kept in ``study.json`` and shown), so it can be
+stopped at any time (Ctrl-C, a kill, a reboot) and started again with the same command: it goes on
+where the runs stopped. While a run trains, a progress line every ``--every`` steps shows the step, the
+hidden-rule score, entropy, KL to the reference, reply length, Distinct-2, the SD/GRPO pull ratio and the
+seconds per step.
+
+    python studies/long_run.py --root runs/long --arms nll-off token_kl-off --steps 300
+    python studies/long_run.py --root runs/long --arms nll-on grpo --seeds 0 1 2 --steps 300
+    python studies/long_run.py --root runs/long --table          # the study's tables (markdown)
+    rapo-echo report runs/long --output report/                  # the curves (one figure per metric)
+
+Arms (``--arms``): ``grpo`` (RAPO with ``rapo.sd.enabled: false``: GRPO on the same ranks), ``MODE-off``
+and ``MODE-on`` for MODE in nll, adv_nll, in_group, token_kl (the library's defaults for self-distillation,
+then the same with the guards of :data:`GUARDS_ON`), ``rlver-final`` and ``rlver-turn`` (RLVER against the
+scripted SAGE user, the final emotion or the per-turn emotion changes as the reward). Sizes: see
+:data:`SIZES` (the smallest that learned here at a few seconds a step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the checkout's root
+
+STATE_FILE = "study.json"
+STUDY_FILE = "long_run.json"  # the report finds a study by it
+MODES = ("nll", "adv_nll", "in_group", "token_kl")
+# What every RAPO arm shares: the hidden-preference user and the reactions judge (no model judge), the
+# embedded model with LoRA in bfloat16 (4x the float32 speed on this CPU), 2 contexts x 4 replies of at
+# most 16 tokens, the bundled scenarios that are one opening message (short prompts), the KL to the
+# reference watched (not in the loss), a checkpoint every 10 steps.
+SIZES = [
+    "model.lora.enabled=true",
+    "model.dtype=bfloat16",
+    "rollout.batch_size=2",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=16",
+    "rollout.temperature=1.0",
+    "train.lr=1e-3",
+    "loss.advantage=grpo",
+    "loss.beta=0",
+    "monitor.reference_kl=true",
+    "train.save_every=10",
+    "train.keep_checkpoints=1",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+RAPO_COMMON = [
+    "rapo.simulator.name=hidden_preference",
+    "rapo.judge.kind=reactions",
+    "rapo.sd.rewrite_prompt=system",  # the embedded model answers a follow-up request with talk about it
+]
+# The guards (docs/algorithms/rapo.md, "Guards"), off and on; passed again at every resume, so a run keeps
+# its arm's guards whatever the library's defaults are when it resumes.
+GUARDS_OFF = ["rapo.sd.verify=false"]
+GUARDS_ON = ["rapo.sd.verify=true"]
+RLVER_COMMON = ["rlver.simulator.max_turns=3", "rlver.simulator.max_new_tokens=16"]
+CURVES = (
+    ("sim/hidden_rule_score", "hidden"),
+    ("entropy", "H"),
+    ("kl", "kl"),
+    ("reply_len/mean", "len"),
+    ("reply/distinct_2", "d2"),
+    ("sd/pg_ratio", "sd/pg"),
+    ("reward/mean", "reward"),
+)
+
+
+def arm_config(arm: str) -> tuple[str, list[str]]:
+    """(algo, overrides) of an arm."""
+    if arm == "grpo":
+        return "rapo", [*RAPO_COMMON, "rapo.sd.enabled=false"]
+    if arm in ("rlver-final", "rlver-turn"):
+        reward = "final" if arm == "rlver-final" else "per_turn"
+        return "rlver", [*RLVER_COMMON, f"rlver.reward={reward}"]
+    mode, _, guards = arm.rpartition("-")
+    if mode not in MODES or guards not in ("off", "on"):
+        raise SystemExit(
+            f"unknown arm {arm!r}: grpo, rlver-final, rlver-turn or MODE-off/MODE-on, MODE in {MODES}"
+        )
+    sd = [*RAPO_COMMON, "rapo.sd.enabled=true", f"rapo.sd.loss={mode}"]
+    return "rapo", sd + (GUARDS_ON if guards == "on" else GUARDS_OFF)
+
+
+def openings_file(root: Path) -> Path:
+    """The bundled scenarios that are one opening message (shorter prompts, the same people), written once."""
+    from rapo_echo.data import bundled_file
+
+    out = root / "openings.jsonl"
+    if not out.is_file():
+        rows = [
+            json.loads(x) for x in bundled_file("scenarios_en.jsonl").read_text().splitlines() if x.strip()
+        ]
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows if "opening" in r))
+    return out
+
+
+def read_rows(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+    return [r for r in rows if isinstance(r.get("step"), int)]
+
+
+def done_steps(run: Path) -> int:
+    rows = read_rows(run)
+    return max((r["step"] for r in rows), default=0)
+
+
+def has_checkpoint(run: Path) -> bool:
+    return any((run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else False
+
+
+def load_state(root: Path) -> dict[str, Any]:
+    path = root / STATE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+
+
+def save_state(root: Path, state: dict[str, Any]) -> None:
+    tmp = root / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(root / STATE_FILE)
+
+
+def _fmt(v: Any, nd: int = 3) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{nd}g}"
+
+
+def progress_line(name: str, rows: list[dict[str, Any]], target: int, sec_per_step: float | None) -> str:
+    last = rows[-1]
+    parts = [f"{time.strftime('%H:%M')} [{name}] step {last['step']}/{target}"]
+    for key, short in CURVES:
+        if key in last:
+            parts.append(f"{short} {_fmt(last[key])}")
+    if sec_per_step:
+        eta = (target - last["step"]) * sec_per_step
+        parts.append(f"| {sec_per_step:.1f} s/step, eta {int(eta // 3600)}:{int(eta % 3600 // 60):02d}")
+    return " ".join(parts)
+
+
+def train_chunk(
+    root: Path, name: str, arm: str, seed: int, until: int, extra: Sequence[str], every: int, python: str
+) -> int:
+    """Train run ``name`` up to step ``until`` in a child process of ``python`` (from its last checkpoint when
+    it has one), in ``root`` (not the checkout: its source folders would shadow a frozen snapshot's);
+    returns the child's exit status."""
+    run = root / name
+    algo, overrides = arm_config(arm)
+    sets = [*SIZES, *overrides, f"train.seed={seed}", *extra]
+    resume = has_checkpoint(run)
+    if run.exists() and not resume:
+        shutil.rmtree(run)  # started but never checkpointed: start again
+    if algo == "rapo":
+        sets.append(f"data.path={openings_file(root)}")
+    cmd = ["nice", "-n", "10", python, "-m", "rapo_echo.cli", "train", "--max-steps", str(until)]
+    cmd += ["--resume", str(run)] if resume else ["--algo", algo, "--output", str(run)]
+    cmd += [
+        f"--set={s}" for s in (sets if not resume else [o for o in overrides if o.startswith("rapo.sd.")])
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd += ["--set=train.threads=1"]
+    state = load_state(root)
+    info = state["runs"].setdefault(name, {"arm": arm, "seed": seed, "resumes": 0, "wall_s": 0.0})
+    info["resumes"] += int(resume)
+    info["overrides"] = sets
+    save_state(root, state)
+    print(f"{time.strftime('%H:%M')} [{name}] {'resume' if resume else 'start'} to step {until}"
+          f" (resumes so far: {info['resumes']})", flush=True)  # fmt: skip
+    t0 = time.time()
+    with open(root / f"{name}.log", "a") as log:
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+        t_shown = time.time()
+        shown = step_shown = done_steps(run)
+        while child.poll() is None:
+            time.sleep(10)
+            rows = read_rows(run)
+            if rows and rows[-1]["step"] >= shown + every:
+                now = time.time()
+                rate = (now - t_shown) / max(1, rows[-1]["step"] - step_shown)
+                print(progress_line(name, rows, until, rate), flush=True)
+                shown, t_shown, step_shown = rows[-1]["step"], now, rows[-1]["step"]
+    state = load_state(root)
+    state["runs"][name]["wall_s"] += time.time() - t0
+    state["runs"][name]["steps"] = done_steps(run)
+    save_state(root, state)
+    shutil.rmtree(run / "final", ignore_errors=True)  # the merged model: not needed by the study
+    return child.returncode
+
+
+def snapshot(folder: Path) -> Path:
+    """A frozen copy of this checkout's code, laid out as installed, and an interpreter that imports it
+    (a venv whose path lists the copy, then this environment's site-packages, without the editable
+    install's finder): a long study keeps running the code it started with while the checkout changes.
+    Returns the interpreter."""
+    import site
+
+    code = folder / "code"
+    shutil.rmtree(code, ignore_errors=True)
+    shutil.copytree(ROOT / "rapo_echo", code / "rapo_echo", ignore=shutil.ignore_patterns("__pycache__"))
+    for sub in ("algorithms", "simulators", "benchmarks"):
+        shutil.copytree(ROOT / sub, code / "rapo_echo" / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    venv = folder / "venv"
+    if not (venv / "bin" / "python").exists():
+        subprocess.run(
+            [Path(sys.base_prefix) / "bin" / "python3", "-m", "venv", "--without-pip", venv], check=True
+        )
+    [packages] = [p for p in site.getsitepackages() if p.endswith("site-packages")][:1]
+    sp = next((venv / "lib").glob("python*/site-packages"))
+    (sp / "snapshot.pth").write_text(f"{code}\n{packages}\n")
+    return venv / "bin" / "python"
+
+
+def run_study(args: argparse.Namespace) -> None:
+    root = Path(args.root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / STUDY_FILE).write_text(json.dumps({"study": "long_run", "curves": [k for k, _ in CURVES]}))
+    runs = [(f"{arm}-s{seed}", arm, seed) for arm in args.arms for seed in args.seeds]
+    for _, arm, _ in runs:
+        arm_config(arm)  # unknown arms fail before anything runs
+    while todo := [(n, a, s) for n, a, s in runs if done_steps(root / n) < args.steps]:
+        for name, arm, seed in todo[:1] if args.sequential else todo:  # round-robin: one chunk each
+            done = done_steps(root / name)
+            until = args.steps if not args.chunk else min(args.steps, done + args.chunk)
+            rc = train_chunk(root, name, arm, seed, until, args.set, args.every, args.python)
+            if rc != 0:
+                raise SystemExit(f"[{name}] the run failed (exit {rc}); see {root / (name + '.log')}")
+    print(study_tables(root))
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def _window_mean(rows: list[dict[str, Any]], key: str, first: bool, n: int) -> float | None:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    if not vals:
+        return None
+    part = vals[:n] if first else vals[-n:]
+    return statistics.fmean(part)
+
+
+def alarms_raised(run: Path, rows: list[dict[str, Any]]) -> str:
+    """``name@step`` of each monitor signature's first flag."""
+    first: dict[str, int] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("monitor/") and v and k[8:] not in first:
+                first[k[8:]] = r["step"]
+    return ", ".join(f"{k}@{s}" for k, s in sorted(first.items(), key=lambda x: x[1])) or "none"
+
+
+def run_summary(root: Path, name: str, info: dict[str, Any], window: int) -> dict[str, Any]:
+    run = root / name
+    rows = read_rows(run)
+    ent = [r["entropy"] for r in rows if isinstance(r.get("entropy"), (int, float))]
+    step_s = [r["time/step"] for r in rows if isinstance(r.get("time/step"), (int, float))]
+    return {
+        "name": name,
+        "arm": info["arm"],
+        "seed": info["seed"],
+        "steps": rows[-1]["step"] if rows else 0,
+        "resumes": info.get("resumes", 0),
+        "first": _window_mean(rows, "sim/hidden_rule_score", True, window),
+        "last": _window_mean(rows, "sim/hidden_rule_score", False, window),
+        "min_entropy": min(ent) if ent else None,
+        "alarms": alarms_raised(run, rows),
+        "s_per_step": statistics.median(step_s) if step_s else None,
+    }
+
+
+def t_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of a Student-t interval over ``xs`` (n >= 2)."""
+    from scipy import stats
+
+    n = len(xs)
+    m = statistics.fmean(xs)
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * statistics.stdev(xs) / math.sqrt(n)
+    return m, m - half, m + half
+
+
+def study_tables(root: Path, window: int = 20) -> str:
+    """The study table (one row per run) and the RAPO-vs-GRPO table, as markdown."""
+    state = load_state(root)
+    rows = [run_summary(root, n, info, window) for n, info in sorted(state["runs"].items())]
+    out = [
+        f"first / last = mean hidden-rule score of the first / last {window} steps",
+        "",
+        "| run | mode | guards | seed | steps | resumes | first | last | min entropy | s/step "
+        "| alarms raised |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        mode, _, guards = r["arm"].rpartition("-") if r["arm"] != "grpo" else ("grpo (SD off)", "", "-")
+        out.append(
+            f"| {r['name']} | {mode} | {guards} | {r['seed']} | {r['steps']} | {r['resumes']} "
+            f"| {_fmt(r['first'])} | {_fmt(r['last'])} | {_fmt(r['min_entropy'])} | {_fmt(r['s_per_step'])} "
+            f"| {r['alarms']} |"
+        )
+    out += ["", gain_table(rows)]
+    return "\n".join(out)
+
+
+def gain_table(rows: list[dict[str, Any]]) -> str:
+    """Per arm with >= 2 seeds run to the same steps: the gain (last - first window) over seeds with its 95%
+    t-interval and the median seconds per step; then each arm against ``grpo``, paired by seed."""
+    by_arm: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        if r["first"] is not None and r["last"] is not None:
+            by_arm.setdefault(r["arm"], {})[r["seed"]] = r
+    lines = [
+        "| arm | seeds | steps | gain (mean [95% CI]) | s/step | vs grpo, paired by seed |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    base = by_arm.get("grpo", {})
+    for arm, seeds in sorted(by_arm.items()):
+        if len(seeds) < 2:
+            continue
+        gains = [s["last"] - s["first"] for s in seeds.values()]
+        m, lo, hi = t_interval(gains)
+        sps = statistics.median(s["s_per_step"] for s in seeds.values() if s["s_per_step"])
+        steps = min(s["steps"] for s in seeds.values())
+        vs = "-"
+        common = sorted(set(seeds) & set(base))
+        if arm != "grpo" and len(common) >= 2:
+            diffs = [
+                (seeds[k]["last"] - seeds[k]["first"]) - (base[k]["last"] - base[k]["first"]) for k in common
+            ]
+            dm, dlo, dhi = t_interval(diffs)
+            vs = f"{dm:+.3f} [{dlo:+.3f}, {dhi:+.3f}] over {len(common)} seeds"
+        lines.append(
+            f"| {arm} | {len(seeds)} | {steps} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] | {sps:.1f} | {vs} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default="runs/long", help="the study folder (run folders, logs, study.json)")
+    ap.add_argument("--arms", nargs="+", default=["nll-off", "token_kl-off"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--steps", type=int, default=300, help="steps per run")
+    ap.add_argument("--chunk", type=int, default=50, help="steps per turn of a run (0: each run whole)")
+    ap.add_argument(
+        "--sequential", action="store_true", help="finish each run before the next (else round-robin)"
+    )
+    ap.add_argument("--every", type=int, default=5, help="a progress line every this many steps")
+    ap.add_argument("--set", action="append", default=[], help="extra key=value for every run")
+    ap.add_argument("--table", action="store_true", help="print the tables of --root and exit")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter of the runs")
+    ap.add_argument(
+        "--snapshot", metavar="DIR", help="freeze this checkout's code into DIR and run the study with it"
+    )
+    args = ap.parse_args()
+    if args.snapshot:
+        args.python = str(snapshot(Path(args.snapshot).resolve()))
+    if args.table:
+        print(study_tables(Path(args.root)))
+        return
+    run_study(args)
+
+
+if __name__ == "__main__":
+    main()
