@@ -71,8 +71,20 @@ RAPO_COMMON = [
 ]
 # The guards (docs/algorithms/rapo.md, "Guards"), off and on; passed again at every resume, so a run keeps
 # its arm's guards whatever the library's defaults are when it resumes.
-GUARDS_OFF = ["rapo.sd.verify=false"]
-GUARDS_ON = ["rapo.sd.verify=true"]
+GUARDS_OFF = [
+    "rapo.sd.verify=false",
+    "rapo.sd.only_failed=false",
+    "rapo.sd.ref_kl=0",
+    "rapo.sd.max_ref_logratio=null",
+    "rapo.sd.min_beat=null",
+]
+GUARDS_ON = [
+    "rapo.sd.verify=true",  # ILF / Critique-GRPO: only rewrites that beat their original
+    "rapo.sd.only_failed=true",  # SRPO: only failed replies go to self-distillation
+    "rapo.sd.ref_kl=0.1",  # SDPG: a reference KL on the distilled tokens
+    "rapo.sd.max_ref_logratio=2.0",  # a trust region around the reference
+    "rapo.sd.min_beat=0.2",  # SD fades when the rewrites stop beating their originals
+]
 RLVER_COMMON = ["rlver.simulator.max_turns=3", "rlver.simulator.max_new_tokens=16"]
 CURVES = (
     ("sim/hidden_rule_score", "hidden"),
