@@ -85,7 +85,37 @@ GUARDS_ON = [
     "rapo.sd.max_ref_logratio=2.0",  # a trust region around the reference
     "rapo.sd.min_beat=0.2",  # SD fades when the rewrites stop beating their originals
 ]
-RLVER_COMMON = ["rlver.simulator.max_turns=3", "rlver.simulator.max_new_tokens=16"]
+
+
+def _analysis(shift: int) -> str:
+    """The SAGE user's text-mode analysis with emotion change ``shift``, as a scripted reply (a format
+    string: braces doubled)."""
+    body = {"content": "c", "fit": "t", "mind": "a", "reaction": "fine", "shift": shift}
+    return json.dumps(body).replace("{", "{{").replace("}", "}}")
+
+
+# RLVER's user for the study: the scripted SAGE engine, warmer (+10) when the supporter's newest reply asks
+# a question, colder (-10) otherwise, starting at 10, so the dialogue ends (emotion 0) at the first reply
+# without one: the policy's replies decide how many turns a dialogue lasts, the case per-turn rewards must
+# not be biased by.
+NEWEST_ASKS = r"emotion right now.*Supporter:(?:(?!Supporter:).)*\?(?:(?!Supporter:).)*<<<END DIALOGUE"
+QUESTION_USER = json.dumps(
+    {
+        "rules": [
+            [NEWEST_ASKS, _analysis(10)],
+            ["emotion right now", _analysis(-10)],
+            ["the final message you say", "Response: hm, go on"],
+        ]
+    }
+)
+RLVER_COMMON = [
+    "simulator.engine=scripted",
+    f"simulator.script={QUESTION_USER}",
+    "rlver.simulator.emotion_readout=text",
+    "rlver.simulator.max_turns=3",
+    "rlver.simulator.initial_emotion=10",
+    "loss.advantage=dr_grpo",  # mean-centred, as the per-turn advantages (no std for either)
+]
 CURVES = (
     ("sim/hidden_rule_score", "hidden"),
     ("entropy", "H"),
