@@ -590,7 +590,7 @@ class Learner:
 
     def train_step(self) -> dict[str, float]:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
-        t_step = time.perf_counter()
+        t_step, cpu_step = time.perf_counter(), time.process_time()
         failed_before = failed_items(*self.remote_engines)
         scenarios = self._batch()
         with self.policy.generation_view():  # ZeRO-3: gathered once, no collectives inside (audit D1)
@@ -616,6 +616,7 @@ class Learner:
         self._sync_generator()
         timings["weight_sync"] = time.perf_counter() - t0
         timings["step"] = time.perf_counter() - t_step
+        timings["cpu_step"] = time.process_time() - cpu_step  # CPU seconds: the cost on a shared machine
         tokens = sum(len(s.completion_ids) for s in rollout.samples)
         metrics = {**rollout.metrics, **persona_metrics, **self._judge_metrics(rollout), **update_metrics}
         metrics.update(gap.metrics())

@@ -315,11 +315,14 @@ def alarms_raised(run: Path, rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{k}@{s}" for k, s in sorted(first.items(), key=lambda x: x[1])) or "none"
 
 
-def run_summary(root: Path, name: str, info: dict[str, Any], window: int) -> dict[str, Any]:
+def run_summary(
+    root: Path, name: str, info: dict[str, Any], window: int, upto: int | None = None
+) -> dict[str, Any]:
     run = root / name
-    rows = read_rows(run)
+    rows = [r for r in read_rows(run) if upto is None or r["step"] <= upto]
     ent = [r["entropy"] for r in rows if isinstance(r.get("entropy"), (int, float))]
     step_s = [r["time/step"] for r in rows if isinstance(r.get("time/step"), (int, float))]
+    cpu_s = [r["time/cpu_step"] for r in rows if isinstance(r.get("time/cpu_step"), (int, float))]
     return {
         "name": name,
         "arm": info["arm"],
@@ -331,6 +334,7 @@ def run_summary(root: Path, name: str, info: dict[str, Any], window: int) -> dic
         "min_entropy": min(ent) if ent else None,
         "alarms": alarms_raised(run, rows),
         "s_per_step": statistics.median(step_s) if step_s else None,
+        "cpu_per_step": statistics.median(cpu_s) if cpu_s else None,
     }
 
 
@@ -344,23 +348,26 @@ def t_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, 
     return m, m - half, m + half
 
 
-def study_tables(root: Path, window: int = 20) -> str:
-    """The study table (one row per run) and the RAPO-vs-GRPO table, as markdown."""
+def study_tables(root: Path, window: int = 20, upto: int | None = None) -> str:
+    """The study table (one row per run) and the RAPO-vs-GRPO table, as markdown; with ``upto``, each run
+    as it was at that step."""
     state = load_state(root)
-    rows = [run_summary(root, n, info, window) for n, info in sorted(state["runs"].items())]
+    rows = [run_summary(root, n, info, window, upto) for n, info in sorted(state["runs"].items())]
     out = [
-        f"first / last = mean hidden-rule score of the first / last {window} steps",
+        f"first / last = mean hidden-rule score of the first / last {window} steps"
+        + (f", up to step {upto}" if upto else "")
+        + "; s/step: median wall seconds, cpu s/step: median CPU seconds of the process (one thread)",
         "",
-        "| run | mode | guards | seed | steps | resumes | first | last | min entropy | s/step "
+        "| run | mode | guards | seed | steps | resumes | first | last | min entropy | s/step | cpu s/step "
         "| alarms raised |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         mode, _, guards = r["arm"].rpartition("-") if r["arm"] != "grpo" else ("grpo (SD off)", "", "-")
         out.append(
             f"| {r['name']} | {mode} | {guards} | {r['seed']} | {r['steps']} | {r['resumes']} "
             f"| {_fmt(r['first'])} | {_fmt(r['last'])} | {_fmt(r['min_entropy'])} | {_fmt(r['s_per_step'])} "
-            f"| {r['alarms']} |"
+            f"| {_fmt(r['cpu_per_step'])} | {r['alarms']} |"
         )
     out += ["", gain_table(rows)]
     return "\n".join(out)
@@ -374,8 +381,8 @@ def gain_table(rows: list[dict[str, Any]]) -> str:
         if r["first"] is not None and r["last"] is not None:
             by_arm.setdefault(r["arm"], {})[r["seed"]] = r
     lines = [
-        "| arm | seeds | steps | gain (mean [95% CI]) | s/step | vs grpo, paired by seed |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| arm | seeds | steps | gain (mean [95% CI]) | s/step | cpu s/step | vs grpo, paired by seed |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     base = by_arm.get("grpo", {})
     for arm, seeds in sorted(by_arm.items()):
@@ -384,6 +391,7 @@ def gain_table(rows: list[dict[str, Any]]) -> str:
         gains = [s["last"] - s["first"] for s in seeds.values()]
         m, lo, hi = t_interval(gains)
         sps = statistics.median(s["s_per_step"] for s in seeds.values() if s["s_per_step"])
+        cpu = [s["cpu_per_step"] for s in seeds.values() if s["cpu_per_step"]]
         steps = min(s["steps"] for s in seeds.values())
         vs = "-"
         common = sorted(set(seeds) & set(base))
@@ -394,7 +402,8 @@ def gain_table(rows: list[dict[str, Any]]) -> str:
             dm, dlo, dhi = t_interval(diffs)
             vs = f"{dm:+.3f} [{dlo:+.3f}, {dhi:+.3f}] over {len(common)} seeds"
         lines.append(
-            f"| {arm} | {len(seeds)} | {steps} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] | {sps:.1f} | {vs} |"
+            f"| {arm} | {len(seeds)} | {steps} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] | {sps:.1f} "
+            f"| {_fmt(statistics.median(cpu) if cpu else None)} | {vs} |"
         )
     return "\n".join(lines)
 
@@ -412,6 +421,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=5, help="a progress line every this many steps")
     ap.add_argument("--set", action="append", default=[], help="extra key=value for every run")
     ap.add_argument("--table", action="store_true", help="print the tables of --root and exit")
+    ap.add_argument("--window", type=int, default=20, help="--table: steps of the first / last means")
+    ap.add_argument("--upto", type=int, help="--table: each run as it was at this step")
     ap.add_argument("--python", default=sys.executable, help="the interpreter of the runs")
     ap.add_argument(
         "--snapshot", metavar="DIR", help="freeze this checkout's code into DIR and run the study with it"
@@ -420,7 +431,7 @@ def main() -> None:
     if args.snapshot:
         args.python = str(snapshot(Path(args.snapshot).resolve()))
     if args.table:
-        print(study_tables(Path(args.root)))
+        print(study_tables(Path(args.root), args.window, args.upto))
         return
     run_study(args)
 

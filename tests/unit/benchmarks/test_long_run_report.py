@@ -60,12 +60,15 @@ def test_study_tables_and_the_gain_interval(tmp_path: Path) -> None:
         write_run(tmp_path, f"grpo-s{seed}", "grpo", seed, 40, g_first, g_last)
         write_run(tmp_path, f"nll-on-s{seed}", "nll-on", seed, 40, 0.5, r_last)
     text = long_run.study_tables(tmp_path, window=20)
-    assert "| nll-on-s0 | nll | on | 0 | 40 | 1 | 0.5 | 0.8 | 1 | 2 | none |" in text
+    assert "| nll-on-s0 | nll | on | 0 | 40 | 1 | 0.5 | 0.8 | 1 | 2 | - | none |" in text
     # gains: grpo .1, .05, .1 (mean .0833); nll-on .3, .2, .25 (mean .25); paired differences .2, .15, .15:
     # mean .1667, sd .0289, t(0.975, 2) = 4.303 -> half-width 4.303 * .0289 / sqrt 3 = .0717
     assert (
-        "| nll-on | 3 | 40 | +0.250 [+0.126, +0.374] | 2.0 | +0.167 [+0.095, +0.238] over 3 seeds |" in text
+        "| nll-on | 3 | 40 | +0.250 [+0.126, +0.374] | 2.0 | - | +0.167 [+0.095, +0.238] over 3 seeds |"
+        in text
     )
+    # as they were at step 20: the second half is not reached, so first = last
+    assert "| nll-on | 3 | 20 | +0.000" in long_run.study_tables(tmp_path, window=10, upto=20)
     assert "| grpo | 3 | 40 | +0.083" in text
 
 
