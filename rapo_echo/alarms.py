@@ -30,6 +30,7 @@ ALARMS: dict[str, AlarmSpec] = {
     "entropy_collapse": AlarmSpec(
         "entropy", "loss.entropy_coef, rollout.temperature, train.lr, rapo.sd.coef"
     ),
+    "entropy_blowup": AlarmSpec("entropy", "rapo.sd.loss, rapo.sd.coef, rapo.sd.ref_kl, train.lr"),
     "length_spike": AlarmSpec("reply_len/mean", "rollout.max_new_tokens, loss.agg, a length penalty reward"),
     "replies_converge": AlarmSpec(
         "reply/distinct_2, reply/top_share", "rollout.temperature, loss.entropy_coef, rapo.sd.coef"
@@ -81,6 +82,29 @@ def entropy_collapse(entropy: Series, *, baseline: int, window: int, frac: float
     return f"entropy {br[1]:.3g} (last {window} steps) fell to <= {frac:g} x the baseline {br[0]:.3g}"
 
 
+def entropy_blowup(entropy: Series, *, baseline: int, window: int, rise: float) -> str | None:
+    """Recent entropy >= ``rise`` x its baseline: the policy spreads out instead of learning (the
+    off-policy collapse of Critique-GRPO's issue #6, entropy and KL "increasing crazily")."""
+    br = baseline_recent(entropy, baseline, window)
+    if br is None or br[0] <= 0 or br[1] < rise * br[0]:
+        return None
+    return f"entropy {br[1]:.3g} (last {window} steps) rose to >= {rise:g} x the baseline {br[0]:.3g}"
+
+
+def followed(reward: Series, *, baseline: int, window: int) -> float | None:
+    """How far the reward's recent mean (last ``window``) stands above its baseline (first ``baseline``), in
+    standard errors of the difference (Welch); None until both exist with two values each."""
+    xs = values(reward)
+    if len(xs) < baseline + window or baseline < 2 or window < 2:
+        return None
+    b, r = xs[:baseline], xs[-window:]
+    se = math.sqrt(statistics.variance(b) / len(b) + statistics.variance(r) / len(r))
+    diff = statistics.fmean(r) - statistics.fmean(b)
+    if se == 0:
+        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
+    return diff / se
+
+
 def length_spike(
     length: Series, *, baseline: int, window: int, max_new_tokens: int, frac: float, rise: float
 ) -> str | None:
@@ -125,24 +149,33 @@ def replies_converge(
 
 
 def kl_drift(
-    kl: Series, reward: Series, *, window: int, kl_min: float, t_grow: float, t_follow: float
+    kl: Series,
+    reward: Series,
+    *,
+    baseline: int,
+    window: int,
+    trend_window: int,
+    kl_min: float,
+    t_grow: float,
+    follow_z: float,
 ) -> str | None:
-    """The KL to the reference grows without the reward: over the last ``window`` steps the KL is at
-    least ``kl_min`` on average and rises (slope t >= ``t_grow``) while the reward's slope t stays below
-    ``t_follow`` (scale-free, so any reward key works)."""
-    ks, rs = values(kl), values(reward)
-    if len(ks) < window or len(rs) < window:
+    """The KL to the reference grows without the reward: over the last ``trend_window`` steps the KL is at
+    least ``kl_min`` on average and rises (slope t >= ``t_grow``), while the reward's recent mean stands
+    less than ``follow_z`` standard errors above its baseline (:func:`followed`; scale-free, so any reward
+    key works)."""
+    ks = values(kl)
+    if len(ks) < trend_window:
         return None
-    ks, rs = ks[-window:], rs[-window:]
+    ks = ks[-trend_window:]
+    z = followed(reward, baseline=baseline, window=window)
     mean_kl = statistics.fmean(ks)
-    k_slope, k_t = trend(ks)
-    r_slope, r_t = trend(rs)
-    if mean_kl < kl_min or k_t < t_grow or r_t >= t_follow:
+    slope, t = trend(ks)
+    if z is None or mean_kl < kl_min or t < t_grow or z >= follow_z:
         return None
     return (
-        f"KL to the reference {mean_kl:.3g} on average over the last {window} steps and rising "
-        f"({k_slope:+.3g}/step, t {k_t:.1f}) while the reward did not follow ({r_slope:+.3g}/step, "
-        f"t {r_t:.1f} < {t_follow:g})"
+        f"KL to the reference {mean_kl:.3g} on average over the last {trend_window} steps and rising "
+        f"({slope:+.3g}/step, t {t:.1f}) while the reward did not follow (its last {window} steps stand "
+        f"{z:.1f} standard errors above its first {baseline}; needs {follow_z:g})"
     )
 
 

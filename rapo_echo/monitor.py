@@ -8,11 +8,13 @@ functions are in :mod:`rapo_echo.alarms`, with the metric each reads and the swi
 * ``length_spike``: replies grow towards the length limit: recent ``reply_len/mean`` >=
   ``length_frac`` x ``rollout.max_new_tokens`` and >= ``length_rise`` x its baseline.
 * ``entropy_collapse``: recent ``entropy`` <= ``entropy_frac`` x its baseline.
+* ``entropy_blowup``: recent ``entropy`` >= ``entropy_rise`` x its baseline.
 * ``replies_converge``: recent ``reply/distinct_2`` <= ``distinct_frac`` x its baseline, or a group's
   most frequent reply makes up >= ``top_share_max`` of it (``reply/top_share``, recent mean).
 * ``kl_drift``: ``kl`` (to the reference; logged with ``loss.beta`` > 0 or ``monitor.reference_kl``)
   averages >= ``kl_min`` and rises (slope t >= ``kl_t_grow`` over ``trend_window`` steps) while the
-  reward (``reward_key``) does not (slope t < ``kl_t_follow``).
+  reward (``reward_key``) does not follow (its recent mean stands < ``kl_follow_z`` standard errors above
+  its baseline).
 * ``sd_dominates``: recent ``sd/pg_ratio`` >= ``sd_ratio_max``: RAPO's self-distillation term pulls
   harder on the token log-probs than the GRPO term (``sd/pull`` / ``pg/pull``, derived here).
 * ``reward_oscillates``: over ``trend_window`` steps the reward's step means swing >=
@@ -54,6 +56,7 @@ PREFIX = "monitor/"
 SIGNATURES = (
     "length_spike",
     "entropy_collapse",
+    "entropy_blowup",
     "replies_converge",
     "kl_drift",
     "sd_dominates",
@@ -189,6 +192,12 @@ class RewardHackingMonitor:
         evidence = {
             "length_spike": self._length(),
             "entropy_collapse": self._entropy(),
+            "entropy_blowup": alarms.entropy_blowup(
+                self.series("entropy"),
+                baseline=self.cfg.baseline_steps,
+                window=self.cfg.window,
+                rise=self.cfg.entropy_rise,
+            ),
             "replies_converge": self._converge(),
             "kl_drift": self._kl_drift(),
             "sd_dominates": self._sd_dominates(),
@@ -269,10 +278,12 @@ class RewardHackingMonitor:
         return alarms.kl_drift(
             self.series("kl"),
             self.series(self.reward_key()),
-            window=c.trend_window,
+            baseline=c.baseline_steps,
+            window=c.window,
+            trend_window=c.trend_window,
             kl_min=c.kl_min,
             t_grow=c.kl_t_grow,
-            t_follow=c.kl_t_follow,
+            follow_z=c.kl_follow_z,
         )
 
     def _sd_dominates(self) -> str | None:
@@ -328,3 +339,16 @@ class RewardHackingMonitor:
                 "markers; judge/addressed counts what the judges did with them)"
             )
         return None
+
+
+def replay(rows: Sequence[Mapping[str, Any]], cfg: Any, max_new_tokens: int) -> dict[str, int]:
+    """Signature -> the first step it fires at when a monitor with ``cfg`` reads a run's metrics ``rows``
+    afresh (its logged flags dropped; replies are not needed: the judge-text shares are in the rows), so
+    a finished run can be judged by today's thresholds."""
+    mon = RewardHackingMonitor(cfg, max_new_tokens, warn=False)
+    first: dict[str, int] = {}
+    for row in rows:
+        mon.update(row["step"], {k: v for k, v in row.items() if not k.startswith(PREFIX)})
+        for alarm in mon.fired:
+            first.setdefault(alarm["alarm"], alarm["step"])
+    return first

@@ -306,13 +306,17 @@ def _window_mean(rows: list[dict[str, Any]], key: str, first: bool, n: int) -> f
 
 
 def alarms_raised(run: Path, rows: list[dict[str, Any]]) -> str:
-    """``name@step`` of each monitor signature's first flag."""
-    first: dict[str, int] = {}
-    for r in rows:
-        for k, v in r.items():
-            if k.startswith("monitor/") and v and k[8:] not in first:
-                first[k[8:]] = r["step"]
-    return ", ".join(f"{k}@{s}" for k, s in sorted(first.items(), key=lambda x: x[1])) or "none"
+    """``name@step`` of each monitor signature's first firing, replayed over the run's metrics with today's
+    default thresholds (the flags a run logged used the thresholds of its day)."""
+    import yaml
+
+    from rapo_echo.config import MonitorConfig
+    from rapo_echo.monitor import replay
+
+    config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+    max_new = int((config.get("rollout") or {}).get("max_new_tokens", 16))
+    first = replay(rows, MonitorConfig(), max_new)
+    return ", ".join(f"{k}@{s}" for k, s in sorted(first.items(), key=lambda x: (x[1], x[0]))) or "none"
 
 
 def run_summary(
@@ -369,7 +373,11 @@ def study_tables(root: Path, window: int = 20, upto: int | None = None) -> str:
             f"| {_fmt(r['first'])} | {_fmt(r['last'])} | {_fmt(r['min_entropy'])} | {_fmt(r['s_per_step'])} "
             f"| {_fmt(r['cpu_per_step'])} | {r['alarms']} |"
         )
-    out += ["", gain_table(rows)]
+    # the gain table compares each arm's seeds, and the arms, at the same step: the fewest any run reached
+    common = min((r["steps"] for r in rows if r["steps"]), default=0)
+    at = [run_summary(root, n, info, window, upto or common) for n, info in sorted(state["runs"].items())]
+    out += ["", f"gains at step {upto or common} (every run's first and last {window} steps up to it)", ""]
+    out += [gain_table([r for r in at if r["steps"] == (upto or common)])]
     return "\n".join(out)
 
 

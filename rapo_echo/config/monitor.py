@@ -72,7 +72,14 @@ class MonitorConfig(Strict):
     )
     kl_min: float = Field(0.05, ge=0.0, description="kl_drift: the recent mean KL is at least this ...")
     kl_t_grow: float = Field(3.0, gt=0.0, description="... rising with a slope t statistic >= this ...")
-    kl_t_follow: float = Field(1.0, description="... while the reward's slope t stays below this.")
+    kl_follow_z: float = Field(
+        3.0,
+        description="... while the reward's recent mean stands less than this many standard errors above its"
+        " baseline.",
+    )
+    entropy_rise: float = Field(
+        1.3, gt=1.0, description="entropy_blowup: recent entropy >= this x the baseline."
+    )
     sd_ratio_max: float = Field(
         3.0, gt=0.0, description="sd_dominates: recent `sd/pg_ratio` >= this (SD pulls this x GRPO's pull)."
     )

@@ -61,15 +61,29 @@ def test_replies_converge_by_distinct_and_by_one_reply() -> None:
     assert alarms.replies_converge([0.8] * 6, [0.25, 0.25, 0.25, 0.5, 0.5, 0.75], **kw) is None  # 0.583
 
 
+def test_followed_by_hand() -> None:
+    # baseline (0, 2): mean 1, variance 2; recent (4, 6): mean 5, variance 2 -> se sqrt(2/2 + 2/2) = 1.414
+    assert alarms.followed([0.0, 2.0, 9.0, 4.0, 6.0], baseline=2, window=2) == pytest.approx(4 / math.sqrt(2))
+    assert alarms.followed([0.0, 2.0, 4.0], baseline=2, window=2) is None  # not yet two disjoint windows
+    assert alarms.followed([1.0, 1.0, 1.0, 1.0], baseline=2, window=2) == 0.0
+
+
 def test_kl_drift_needs_a_rising_kl_and_a_reward_that_does_not_follow() -> None:
-    kw = {"window": 5, "kl_min": 0.05, "t_grow": 3.0, "t_follow": 1.0}
-    kl = [0.02, 0.04, 0.06, 0.08, 0.10]  # mean 0.06 >= 0.05, a perfect rise (t = inf)
-    flat = [0.5, 0.4, 0.6, 0.4, 0.5]  # slope 0: t 0 < 1
+    kw = {"baseline": 2, "window": 2, "trend_window": 5, "kl_min": 0.05, "t_grow": 3.0, "follow_z": 3.0}
+    kl = [0.01, 0.02, 0.04, 0.06, 0.08, 0.10]  # last 5: mean 0.06 >= 0.05, a perfect rise (t = inf)
+    flat = [0.5, 0.4, 0.6, 0.4, 0.5, 0.4]  # baseline (0.5, 0.4), recent (0.5, 0.4): z = 0
     assert "0.06 on average" in alarms.kl_drift(kl, flat, **kw)
-    rising = [0.1, 0.2, 0.3, 0.4, 0.5]  # the reward follows (t = inf >= 1)
-    assert alarms.kl_drift(kl, rising, **kw) is None
-    assert alarms.kl_drift([0.01, 0.02, 0.03, 0.04, 0.05], flat, **kw) is None  # mean 0.03 < kl_min
-    assert alarms.kl_drift(kl[:4], flat[:4], **kw) is None  # fewer steps than the window
+    # the reward follows: baseline (0.1, 0.2) mean .15 var .005, recent (0.9, 1.0) mean .95 var .005:
+    # z = 0.8 / sqrt(.005) = 11.3 >= 3
+    assert alarms.kl_drift(kl, [0.1, 0.2, 0.4, 0.6, 0.9, 1.0], **kw) is None
+    assert alarms.kl_drift([0.0, 0.01, 0.02, 0.03, 0.04, 0.05], flat, **kw) is None  # mean 0.03 < kl_min
+    assert alarms.kl_drift(kl[:4], flat[:4], **kw) is None  # fewer steps than the trend window
+
+
+def test_entropy_blowup() -> None:
+    rising = [2.0, 2.2, 1.8, 2.4, 2.6, 2.9]  # baseline 2.0; recent mean(2.4, 2.6, 2.9) = 2.633 >= 1.3 x 2
+    assert "2.63" in alarms.entropy_blowup(rising, baseline=3, window=3, rise=1.3)
+    assert alarms.entropy_blowup(rising[:-1], baseline=3, window=3, rise=1.3) is None  # 2.4 < 2.6
 
 
 def test_sd_dominates() -> None:
@@ -171,3 +185,15 @@ def test_stop_on_alarm_ends_the_run_with_a_checkpoint(
     assert learner.stopped_by == "alarm sd_dominates" and (run / "checkpoints" / "step-2").is_dir()
     assert json.loads((run / ALARMS_FILE).read_text())["step"] == 2
     assert "kl" in rows[0] and "reply/distinct_2" in rows[0]  # the KL to the reference without loss.beta
+
+
+def test_replay_judges_a_finished_run_by_other_thresholds() -> None:
+    from rapo_echo.monitor import replay
+
+    rows = [
+        {"step": s + 1, "entropy": e, "monitor/entropy_collapse": 0.0}
+        for s, e in enumerate([2.0, 2.0, 2.0, 1.0, 0.5, 0.4])
+    ]
+    # recent means 1.667, 1.167, 0.633: <= 0.3 x 2.0 = 0.6 never; <= 0.5 x 2.0 = 1.0 from step 6
+    assert replay(rows, MonitorConfig(), 32) == {}
+    assert replay(rows, MonitorConfig(entropy_frac=0.5), 32) == {"entropy_collapse": 6}
