@@ -1,32 +1,25 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, config, export.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, openrlhf, config,
+export.
 
-Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
-and sets ``func(args) -> exit code``. Only commands whose module imports are listed.
+Each sub-command lives in its own module, named by an entry point of the ``rapo_echo.commands`` group
+(pyproject.toml): its ``register(subparsers)`` adds its parser and sets ``func(args) -> exit code``. The
+commands live in every layer, this door in the core, so the core names none of them; an installed package
+adds a command the same way. Only commands whose module imports are listed.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 
 from rapo_echo import __version__
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.progress import quiet_third_party
 from rapo_echo.scrub import ScrubFilter
 
-COMMAND_MODULES = (
-    "rapo_echo.chat",
-    "rapo_echo.serve",
-    "rapo_echo.algorithms.train_cli",
-    "rapo_echo.judges.training",
-    "rapo_echo.algorithms.datagen.cli",
-    "rapo_echo.benchmarks.cli",
-    "rapo_echo.algorithms.openrlhf.cli",
-    "rapo_echo.algorithms.config_cli",
-    "rapo_echo.export",
-)
+COMMAND_GROUP = "rapo_echo.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,14 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="log debug messages, and the libraries' own logs and warnings",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for entry in entry_points(group=COMMAND_GROUP):
         try:
-            module = importlib.import_module(name)
+            register = entry.load()
         except ModuleNotFoundError as exc:
-            if exc.name == name:  # the command is not part of this installation
+            if exc.name == entry.module:  # the command is not part of this installation
                 continue
             raise
-        module.register(sub)
+        register(sub)
     return parser
 
 

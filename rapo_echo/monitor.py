@@ -27,7 +27,7 @@ functions are in :mod:`rapo_echo.alarms`, with the metric each reads and the swi
   (``Score: 5``, ``Verdict: ...``, ``Ranking: ...``, a ``{"score": 5}`` object), the way a policy learns
   to talk to its judge.
 * ``judge_addressed``: at least ``judge_addressed_frac`` of this step's replies address the judge in any
-  way the detector knows (:mod:`rapo_echo.addressing`: answer syntax, words to the judge, fence or
+  way the detector knows (:mod:`rapo_echo.llm.addressing`: answer syntax, words to the judge, fence or
   chat-template markers), logged as ``judge_addressed_frac``. The judges' ``addressed`` policy already
   makes such replies lose (``judge/addressed`` counts them); the flag says the policy keeps trying.
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import alarms
-from rapo_echo.addressing import addresses_judge, imitates_answer
+from rapo_echo.llm.addressing import addresses_judge, imitates_answer
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ AUTO_REWARD_KEYS = ("sim/emotion_delta", "reward/mean")
 def carries_judge_text(text: str) -> bool:
     """Whether a reply contains judge answer syntax (``Score: 5``, ``Verdict: human``, ``9/10``, a
     ``{"score": 5}`` object): the detector's ``answer`` findings
-    (:func:`rapo_echo.addressing.imitates_answer`)."""
+    (:func:`rapo_echo.llm.addressing.imitates_answer`)."""
     return imitates_answer(str(text))
 
 

@@ -261,11 +261,15 @@ def snapshot(folder: Path) -> Path:
     Returns the interpreter."""
     import site
 
+    import tomllib
+
     code = folder / "code"
     shutil.rmtree(code, ignore_errors=True)
-    shutil.copytree(ROOT / "rapo_echo", code / "rapo_echo", ignore=shutil.ignore_patterns("__pycache__"))
-    for sub in ("algorithms", "simulators", "benchmarks"):
-        shutil.copytree(ROOT / sub, code / "rapo_echo" / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, source in sorted(mapping.items(), key=lambda kv: kv[0].count(".")):  # rapo_echo first
+        shutil.copytree(
+            ROOT / source, code / package.replace(".", "/"), ignore=shutil.ignore_patterns("__pycache__")
+        )
     venv = folder / "venv"
     if not (venv / "bin" / "python").exists():
         subprocess.run(

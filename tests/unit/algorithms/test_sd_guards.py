@@ -12,7 +12,7 @@ import torch
 
 from rapo_echo.algorithms.base import PG
 from rapo_echo.algorithms.rapo import RAPO, SD
-from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.training.run_config import load_config
 from rapo_echo.algorithms.sd_guards import SD_REF_LOGP, BeatTracker, failed, guard_tokens
 from rapo_echo.policy import TokenScores
 from tests.unit.algorithms.test_rapo import CORRECTION, SCENARIOS, make_rapo, micro, tag_of
@@ -97,7 +97,7 @@ def test_needs_a_reference_only_for_the_reference_guards() -> None:
 
 
 def test_a_run_with_every_guard_on_logs_them(tmp_path, tiny_folder) -> None:
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     run = tmp_path / "run"
     cfg = load_config(

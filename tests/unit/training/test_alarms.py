@@ -158,8 +158,8 @@ def test_stop_on_alarm_ends_the_run_with_a_checkpoint(
     tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An alarm that fires at step 2 stops a 4-step run after step 2 with a checkpoint to resume from."""
-    from rapo_echo.algorithms.learner import Learner
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run_config import load_config
 
     monkeypatch.setattr(alarms, "sd_dominates", lambda series, **kw: "fired" if len(series) >= 2 else None)
     run = tmp_path / "run"
