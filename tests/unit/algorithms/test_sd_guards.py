@@ -12,9 +12,9 @@ import torch
 
 from rapo_echo.algorithms.base import PG
 from rapo_echo.algorithms.rapo import RAPO, SD
-from rapo_echo.training.run_config import load_config
 from rapo_echo.algorithms.sd_guards import SD_REF_LOGP, BeatTracker, failed, guard_tokens
 from rapo_echo.policy import TokenScores
+from rapo_echo.training.run_config import load_config
 from tests.unit.algorithms.test_rapo import CORRECTION, SCENARIOS, make_rapo, micro, tag_of
 
 
