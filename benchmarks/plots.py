@@ -166,11 +166,16 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
 
 
 def metric_figures(
-    runs: dict[str, list[dict[str, Any]]], keys: Sequence[str] = LONG_RUN_CURVES, smooth: int | None = None
+    runs: dict[str, list[dict[str, Any]]],
+    keys: Sequence[str] = LONG_RUN_CURVES,
+    smooth: int | None = None,
+    alarms: dict[str, dict[str, int]] | None = None,
 ) -> list[tuple[str, str]]:
     """One figure per key any run logged, every run on it: the raw values faint, their moving average
     over ``smooth`` steps (default: a 30th of the longest run) solid, and an ``x`` on a run's line at each
-    step the reward-hacking monitor first flagged something in it. Returns (key, base64 PNG) pairs."""
+    step the reward-hacking monitor first flagged something in it (or, with ``alarms``, at the steps given
+    per run: signature -> first step, e.g. from :func:`rapo_echo.monitor.replay`). Returns (key, base64
+    PNG) pairs."""
     longest = max((len(rows) for rows in runs.values()), default=0)
     window = smooth or max(1, longest // 30)
     plt = pyplot()
@@ -198,6 +203,8 @@ def metric_figures(
             for step, names in sorted(flagged_steps(runs[label]).items()):
                 for name in names:
                     first.setdefault(name, step)
+            if alarms is not None:
+                first = alarms.get(label, {})
             at = dict(zip(xs, ys))
             marks = sorted({s for s in first.values() if s in at})
             ax.plot(marks, [at[s] for s in marks], "x", color=line.get_color(), markersize=7)

@@ -309,9 +309,9 @@ def _window_mean(rows: list[dict[str, Any]], key: str, first: bool, n: int) -> f
     return statistics.fmean(part)
 
 
-def alarms_raised(run: Path, rows: list[dict[str, Any]]) -> str:
-    """``name@step`` of each monitor signature's first firing, replayed over the run's metrics with today's
-    default thresholds (the flags a run logged used the thresholds of its day)."""
+def replayed(run: Path, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Each monitor signature's first step, replayed over the run's metrics with today's default
+    thresholds (the flags a run logged used the thresholds of its day)."""
     import yaml
 
     from rapo_echo.config import MonitorConfig
@@ -319,7 +319,12 @@ def alarms_raised(run: Path, rows: list[dict[str, Any]]) -> str:
 
     config = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
     max_new = int((config.get("rollout") or {}).get("max_new_tokens", 16))
-    first = replay(rows, MonitorConfig(), max_new)
+    return replay(rows, MonitorConfig(), max_new)
+
+
+def alarms_raised(run: Path, rows: list[dict[str, Any]]) -> str:
+    """``name@step`` of each monitor signature's first firing (:func:`replayed`)."""
+    first = replayed(run, rows)
     return ", ".join(f"{k}@{s}" for k, s in sorted(first.items(), key=lambda x: (x[1], x[0]))) or "none"
 
 
@@ -420,6 +425,28 @@ def gain_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def write_figures(root: Path, out: Path, upto: int | None = None) -> list[Path]:
+    """One PNG per metric of :data:`rapo_echo.benchmarks.plots.LONG_RUN_CURVES`, every run of ``root`` on it
+    (the report's figures), named after the metric."""
+    import base64
+
+    from rapo_echo.benchmarks.plots import metric_figures
+
+    state = load_state(root)
+    runs = {
+        name: [r for r in read_rows(root / name) if upto is None or r["step"] <= upto]
+        for name in sorted(state["runs"])
+    }
+    runs = {k: v for k, v in runs.items() if v}
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for key, png in metric_figures(runs, alarms={k: replayed(root / k, v) for k, v in runs.items()}):
+        path = out / f"{root.name}-{key.replace('/', '_')}.png"
+        path.write_bytes(base64.b64decode(png))
+        paths.append(path)
+    return paths
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default="runs/long", help="the study folder (run folders, logs, study.json)")
@@ -435,6 +462,9 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="print the tables of --root and exit")
     ap.add_argument("--window", type=int, default=20, help="--table: steps of the first / last means")
     ap.add_argument("--upto", type=int, help="--table: each run as it was at this step")
+    ap.add_argument(
+        "--figures", metavar="DIR", help="write the curves of --root (one PNG per metric) and exit"
+    )
     ap.add_argument("--python", default=sys.executable, help="the interpreter of the runs")
     ap.add_argument(
         "--snapshot", metavar="DIR", help="freeze this checkout's code into DIR and run the study with it"
@@ -442,6 +472,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.snapshot:
         args.python = str(snapshot(Path(args.snapshot).resolve()))
+    if args.figures:
+        for path in write_figures(Path(args.root), Path(args.figures), args.upto):
+            print(path)
+        return
     if args.table:
         print(study_tables(Path(args.root), args.window, args.upto))
         return

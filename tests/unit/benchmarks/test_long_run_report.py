@@ -37,6 +37,8 @@ def test_one_figure_per_metric_with_every_run() -> None:
     figs = metric_figures({"a": rows(60, 0.5, alarm_at=40), "b": rows(30, 0.6)})
     assert [k for k, _ in figs] == ["sim/hidden_rule_score", "entropy", "kl"]  # only what was logged
     assert all(png for _, png in figs)
+    replayed = metric_figures({"a": rows(60, 0.5)}, keys=["kl"], alarms={"a": {"kl_drift": 30}})
+    assert [k for k, _ in replayed] == ["kl"]
 
 
 def write_run(root: Path, name: str, arm: str, seed: int, n: int, first: float, last: float) -> None:
