@@ -328,6 +328,11 @@ def alarms_raised(run: Path, rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{k}@{s}" for k, s in sorted(first.items(), key=lambda x: (x[1], x[0]))) or "none"
 
 
+def score_key(arm: str) -> str:
+    """The score a run's first and last windows average: the hidden-rule score, RLVER's final emotion."""
+    return "emotion/final" if arm.startswith("rlver") else "sim/hidden_rule_score"
+
+
 def run_summary(
     root: Path, name: str, info: dict[str, Any], window: int, upto: int | None = None
 ) -> dict[str, Any]:
@@ -342,8 +347,8 @@ def run_summary(
         "seed": info["seed"],
         "steps": rows[-1]["step"] if rows else 0,
         "resumes": info.get("resumes", 0),
-        "first": _window_mean(rows, "sim/hidden_rule_score", True, window),
-        "last": _window_mean(rows, "sim/hidden_rule_score", False, window),
+        "first": _window_mean(rows, score_key(info["arm"]), True, window),
+        "last": _window_mean(rows, score_key(info["arm"]), False, window),
         "min_entropy": min(ent) if ent else None,
         "alarms": alarms_raised(run, rows),
         "s_per_step": statistics.median(step_s) if step_s else None,
@@ -367,7 +372,7 @@ def study_tables(root: Path, window: int = 20, upto: int | None = None) -> str:
     state = load_state(root)
     rows = [run_summary(root, n, info, window, upto) for n, info in sorted(state["runs"].items())]
     out = [
-        f"first / last = mean hidden-rule score of the first / last {window} steps"
+        f"first / last = mean hidden-rule score (RLVER: final emotion) of the first / last {window} steps"
         + (f", up to step {upto}" if upto else "")
         + "; s/step: median wall seconds, cpu s/step: median CPU seconds of the process (one thread)",
         "",

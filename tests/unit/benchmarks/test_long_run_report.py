@@ -41,15 +41,22 @@ def test_one_figure_per_metric_with_every_run() -> None:
     assert [k for k, _ in replayed] == ["kl"]
 
 
-def write_run(root: Path, name: str, arm: str, seed: int, n: int, first: float, last: float) -> None:
+def write_run(
+    root: Path,
+    name: str,
+    arm: str,
+    seed: int,
+    n: int,
+    first: float,
+    last: float,
+    key: str = "sim/hidden_rule_score",
+) -> None:
     run = root / name
     run.mkdir(parents=True)
     lines = []
     for s in range(1, n + 1):
         score = first if s <= n // 2 else last
-        lines.append(
-            json.dumps({"step": s, "sim/hidden_rule_score": score, "entropy": 1.0, "time/step": 2.0})
-        )
+        lines.append(json.dumps({"step": s, key: score, "entropy": 1.0, "time/step": 2.0}))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     state = long_run.load_state(root)
     state["runs"][name] = {"arm": arm, "seed": seed, "resumes": 1, "wall_s": 10.0}
@@ -72,6 +79,12 @@ def test_study_tables_and_the_gain_interval(tmp_path: Path) -> None:
     # as they were at step 20: the second half is not reached, so first = last
     assert "| nll-on | 3 | 20 | +0.000" in long_run.study_tables(tmp_path, window=10, upto=20)
     assert "| grpo | 3 | 40 | +0.083" in text
+
+
+def test_an_rlver_run_is_scored_by_its_final_emotion(tmp_path: Path) -> None:
+    write_run(tmp_path, "rlver-turn-s0", "rlver-turn", 0, 10, 0.0, 0.2, key="emotion/final")
+    text = long_run.study_tables(tmp_path, window=5)
+    assert "| rlver-turn-s0 | rlver | turn | 0 | 10 | 1 | 0 | 0.2 |" in text
 
 
 def test_arms_and_their_overrides() -> None:
