@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# lint-imports checks the layers of pyproject.toml's [tool.importlinter]. Its graph builder (grimp) reads a
-# package from the one folder its import spec names, so it reads rapo_echo from a tree of links laid out as
-# the package is installed: rapo_echo/'s files, and each folder package-dir maps into rapo_echo beside them.
+# lint-imports checks the layers of pyproject.toml's [tool.importlinter], mypy the types ([tool.mypy]). Both
+# read a package from the one folder its name maps to (grimp, mypy's module finder), so they read rapo_echo
+# from a tree of links laid out as the package is installed: rapo_echo/'s files, and each folder package-dir
+# maps into rapo_echo beside them.
 IMPORT_TREE := build/import-tree
 MAPPED = $(BIN)/python -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"]; print(*(k.split(".", 1)[1] + "=" + v for k, v in d.items() if "." in k))'
 
@@ -35,6 +36,7 @@ lint: install
 	ln -s $(CURDIR)/rapo_echo/* $(IMPORT_TREE)/rapo_echo/
 	for m in $$($(MAPPED)); do ln -s $(CURDIR)/$${m#*=} $(IMPORT_TREE)/rapo_echo/$${m%%=*}; done
 	cd $(IMPORT_TREE) && $(abspath $(BIN))/lint-imports $(CURDIR)/pyproject.toml
+	cd $(IMPORT_TREE) && $(abspath $(BIN))/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/build/mypy-cache
 
 # The documentation site (docs/, mkdocs.yml), built strictly: a broken link or anchor fails.
 docs: install

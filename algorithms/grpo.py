@@ -21,7 +21,8 @@ from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
 from rapo_echo.variety import distinct_n
 
 from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem
-from .core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from .core import aggregate
+from .registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 
 if TYPE_CHECKING:
     from rapo_echo.policy import Policy, TokenScores
@@ -126,7 +127,7 @@ def group_advantages(cfg: RunConfig, rewards: Sequence[float | None], groups: Se
     valid = torch.tensor([r is not None for r in rewards])
     r = torch.tensor([0.0 if v is None else float(v) for v in rewards], dtype=torch.float64)
     g = torch.tensor(list(groups), dtype=torch.long)
-    est = ADVANTAGE_ESTIMATORS[cfg.loss.advantage]
+    est = ADVANTAGE_ESTIMATORS.get(cfg.loss.advantage, "loss.advantage")
     return est(r, g, valid, eps=cfg.loss.std_eps).tolist()
 
 
@@ -157,13 +158,14 @@ def pg_loss(
 
     eps = {k: v for k, v in (("eps_low", lc.eps_low), ("eps_high", lc.eps_high)) if v is not None}
     adv = mb.advantages if advantages is None else advantages
-    pg_tok, stats = POLICY_LOSSES[lc.policy_loss](logp, mb.old_logp, adv, mask, **eps)
+    policy_loss = POLICY_LOSSES.get(lc.policy_loss, "loss.policy_loss")
+    pg_tok, stats = policy_loss(logp, mb.old_logp, adv, mask, **eps)
     per = pg_tok
     metrics["loss/pg"] = agg(pg_tok).detach()
     share = mask.sum() / tot["tokens"]
     metrics["clip_frac"] = stats["clip_frac"].detach() * share
     if mb.ref_logp is not None:  # kept for the KL term, or for the monitor alone (monitor.reference_kl)
-        kl = KL_ESTIMATORS[lc.kl_estimator](logp, mb.ref_logp, mask=mask)
+        kl = KL_ESTIMATORS.get(lc.kl_estimator, "loss.kl_estimator")(logp, mb.ref_logp, mask=mask)
         metrics["kl"] = (kl * mask).sum().detach() / tot["tokens"]
         if lc.beta > 0:
             per = per + lc.beta * kl
@@ -194,9 +196,9 @@ def reward_stats(samples: list[Sample], names: list[str]) -> dict[str, float]:
     out["reward/mean"] = statistics.fmean(valid) if valid else float("nan")
     out["reward/std"] = statistics.pstdev(valid) if len(valid) > 1 else 0.0
     for name in names:
-        vals = [s.rewards[name] for s in samples if s.rewards.get(name) is not None]
-        out[f"reward/{name}/mean"] = statistics.fmean(vals) if vals else float("nan")  # type: ignore[arg-type]
-        out[f"reward/{name}/std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0  # type: ignore[arg-type]
+        vals = [v for s in samples if (v := s.rewards.get(name)) is not None]
+        out[f"reward/{name}/mean"] = statistics.fmean(vals) if vals else float("nan")
+        out[f"reward/{name}/std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0
         out.update(route_shares(samples, name))
     out["invalid"] = float(sum(1 for s in samples if s.reward is None))
     lengths = [len(s.completion_ids) for s in samples]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,13 @@ from .sd_guards import SD_REF_LOGP, BeatTracker, failed, guard_tokens, needs_ref
 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
+
+    from .run_sections import RunConfig
+
+    class RapoRunConfig(RunConfig):
+        """The run config :func:`.run_config.run_config_class` builds for RAPO (the type checker's view)."""
+
+        rapo: RapoConfig
 
 # A self-distillation target: a corrected reply learnt under the plain context, normalised over the
 # mini-batch's SD tokens, and scored at temperature 1 so every SD loss (and the ``token_kl`` teacher)
@@ -236,16 +243,17 @@ class RAPO(GRPO):
 
     name = "rapo"
     config = RapoConfig
+    cfg: RapoRunConfig
     # Linear rank rewards average 0.5 in every group, so show the simulated emotion change instead.
     progress_keys = ("sim/emotion_delta", "loss/sd", "loss/total")
     validation_key = "val/emotion_delta"
     validation_dialogues = True
 
     @classmethod
-    def needs(cls, cfg: Any) -> Needs:
+    def needs(cls, cfg: RunConfig) -> Needs:
         """Its judge's group ranks are the reward (plugins are optional extras); self-distillation adds
         the SD rows, and ``token_kl`` the teacher's top-k on them."""
-        sd = cfg.rapo.sd
+        sd = cfg.section("rapo", RapoConfig).sd
         token_kl = sd.enabled and sd.loss == "token_kl"
         guarded = sd.enabled and needs_reference(sd)
         needs = policy_gradient_needs(
@@ -257,9 +265,9 @@ class RAPO(GRPO):
         return replace(needs, reference=True) if guarded else needs
 
     @classmethod
-    def check_plugins(cls, cfg: Any, at: Callable[[str], str]) -> None:
+    def check_plugins(cls, cfg: RunConfig, at: Callable[[str], str]) -> None:
         """``rapo.simulator.name``: a built-in simulated user or a plugin (``module:attr``, entry point)."""
-        resolve_simulator(cfg.rapo.simulator.name, at("rapo.simulator.name"))
+        resolve_simulator(cfg.section("rapo", RapoConfig).simulator.name, at("rapo.simulator.name"))
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -271,9 +279,9 @@ class RAPO(GRPO):
             "rollout": {"group_size": 4},
         }
 
-    def __init__(self, cfg: Any, ctx: AlgoContext) -> None:
+    def __init__(self, cfg: RunConfig, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)
-        rc = cfg.rapo
+        rc = cfg.section("rapo", RapoConfig)
         if (rc.simulator.name == "reaction" and ctx.simulator is None) or (
             rc.judge.kind == "model" and ctx.judge is None
         ):
@@ -304,7 +312,7 @@ class RAPO(GRPO):
             self.judge = ReactionJudge(tie_eps=jc.tie_eps)
         else:
             self.judge = GroupJudge(
-                ctx.judge,
+                ctx.judge,  # type: ignore[arg-type]  # not None: refused above for kind "model"
                 use_logprobs=jc.use_logprobs,
                 max_retries=jc.max_retries,
                 reverse_pass=jc.reverse_pass,
@@ -561,10 +569,11 @@ class RAPO(GRPO):
             return group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
         adv = [0.0] * len(samples)
         for g in groups:
-            valid = [i for i in g if samples[i].reward is not None]
-            if len(valid) < 2:
+            scored = [(i, r) for i in g if (r := samples[i].reward) is not None]
+            if len(scored) < 2:
                 continue
-            ranks = average_ranks([samples[i].reward for i in valid])  # type: ignore[misc]
+            valid = [i for i, _ in scored]
+            ranks = average_ranks([r for _, r in scored])
             for i, a in zip(valid, gopo_advantages(ranks)):
                 adv[i] = a
         return adv
@@ -573,14 +582,11 @@ class RAPO(GRPO):
     def _selected(self, samples: list[Sample], groups: list[list[int]]) -> list[int]:
         chosen: list[int] = []
         for g in groups:
-            ranks = [samples[i].info.get("rank") for i in g]
-            if any(r is None for r in ranks):
+            ranks = [r for i in g if (r := samples[i].info.get("rank")) is not None]
+            if len(ranks) < len(g):
                 continue
             picked = select_for_distillation(
-                ranks,
-                [samples[i].reward for i in g],
-                self.sd.select,
-                self.sd.threshold,  # type: ignore[arg-type]
+                ranks, [samples[i].reward for i in g], self.sd.select, self.sd.threshold
             )
             if self.sd.only_failed:  # SRPO: only what failed goes to self-distillation
                 picked = [p for p in picked if failed(samples[g[p]].info["reaction"]["emotion_delta"])]
@@ -736,13 +742,16 @@ class RAPO(GRPO):
         ]
         completions = [samples[i].completion_ids for i in chosen]
         items = []
-        for start in range(0, len(chosen), self.cfg.train.micro_batch_size):
-            part = slice(start, start + self.cfg.train.micro_batch_size)
+        for start in range(0, len(chosen), self.cfg.train.micro_batch):
+            part = slice(start, start + self.cfg.train.micro_batch)
             batch = policy.batch(prompts[part], completions[part])
             ids, logp = policy.scorer.topk(batch, k)  # temperature 1, as the student's SD rows
             for row, i in enumerate(chosen[part]):
                 n = len(samples[i].completion_ids)
-                teacher = {TEACHER_IDS: ids[row, :n].cpu(), TEACHER_LOGP: logp[row, :n].cpu()}
+                teacher: dict[str, Sequence[float] | torch.Tensor] = {
+                    TEACHER_IDS: ids[row, :n].cpu(),
+                    TEACHER_LOGP: logp[row, :n].cpu(),
+                }
                 items.append(
                     TrainItem(
                         samples[i].prompt_ids,
@@ -763,11 +772,11 @@ class RAPO(GRPO):
             return
         policy = self.ctx.policy
         sd_items = [it for it in items if it.kind == SD]
-        size = self.cfg.train.micro_batch_size
+        size = self.cfg.train.micro_batch
         for start in range(0, len(sd_items), size):
             part = sd_items[start : start + size]
             batch = policy.batch([it.prompt_ids for it in part], [it.completion_ids for it in part])
-            ref = policy.reference_logprobs(batch, temperature=SD.temperature)
+            ref = policy.reference_logprobs(batch, temperature=1.0)  # as SD's rows
             for row, it in enumerate(part):
                 it.fields[SD_REF_LOGP] = ref[row, : len(it.completion_ids)].float().cpu()
 

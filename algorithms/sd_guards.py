@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .core import KL_ESTIMATORS
+from .registries import KL_ESTIMATORS
 
 # The reference's log-probs (temperature 1, as the SD rows) at each token of a distilled reply.
 SD_REF_LOGP = "sd_ref_logp"
@@ -81,7 +81,7 @@ def guard_tokens(
         outside = (logp.detach() - ref_logp).abs() > sd.max_ref_logratio
         per = torch.where(outside, per.detach() * 0, per)
         metrics["sd/capped"] = (outside.to(per.dtype) * m).sum() / tokens
-    kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp, mask=mask)
+    kl = KL_ESTIMATORS.get(kl_estimator, "loss.kl_estimator")(logp, ref_logp, mask=mask)
     metrics["sd/ref_kl"] = (kl.detach() * m).sum() / tokens
     if sd.ref_kl > 0:
         per = per + sd.ref_kl * kl

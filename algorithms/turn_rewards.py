@@ -49,8 +49,7 @@ def turn_advantages(
         if g is None:
             out.append([])
             continue
-        others = [returns[j] for j in range(len(returns)) if j != i and groups[j] == groups[i]]
-        others = [o for o in others if o is not None]
+        others = [o for j, o in enumerate(returns) if j != i and groups[j] == groups[i] and o is not None]
         if not others:
             out.append([0.0] * len(g))
             continue

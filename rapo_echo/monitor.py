@@ -321,7 +321,7 @@ class RewardHackingMonitor:
         h_base, h_now = self._series(key)
         if None in (r_base, r_now, h_base, h_now):
             return None
-        rise, followed = r_now - r_base, h_now - h_base  # type: ignore[operator]
+        rise, followed = r_now - r_base, h_now - h_base  # type: ignore[operator]  # no None: checked above
         if rise >= self.cfg.reward_jump and followed < self.cfg.follow_frac * rise:
             why = (
                 f"{reward_key} rose {rise:+.3f} over its baseline {r_base:.3f} while {key} moved "

@@ -146,7 +146,7 @@ def _roles(needed: tuple[str, ...], given: dict[str, str | ChatEngine], **engine
     from rapo_echo.benchmarks.cli import build_roles
 
     if all(isinstance(v, str) for v in given.values()):
-        return build_roles(needed, given, **engine_kw)  # type: ignore[arg-type]
+        return build_roles(needed, given, **engine_kw)  # type: ignore[arg-type]  # all str: checked just above
     from rapo_echo.engines import engine_from_spec
 
     cache: dict[str, ChatEngine] = {}

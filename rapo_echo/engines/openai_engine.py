@@ -876,7 +876,7 @@ class OpenAIEngine:
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise self._fail(f"POST {url}", f"malformed logprobs: {json.dumps(choice)[:200]}") from exc
             ids = [_TOKEN_ID.fullmatch(str(e.get("token", ""))) for e in entries]
-            token_ids = [int(m.group(1)) for m in ids] if ids and all(ids) else []  # type: ignore[union-attr]
+            token_ids = [int(m.group(1)) for m in ids] if ids and all(ids) else []  # type: ignore[union-attr]  # all(ids): every match is found
             if logprobs is not None:
                 self._supports_logprobs = True
             finish = choice.get("finish_reason") or "stop"
