@@ -238,16 +238,30 @@ def metric_unit(key: str) -> str:
 
 
 def grouped_bars(
-    title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]], *, ylabel: str = ""
+    title: str,
+    groups: Sequence[str],
+    series: dict[str, Sequence[float | None]],
+    *,
+    ylabel: str = "",
+    intervals: dict[str, Sequence[tuple[float, float] | None]] | None = None,
 ) -> str:
-    """Bars for each group (x axis), one colour per series (e.g. per policy); None values are left out."""
+    """Bars for each group (x axis), one colour per series (e.g. per policy); None values are left out.
+    ``intervals`` (per series, per group ``(lo, hi)`` or None) draws each bar's interval as a black
+    line with caps."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5), 3.2))
     width = 0.8 / max(1, len(series))
     for k, (name, values) in enumerate(series.items()):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
-        pts = [(x, v) for x, v in zip(xs, values) if v is not None]
+        bounds = list((intervals or {}).get(name) or [None] * len(groups))
+        pts = [(x, v, b) for x, v, b in zip(xs, values, bounds) if v is not None]
         ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+        lines = [(x, v, b) for x, v, b in pts if b is not None]
+        if lines:
+            low = [max(0.0, v - b[0]) for _, v, b in lines]
+            high = [max(0.0, b[1] - v) for _, v, b in lines]
+            ax.errorbar([p[0] for p in lines], [p[1] for p in lines], yerr=[low, high], fmt="none",
+                        ecolor="black", elinewidth=1.0, capsize=3)  # fmt: skip
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
     ax.axhline(0, color="black", linewidth=0.6)
