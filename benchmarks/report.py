@@ -20,7 +20,13 @@ from rapo_echo.benchmarks.eval_folder import EvalResult, is_eval, read_eval
 from rapo_echo.benchmarks.fidelity.report import NOTE as FIDELITY_NOTE
 from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_table, run_checks_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
-from rapo_echo.benchmarks.plots import grouped_bars, metric_unit, training_curves
+from rapo_echo.benchmarks.plots import (
+    LONG_RUN_STEPS,
+    grouped_bars,
+    metric_figures,
+    metric_unit,
+    training_curves,
+)
 from rapo_echo.benchmarks.report_figures import (
     FIGURES_NOTE,
     JUDGE_NOTE,
@@ -294,6 +300,9 @@ def render_html(
                 '<p class="note">red lines: steps the reward-hacking monitor flagged (see the last column '
                 "below and docs/monitor.md)</p>"
             )
+        if any(len(r.rows) > LONG_RUN_STEPS for r in runs):  # long runs: one legible figure per metric
+            parts.append("<h3>Curves per metric</h3>")
+            parts.extend(_img(png, key) for key, png in metric_figures({r.path.name: r.rows for r in runs}))
         header, rows = summary_table(runs)
         parts.append("<h3>Runs</h3>" + _html_table(header, rows))
         validated = validation_table(runs)
