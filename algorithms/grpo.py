@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
+from rapo_echo.variety import distinct_n
 
 from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem
 from .core import aggregate
@@ -162,11 +164,12 @@ def pg_loss(
     metrics["loss/pg"] = agg(pg_tok).detach()
     share = mask.sum() / tot["tokens"]
     metrics["clip_frac"] = stats["clip_frac"].detach() * share
-    if lc.beta > 0 and mb.ref_logp is not None:
+    if mb.ref_logp is not None:  # kept for the KL term, or for the monitor alone (monitor.reference_kl)
         kl = KL_ESTIMATORS.get(lc.kl_estimator, "loss.kl_estimator")(logp, mb.ref_logp, mask=mask)
-        per = per + lc.beta * kl
         metrics["kl"] = (kl * mask).sum().detach() / tot["tokens"]
-        metrics["loss/kl"] = lc.beta * agg(kl).detach()
+        if lc.beta > 0:
+            per = per + lc.beta * kl
+            metrics["loss/kl"] = lc.beta * agg(kl).detach()
     if lc.entropy_coef > 0:
         per = per - lc.entropy_coef * entropy
     metrics["entropy"] = (entropy.detach() * mask).sum() / tot["tokens"]
@@ -176,9 +179,11 @@ def pg_loss(
 
 
 def policy_gradient_needs(cfg: RunConfig, **more: Any) -> Needs:
-    """The Needs of a policy-gradient algorithm on the ``loss`` section: a reference when the KL term is on,
-    an entropy gradient when its bonus is; ``more`` adds to them."""
-    return Needs(reference=cfg.loss.beta > 0, entropy_grad=cfg.loss.entropy_coef > 0, **more)
+    """The Needs of a policy-gradient algorithm on the ``loss`` section: a reference when the KL term is on
+    (or the monitor watches the KL, ``monitor.reference_kl``), an entropy gradient when its bonus is;
+    ``more`` adds to them."""
+    reference = cfg.loss.beta > 0 or cfg.monitor.reference_kl
+    return Needs(reference=reference, entropy_grad=cfg.loss.entropy_coef > 0, **more)
 
 
 # ---------------------------------------------------------------------------- metrics and validation
@@ -199,7 +204,25 @@ def reward_stats(samples: list[Sample], names: list[str]) -> dict[str, float]:
     lengths = [len(s.completion_ids) for s in samples]
     out["reply_len/mean"] = statistics.fmean(lengths) if lengths else 0.0
     out["truncated"] = float(sum(1 for s in samples if s.finish_reason == "length"))
+    out.update(reply_variety(samples))
     return out
+
+
+def reply_variety(samples: list[Sample]) -> dict[str, float]:
+    """How varied the step's replies are (the monitor's ``replies_converge``): ``reply/distinct_2``, the
+    Distinct-2 of all replies together (:func:`rapo_echo.variety.distinct_n`), and ``reply/top_share``, the
+    mean over groups of the share of a group's replies that are its most frequent (whitespace-normalised)
+    text: 1/G when all differ, 1 when the group says one thing."""
+    if not samples:
+        return {}
+    groups: dict[int, list[str]] = {}
+    for s in samples:
+        groups.setdefault(s.group, []).append(" ".join(s.text.split()))
+    shares = [Counter(texts).most_common(1)[0][1] / len(texts) for texts in groups.values()]
+    return {
+        "reply/distinct_2": distinct_n([s.text for s in samples], 2),
+        "reply/top_share": statistics.fmean(shares),
+    }
 
 
 def route_shares(samples: list[Sample], name: str) -> dict[str, float]:

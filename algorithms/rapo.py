@@ -42,6 +42,7 @@ from .grpo import (
 )
 from .rank_rewards import gopo_advantages, linear_rank_rewards, mix_emotion
 from .rapo_config import RapoConfig
+from .sd_guards import SD_REF_LOGP, BeatTracker, failed, guard_tokens, needs_reference
 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
@@ -218,6 +219,25 @@ def select_for_distillation(
     return chosen
 
 
+def pulls(out: TokenScores, **terms: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``<name>/pull`` for each loss term: the L1 norm of its gradient with respect to the token
+    log-probs it reads (``out.logp``, and ``out.gathered`` for ``token_kl``), i.e. how hard it pulls on
+    the policy's outputs. The terms are normalised by the mini-batch totals, so micro-batches add up;
+    ``sd/pull`` / ``pg/pull`` is the monitor's ``sd/pg_ratio``. Only the loss's own graph above the
+    log-probs is traversed (not the model)."""
+    inputs = [t for t in (out.logp, out.gathered) if t is not None and t.requires_grad]
+    if not inputs:
+        return {}
+    res = {}
+    for name, term in terms.items():
+        if not term.requires_grad:
+            res[f"{name}/pull"] = torch.zeros(())
+            continue
+        grads = torch.autograd.grad(term, inputs, retain_graph=True, allow_unused=True)
+        res[f"{name}/pull"] = sum((g.detach().abs().sum() for g in grads if g is not None), torch.zeros(()))
+    return res
+
+
 class RAPO(GRPO):
     """GRPO over judge ranks of simulated reactions, plus critique self-distillation."""
 
@@ -235,12 +255,14 @@ class RAPO(GRPO):
         the SD rows, and ``token_kl`` the teacher's top-k on them."""
         sd = cfg.section("rapo", RapoConfig).sd
         token_kl = sd.enabled and sd.loss == "token_kl"
-        return policy_gradient_needs(
+        guarded = sd.enabled and needs_reference(sd)
+        needs = policy_gradient_needs(
             cfg,
             kinds=(PG, SD) if sd.enabled else (PG,),
-            fields=(TEACHER_IDS, TEACHER_LOGP) if token_kl else (),
+            fields=((TEACHER_IDS, TEACHER_LOGP) if token_kl else ()) + ((SD_REF_LOGP,) if guarded else ()),
             gather=TEACHER_IDS if token_kl else None,
         )
+        return replace(needs, reference=True) if guarded else needs
 
     @classmethod
     def check_plugins(cls, cfg: RunConfig, at: Callable[[str], str]) -> None:
@@ -265,6 +287,8 @@ class RAPO(GRPO):
         ):
             raise ValueError("RAPO needs a simulator and a judge engine")
         self.rng = random.Random(cfg.train.seed)
+        self.beat = BeatTracker(rc.sd.beat_ema)  # the min_beat guard's moving average
+        self.coef = rc.sd.coef  # this step's SD coefficient (the min_beat guard scales it)
         self.simulator = build_simulator(
             rc.simulator.name,
             self.simulator_args(rc.simulator),
@@ -318,11 +342,12 @@ class RAPO(GRPO):
     # ------------------------------------------------------------------ state (for resume)
     def state_dict(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss]}
+        return {"rng": [version, list(internal), gauss], "beat_ema": self.beat.ema}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
+        self.beat.ema = state.get("beat_ema")
 
     # ------------------------------------------------------------------ rollout
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
@@ -367,9 +392,13 @@ class RAPO(GRPO):
                 corrections = self._corrections(samples, reactions, ranked)
                 items = self._distillation_items(samples, ranked, corrections, items, advantages)
                 record_rewrites(samples, corrections)
+            self._reference_on_distilled(items)
             stage.close()
             timings["distill"] = time.perf_counter() - t0
             metrics.update(self._distill_metrics(items, corrections))
+            self.beat.update(metrics.get("sd/beat_original"))
+            self.coef = self.sd.coef * self.beat.factor(self.sd.min_beat)
+            metrics["sd/coef"] = self.coef
         extra = {"reactions": reactions, "corrections": corrections}
         bias = [self.judge.step_metrics()] if isinstance(self.judge, GroupJudge) else []
         return Rollout(samples, items, metrics, timings, extra, judge_metrics=bias)
@@ -544,6 +573,8 @@ class RAPO(GRPO):
             picked = select_for_distillation(
                 ranks, [samples[i].reward for i in g], self.sd.select, self.sd.threshold
             )
+            if self.sd.only_failed:  # SRPO: only what failed goes to self-distillation
+                picked = [p for p in picked if failed(samples[g[p]].info["reaction"]["emotion_delta"])]
             picked.sort(key=lambda p: -ranks[p])  # worst first
             if self.sd.max_per_group:
                 picked = picked[: self.sd.max_per_group]
@@ -588,7 +619,8 @@ class RAPO(GRPO):
         corrections = [
             Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and not is_blank(g[0].text)
         ]
-        if corrections and (self.sd.verify or self.sd.loss in ("adv_nll", "in_group")):
+        rerank = self.sd.verify or self.sd.min_beat is not None or self.sd.loss in ("adv_nll", "in_group")
+        if corrections and rerank:
             self._rerank(samples, reactions, groups, corrections)
             if self.sd.verify:
                 for c in corrections:
@@ -717,6 +749,22 @@ class RAPO(GRPO):
                 )
         return items
 
+    @torch.no_grad()
+    def _reference_on_distilled(self, items: list[TrainItem]) -> None:
+        """The reference's log-probs (temperature 1) on the SD items' tokens, for the ``ref_kl`` and
+        ``max_ref_logratio`` guards."""
+        if not needs_reference(self.sd):
+            return
+        policy = self.ctx.policy
+        sd_items = [it for it in items if it.kind == SD]
+        size = self.cfg.train.micro_batch
+        for start in range(0, len(sd_items), size):
+            part = sd_items[start : start + size]
+            batch = policy.batch([it.prompt_ids for it in part], [it.completion_ids for it in part])
+            ref = policy.reference_logprobs(batch, temperature=1.0)  # as SD's rows
+            for row, it in enumerate(part):
+                it.fields[SD_REF_LOGP] = ref[row, : len(it.completion_ids)].float().cpu()
+
     # ------------------------------------------------------------------ loss
     def loss(
         self, mb: MicroBatch, out: TokenScores, totals: Totals
@@ -724,13 +772,27 @@ class RAPO(GRPO):
         """GRPO's objective over the rank rewards plus ``rapo.sd.coef`` times the SD loss, a token-mean
         over the mini-batch's SD tokens (:meth:`sd_per_token`)."""
         loss, metrics = pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
-        if not self.sd.enabled or totals[SD]["tokens"] == 0 or SD not in mb.kinds:
-            return loss, metrics  # no SD rows here (other micro-batches of the mini-batch have them)
+        if not self.sd.enabled or totals[SD]["tokens"] == 0:
+            return loss, metrics
+        if SD not in mb.kinds:  # no SD rows here (other micro-batches of the mini-batch have them)
+            metrics.update(pulls(out, pg=loss))
+            return loss, metrics
         mask = mb.kind_mask(SD)
         per = self.sd_per_token(mb, out.logp, mask, out.gathered)
+        per, guarded = guard_tokens(
+            per,
+            out.logp,
+            mb.fields.get(SD_REF_LOGP),
+            mask,
+            self.sd,
+            self.cfg.loss.kl_estimator,
+            totals[SD]["tokens"],
+        )
+        metrics.update(guarded)
         sd = (per * mask).sum() / totals[SD]["tokens"]
         metrics["loss/sd"] = sd.detach()
-        return loss + self.sd.coef * sd, metrics
+        metrics.update(pulls(out, pg=loss, sd=self.coef * sd))
+        return loss + self.coef * sd, metrics
 
     def sd_per_token(
         self, mb: MicroBatch, logp: torch.Tensor, mask: torch.Tensor, gathered: torch.Tensor | None
@@ -773,6 +835,7 @@ class RAPO(GRPO):
         out = {
             "sim/invalid": float(sum(not r.valid for r in reactions)),
             "sim/emotion_delta": statistics.fmean(deltas) if deltas else float("nan"),
+            "sim/emotion_delta_std": statistics.pstdev(deltas) if len(deltas) > 1 else 0.0,
             "judge/invalid_groups": float(sum(not j.valid for j in judgements)),
             "critique/len": statistics.fmean(crit) if crit else 0.0,
         }

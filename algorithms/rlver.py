@@ -53,6 +53,7 @@ from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals
 from .grpo import advantage_stats, group_advantages, pg_loss, policy_gradient_needs, reward_stats
 from .ppo import OLD_VALUES, estimate, fill_old_values, ppo_loss, set_value_fields, value_needs
 from .rlver_config import RLVER_SYSTEM_PROMPT, RlverConfig
+from .turn_rewards import turn_advantages
 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
         rlver: RlverConfig
 
 EMOTION = "emotion"  # the name of the emotion reward in Sample.rewards
+TURN_ADVANTAGES = "turn_advantages"  # ``reward: per_turn``: each response token's turn advantage
 
 
 def scenario_profile(scenario: Scenario) -> SageProfile:
@@ -140,8 +142,11 @@ class RLVER(Algorithm):
     def needs(cls, cfg: RunConfig) -> Needs:
         """GRPO compares a profile's dialogues (a group of 2 or more); PPO adds a value head, which is its
         baseline (a group of 1 is fine), and GAE's per-token fields."""
-        ppo = cfg.section("rlver", RlverConfig).estimator == "ppo"
-        return value_needs(cfg) if ppo else policy_gradient_needs(cfg)
+        rc = cfg.section("rlver", RlverConfig)
+        if rc.estimator == "ppo":
+            return value_needs(cfg)
+        per_turn = rc.reward == "per_turn" and not rc.thinking  # thinking: a row per turn
+        return policy_gradient_needs(cfg, fields=(TURN_ADVANTAGES,) if per_turn else ())
 
     @classmethod
     def check_resume(cls, cfg: RunConfig, ckpt: Path) -> None:
@@ -279,6 +284,8 @@ class RLVER(Algorithm):
             t0 = time.perf_counter()
             items, adv = self._ppo_items(episodes, samples)
             timings["values"] = time.perf_counter() - t0
+        elif self.cfg.rlver.reward == "per_turn":
+            items, adv = self._turn_items(episodes, samples)
         else:
             adv = group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
             items = self._grpo_items(episodes, samples, adv)
@@ -439,6 +446,47 @@ class RLVER(Algorithm):
                 )
         return items
 
+    def turn_rewards(self, e: Episode, s: Sample) -> list[float]:
+        """``reward: per_turn``: each policy turn's emotion change / 100 (0 for a turn the user did not
+        react to), plus the reward plugins' part on the last turn."""
+        em = e.dialogue.emotions
+        out = [(em[k + 1] - em[k]) / EMOTION_MAX if k + 1 < len(em) else 0.0 for k in range(len(e.turns))]
+        assert s.reward is not None  # called for valid samples only
+        out[-1] += float(s.reward) - float(s.rewards[EMOTION] or 0.0)
+        return out
+
+    def _turn_items(
+        self, episodes: list[Episode], samples: list[Sample]
+    ) -> tuple[list[TrainItem], list[float]]:
+        """``reward: per_turn``: every policy token carries its turn's advantage (:mod:`.turn_rewards`):
+        a per-token field of the dialogue's row, or in thinking mode each turn row's own advantage.
+        Returns the items and the advantages of the trained turns."""
+        rewards = [
+            self.turn_rewards(e, s) if s.valid and e.trainable else None for e, s in zip(episodes, samples)
+        ]
+        per_turn = turn_advantages(rewards, [s.group for s in samples], self.cfg.rlver.gamma)
+        items = self._grpo_items(episodes, samples, [a[0] if a else 0.0 for a in per_turn])
+        rows = iter(items)  # in the order _grpo_items made them: a dialogue's row, or its turns' rows
+        for e, s, adv in zip(episodes, samples, per_turn):
+            if not adv:
+                continue
+            s.info["turn_advantages"] = adv
+            if self.cfg.rlver.thinking:
+                for t, a in zip(e.turns, adv):
+                    if t.ids:
+                        next(rows).advantage = a
+            else:
+                next(rows).fields[TURN_ADVANTAGES] = self._spread(
+                    e, [a for t, a in zip(e.turns, adv) for _ in t.ids]
+                )
+        return items, [a for adv in per_turn for a in adv]
+
+    @staticmethod
+    def _spread(e: Episode, policy_values: list[float]) -> list[float]:
+        """Values of the policy's tokens laid over the response (0 on the user's tokens)."""
+        it = iter(policy_values)
+        return [next(it) if m else 0.0 for m in e.mask]
+
     # ------------------------------------------------------------------ PPO items
     def _ppo_items(
         self, episodes: list[Episode], samples: list[Sample]
@@ -528,7 +576,7 @@ class RLVER(Algorithm):
         the clipped loss with per-token advantages plus ``vf_coef`` times the clipped value loss."""
         if self.ppo:
             return ppo_loss(self.cfg, self.cfg.rlver.ppo, mb, out, totals)
-        return pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
+        return pg_loss(self.cfg, mb, out.logp, out.entropy, totals, mb.fields.get(TURN_ADVANTAGES))
 
     # ------------------------------------------------------------------ metrics
     def _dialogue_metrics(self, episodes: list[Episode], lost: int) -> dict[str, float]:

@@ -3,7 +3,8 @@ the record it writes per case."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol
 
@@ -89,6 +90,30 @@ class EvalSettings(Strict):
         description="epm: EPM constants to override (benchmarks/epm/vectors.py EpmConfig), e.g. `--epm "
         "alpha=0.05`; repeatable.",
     )
+    # how far a figure can be trusted (docs/reading-results.md)
+    repeats: int = Field(
+        1,
+        ge=1,
+        description="Every case this many times, each repeat with its own simulator, judge and policy seeds "
+        "(seed + 1000 k); the summary gives each figure's mean, interval over cases and spread across "
+        "repeats (a larger N resumes a finished folder).",
+    )
+    judge_recheck: bool = Field(
+        True,
+        description="Each judged case asks its judge (SAGE: the simulated user's emotion reading) its last "
+        "question once more with a fresh seed and prompt marker: the judge's self-agreement.",
+    )
+    state_probe: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="sage: ask the policy each turn how the user feels (0-100) beside the dialogue, and "
+        "score its emotional state tracking against the simulator's hidden emotion (`auto`: with "
+        "`profiles` hard).",
+    )
+    profiles: Literal["standard", "hard"] = Field(
+        "standard",
+        description="sage without `data`: our standard profiles, or our hard-to-help seekers (withdrawn, "
+        "hostile, contradictory, testing, deflecting with humour, shifting goals).",
+    )
 
     def policy_params(self) -> SamplingParams:
         return SamplingParams(
@@ -115,6 +140,21 @@ class Case:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+REPEAT_SEED_STRIDE = 1000  # repeat k runs with seed + k * this (far apart: a role may use seed + 1 too)
+
+
+def repeat_seed(seed: int | None, repeat: int) -> int | None:
+    """The seed of repeat ``repeat`` (``--repeats``): the run's own for the first (0), ``seed + repeat *``
+    :data:`REPEAT_SEED_STRIDE` after it (None stays None: unseeded)."""
+    return seed if seed is None or repeat == 0 else seed + repeat * REPEAT_SEED_STRIDE
+
+
+def case_key(case: Case) -> str:
+    """The case's own id, the same in every repeat (what its prompt markers are drawn from, so that a
+    repeat is the case rerun with the repeat's seed)."""
+    return str(case.meta.get("case", case.id))
+
+
 class Benchmark(Protocol):
     """A benchmark: loads its cases, runs a batch of them in lockstep, and summarises the records.
 
@@ -138,6 +178,31 @@ class Benchmark(Protocol):
 def mean(values: Sequence[float]) -> float | None:
     """Arithmetic mean, None for no values."""
     return sum(values) / len(values) if values else None
+
+
+RECHECK_SEED_OFFSET = 7919  # a judge's recheck samples with its seed + this (a prime: no repeat's seed)
+
+
+def recheck_params(params: SamplingParams) -> SamplingParams:
+    """The sampling of a judge's recheck: the same, with another seed."""
+    return dataclasses.replace(
+        params, seed=None if params.seed is None else params.seed + RECHECK_SEED_OFFSET
+    )
+
+
+def recheck_entry(first: Mapping[str, Any], again: Mapping[str, Any], diffs: Sequence[float] = ()) -> Record:
+    """A judge's answers to the same questions, asked twice (the second time with a fresh seed and prompt
+    marker), as a record's ``info['judge_recheck']``: ``agree`` is the share of the questions (the keys of
+    ``first``) answered alike the second time (an unreadable second answer disagrees), ``abs_diff`` the
+    mean of ``diffs``, the absolute differences of the numbers the answers give (None without any)."""
+    keys = list(first)
+    same = sum(again.get(k) is not None and again.get(k) == first[k] for k in keys)
+    return {
+        "agree": same / len(keys) if keys else None,
+        "abs_diff": sum(diffs) / len(diffs) if diffs else None,
+        "first": dict(first),
+        "again": dict(again),
+    }
 
 
 def make_record(

@@ -38,8 +38,14 @@ class ReportCommand(Strict):
     title: str = Field("rapo-echo report", description="The page's title.")
     baseline: str | None = Field(
         None,
-        description="Eval folder or policy spec the paired comparison of per-case success compares the "
-        "others with (unset: each benchmark's first folder as given).",
+        description="Eval folder or policy spec the others are compared with, figure by figure and card by "
+        "card (unset: each benchmark's first folder as given).",
+    )
+    show_incomparable: bool = Field(
+        False,
+        description="Put evaluations whose benchmark cards differ (another simulator, judge, sampling, "
+        "prompt or data) side by side anyway, marked (unset: they are left out of the comparison and "
+        "named).",
     )
 
 
@@ -56,6 +62,9 @@ def register(subparsers: Any) -> None:
     rep = subparsers.add_parser("report", help="render evaluation / training-run folders into an HTML report")
     add_flags(rep, ReportCommand, config=False)
     rep.set_defaults(func=run_report_command)
+    from rapo_echo.benchmarks.compare import register as register_compare
+
+    register_compare(subparsers)
 
 
 def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any) -> Roles:
@@ -140,7 +149,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def run_transcripts_command(cmd: EvalCommand) -> int:
     """``eval --benchmark sage --transcripts DIR``: score released SAGE result files, print a table."""
-    from rapo_echo.benchmarks.sage.run import score_transcripts
+    from rapo_echo.benchmarks.sage.transcripts import score_transcripts
 
     if cmd.benchmark != "sage":
         raise ConfigError(
@@ -172,7 +181,12 @@ def run_report_command(args: argparse.Namespace) -> int:
 
     cmd = section_from_args(ReportCommand, args)
     html_path, md_path = build_report(
-        cmd.dirs, cmd.output, max_transcripts=cmd.max_transcripts, title=cmd.title, baseline=cmd.baseline
+        cmd.dirs,
+        cmd.output,
+        max_transcripts=cmd.max_transcripts,
+        title=cmd.title,
+        baseline=cmd.baseline,
+        show_incomparable=cmd.show_incomparable,
     )
     print(f"report: {html_path}\nmarkdown table: {md_path}")
     return 0

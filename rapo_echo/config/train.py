@@ -64,6 +64,11 @@ class TrainConfig(Strict):
         "sequence whole).",
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    stop_on_alarm: bool = Field(
+        False,
+        description="End the run cleanly (checkpoint, resumable) at the first step a monitor signature fires"
+        " (docs/monitor.md).",
+    )
 
     @property
     def micro_batch(self) -> int:
