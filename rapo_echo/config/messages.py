@@ -83,7 +83,8 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
             if loc[-1] in renamed:
                 hint = f"no longer a key; write it as {renamed[loc[-1]].format(value=shown)}"
             else:
-                meant = trl_hint(loc[-1], shown) or did_you_mean(root, loc)
+                given = None if value is _MISSING else value
+                meant = trl_hint(loc[-1], given, where(sources, loc)) or did_you_mean(root, loc)
                 hint += f"; {meant}" if meant else ""
                 if parent is not None:
                     hint += f"; allowed keys here: {', '.join(parent.model_fields)}"
