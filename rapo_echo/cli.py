@@ -1,7 +1,9 @@
 """The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, config, export.
 
 Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
-and sets ``func(args) -> exit code``. Only commands whose module imports are listed.
+and sets ``func(args) -> exit code``. The command run is the only module imported: the others appear in
+the help with their one-line summary, so ``rapo-echo --help`` and a mistyped command answer at once
+(issue 49: importing every command's module cost 3-8 s of torch imports).
 """
 
 from __future__ import annotations
@@ -16,21 +18,41 @@ from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.progress import quiet_third_party
 from rapo_echo.scrub import ScrubFilter
 
-COMMAND_MODULES = (
-    "rapo_echo.chat",
-    "rapo_echo.serve",
-    "rapo_echo.algorithms.train_cli",
-    "rapo_echo.judges.training",
-    "rapo_echo.algorithms.datagen.cli",
-    "rapo_echo.benchmarks.cli",
-    "rapo_echo.algorithms.openrlhf.cli",
-    "rapo_echo.algorithms.config_cli",
-    "rapo_echo.export",
-)
+# command -> (the module that registers it, its one-line help as the module's parser says it)
+COMMAND_MODULES = {
+    "chat": ("rapo_echo.chat", "chat with a model in the terminal"),
+    "serve": ("rapo_echo.serve", "serve a model behind an OpenAI-compatible API"),
+    "train": ("rapo_echo.algorithms.train_cli", "train a policy (--algo grpo|ppo|rapo|rlver|sft)"),
+    "train-judge": (
+        "rapo_echo.judges.training",
+        "fine-tune a humanlike / empathy judge on reasoning + verdict examples (JSONL)",
+    ),
+    "data": (
+        "rapo_echo.algorithms.datagen.cli",
+        "make Echo-N1's data: critique-rewrite, references, hard-prompts, synthesize",
+    ),
+    "eval": (
+        "rapo_echo.benchmarks.cli",
+        "run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity",
+    ),
+    "report": ("rapo_echo.benchmarks.cli", "render evaluation / training-run folders into an HTML report"),
+    "openrlhf": ("rapo_echo.algorithms.openrlhf.cli", "export / launch a run on Ray with OpenRLHF"),
+    "config": ("rapo_echo.algorithms.config_cli", "write the config reference (docs/config.md)"),
+    "export": (
+        "rapo_echo.export",
+        "copy a run's model to a folder with a model card; merge LoRA; push to the Hugging Face Hub",
+    ),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every available sub-command."""
+def command_in(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` names (its first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """The top-level parser. The module of ``command`` registers its full parser (``"*"``: every
+    command's); the others stand as their one-line help, enough for ``--help``."""
     parser = argparse.ArgumentParser(
         prog="rapo-echo",
         description="Reinforcement learning of empathetic, emotionally supportive dialogue models.",
@@ -43,20 +65,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="log debug messages, and the libraries' own logs and warnings",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    registered: set[str] = set()
+    for name, (module_name, help_) in COMMAND_MODULES.items():
+        if name in registered:
+            continue
+        if command not in ("*", name):
+            sub.add_parser(name, help=help_, add_help=False)
+            continue
         try:
-            module = importlib.import_module(name)
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:  # the command is not part of this installation
+            if exc.name == module_name:  # the command is not part of this installation
                 continue
             raise
+        before = set(sub.choices)
         module.register(sub)
+        registered |= set(sub.choices) - before
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rapo-echo`` console script."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_in(argv)
+    parser = build_parser(command if command in COMMAND_MODULES else None)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
