@@ -1,5 +1,7 @@
 """The progress display: nested bars with counts, remote calls done / in flight / failed from any thread,
-engines reporting through the one sink, and nothing shown until it is enabled."""
+engines reporting through the one sink (the ``hf`` engine per reply as it finishes), bars that redraw
+while a call runs, lines instead of bars where there is no terminal, and nothing shown until it is
+enabled."""
 
 from __future__ import annotations
 
@@ -14,9 +16,22 @@ from rapo_echo.engines.openai_engine import EndpointError, OpenAIEngine
 from rapo_echo.types import SamplingParams
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 @pytest.fixture
 def shown():
-    out = io.StringIO()
+    out = Terminal()
+    progress.enable(True, file=out)
+    yield out
+    progress.enable(False)
+
+
+@pytest.fixture
+def logged():
+    out = io.StringIO()  # not a terminal: a log file, a pipe
     progress.enable(True, file=out)
     yield out
     progress.enable(False)
@@ -79,16 +94,21 @@ def test_openai_engine_reports_done_in_flight_and_failed(monkeypatch) -> None:
     assert seen[-1] == (0, 0, 1, 1)
 
 
-def test_hf_engine_reports_replies_per_decoded_chunk(monkeypatch, smol_tokenizer) -> None:
+@pytest.mark.parametrize("loop", ["dynamic", "static"])
+def test_hf_engine_reports_each_reply_as_it_finishes(loop: str, monkeypatch, smol_tokenizer) -> None:
     from rapo_echo.engines.hf import HFEngine
     from tests.conftest import make_tiny_model
 
     opened: list[tuple[str, int | None]] = []
     updates: list[int] = []
+    notes: list[str] = []
 
     class Bar(progress.Task):
         def update(self, n: int = 1) -> None:
             updates.append(n)
+
+        def note(self, refresh: bool = True, **values) -> None:
+            notes.append(values["token"])
 
     @contextmanager
     def task(desc, total=None, unit="it", initial=0):
@@ -96,11 +116,41 @@ def test_hf_engine_reports_replies_per_decoded_chunk(monkeypatch, smol_tokenizer
         yield Bar()
 
     monkeypatch.setattr(progress, "task", task)
-    engine = HFEngine(make_tiny_model(smol_tokenizer), smol_tokenizer, name="policy", max_batch_size=4)
+    engine = HFEngine(
+        make_tiny_model(smol_tokenizer), smol_tokenizer, name="policy", max_batch_size=4, decode_loop=loop
+    )
+    engine.eos_ids = set(range(len(smol_tokenizer) // 2))  # about half the tokens end a reply
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8]]
-    engine.generate_ids(prompts, SamplingParams(max_new_tokens=2, n=2, temperature=1.0, seed=0))
+    gens = engine.generate_ids(prompts, SamplingParams(max_new_tokens=12, n=2, temperature=1.0, seed=0))
     assert opened == [("generation (policy)", 6)]
-    assert updates == [4, 2]  # two prompts (4 replies) per chunk of max_batch_size 4, then the last
+    lengths = sorted({len(g.token_ids) for row in gens for g in row})
+    assert len(lengths) > 1  # the replies ended at different steps
+    assert sum(updates) == 6
+    if loop == "dynamic":  # counted as they end, every step
+        assert len(updates) > 2 and notes[:2] == ["1/12", "2/12"]
+    else:  # where the static loop reads how many have ended anyway: every 8 steps
+        assert "8/12" in notes
+
+
+def test_bars_redraw_while_nothing_moves(shown: Terminal) -> None:
+    with progress.task("simulation (simulator:hf)", total=4, unit="reply"):
+        before = len(shown.getvalue())
+        progress.beat()
+        assert len(shown.getvalue()) > before  # the elapsed time is drawn again
+
+
+def test_without_a_terminal_lines_say_where_every_bar_stands(logged: io.StringIO) -> None:
+    with progress.task("rapo", total=2, unit="step") as steps:
+        with progress.task(progress.label("policy:hf", "generate"), total=32, unit="reply") as gen:
+            gen.update(12)
+            progress.beat(now=10**9)  # LINE_EVERY_S has passed
+            progress.beat(now=10**9)  # and not again since
+        steps.update(1)
+    lines = logged.getvalue().splitlines()
+    assert "\r" not in logged.getvalue()
+    assert len(lines) == 3, lines  # the beat, the outer bar's move, its close
+    assert lines[0].endswith("progress: rapo 0/2 step [0:00] | generation (policy:hf) 12/32 reply [0:00]")
+    assert "progress: rapo 1/2 step [0:00]" in lines[1]
 
 
 def test_third_party_chatter_is_quiet_unless_verbose(monkeypatch) -> None:
