@@ -19,7 +19,6 @@ from typing import Any
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
-from rapo_echo.engines.base import ChatEngine
 
 
 def register(subparsers: Any) -> None:
@@ -225,21 +224,13 @@ def settings_from_args(args: argparse.Namespace) -> EvalSettings:
 
 def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any) -> Roles:
     """Engines for the roles a benchmark needs; ``policy`` or a repeated spec reuses the same engine."""
-    from rapo_echo.engines import engine_from_spec
-
-    cache: dict[str, ChatEngine] = {}
-
-    def load(spec: str) -> ChatEngine:
-        if spec not in cache:
-            cache[spec] = engine_from_spec(spec, **engine_kw)
-        return cache[spec]
-
+    from rapo_echo.engines import engines_for_roles
     from rapo_echo.llm.strength import warn_if_weak
 
-    policy = load(specs["policy"])
-    others = {
-        r: (policy if specs[r] == "policy" else load(specs[r])) for r in ("simulator", "judge") if r in needed
-    }
+    roles = ["policy", *(r for r in ("simulator", "judge") if r in needed)]
+    named = {r: specs["policy"] if specs[r] == "policy" else specs[r] for r in roles}
+    others = engines_for_roles(named, **engine_kw)
+    policy = others.pop("policy")
     for role, engine in others.items():
         warn_if_weak(engine, role, "eval")
     return Roles(policy=policy, **others)

@@ -34,6 +34,9 @@ from typing import IO, Any
 # Loggers and warning sources that talk on every request or load unless the user asked for -v.
 NOISY_LOGGERS = ("httpx", "httpcore", "urllib3", "filelock", "datasets", "huggingface_hub", "accelerate")
 NOISY_WARNINGS = r"(transformers|torch|peft|accelerate|datasets|huggingface_hub|deepspeed|tensorboard)(\.|$)"
+# Loggers that set their own level and handler when their library loads (DeepSpeed's says "Setting
+# accelerator to CPU" on every CPU run): below ERROR they are dropped by a filter, which their setup keeps.
+SELF_CONFIGURED_LOGGERS = ("DeepSpeed",)
 
 # read by huggingface_hub (and transformers' weight-loading bars), datasets and transformers at import
 QUIET_ENV = {
@@ -227,9 +230,11 @@ STAGES = {"policy": "generation", "simulator": "simulation", "judge": "judging"}
 
 
 def label(engine_name: str, what: str) -> str:
-    """A bar's name for an engine call: the stage its role stands for, and the engine."""
-    stage = STAGES.get(engine_name.split(":", 1)[0])
-    return f"{stage} ({engine_name})" if stage else f"{engine_name}: {what}"
+    """A bar's name for an engine call: the stages its roles stand for (``simulator+judge:hf``: simulation
+    or judging), and the engine."""
+    roles = engine_name.split(":", 1)[0].split("+")
+    stages = [STAGES[r] for r in roles if r in STAGES]
+    return f"{' or '.join(stages)} ({engine_name})" if stages else f"{engine_name}: {what}"
 
 
 def remote(*, done: int, in_flight: int, failed: int = 0, total: int | None = None) -> None:
@@ -272,6 +277,11 @@ class RemoteCalls:
             self._report()
 
 
+class _ErrorsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
 def quiet_third_party(verbose: bool) -> None:
     """Unless ``verbose``: no per-request log lines (httpx), no load chatter or progress bars from
     datasets / huggingface_hub / transformers, and no warnings raised inside those libraries (ours still
@@ -280,6 +290,10 @@ def quiet_third_party(verbose: bool) -> None:
         return
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in SELF_CONFIGURED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _ErrorsOnly) for f in logger.filters):
+            logger.addFilter(_ErrorsOnly())
     warnings.filterwarnings("ignore", module=NOISY_WARNINGS)
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)

@@ -32,7 +32,7 @@ def run_fidelity_command(
 ) -> int:
     """``eval --benchmark fidelity``; ``engine_kwargs``: the engine settings of the eval flags."""
     from rapo_echo.benchmarks.runner import run_eval
-    from rapo_echo.engines import engine_from_spec
+    from rapo_echo.engines import engines_for_roles
     from rapo_echo.rundir import check_writable
 
     if args.policy:
@@ -41,13 +41,11 @@ def run_fidelity_command(
     cases = benchmark.load_cases(args.data, settings)  # fail on bad data before loading any model
     check_writable(args.output)
     specs = needed_specs(args)
-    engines: dict[str, Any] = {}
-    for spec in dict.fromkeys(specs.values()):
-        engines[spec] = engine_from_spec(spec, **(engine_kwargs or {}))
+    engines = engines_for_roles(specs, **(engine_kwargs or {}))
     roles = Roles(
         policy=None,  # type: ignore[arg-type]  # fidelity has no policy
-        simulator=engines.get(specs.get("simulator", "")),
-        judge=engines.get(specs.get("judge", "")),
+        simulator=engines.get("simulator"),
+        judge=engines.get("judge"),
     )
     if not cases:
         print("fidelity: no rated points")

@@ -63,6 +63,21 @@ def test_labels_name_the_stage_of_a_role() -> None:
     assert progress.label("simulator:hf", "generate") == "simulation (simulator:hf)"
     assert progress.label("judge:policy-base", "generate") == "judging (judge:policy-base)"
     assert progress.label("cli:hf", "generate") == "cli:hf: generate"
+    assert progress.label("simulator+judge:hf", "generate") == "simulation or judging (simulator+judge:hf)"
+
+
+def test_eval_names_each_engine_by_the_roles_it_plays() -> None:
+    """``rapo-echo eval``'s bars said ``cli:hf: generate`` (issue 49, item 13): no role."""
+    from rapo_echo.benchmarks.cli import build_roles
+
+    served = {"policy": "http://127.0.0.1:9/v1", "simulator": "http://127.0.0.1:8/v1"}
+    kw = {"model": "m"}  # a named model: no request to the (absent) servers
+    roles = build_roles(("policy", "simulator", "judge"), {**served, "judge": served["simulator"]}, **kw)
+    assert roles.policy.name == "policy:openai"
+    assert roles.simulator is roles.judge and roles.judge.name == "simulator+judge:openai"
+    specs = {"policy": served["policy"], "simulator": "x", "judge": "policy"}
+    shared = build_roles(("policy", "judge"), specs, **kw)
+    assert shared.judge is shared.policy and shared.policy.name == "policy+judge:openai"
 
 
 def test_openai_engine_reports_done_in_flight_and_failed(monkeypatch) -> None:
@@ -169,3 +184,26 @@ def test_third_party_chatter_is_quiet_unless_verbose(monkeypatch) -> None:
             warnings.warn_explicit("old API", FutureWarning, "x.py", 1, module="transformers.modeling_utils")
             warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="rapo_echo.algorithms.learner")
         assert [str(w.message) for w in caught] == ["ours"]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_deepspeed_says_nothing_about_the_cpu_unless_verbose(verbose: bool) -> None:
+    """DeepSpeed's logger sets its own level and handler when it loads; its 'Setting accelerator to CPU'
+    followed every CPU run (issue 49, item 13)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    code = (
+        "from rapo_echo.progress import quiet_third_party\n"
+        f"quiet_third_party(verbose={verbose})\n"
+        "from deepspeed.accelerator import get_accelerator\n"
+        "print(get_accelerator().device_name())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    said = done.stdout + done.stderr
+    if "cuda" in done.stdout:
+        pytest.skip("a GPU answers: DeepSpeed has nothing to say about the CPU")
+    assert ("Setting accelerator to CPU" in said) == verbose, said
