@@ -138,13 +138,16 @@ def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, 
     return (None if fig is None else png_base64(fig)), left_out
 
 
+RATE = "rate (0-1)"
+
+
 def metric_unit(key: str) -> str:
     """The unit of a benchmark's summary metric, from its key (one chart holds one unit)."""
     k = key.lower()
     if "turn" in k:
         return "turns"
     if k.endswith("rate") or k.endswith("/rate"):
-        return "rate (0-1)"
+        return RATE
     if k in ("successes", "failures") or k.endswith("_count"):
         return "dialogues"
     if k.startswith(("bleu", "rouge", "distinct")):
@@ -152,17 +155,24 @@ def metric_unit(key: str) -> str:
     return "score"
 
 
-def grouped_bars(
+def bars_figure(
     title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]], *, ylabel: str = ""
-) -> str:
-    """Bars for each group (x axis), one colour per series (e.g. per policy); None values are left out."""
+) -> Any:
+    """Bars for each group (x axis), one colour per series (e.g. per policy), each with its value written
+    on it; None values are left out. A rate's axis is 0-1, and bars that are all 0 get a 0-1 axis too, so
+    a zero reads as zero, not as an empty panel on a -0.04..0.04 axis."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5), 3.2))
     width = 0.8 / max(1, len(series))
+    shown: list[float] = []
     for k, (name, values) in enumerate(series.items()):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
         pts = [(x, v) for x, v in zip(xs, values) if v is not None]
-        ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+        bars = ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+        ax.bar_label(bars, fmt="%.3g", fontsize=6)
+        shown += [p[1] for p in pts]
+    if ylabel == RATE or (shown and all(v == 0 for v in shown)):
+        ax.set_ylim(min(0.0, *shown), max(1.0, *shown))
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
     ax.axhline(0, color="black", linewidth=0.6)
@@ -172,4 +182,11 @@ def grouped_bars(
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     fig.tight_layout()
-    return png_base64(fig)
+    return fig
+
+
+def grouped_bars(
+    title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]], *, ylabel: str = ""
+) -> str:
+    """:func:`bars_figure` as a base64 PNG."""
+    return png_base64(bars_figure(title, groups, series, ylabel=ylabel))

@@ -250,6 +250,18 @@ def test_report_shows_the_held_out_scores_and_the_kept_step(tmp_path: Path) -> N
     ]
 
 
+def test_report_of_a_stopped_run_says_final_is_not_written_yet(tmp_path: Path) -> None:
+    """An interrupted keep_best run has best/best.json but no final/: the report said "keep_best off"
+    (issue 49, item 13)."""
+    from rapo_echo.benchmarks.training_report import kept_step
+
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "best.json").write_text(json.dumps({"step": 0, "key": "val/reward", "value": 0.1}))
+    assert kept_step(tmp_path) == "no final/ yet (the run stopped before its end); the best so far is step 0"
+    (tmp_path / "final").mkdir()
+    assert kept_step(tmp_path) == "last (keep_best off)"
+
+
 def test_paired_gain_by_hand() -> None:
     # scenarios 0 and 1 scored in both: differences 2 and -1, mean 0.5, stdev sqrt(4.5), se sqrt(4.5)/sqrt(2)
     gain, se, n = paired_gain([3.0, 1.0, None, 4.0], [1.0, 2.0, 5.0, None])
