@@ -80,11 +80,16 @@ test-vllm: $(VLLM_STAMP)
 
 QUICKSTART_RUN ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
 
+# The report is written for a run stopped early too (Ctrl-C saves the run; the recipe's shell waits for it
+# instead of dying with make), and the run's exit code is make's.
 quickstart: install
-	$(BIN)/rapo-echo train --config configs/quickstart.yaml --output $(QUICKSTART_RUN)
-	$(BIN)/rapo-echo report $(QUICKSTART_RUN) --output $(QUICKSTART_RUN)/report --title "rapo-echo quickstart"
-	@echo "run directory: $(QUICKSTART_RUN)"
-	@echo "report:        $(QUICKSTART_RUN)/report/report.html"
+	@trap : INT TERM; status=0; \
+	$(BIN)/rapo-echo train --config configs/quickstart.yaml --output $(QUICKSTART_RUN) || status=$$?; \
+	$(BIN)/rapo-echo report $(QUICKSTART_RUN) --output $(QUICKSTART_RUN)/report --title "rapo-echo quickstart" \
+		&& echo "report:        $(QUICKSTART_RUN)/report/report.html"; \
+	echo "run directory: $(QUICKSTART_RUN)"; \
+	if [ $$status -ne 0 ]; then echo "the run stopped early (exit $$status); resume it with: $(BIN)/rapo-echo train --resume $(QUICKSTART_RUN)"; fi; \
+	exit $$status
 
 bench: install
 	$(BIN)/python algorithms/perf/bench_grpo.py
