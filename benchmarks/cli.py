@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from typing import Any
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
@@ -253,7 +252,7 @@ def epm_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
-    from rapo_echo.benchmarks.runner import get_benchmark, run_eval
+    from rapo_echo.benchmarks.runner import data_or_default, get_benchmark, run_eval
     from rapo_echo.errors import ConfigError
 
     if args.recompute:
@@ -278,15 +277,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if args.epm and args.benchmark != "epm":
         raise ConfigError("--epm settings apply to --benchmark epm only")
     benchmark = get_benchmark(args.benchmark)
-    data = args.data
-    if data is None and getattr(benchmark, "default_data", None):
-        data = benchmark.default_data
-        logging.getLogger(__name__).warning(
-            "%s: no --data, so the bundled %s (ours, for trying the pipeline; its figures are not comparable "
-            "with published ones). A real run: --data with the benchmark's data (docs/data.md)",
-            benchmark.name,
-            data,
-        )
+    data = data_or_default(benchmark, args.data)
     settings = settings_from_args(args)
     specs = {"policy": args.policy, "simulator": args.simulator, "judge": args.judge}
     models = {r: s for r, s in specs.items() if r in benchmark.roles}
