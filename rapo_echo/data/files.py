@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rapo_echo.errors import DataError
+from rapo_echo.rundir import SUMMARY_FILE
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -262,11 +263,33 @@ def _renamed(record: Record, columns: Mapping[str, str]) -> Record:
     return Record(record.where, renamed)
 
 
+def made_by(path: str | None) -> str:
+    """Which data command wrote ``path`` and what it reported, where its folder's summary says so (``data``
+    commands write ``summary.json`` beside their dataset), for the message of an empty file; else ''."""
+    if path is None:
+        return ""
+    summary = Path(path).parent / SUMMARY_FILE
+    try:
+        data = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    dataset = data.get("dataset") if isinstance(data, dict) else None
+    if not isinstance(dataset, dict) or dataset.get("file") != Path(path).name or not data.get("command"):
+        return ""
+    figures = data.get("figures") if isinstance(data.get("figures"), dict) else {}
+    counts = ", ".join(f"{k} {v}" for k, v in figures.items() if isinstance(v, (int, float)))
+    return (
+        f". The stage that wrote it, `rapo-echo data {data['command']}`, made {dataset.get('rows', 0)} rows"
+        + (f" ({counts})" if counts else "")
+        + f"; {summary} has its figures, and its last message the switches that would give it rows"
+    )
+
+
 def _read_records(src: Source, limit: int | None) -> list[Record]:
     text = src.text or ""
     start = _WS.match(text).end()
     if start == len(text):
-        raise DataError(f"{src.name}: the file is empty; expected JSON or JSONL records")
+        raise DataError(f"{src.name}: the file is empty; expected JSON or JSONL records{made_by(src.path)}")
     first = text[start]
     if first == "[":
         return _json_list(src, text, start, limit)

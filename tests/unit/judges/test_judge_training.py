@@ -70,6 +70,29 @@ def test_bad_rows_name_file_line_and_field(tmp_path: Path, row: str, error: str)
         load_examples([path])
 
 
+def test_an_empty_file_names_the_data_stage_that_wrote_it(tmp_path: Path) -> None:
+    """critique-rewrite exited 0 with 0 pairs and train-judge said only "the file is empty" (issue 49,
+    item 6): the error names the stage that wrote the file, its figures and its summary."""
+    folder = tmp_path / "judge-data"
+    folder.mkdir()
+    (folder / "pairs.jsonl").write_text("")
+    summary = {
+        "command": "critique-rewrite",
+        "dataset": {"file": "pairs.jsonl", "rows": 0},
+        "figures": {"not_empathy": 1, "no_pair": 1, "note": "text is left out"},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(DataError) as exc:
+        load_examples([folder / "pairs.jsonl"])
+    said = str(exc.value)
+    assert f"{folder / 'pairs.jsonl'}: the file is empty" in said
+    assert "`rapo-echo data critique-rewrite`, made 0 rows (not_empathy 1, no_pair 1)" in said
+    assert str(folder / "summary.json") in said
+    (tmp_path / "other.jsonl").write_text("")  # a file no data command wrote: the plain message
+    with pytest.raises(DataError, match=r"other.jsonl: the file is empty; expected JSON or JSONL records$"):
+        load_examples([tmp_path / "other.jsonl"])
+
+
 def test_default_task_and_case_insensitive_labels(tmp_path: Path) -> None:
     [e] = load_examples([write(tmp_path, [{"reply": "yo", "label": "ai"}])], default_task="humanlike")
     assert e.task == "humanlike" and e.label == "AI" and e.messages == []
