@@ -23,16 +23,17 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# lint-imports checks the layers of pyproject.toml's [tool.importlinter]. Its graph builder reads a package
-# from one folder, so it reads rapo_echo from a tree of links laid out as the package is installed (with
-# algorithms/, simulators/ and benchmarks/ inside, as package-dir maps them).
+# lint-imports checks the layers of pyproject.toml's [tool.importlinter]. Its graph builder (grimp) reads a
+# package from the one folder its import spec names, so it reads rapo_echo from a tree of links laid out as
+# the package is installed: rapo_echo/'s files, and each folder package-dir maps into rapo_echo beside them.
 IMPORT_TREE := build/import-tree
+MAPPED = $(BIN)/python -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"]; print(*(k.split(".", 1)[1] + "=" + v for k, v in d.items() if "." in k))'
 
 lint: install
 	$(BIN)/ruff check .
 	rm -rf $(IMPORT_TREE) && mkdir -p $(IMPORT_TREE)/rapo_echo
 	ln -s $(CURDIR)/rapo_echo/* $(IMPORT_TREE)/rapo_echo/
-	for d in algorithms simulators benchmarks; do ln -s $(CURDIR)/$$d $(IMPORT_TREE)/rapo_echo/$$d; done
+	for m in $$($(MAPPED)); do ln -s $(CURDIR)/$${m#*=} $(IMPORT_TREE)/rapo_echo/$${m%%=*}; done
 	cd $(IMPORT_TREE) && $(abspath $(BIN))/lint-imports $(CURDIR)/pyproject.toml
 
 # The documentation site (docs/, mkdocs.yml), built strictly: a broken link or anchor fails.
@@ -92,7 +93,7 @@ quickstart: install
 	exit $$status
 
 bench: install
-	$(BIN)/python algorithms/perf/bench_grpo.py
+	$(BIN)/python perf/bench_grpo.py
 
 # TRL's GRPOTrainer (the peer) lives in its own venv so that TRL never becomes our dependency.
 TRL_VENV ?= .venv-trl
@@ -102,7 +103,7 @@ $(TRL_VENV)/.installed:
 	touch $@
 
 bench-compare: install $(TRL_VENV)/.installed
-	$(BIN)/python algorithms/perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
+	$(BIN)/python perf/bench_grpo.py --compare --raw --peer-python $(TRL_VENV)/bin/python
 
 # The TRL and verifiers tiers (tests/trl, tests/verifiers; markers `trl`, `verifiers`): rapo-echo's rewards and
 # simulated user inside the real TRL (the peer's version) and the real verifiers, each in its own venv so that
@@ -142,12 +143,12 @@ test-verifiers: $(VERIFIERS_STAMP)
 # Every tier: the main suite, then vLLM, TRL and verifiers in their own venvs.
 test-all: test test-vllm test-trl test-verifiers
 
-# One GPU check in one call (benchmarks/gpu_check.sh; about 5 minutes on an H200): make gpu-check
+# One GPU check in one call (perf/gpu_check.sh; about 5 minutes on an H200): make gpu-check
 # GPU_CHECK_OUT=DIR [GPU_CHECK_ARGS="--zero3 --vllm"]; GPU_CHECK_ARGS=--smoke runs it on a CPU.
 GPU_CHECK_OUT ?= runs/gpu-check-$(shell date +%Y%m%d-%H%M%S)
 GPU_CHECK_ARGS ?=
 gpu-check:
-	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) benchmarks/gpu_check.sh $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	PYTHON=$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) perf/gpu_check.sh $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 # The dependency floors (docs/guarantees.md): a venv with the lowest version
 # pyproject.toml allows of every dependency (tests/helpers/floors.py), running the engine and trainer

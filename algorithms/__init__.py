@@ -1,4 +1,5 @@
-"""The algorithms, their training loop (:mod:`.learner`), and the registry ``--algo NAME`` reads.
+"""The algorithms, their config sections, the shared formulas (:mod:`.core`), the interface
+(:mod:`.base`) and the registry ``--algo NAME`` reads; the loop that drives them is ``rapo_echo.training``.
 
 A name resolves to an entry point of the ``rapo_echo.algorithms`` group -- the built-ins are registered
 there by rapo-echo's own pyproject.toml, exactly as an installed plugin registers its own -- or to a

@@ -211,7 +211,7 @@ class Algorithm(abc.ABC):
     # and the shared sections only.
     config: ClassVar[type[BaseModel] | None] = None
     progress_keys: ClassVar[tuple[str, ...]] = ("reward/mean", "loss/total")  # shown on the progress bar
-    # The score held-out validation ranks checkpoints by (higher is better; see algorithms/validation);
+    # The score held-out validation ranks checkpoints by (higher is better; see training/validation);
     # None: this algorithm has no single-reply score to validate with.
     validation_key: ClassVar[str | None] = None
     # whether :meth:`validate` can play held-out contexts on as dialogues (``validation.turns`` > 1)

@@ -24,7 +24,7 @@ from .core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, aggregate
 if TYPE_CHECKING:
     from rapo_echo.policy import Policy, TokenScores
 
-    from .run_config import RunConfig
+    from .run_sections import RunConfig
 
 
 # ---------------------------------------------------------------------------- sampling

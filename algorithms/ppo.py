@@ -21,9 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import Field
 
-from rapo_echo.config import Strict
 from rapo_echo.policy import pad_left_aligned
 from rapo_echo.types import Scenario, ValidationResult
 
@@ -38,23 +36,12 @@ from .grpo import (
     reward_validation,
     sample_replies,
 )
+from .ppo_config import PpoConfig
 
 if TYPE_CHECKING:
     from rapo_echo.policy import Policy, TokenScores
 
-    from .run_config import RunConfig
-
-
-class PpoConfig(Strict):
-    """PPO's own switches: the value head's estimate (GAE) and its loss."""
-
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount.")
-    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
-    value_clip: float | None = Field(
-        0.2, gt=0.0, description="Clip of the value change around the old value (None: no clip)."
-    )
-    vf_coef: float = Field(0.5, ge=0.0, description="Weight of the value loss.")
-    whiten: bool = Field(True, description="Normalise advantages over the batch's policy tokens.")
+    from .run_sections import RunConfig
 
 
 # The per-token fields of a PPO row: GAE's advantages and returns, the value head's values before the update.

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from rapo_echo.config import Strict
 
-from .ppo import PpoConfig
+from .ppo_config import PpoConfig
 
 RLVER_SYSTEM_PROMPT = (
     "You are chatting with a friend and you are good at lifting their mood with emotionally intelligent "

@@ -36,7 +36,7 @@ from .base import AlgoContext, Algorithm, LossKind, MicroBatch, Needs, Rollout, 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
 
-    from .run_config import RunConfig
+    from .run_sections import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``eval`` and ``report`` sub-commands."""
+    """Add the ``eval`` sub-command."""
     from rapo_echo.benchmarks.runner import BENCHMARKS
 
     ev = subparsers.add_parser(
@@ -174,6 +174,9 @@ def register(subparsers: Any) -> None:
     ev.add_argument("--device", default="auto")
     ev.set_defaults(func=run_eval_command)
 
+
+def register_report(subparsers: Any) -> None:
+    """Add the ``report`` sub-command."""
     rep = subparsers.add_parser("report", help="render evaluation / training-run folders into an HTML report")
     rep.add_argument(
         "dirs", nargs="+", help="eval output folders, training run folders, or folders holding them"

@@ -19,10 +19,10 @@ __version__ = "0.1.0"
 # name -> the module that defines it, imported on first access (an upward import string, declared as
 # such in tests/unit/architecture/test_import_layers.py).
 LAZY_EXPORTS = {
-    "train": "rapo_echo.algorithms.api",
-    "evaluate": "rapo_echo.algorithms.api",
-    "TrainResult": "rapo_echo.algorithms.api",
-    "load_config": "rapo_echo.algorithms.run_config",
+    "train": "rapo_echo.training.api",
+    "evaluate": "rapo_echo.training.api",
+    "TrainResult": "rapo_echo.training.api",
+    "load_config": "rapo_echo.training.run_config",
     "RunConfig": "rapo_echo.algorithms.run_sections",
 }
 

@@ -6,7 +6,7 @@ measured or published, the line between them is a rule of thumb (larger models w
 
 * 135M parameters (the embedded SmolLM2-135M-Instruct): full fine-tuning at 1e-4 and LoRA at 1e-3 learn
   a verifiable reward within 12 GRPO steps; 1e-5 does not (``studies/sweep_defaults.py``,
-  ``benchmarks/README.md``);
+  docs/performance.md);
 * 7-8B models: full-parameter RL runs use about 1e-6 (RLVER's released recipe, Critique-GRPO;
   docs/algorithms/rlver.md, docs/algorithms/rapo.md), which the formula reaches at 13.5B parameters and keeps
   as its floor.

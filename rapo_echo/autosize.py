@@ -1,6 +1,6 @@
 """The per-GPU memory model and ``auto`` batch sizes: one home for both, so the trainer's
 ``train.micro_batch_size`` / ``rollout.max_batch_size`` and the ``train --dry-run`` plan
-(:mod:`rapo_echo.algorithms.plan`) come from the same arithmetic.
+(:mod:`rapo_echo.training.plan`) come from the same arithmetic.
 
 **Memory model** (bytes per GPU; ``b`` = the weights' element size, ``t`` = the trainable parameters'):
 

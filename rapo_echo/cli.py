@@ -1,47 +1,43 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, config, export.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, openrlhf, config,
+export.
 
-Each sub-command lives in its own module, which adds its parser through ``register(subparsers)``
-and sets ``func(args) -> exit code``. The command run is the only module imported: the others appear in
-the help with their one-line summary, so ``rapo-echo --help`` and a mistyped command answer at once
-(issue 49: importing every command's module cost 3-8 s of torch imports).
+Each sub-command lives in its own module, named by an entry point of the ``rapo_echo.commands`` group
+(pyproject.toml): its ``register(subparsers)`` adds its parser and sets ``func(args) -> exit code``. The
+commands live in every layer, this door in the core, so the core names none of them; an installed package
+adds a command the same way. Only commands whose module imports are listed.
+
+The command run is the only one whose module is imported: the built-in others stand in the help as their
+one-line summary (:data:`COMMAND_HELP`), so ``rapo-echo --help`` and a mistyped command answer at once
+(importing every command's module cost 3-8 s of torch imports).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 
 from rapo_echo import __version__
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.progress import quiet_third_party
 from rapo_echo.scrub import ScrubFilter
 
-# command -> (the module that registers it, its one-line help as the module's parser says it)
-COMMAND_MODULES = {
-    "chat": ("rapo_echo.chat", "chat with a model in the terminal"),
-    "serve": ("rapo_echo.serve", "serve a model behind an OpenAI-compatible API"),
-    "train": ("rapo_echo.algorithms.train_cli", "train a policy (--algo grpo|ppo|rapo|rlver|sft)"),
-    "train-judge": (
-        "rapo_echo.judges.training",
-        "fine-tune a humanlike / empathy judge on reasoning + verdict examples (JSONL)",
-    ),
-    "data": (
-        "rapo_echo.algorithms.datagen.cli",
-        "make Echo-N1's data: critique-rewrite, references, hard-prompts, synthesize",
-    ),
-    "eval": (
-        "rapo_echo.benchmarks.cli",
-        "run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity",
-    ),
-    "report": ("rapo_echo.benchmarks.cli", "render evaluation / training-run folders into an HTML report"),
-    "openrlhf": ("rapo_echo.algorithms.openrlhf.cli", "export / launch a run on Ray with OpenRLHF"),
-    "config": ("rapo_echo.algorithms.config_cli", "write the config reference (docs/config.md)"),
-    "export": (
-        "rapo_echo.export",
-        "copy a run's model to a folder with a model card; merge LoRA; push to the Hugging Face Hub",
-    ),
+COMMAND_GROUP = "rapo_echo.commands"
+# The one-line help of the built-in commands, shown without importing them (each module's parser says the
+# same; tests/unit/architecture/test_lazy_cli.py holds them to it). A command another package adds is
+# imported for its help.
+COMMAND_HELP = {
+    "chat": "chat with a model in the terminal",
+    "serve": "serve a model behind an OpenAI-compatible API",
+    "train": "train a policy (--algo grpo|ppo|rapo|rlver|sft)",
+    "train-judge": "fine-tune a humanlike / empathy judge on reasoning + verdict examples (JSONL)",
+    "data": "make Echo-N1's data: critique-rewrite, references, hard-prompts, synthesize",
+    "eval": "run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity",
+    "report": "render evaluation / training-run folders into an HTML report",
+    "openrlhf": "export / launch a run on Ray with OpenRLHF",
+    "config": "write the config reference (docs/config.md)",
+    "export": "copy a run's model to a folder with a model card; merge LoRA; push to the Hugging Face Hub",
 }
 
 
@@ -52,7 +48,7 @@ def command_in(argv: list[str]) -> str | None:
 
 def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
     """The top-level parser. The module of ``command`` registers its full parser (``"*"``: every
-    command's); the others stand as their one-line help, enough for ``--help``."""
+    command's); the other built-in commands stand as their one-line help, enough for ``--help``."""
     parser = argparse.ArgumentParser(
         prog="rapo-echo",
         description="Reinforcement learning of empathetic, emotionally supportive dialogue models.",
@@ -65,30 +61,24 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
         help="log debug messages, and the libraries' own logs and warnings",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    registered: set[str] = set()
-    for name, (module_name, help_) in COMMAND_MODULES.items():
-        if name in registered:
-            continue
-        if command not in ("*", name):
-            sub.add_parser(name, help=help_, add_help=False)
+    for entry in entry_points(group=COMMAND_GROUP):
+        if command not in ("*", entry.name) and entry.name in COMMAND_HELP:
+            sub.add_parser(entry.name, help=COMMAND_HELP[entry.name], add_help=False)
             continue
         try:
-            module = importlib.import_module(module_name)
+            register = entry.load()
         except ModuleNotFoundError as exc:
-            if exc.name == module_name:  # the command is not part of this installation
+            if exc.name == entry.module:  # the command is not part of this installation
                 continue
             raise
-        before = set(sub.choices)
-        module.register(sub)
-        registered |= set(sub.choices) - before
+        register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rapo-echo`` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = command_in(argv)
-    parser = build_parser(command if command in COMMAND_MODULES else None)
+    parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

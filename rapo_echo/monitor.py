@@ -15,7 +15,7 @@ Signatures (thresholds in ``monitor.*`` of the run config; "baseline" = mean of 
   (``Score: 5``, ``Verdict: ...``, ``Ranking: ...``, a ``{"score": 5}`` object), the way a policy learns
   to talk to its judge.
 * ``judge_addressed``: at least ``judge_addressed_frac`` of this step's replies address the judge in any
-  way the detector knows (:mod:`rapo_echo.addressing`: answer syntax, words to the judge, fence or
+  way the detector knows (:mod:`rapo_echo.llm.addressing`: answer syntax, words to the judge, fence or
   chat-template markers), logged as ``judge_addressed_frac``. The judges' ``addressed`` policy already
   makes such replies lose (``judge/addressed`` counts them); the flag says the policy keeps trying.
 
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rapo_echo.addressing import addresses_judge, imitates_answer
+from rapo_echo.llm.addressing import addresses_judge, imitates_answer
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ SIGNATURES = ("length_spike", "entropy_collapse", "reward_divergence", "judge_te
 def carries_judge_text(text: str) -> bool:
     """Whether a reply contains judge answer syntax (``Score: 5``, ``Verdict: human``, ``9/10``, a
     ``{"score": 5}`` object): the detector's ``answer`` findings
-    (:func:`rapo_echo.addressing.imitates_answer`)."""
+    (:func:`rapo_echo.llm.addressing.imitates_answer`)."""
     return imitates_answer(str(text))
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rapo_echo.algorithms.run_config import RunConfig
+    from rapo_echo.training.run_config import RunConfig
 
 ARMS = ("rapo", "ranks", "emotion")
 LEARNING_FILE = "learning.json"  # the result inside a --runs folder (the report draws it)
@@ -53,7 +53,7 @@ COMMON = [
 def learning_config(run: Path, steps: int, seed: int = 0) -> RunConfig:
     """The GRPO learning proof's run: GRPO, LoRA, the ``question`` reward, 4 scenarios x 4 replies of at
     most 24 tokens, lr 2e-3, no KL; the test suite runs the same with fewer steps."""
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.run_config import load_config
 
     return load_config(
         algo="grpo",
@@ -103,7 +103,7 @@ def rapo_learning_config(
     extra: Sequence[str] = (),
 ) -> RunConfig:
     """One arm of the RAPO learning benchmark (see the module doc) as a run config."""
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.run_config import load_config
 
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; allowed: {', '.join(ARMS)}")
@@ -145,7 +145,7 @@ def metric_per_step(rows: Sequence[dict[str, Any]], key: str) -> list[float | No
 
 def train_one(cfg: RunConfig) -> float:
     """Train one run in this process; returns its wall seconds."""
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     t0 = time.perf_counter()
     trainer = Learner(cfg)

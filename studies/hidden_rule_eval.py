@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.config:
         if args.rules or args.extra_rules:
             ap.error("--config takes the rules from the config: leave out --rules / --extra-rules")
-        from rapo_echo.algorithms.run_config import load_config
         from rapo_echo.simulators.base import build_simulator
+        from rapo_echo.training.run_config import load_config
 
         sim = load_config(args.config).rapo.simulator
         user = build_simulator(sim.name, sim.args)

@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--out", help="also append the JSON lines to this file")
     args = ap.parse_args()
 
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.run_config import load_config
 
     def emit(record: dict[str, Any]) -> None:
         line = json.dumps(record)

@@ -11,7 +11,7 @@ A bootstrap resample is a weight vector (how many times each dialogue was drawn)
 have weighted forms (:class:`RankedPoints`) that equal the plain ones on the data with every point
 repeated its weight's number of times, computed with numpy over all points at once, the distinct values
 sorted once: a resample costs a few array passes, not a Python loop over points (see
-``benchmarks/perf/bench_fidelity_summary.py`` and docs/results.md).
+``perf/bench_fidelity_summary.py`` and docs/results.md).
 
 Ties: ranks of tied values are their average rank (so Spearman's rho is Pearson's r of the average
 ranks); Kendall's tau-b corrects for ties on either side; in pairwise agreement a pair the prediction

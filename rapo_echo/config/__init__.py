@@ -3,7 +3,7 @@
 
 This is the lowest layer: it imports no other part of the library but its base utilities. Each
 algorithm declares its own section beside its code, and the run config that composes them, with
-``load_config``, lives in :mod:`rapo_echo.algorithms.run_config`.
+``load_config``, lives in :mod:`rapo_echo.training.run_config`.
 """
 
 from rapo_echo.config.base import Autocast, AutoLR, AutoSize, Dtype, LogprobMode, ScenarioFormat, Strict

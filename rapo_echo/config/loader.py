@@ -4,7 +4,7 @@ Precedence, lowest first: built-in defaults, an overlay (the algorithm's default
 dedicated CLI flags (``--model``, ``--reward``, ...), then ``--set`` overrides. Every error names the
 key, the value given and what is allowed (and the file and line when the key came from a file). The run
 config itself is composed from the algorithms' sections above this layer
-(``rapo_echo.algorithms.run_config``).
+(``rapo_echo.training.run_config``).
 """
 
 from __future__ import annotations

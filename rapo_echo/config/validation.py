@@ -1,5 +1,5 @@
 """The ``validation`` section: held-out scenarios, keeping the best model, and the checks a step must
-pass to replace the best (``checks``: a list of named checks; see ``algorithms/validation/checks.py``)."""
+pass to replace the best (``checks``: a list of named checks; see ``training/validation/checks.py``)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ CheckSpec = Annotated[
 
 
 class ValidationConfig(Strict):
-    """Held-out validation (``algorithms/validation``): greedy replies to ``data`` scored the way the run
+    """Held-out validation (``training/validation``): greedy replies to ``data`` scored the way the run
     is rewarded (RAPO: the simulated person's emotion change; GRPO: the reward plugins), before the first
     step and after every checkpoint; with ``keep_best``, ``final/`` is the best-validated model (the
     base included). A step replaces the best when its paired gain is >= 0 and it passes every check."""

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rapo_echo.addressing import addresses_judge
+from rapo_echo.llm.addressing import addresses_judge
 from rapo_echo.llm.judge_screen import merge_counts
 
 ORDERS = ("both", "random", "auto")

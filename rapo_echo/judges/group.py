@@ -54,9 +54,9 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from rapo_echo.addressing import addresses_judge, strip_addressing
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.bias import PositionBias, check_orders, first_rank_share
+from rapo_echo.llm.addressing import addresses_judge, strip_addressing
 from rapo_echo.llm.answers import (
     Parsed,
     answer_words,

@@ -1,5 +1,7 @@
 """The LLM plumbing that judges, simulators and rewards share, below all three.
 
+* :mod:`.addressing` -- the one detector of text that addresses the judge (answer syntax, words to
+  the judge, fence and chat-template markers); :mod:`.judge_screen` -- what a judge does with it.
 * :mod:`.fencing` -- untrusted text (dialogue, replies, reactions, references, profiles) goes into
   prompts only inside fenced blocks with a per-call marker.
 * :mod:`.answers` -- answer lines parsed from a model's text, generation with retries (an unparseable

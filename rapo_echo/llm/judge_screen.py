@@ -1,4 +1,4 @@
-"""What a judge does with text that addresses it (:mod:`rapo_echo.addressing`): the ``addressed`` policies.
+"""What a judge does with text that addresses it (:mod:`.addressing`): the ``addressed`` policies.
 
 Every judge path (the ``judge`` reward, ``humanlike``, ``empathy``, RAPO's group judge) screens the texts
 it is about to show its model through one :class:`JudgeScreen` before it builds a prompt:
@@ -13,7 +13,7 @@ it is about to show its model through one :class:`JudgeScreen` before it builds 
     the sample the group's lowest reward and so a negative advantage whenever another reply of its group
     scores higher;
   - ``invalid``: the reply is scored ``None`` (masked out of the loss and counted);
-  - ``strip``: the parts that address the judge are removed (:func:`~rapo_echo.addressing.strip_addressing`)
+  - ``strip``: the parts that address the judge are removed (:func:`.addressing.strip_addressing`)
     and the rest is judged;
   - ``flag``: judged as written; only counted and marked in the sample's info.
 
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rapo_echo.addressing import Finding, findings, strip_addressing
+from rapo_echo.llm.addressing import Finding, findings, strip_addressing
 from rapo_echo.types import Conversation, Scenario
 
 POLICIES = ("floor", "invalid", "strip", "flag")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rapo_echo.addressing import addresses_judge, strip_addressing
+from rapo_echo.llm.addressing import addresses_judge, strip_addressing
 from rapo_echo.text import is_blank
 
 
@@ -42,7 +42,7 @@ def render_profile(
 ) -> str:
     """The hidden profile as ``- Label: value`` lines: known fields first (in a fixed order, with readable
     labels), then any other non-empty field under its own name; '' when nothing is set. Words aimed at a
-    judge in a value (:mod:`rapo_echo.addressing`) are left out (``strip_addressed``): a profile is shown
+    judge in a value (:mod:`rapo_echo.llm.addressing`) are left out (``strip_addressed``): a profile is shown
     to the reaction simulator, whose reaction a judge reads. The judges pass False: they have screened
     the profile under their own policy already (:mod:`rapo_echo.llm.judge_screen`)."""
     labels = PROFILE_FIELDS if labels is None else labels

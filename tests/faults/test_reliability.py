@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from rapo_echo import algorithms
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.config import dump_config
 from rapo_echo.engines.openai_engine import OpenAIEngine
 from rapo_echo.errors import ConfigError, DataError, ModelResolutionError
 from rapo_echo.rewards import RewardContext, build_reward
+from rapo_echo.training.run_config import load_config
 from rapo_echo.types import msg
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.learner import Learner, TrainingError
-from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.algorithms.train_cli import build_config
 from rapo_echo.checkpoint import latest_checkpoint
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.learner import Learner, TrainingError
+from rapo_echo.training.run_config import load_config
+from rapo_echo.training.train_cli import build_config
 from tests.helpers.plugin_rewards import NeedsKey
 
 BASE = [

@@ -1,4 +1,4 @@
-"""Scripted roles for the data pipelines (algorithms/datagen): a judge that answers the selection, safety
+"""Scripted roles for the data pipelines (datagen): a judge that answers the selection, safety
 and grading prompts in text mode (the JSON verdicts a constrained engine could write), from rules on the
 fenced texts it is shown."""
 

@@ -249,7 +249,7 @@ class ServedAPI:
     """``respond`` of a :class:`FakeAPI` that plays a vLLM server for any role: ``GET /models`` (``owned_by:
     owner``, ``vllm`` by default), ``GET /version``, and chat requests answered in the format they ask for,
     with vLLM-style log-probs and top lists (the benchmark's fake server's answers,
-    :func:`rapo_echo.benchmarks.perf.fake_served.completion_body`). ``fail(seen)`` returns an HTTP status for
+    :func:`rapo_echo.perf.fake_served.completion_body`). ``fail(seen)`` returns an HTTP status for
     a chat request that must fail (every time it is sent), or None. ``gate(seen)`` may block any request (to
     hold a stage until all of it is in flight, e.g. a :class:`Rendezvous`). ``failed`` counts the failures
     sent."""
@@ -263,7 +263,7 @@ class ServedAPI:
     def __call__(self, seen: Seen, index: int) -> Reply:
         import random as _random
 
-        from rapo_echo.benchmarks.perf.fake_served import MODEL_ID, VLLM_VERSION, completion_body
+        from rapo_echo.perf.fake_served import MODEL_ID, VLLM_VERSION, completion_body
 
         if self.gate is not None:
             self.gate(seen)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.algorithms.learner import Learner
 from rapo_echo.distributed import gathered_one_at_a_time
+from rapo_echo.training.learner import Learner
 from rapo_echo.types import Sample, SamplingParams, Scenario
 
 FIELDS = ("group", "prompt_ids", "completion_ids", "logprobs", "text", "finish_reason")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.datagen.contexts import load_contexts
 from rapo_echo.cli import main
+from rapo_echo.datagen.contexts import load_contexts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_check.sh --smoke``: the one-call GPU check runs on this CPU with a tiny model, every
+"""``perf/gpu_check.sh --smoke``: the one-call GPU check runs on this CPU with a tiny model, every
 part (models, our step, decode, the decode profile with its compile count) gives its row in the table
 and its JSON lines; a part that fails costs its row only."""
 
@@ -26,7 +26,7 @@ def test_smoke_mode_prints_one_table_and_json_lines(tmp_path: Path) -> None:
     out = tmp_path / "check"
     env = {**os.environ, "RAPO_SHARED_BENCH": str(BENCH), "PYTHON": sys.executable}
     proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--smoke"],
+        ["bash", str(ROOT / "perf" / "gpu_check.sh"), str(out), "--smoke"],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -52,7 +52,7 @@ def test_smoke_mode_prints_one_table_and_json_lines(tmp_path: Path) -> None:
 def test_a_failing_part_costs_its_row(tmp_path: Path) -> None:
     """The driver's row for a part whose command fails or runs out of time (no model needed)."""
     sys.path.insert(0, str(ROOT))
-    from rapo_echo.algorithms.perf.gpu_check import run_part, summary_of, table
+    from rapo_echo.perf.gpu_check import run_part, summary_of, table
 
     env = dict(os.environ)
     bad = run_part(

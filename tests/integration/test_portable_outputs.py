@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from rapo_echo import export
-from rapo_echo.algorithms.learner import Learner
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.cli import main
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.training.learner import Learner
+from rapo_echo.training.run_config import load_config
 from tests.conftest import make_tiny_model
 from tests.helpers.wandb_stand_in import StandIn
 
@@ -58,7 +58,7 @@ def lora_run(tmp_path_factory, smol_tokenizer) -> Path:
     smol_tokenizer.save_pretrained(root / "tiny")
     overrides = ["model.name=tiny", "output=runs/r", *BASE]
     here, seen, real_wandb = os.getcwd(), _Warnings(), sys.modules.get("wandb")
-    logging.getLogger("rapo_echo.algorithms.learner").addHandler(seen)
+    logging.getLogger("rapo_echo.training.learner").addHandler(seen)
     sys.modules["wandb"] = WANDB.module
     os.chdir(root)
     try:
@@ -66,7 +66,7 @@ def lora_run(tmp_path_factory, smol_tokenizer) -> Path:
         Learner(load_config(overrides=[*overrides, "train.max_steps=2"]), resume=True).train()
     finally:
         os.chdir(here)
-        logging.getLogger("rapo_echo.algorithms.learner").removeHandler(seen)
+        logging.getLogger("rapo_echo.training.learner").removeHandler(seen)
         sys.modules.pop("wandb")
         if real_wandb is not None:
             sys.modules["wandb"] = real_wandb

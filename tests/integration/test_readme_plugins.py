@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import load_config
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -98,8 +98,8 @@ def test_plugins_are_resolved_when_the_config_loads(
 def test_the_trainer_resolves_plugins_before_the_model_loads(tmp_path: Path) -> None:
     """A config changed after it loaded: the trainer resolves the plugin before loading the model (which
     does not exist here, and would fail with another message)."""
-    from rapo_echo.algorithms.learner import Learner
     from rapo_echo.config import RewardSpec
+    from rapo_echo.training.learner import Learner
 
     cfg = load_config(overrides=[f"output={tmp_path / 'run'}", f"model.name={tmp_path / 'no-model'}"])
     cfg.rewards = [RewardSpec(name="no_such_module:warmth")]

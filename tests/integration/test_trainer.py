@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.algorithms.learner import Learner, TrainingError, lr_lambda
-from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.training.learner import Learner, TrainingError, lr_lambda
+from rapo_echo.training.run_config import load_config
 
 BASE = [
     "rollout.batch_size=2",

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.base import PG
-from rapo_echo.algorithms.learner import Learner
-from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.training.learner import Learner
+from rapo_echo.training.run_config import load_config
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false"]
 
@@ -78,7 +78,7 @@ def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Learner:
 def test_old_logprobs_with_several_mini_batches(tmp_path: Path, tiny_folder: Path, dtype, recomputed) -> None:
     """With two mini-batches the first update's forward cannot give the old log-probs: fp32 uses the
     sampler's (they match), bf16 recomputes them with the scorer and measures the gap there."""
-    from rapo_echo.algorithms.learner import _LogprobGap
+    from rapo_echo.training.learner import _LogprobGap
 
     trainer = _tiny_trainer(tiny_folder, tmp_path / "run", f"model.dtype={dtype}", "train.mini_batches=2")
     rollout = trainer.algorithm.rollout(trainer._batch(), 0)
@@ -138,8 +138,8 @@ def test_training_tears_down_the_process_group_even_when_it_fails(tmp_path: Path
     ends the group on its way out, a run that fails to start too (the data file is missing)."""
     import torch.distributed as dist
 
-    from rapo_echo.algorithms.learner import run_training
     from rapo_echo.errors import RapoEchoError
+    from rapo_echo.training.learner import run_training
 
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

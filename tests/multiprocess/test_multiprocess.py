@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.algorithms.learner import Learner
-from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.training.learner import Learner
+from rapo_echo.training.run_config import load_config
 from tests.helpers.launch import ROOT, accelerate, run_processes, torchrun
 from tests.helpers.multiproc_probe import record_file, replaying, weights_file
 

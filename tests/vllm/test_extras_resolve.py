@@ -11,7 +11,7 @@ from tests.vllm.resolve import RESOLVE_RUNS, result
 
 pytestmark = pytest.mark.vllm
 
-OPENRLHF = "0.11.2"  # the OpenRLHF release our exporter targets (algorithms/openrlhf)
+OPENRLHF = "0.11.2"  # the OpenRLHF release our exporter targets (integrations/openrlhf)
 
 
 def release(version: str) -> tuple[int, ...]:

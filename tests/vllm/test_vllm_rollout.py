@@ -62,7 +62,7 @@ def sync_gap(engine: VLLMEngine, model: Any) -> float:
 
 
 def run_config(smol_path: str, run: Path, algo: str, *extra: str) -> Any:
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.run_config import load_config
 
     return load_config(
         overrides=[
@@ -93,7 +93,7 @@ def test_grpo_trains_on_vllm_samples_and_a_skipped_sync_is_caught(
     """Two GRPO steps (full fine-tuning): every step's rollout comes from vLLM and the updated weights are
     loaded into it (all tensors, one at a time); vLLM then scores fixed tokens as the training model does.
     One more update with the sync skipped leaves vLLM measurably stale, and the next sync repairs it."""
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     run = tmp_path / "grpo"
     cfg = run_config(
@@ -135,7 +135,7 @@ def test_rapo_with_lora_syncs_merged_weights_without_touching_the_base(
     policy; a length reward spreads the ranks): vLLM samples every rollout, gets ``W + s*B@A`` after each
     step (the adapter's own tensors are not sent) and then scores as the adapted model does, while the frozen
     base (the reference) stays bit-identical. A served simulator and judge: test_vllm_serve.py."""
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     run = tmp_path / "rapo"
     cfg = run_config(

@@ -12,9 +12,9 @@ import yaml
 
 from rapo_echo.algorithms.base import PG, AlgoContext, MicroBatch
 from rapo_echo.algorithms.ppo import ADVANTAGES, OLD_VALUES, PPO, RETURNS
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.policy import Policy, TokenScores
 from rapo_echo.rewards import RewardContext, RewardSet
+from rapo_echo.training.run_config import load_config
 from tests.unit.algorithms.test_rapo import REPLIES, SCENARIOS, ScriptedPolicyEngine
 
 WORDS = "rewards=[{name: 'tests.helpers.plugin_rewards:words'}]"  # the reply's word count

@@ -13,11 +13,11 @@ import torch
 
 from rapo_echo.algorithms.base import PG, AlgoContext, MicroBatch
 from rapo_echo.algorithms.rapo import RAPO, SD, select_for_distillation, teacher_prompt
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.policy import Policy, TokenScores
 from rapo_echo.rewards import RewardSet
+from rapo_echo.training.run_config import load_config
 from rapo_echo.types import Generation, Scenario, msg
 
 REPLIES = [
@@ -261,7 +261,7 @@ def test_rapo_step_on_the_embedded_model(tmp_path) -> None:
     simulator and judge see the base with the adapter off)."""
     import json
 
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     run = tmp_path / "run"
     cfg = load_config(

@@ -17,10 +17,10 @@ import torch
 
 from rapo_echo.algorithms.base import AlgoContext
 from rapo_echo.algorithms.rlver import RLVER, visible_start
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet, build_reward
+from rapo_echo.training.run_config import load_config
 from rapo_echo.types import Generation, SamplingParams, Scenario
 from tests.helpers.answers import sage_analysis
 
@@ -383,7 +383,7 @@ def rlver_cfg(model: Path, out: Path, *extra: str):
 def test_ppo_trains_and_its_value_head_is_checkpointed_and_restored(tmp_path, tiny_folder):
     from safetensors.torch import load_file
 
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     run = tmp_path / "run"
     t = Learner(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=1"))

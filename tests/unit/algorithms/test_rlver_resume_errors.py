@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.errors import ConfigError, RapoEchoError
+from rapo_echo.training.run_config import load_config
 from tests.unit.algorithms.test_rlver import rlver_cfg
 
 
@@ -26,7 +26,7 @@ def digest(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory, smol_tokenizer) -> tuple[Path, Path]:
     """A one-step RLVER PPO run on a tiny random model: (model folder, run folder)."""
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
     from tests.conftest import make_tiny_model
 
     base = tmp_path_factory.mktemp("rlver-resume")
@@ -39,7 +39,7 @@ def ppo_run(tmp_path_factory, smol_tokenizer) -> tuple[Path, Path]:
 
 
 def test_resuming_ppo_as_grpo_is_refused_before_anything_is_touched(ppo_run):
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     model, run = ppo_run
     before = digest(run)
@@ -57,7 +57,7 @@ def test_the_other_direction_and_older_checkpoints(ppo_run, tmp_path, written):
     import json
     import shutil
 
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     model, original = ppo_run
     run = tmp_path / "run"
@@ -82,7 +82,7 @@ def test_the_other_direction_and_older_checkpoints(ppo_run, tmp_path, written):
 def test_a_damaged_value_head_names_the_file_and_the_way_on(ppo_run, tmp_path):
     import shutil
 
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     model, original = ppo_run
     run = tmp_path / "run"
@@ -114,7 +114,7 @@ def test_initial_emotion_out_of_range_is_refused_at_load(preset, value, allowed)
 
 
 def test_initial_emotion_below_the_sage_floor_is_a_config_error(ppo_run):
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     model, _ = ppo_run
     cfg = rlver_cfg(model, ppo_run[1].parent / "sage-floor", "rlver.simulator.preset=sage",

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.base import AlgoContext, MicroBatch
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.algorithms.sft import REPLY, SFT, sft_nll
 from rapo_echo.data import load_scenarios
 from rapo_echo.errors import DataError
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
+from rapo_echo.training.run_config import load_config
 
 ROWS = [
     {"messages": [{"role": "user", "content": "I failed my exam."}], "reference": "That sounds hard."},

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rapo_echo.cli import COMMAND_MODULES, build_parser, command_in
+from rapo_echo.cli import COMMAND_HELP, build_parser, command_in
 
 HEAVY = ("torch", "transformers", "datasets")
 
@@ -34,14 +34,14 @@ def test_help_and_a_wrong_command_load_no_heavy_library(argv: list[str]) -> None
     assert loaded == set(), (argv, loaded)
     assert rc in (0, 2)
     if argv == ["--help"]:
-        assert all(name in out for name in COMMAND_MODULES)
+        assert all(name in out for name in COMMAND_HELP)
 
 
 def test_the_table_help_is_the_modules_own() -> None:
     full = build_parser()
     sub = next(a for a in full._actions if a.dest == "command")
     registered = {a.dest: a.help for a in sub._choices_actions}
-    assert registered == {name: help_ for name, (_, help_) in COMMAND_MODULES.items()}
+    assert {name: registered[name] for name in COMMAND_HELP} == COMMAND_HELP
 
 
 def test_the_command_is_the_first_word_that_is_not_an_option() -> None:

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rapo_echo.algorithms.run_config import RunConfig
 from rapo_echo.benchmarks.fidelity.check import RUN_FILE, cache_folder, record_check, run_fidelity_check
 from rapo_echo.benchmarks.fidelity.report import run_checks_table
 from rapo_echo.config import EngineConfig
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import RunConfig
 from tests.unit.benchmarks.test_fidelity_bench import conversation, write
 
 SCRIPT = {"rules": [["valence_change", '{{"reply": "ok", "valence_change": 2}}']]}
@@ -50,8 +50,8 @@ def test_the_record_lands_in_the_run_dir_and_in_the_report(tmp_path):
 
 
 def test_train_runs_the_check_before_training_and_records_it(tmp_path, monkeypatch):
-    import rapo_echo.algorithms.learner
-    from rapo_echo.algorithms.train_cli import run
+    import rapo_echo.training.learner
+    from rapo_echo.training.train_cli import run
 
     cfg = config(tmp_path)
     cfg.output = str(tmp_path / "run")
@@ -62,8 +62,8 @@ def test_train_runs_the_check_before_training_and_records_it(tmp_path, monkeypat
         (tmp_path / "run").mkdir()
         return SimpleNamespace(run_dir=c.output, stopped_by=None)
 
-    monkeypatch.setattr("rapo_echo.algorithms.train_cli.build_config", lambda args: cfg)
-    monkeypatch.setattr(rapo_echo.algorithms.learner, "run_training", fake_training)
+    monkeypatch.setattr("rapo_echo.training.train_cli.build_config", lambda args: cfg)
+    monkeypatch.setattr(rapo_echo.training.learner, "run_training", fake_training)
     assert run(SimpleNamespace(resume=None, dry_run=False)) == 0
     assert seen["cached"] and (tmp_path / "run" / RUN_FILE).is_file()
 

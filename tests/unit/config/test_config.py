@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rapo_echo.algorithms.run_config import RunConfig, load_config
 from rapo_echo.config import dump_config, parse_override, parse_reward_flag
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import RunConfig, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rapo_echo.algorithms.config_cli import reference
 from rapo_echo.cli import main
 from rapo_echo.config.reference import config_sections
+from rapo_echo.training.config_cli import reference
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "config.md"
@@ -24,7 +24,7 @@ def test_the_committed_reference_is_current() -> None:
 
 def test_every_config_key_has_a_description() -> None:
     from rapo_echo.algorithms import get, names
-    from rapo_echo.algorithms.run_config import run_config_class
+    from rapo_echo.training.run_config import run_config_class
 
     missing = [
         f"{model.__name__}.{key}"

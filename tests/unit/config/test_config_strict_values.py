@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import load_config
 
 
 def refused(*sets: str, match: str) -> None:

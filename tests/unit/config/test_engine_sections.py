@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.algorithms.train_cli import build_config
 from rapo_echo.config import engine_settings
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import load_config
+from rapo_echo.training.train_cli import build_config
 
 
 def args(**given) -> SimpleNamespace:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.config import literal_secrets
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import load_config
 
 KEY = "sk-live-" + "a1B2c3D4e5F6g7H8"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.run_config import RunConfig, load_config
 from rapo_echo.config.messages import did_you_mean, key_paths
 from rapo_echo.config.trl_names import TRL_KEYS
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import RunConfig, load_config
 
 
 def message(**kw) -> str:

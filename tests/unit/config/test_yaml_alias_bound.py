@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.config.yaml_files import MAX_YAML_NODES, load_yaml_text
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import load_config
 
 
 def bomb(levels: int = 9, width: int = 9) -> list[str]:

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.datagen.contexts import context_key, load_contexts, scenario_row
-from rapo_echo.algorithms.datagen.critique_rewrite import CritiqueRewriteSettings
-from rapo_echo.algorithms.datagen.hard_prompts import HardPromptSettings
-from rapo_echo.algorithms.datagen.reference_replies import ReferenceSettings
-from rapo_echo.algorithms.datagen.synthesis import SynthesisSettings
 from rapo_echo.cli import main
 from rapo_echo.config import DataConfig
 from rapo_echo.data import scenarios_from_config
+from rapo_echo.datagen.contexts import context_key, load_contexts, scenario_row
+from rapo_echo.datagen.critique_rewrite import CritiqueRewriteSettings
+from rapo_echo.datagen.hard_prompts import HardPromptSettings
+from rapo_echo.datagen.reference_replies import ReferenceSettings
+from rapo_echo.datagen.synthesis import SynthesisSettings
 from rapo_echo.errors import ConfigError, DataError
 from tests.conftest import shared_data
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.datagen.contexts import load_contexts
-from rapo_echo.algorithms.datagen.critique_rewrite import (
+from rapo_echo.datagen.contexts import load_contexts
+from rapo_echo.datagen.critique_rewrite import (
     CritiqueRewrite,
     CritiqueRewriteSettings,
     pair_reasoning,
     protocol,
 )
-from rapo_echo.algorithms.datagen.runner import data_config, run_pipeline
-from rapo_echo.algorithms.datagen.screening import Constitution
+from rapo_echo.datagen.runner import data_config, run_pipeline
+from rapo_echo.datagen.screening import Constitution
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.training_data import load_examples, pairs

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.datagen.contexts import load_contexts
-from rapo_echo.algorithms.datagen.hard_prompts import HardPrompts, HardPromptSettings, keep, protocol
-from rapo_echo.algorithms.datagen.runner import data_config, run_pipeline
+from rapo_echo.datagen.contexts import load_contexts
+from rapo_echo.datagen.hard_prompts import HardPrompts, HardPromptSettings, keep, protocol
+from rapo_echo.datagen.runner import data_config, run_pipeline
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.types import Scenario
 from tests.helpers.datagen import block, generate_calls

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.datagen.contexts import load_contexts
-from rapo_echo.algorithms.datagen.grading import SCORE_PREFIX, closest
-from rapo_echo.algorithms.datagen.reference_replies import References, ReferenceSettings, pick, protocol
-from rapo_echo.algorithms.datagen.runner import data_config, run_pipeline
+from rapo_echo.datagen.contexts import load_contexts
+from rapo_echo.datagen.grading import SCORE_PREFIX, closest
+from rapo_echo.datagen.reference_replies import References, ReferenceSettings, pick, protocol
+from rapo_echo.datagen.runner import data_config, run_pipeline
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.types import Scenario
 from tests.helpers.datagen import block, generate_calls, judge

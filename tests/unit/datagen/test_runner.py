@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.datagen.contexts import context_key
-from rapo_echo.algorithms.datagen.runner import data_config, run_pipeline
+from rapo_echo.datagen.contexts import context_key
+from rapo_echo.datagen.runner import data_config, run_pipeline
 from rapo_echo.engines.openai_engine import EndpointError
 from rapo_echo.errors import CapabilityError, ConfigError
 from rapo_echo.types import Scenario

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.datagen.contexts import load_contexts
-from rapo_echo.algorithms.datagen.runner import data_config, run_pipeline
-from rapo_echo.algorithms.datagen.synthesis import (
+from rapo_echo.datagen.contexts import load_contexts
+from rapo_echo.datagen.runner import data_config, run_pipeline
+from rapo_echo.datagen.synthesis import (
     COMPANION_PROMPT,
     END_NOTE,
     SWITCH_NOTE,

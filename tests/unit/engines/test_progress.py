@@ -182,7 +182,7 @@ def test_third_party_chatter_is_quiet_unless_verbose(monkeypatch) -> None:
         assert progress.os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
         with warnings.catch_warnings(record=True) as caught:
             warnings.warn_explicit("old API", FutureWarning, "x.py", 1, module="transformers.modeling_utils")
-            warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="rapo_echo.algorithms.learner")
+            warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="rapo_echo.training.learner")
         assert [str(w.message) for w in caught] == ["ours"]
 
 

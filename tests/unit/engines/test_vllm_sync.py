@@ -47,7 +47,7 @@ def test_sampling_kwargs_and_vllms_temperature_bound():
 
 
 def test_config_refuses_temperatures_vllm_refuses():
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.run_config import load_config
 
     with pytest.raises(ConfigError, match=r"rollout.*temperature 3: vLLM .* at most 2"):
         load_config(overrides=["rollout.engine=vllm", "rollout.temperature=3"])
@@ -57,7 +57,7 @@ def test_config_refuses_temperatures_vllm_refuses():
 
 
 def test_rollout_arguments_one_process_and_several():
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.run_config import load_config
 
     cfg = load_config(overrides=["rollout.max_prompt_tokens=512", "rollout.max_new_tokens=64"])
     one = rollout_llm_kwargs(cfg.rollout, seed=7, world_size=1, sleep_available=False)

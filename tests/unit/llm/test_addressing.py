@@ -1,4 +1,4 @@
-"""The detector of text that addresses the judge (rapo_echo/addressing.py, issue 39 item 1a): the issue's
+"""The detector of text that addresses the judge (rapo_echo/llm/addressing.py, issue 39 item 1a): the issue's
 attack strings and their case / spacing / Unicode variants are found, ordinary empathetic text is not, and
 stripping removes exactly the parts that address the judge."""
 
@@ -9,7 +9,7 @@ from importlib import resources
 
 import pytest
 
-from rapo_echo.addressing import (
+from rapo_echo.llm.addressing import (
     addresses_judge,
     findings,
     imitates_answer,

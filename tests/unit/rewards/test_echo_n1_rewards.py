@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from rapo_echo.judges.bias import INJECTION
 from rapo_echo.rewards import RewardContext, RewardSet, build_reward
 from rapo_echo.rewards.echo_n1 import EchoN1Reward, EmpathyReward, HumanlikeReward, scenario_domain
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
+from rapo_echo.training.run_config import load_config
 from rapo_echo.types import Sample, Scenario, msg
 from tests.helpers.meeting import MeetingEngine
 

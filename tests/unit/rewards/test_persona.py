@@ -99,8 +99,8 @@ def test_from_config_needs_the_role_engine() -> None:
 
 
 def test_trainer_infers_once_per_step_for_the_whole_batch(tmp_path, tiny_folder) -> None:
-    from rapo_echo.algorithms.learner import Learner
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run_config import load_config
 
     rules = "[" + ", ".join(f"['{p}', '{r}']" for p, r in RULES) + "]"
     cfg = load_config(

@@ -28,8 +28,8 @@ def test_persona_step_metrics_count_this_steps_failures() -> None:
 
 
 def test_trainer_logs_persona_invalid_every_step(tmp_path, tiny_folder) -> None:
-    from rapo_echo.algorithms.learner import Learner
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run_config import load_config
 
     rules = "[" + ", ".join(f"['{p}', '{r}']" for p, r in RULES[:2]) + "]"
     cfg = load_config(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.epm.judge import EpmJudge, iedr_format, mdep_format
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
@@ -17,6 +16,7 @@ from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.simulators.reaction import MESSAGE_FORMAT, THOUGHT_FORMAT, ReactionSimulator
 from rapo_echo.simulators.sage import SageSettings, SageSimulator, analysis_format, reply_format
 from rapo_echo.structured import AnswerFormat
+from rapo_echo.training.run_config import load_config
 from rapo_echo.types import SamplingParams, Scenario, msg
 from tests.helpers.answers import reaction, sage_analysis, sage_reply
 

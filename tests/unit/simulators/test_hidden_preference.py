@@ -9,7 +9,6 @@ import pytest
 
 from rapo_echo.algorithms.base import AlgoContext
 from rapo_echo.algorithms.rapo import RAPO, SD
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.group import Candidate
 from rapo_echo.judges.reactions import ReactionJudge
@@ -36,6 +35,7 @@ from rapo_echo.simulators.hidden_preference import (
     restates,
     self_talk,
 )
+from rapo_echo.training.run_config import load_config
 from rapo_echo.types import Generation, Scenario, msg
 
 SC = Scenario(
@@ -468,7 +468,7 @@ def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> No
     rewrites) raises the hidden-rule score of the embedded model's replies within 8 seeded CPU steps:
     the learning benchmark's RAPO arm (studies/bench_learning.py --algo rapo), 8 steps, lr 2e-3,
     with the rule above."""
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
     from studies.bench_learning import hidden_scores_per_step, rapo_learning_config
 
     run = tmp_path / "run"
@@ -549,8 +549,8 @@ def test_quickstart_keeps_the_best_of_base_and_checkpoints_on_held_out_contexts(
     """The quickstart validates on contexts it never trains on and ends with the best-validated model."""
     from pathlib import Path
 
-    from rapo_echo.algorithms.validation import validation_scenarios
     from rapo_echo.data import load_scenarios
+    from rapo_echo.training.validation import validation_scenarios
 
     cfg = load_config(Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml")
     assert cfg.validation.keep_best

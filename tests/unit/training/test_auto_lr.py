@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.auto_lr import auto_lr, base_parameter_count, count_parameters_of
 from rapo_echo.errors import ConfigError
+from rapo_echo.training.run_config import load_config
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_config_default_is_auto_and_bad_values_name_the_key() -> None:
 
 @pytest.mark.parametrize(("lora", "asked"), [(False, "auto"), (True, "auto"), (False, 3e-4)])
 def test_trainer_uses_and_writes_the_resolved_rate(tmp_path: Path, tiny_folder: Path, lora, asked) -> None:
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     run = tmp_path / "run"
     cfg = load_config(

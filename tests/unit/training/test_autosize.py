@@ -12,7 +12,7 @@ import torch
 import yaml
 
 import rapo_echo.autosize as autosize
-from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.training.run_config import load_config
 
 TINY = SimpleNamespace(
     num_hidden_layers=2,
@@ -213,8 +213,8 @@ def test_cpu_keeps_the_tuned_values_and_explicit_values_win() -> None:
 def test_trainer_writes_the_resolved_sizes(tmp_path: Path, tiny_folder: Path, monkeypatch) -> None:
     """The GPU branch through the trainer (free memory faked, device reported as CUDA): the values
     land in config.yaml and resolved.json, and the policy's engine uses them."""
-    from rapo_echo.algorithms import learner as trainer_module
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training import learner as trainer_module
+    from rapo_echo.training.learner import Learner
 
     asked = []
     monkeypatch.setattr(autosize, "free_device_memory", lambda device: asked.append(device) or (2 * 10**9, 0))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.engines.static_decode import bucket_length
+from rapo_echo.training.run_config import load_config
 
 
 def test_trainer_pins_the_rollout_shape_and_the_step_uses_it(tmp_path: Path, tiny_folder: Path) -> None:
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     cfg = load_config(
         overrides=[

@@ -99,8 +99,8 @@ def test_one_trainer_update_at_the_7b_rate_moves_the_weights(tmp_path: Path, tin
     carries on (what its optimizer updates) move by about the rate wherever the gradient is not tiny.
     Before float32 master weights the optimizer updated the bf16 weights themselves and almost none
     of them moved."""
-    from rapo_echo.algorithms.learner import Learner
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run_config import load_config
 
     cfg = load_config(
         overrides=[

@@ -182,9 +182,9 @@ def test_auto_dtype_loads_float32_on_cpu_and_is_recorded(tiny_folder: Path) -> N
     dtype back into the run config (config.yaml records what was used)."""
     import torch
 
-    from rapo_echo.algorithms.run_config import load_config
     from rapo_echo.data import load_scenarios
     from rapo_echo.policy import Policy
+    from rapo_echo.training.run_config import load_config
 
     cfg = load_config(
         overrides=[

@@ -184,8 +184,8 @@ def test_flagged_steps_and_report_marks(tmp_path: Path) -> None:
 
 
 def test_trainer_logs_the_flags_every_step(tmp_path: Path, tiny_folder: Path) -> None:
-    from rapo_echo.algorithms.learner import Learner
-    from rapo_echo.algorithms.run_config import load_config
+    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run_config import load_config
 
     run = tmp_path / "run"
     cfg = load_config(

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.plan import Hardware, make_plan, role_requests
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.cli import main
+from rapo_echo.training.plan import Hardware, make_plan, role_requests
+from rapo_echo.training.run_config import load_config
 
 SHAPES = Path(__file__).resolve().parents[2] / "fixtures" / "model_shapes"
 ROOT = Path(__file__).resolve().parents[3]
@@ -149,7 +149,7 @@ def test_requests_per_step_of_each_algorithm() -> None:
 def test_judge_requests_equal_the_calls_of_a_real_step(tmp_path: Path, tiny_folder: Path) -> None:
     """GRPO with the judge reward: the plan's judge requests per step are the prompts one real training
     step sends to the judge engine (a scripted judge that answers every rating)."""
-    from rapo_echo.algorithms.learner import Learner
+    from rapo_echo.training.learner import Learner
 
     cfg = load_config(
         overrides=[

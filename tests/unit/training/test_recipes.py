@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.run_config import load_config
 from rapo_echo.cli import main
+from rapo_echo.training.run_config import load_config
 from tests.unit.training.test_plan import shape_folder
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rapo_echo.algorithms.run_log import TABLE_COLUMNS, WandbLog, sample_records
+from rapo_echo.training.run_log import TABLE_COLUMNS, WandbLog, sample_records
 from rapo_echo.types import Sample, Scenario, msg
 from tests.helpers.wandb_stand_in import StandIn
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rapo_echo.algorithms.learner import lr_lambda
+from rapo_echo.training.learner import lr_lambda
 
 HF_NAMES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 

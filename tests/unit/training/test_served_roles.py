@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from rapo_echo.algorithms.learner import Learner, TrainingError
-from rapo_echo.algorithms.run_config import load_config
+from rapo_echo.training.learner import Learner, TrainingError
+from rapo_echo.training.run_config import load_config
 from tests.helpers.fake_openai import FakeAPI, ServedAPI, prompt_of
 
 FIRST_PROFILE = "Name: Dario"  # the first bundled SAGE profile (data.limit=2 takes it and one more)

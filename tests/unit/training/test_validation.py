@@ -16,15 +16,15 @@ import torch
 
 from rapo_echo.algorithms.base import AlgoContext
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.algorithms.learner import Learner
 from rapo_echo.algorithms.rlver import RLVER
-from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.algorithms.validation import paired_gain, rule_rises, subset_gains, validation_scenarios
-from rapo_echo.algorithms.validation.checks import replaces_best, vetoed_by
 from rapo_echo.errors import ConfigError
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
 from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
+from rapo_echo.training.learner import Learner
+from rapo_echo.training.run_config import load_config
+from rapo_echo.training.validation import paired_gain, rule_rises, subset_gains, validation_scenarios
+from rapo_echo.training.validation.checks import replaces_best, vetoed_by
 from rapo_echo.types import Generation, Scenario, ValidationResult, msg
 from tests.integration.test_trainer import cfg_for, metrics
 from tests.unit.simulators.test_hidden_preference import COLD, NEUTRAL, SELF, WARM, reactions_rapo
@@ -450,7 +450,7 @@ def test_rule_floor_keeps_the_best_when_a_step_learns_a_new_way_to_put_the_perso
 
 
 def test_rule_floor_rules_must_be_negative_rules_of_the_person(tmp_path: Path, tiny_folder: Path) -> None:
-    from rapo_echo.algorithms.validation import HeldOut, Validator
+    from rapo_echo.training.validation import HeldOut, Validator
 
     watching = "validation.checks=[{{name: rule_floor, se: 1, rules: {}}}]".format
     cfg = load_config(overrides=[watching("[meta_talk, reflects_feeling, typo]")])

@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rapo_echo.algorithms.run_config import load_config
-from rapo_echo.algorithms.validation.checks import (
+from rapo_echo.errors import ConfigError
+from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
+from rapo_echo.training.run_config import load_config
+from rapo_echo.training.validation.checks import (
     Check,
     Comparison,
     MinGain,
@@ -17,8 +19,6 @@ from rapo_echo.algorithms.validation.checks import (
     VarietyFloor,
     build_checks,
 )
-from rapo_echo.errors import ConfigError
-from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
 
 NAN = float("nan")
 

@@ -1,1 +1,0 @@
-"""The training loop's speed against TRL's GRPOTrainer on the fixed shared workload (``make bench``)."""

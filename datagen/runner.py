@@ -1,0 +1,210 @@
+"""Run a data pipeline over contexts into an output folder: batched, resumable, with a progress bar.
+
+The folder's files and their rules are the benchmarks' (:mod:`rapo_echo.benchmarks.runner` and
+:mod:`rapo_echo.benchmarks.results`, reused as they are): ``config.json`` records the command, the model of
+each role, the data and every setting, and a resume with any of them changed is refused
+(:func:`~rapo_echo.benchmarks.runner.claim_output`); one process holds the folder at a time;
+``results.jsonl`` gets one fsynced line per finished context, so a killed command, started again with the
+same arguments, skips the contexts already there. Each record also holds its context's
+:func:`~rapo_echo.datagen.contexts.context_key`: a context whose content changed under the
+same id is refused, never mixed in. ``summary.json`` and the dataset the next command reads are recomputed
+from every record of the asked contexts, in their input order, each time the command ends.
+
+Contexts are taken in chunks of ``batch_size``; the pipeline runs each stage of a chunk as one batched
+engine call. A remote failure (an :class:`~rapo_echo.errors.EngineError` other than a missing capability)
+costs only the contexts it hits: the chunk is split in halves and run again until the failing contexts
+are alone; those are left out of ``results.jsonl`` (the next run tries them again) and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from rapo_echo.atomic import write_text_atomic
+from rapo_echo.benchmarks.results import (
+    CONFIG_FILE,
+    RESULTS_FILE,
+    SUMMARY_FILE,
+    ResultWriter,
+    read_records,
+    write_json_atomic,
+)
+from rapo_echo.benchmarks.runner import claim_output
+from rapo_echo.datagen.contexts import context_key
+from rapo_echo.errors import CapabilityError, ConfigError, EngineError
+from rapo_echo.types import Scenario
+
+log = logging.getLogger(__name__)
+Record = dict[str, Any]
+WHAT = "data command"  # what check_resume calls the folder's content in its messages
+
+
+class Pipeline(Protocol):
+    """One data command: its name, the dataset file it writes, and how it turns contexts into records."""
+
+    name: str
+    dataset_file: str
+
+    def run_chunk(self, contexts: Sequence[Scenario]) -> list[Record]:
+        """One record per context, in order (each stage one batched engine call over the chunk)."""
+        ...
+
+    def export(self, items: Sequence[tuple[Scenario, Record]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The dataset's rows and the summary's figures, from each asked context with its record."""
+        ...
+
+
+def data_config(
+    command: str,
+    models: dict[str, str],
+    data: str | None,
+    fmt: str,
+    settings: dict[str, Any],
+    protocol: dict[str, Any],
+) -> dict[str, Any]:
+    """What ``config.json`` records (and a resume must match): command, model per role, data file and
+    format, settings, and the prompts' fingerprint (``protocol``); as JSON reads it back (a tuple setting
+    is a list), so that a resume compares like with like."""
+    from rapo_echo.config import redacted
+
+    config = {
+        "command": command,
+        "models": models,
+        "data": data,
+        "format": fmt,
+        "settings": settings,
+        "protocol": protocol,
+    }
+    return json.loads(json.dumps(redacted(config)))
+
+
+def run_pipeline(
+    pipeline: Pipeline,
+    contexts: Sequence[Scenario],
+    output: str | Path,
+    config: dict[str, Any],
+    *,
+    batch_size: int,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run ``pipeline`` on every context not yet in ``output/results.jsonl``; write the dataset and
+    ``summary.json``, and return the summary."""
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    output = Path(output)
+    with claim_output(output, {output: config}, what=WHAT):
+        write_json_atomic(output / CONFIG_FILE, config)
+        done = _finished(output / RESULTS_FILE, contexts)
+        pending = [sc for sc in contexts if sc.id not in done]
+        log.info(
+            "%s: %d contexts, %d already done, %d to run",
+            pipeline.name,
+            len(contexts),
+            len(contexts) - len(pending),
+            len(pending),
+        )
+        failed: dict[str, str] = {}
+        bar = _progress(pipeline.name, len(contexts), len(contexts) - len(pending), progress)
+        try:
+            with ResultWriter(output / RESULTS_FILE) as writer:
+                for start in range(0, len(pending), batch_size):
+                    chunk = pending[start : start + batch_size]
+                    records, lost = _run_isolated(pipeline, chunk)
+                    for record in records:
+                        writer.append(record)
+                    failed.update(lost)
+                    if bar is not None:
+                        bar.update(len(chunk))
+                    log.info(
+                        "%s: %d/%d contexts done%s",
+                        pipeline.name,
+                        len(contexts) - len(pending) + start + len(chunk) - len(failed),
+                        len(contexts),
+                        f" ({len(failed)} failed)" if failed else "",
+                    )
+        finally:
+            if bar is not None:
+                bar.close()
+        return _write_outputs(pipeline, output, contexts, failed)
+
+
+def _finished(path: Path, contexts: Sequence[Scenario]) -> dict[str, Record]:
+    """The records already written for these contexts; a record whose context changed is refused."""
+    by_id = {sc.id: sc for sc in contexts}
+    done: dict[str, Record] = {}
+    for record in read_records(path):
+        sc = by_id.get(record["id"])
+        if sc is None:
+            continue
+        if record.get("key") != context_key(sc):
+            raise ConfigError(
+                f"{path}: context {sc.id!r} was processed from different content (its dialogue, profile, "
+                "reference or meta changed since); resume with the same data or choose another --output"
+            )
+        done[sc.id] = record
+    return done
+
+
+def _run_isolated(pipeline: Pipeline, chunk: Sequence[Scenario]) -> tuple[list[Record], dict[str, str]]:
+    """The chunk's records; on a remote failure, its halves are run again until the failing contexts
+    are alone, and those are returned as (id -> error) instead."""
+    try:
+        records = pipeline.run_chunk(chunk)
+    except CapabilityError:
+        raise  # not a passing failure: every context would hit it
+    except EngineError as exc:
+        if len(chunk) == 1:
+            log.warning(
+                "%s: context %s failed and is left for the next run: %s", pipeline.name, chunk[0].id, exc
+            )
+            return [], {chunk[0].id: str(exc)}
+        log.warning(
+            "%s: a remote failure in a chunk of %d contexts (%s); running its halves again",
+            pipeline.name,
+            len(chunk),
+            exc,
+        )
+        half = len(chunk) // 2
+        first, lost_a = _run_isolated(pipeline, chunk[:half])
+        second, lost_b = _run_isolated(pipeline, chunk[half:])
+        return first + second, {**lost_a, **lost_b}
+    if len(records) != len(chunk):
+        raise RuntimeError(f"{pipeline.name}: {len(records)} records for {len(chunk)} contexts")
+    return [{"id": sc.id, "key": context_key(sc), **r} for sc, r in zip(chunk, records)], {}
+
+
+def _progress(name: str, total: int, initial: int, enabled: bool) -> Any:
+    """A progress bar on stderr (only on a terminal), or None."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=name, unit="context", disable=None)
+
+
+def _write_outputs(
+    pipeline: Pipeline, output: Path, contexts: Sequence[Scenario], failed: dict[str, str]
+) -> dict[str, Any]:
+    by_id = {r["id"]: r for r in read_records(output / RESULTS_FILE)}
+    items = [(sc, by_id[sc.id]) for sc in contexts if sc.id in by_id]
+    rows, figures = pipeline.export(items)
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    write_text_atomic(output / pipeline.dataset_file, text)
+    summary = {
+        "command": pipeline.name,
+        "n_contexts": len(contexts),
+        "n_done": len(items),
+        "n_failed": len(failed),
+        "failed": failed,
+        "complete": len(items) == len(contexts),
+        "dataset": {"file": pipeline.dataset_file, "rows": len(rows)},
+        "figures": figures,
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json_atomic(output / SUMMARY_FILE, summary)
+    return summary
