@@ -224,14 +224,16 @@ def settings_from_args(args: argparse.Namespace) -> EvalSettings:
         raise ConfigError(f"eval: {exc}") from exc
 
 
-def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any) -> Roles:
-    """Engines for the roles a benchmark needs; ``policy`` or a repeated spec reuses the same engine."""
+def build_roles(needed: tuple[str, ...], specs: dict[str, Any], **engine_kw: Any) -> Roles:
+    """Engines for the roles a benchmark needs, each a model spec or an engine object (the Python API's);
+    ``policy`` or a repeated spec reuses the same engine, named by the roles it plays."""
     from rapo_echo.engines import engines_for_roles
     from rapo_echo.llm.strength import warn_if_weak
 
     roles = ["policy", *(r for r in ("simulator", "judge") if r in needed)]
     named = {r: specs["policy"] if specs[r] == "policy" else specs[r] for r in roles}
-    others = engines_for_roles(named, **engine_kw)
+    strings = {r: s for r, s in named.items() if isinstance(s, str)}
+    others = {**named, **engines_for_roles(strings, **engine_kw)}
     policy = others.pop("policy")
     for role, engine in others.items():
         warn_if_weak(engine, role, "eval")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.algorithms.run_sections import RunConfig
-from rapo_echo.benchmarks.base import EvalSettings, Roles
+from rapo_echo.benchmarks.base import EvalSettings
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
 
@@ -105,7 +105,15 @@ def evaluate(
     ``http(s)://`` endpoint; ``policy`` for the simulator or judge shares the policy's engine) or an
     engine object. ``settings`` are :class:`~rapo_echo.benchmarks.base.EvalSettings` fields
     (``max_turns=2``, ``max_new_tokens=32``, ``batch_size=4``, ...)."""
-    from rapo_echo.benchmarks.runner import BENCHMARKS, check_output, eval_config, get_benchmark, run_eval
+    from rapo_echo.benchmarks.cli import build_roles
+    from rapo_echo.benchmarks.runner import (
+        BENCHMARKS,
+        check_output,
+        data_or_default,
+        eval_config,
+        get_benchmark,
+        run_eval,
+    )
     from rapo_echo.rundir import check_writable
 
     if benchmark == "fidelity" or benchmark not in BENCHMARKS:
@@ -124,12 +132,13 @@ def evaluate(
     given = {"policy": policy, "simulator": simulator, "judge": judge}
     needed = {r: v for r, v in given.items() if r in bench.roles}
     models = {r: _spec_name(v) for r, v in needed.items()}
+    data = data_or_default(bench, data)  # the bundled set where a benchmark has one, as `eval` reads it
     cases = bench.load_cases(data, eval_settings)  # bad data fails before any model loads
     if not cases:
         raise ConfigError(f"evaluate: {benchmark}: no cases in {data or 'the bundled data'}")
     config = eval_config(bench.name, models, data, eval_settings, getattr(bench, "protocol", None))
     check_output(check_writable(str(output)), config)
-    roles = _roles(bench.roles, needed, dtype=dtype, device=device)
+    roles = build_roles(bench.roles, given, dtype=dtype, device=device)
     return run_eval(bench, roles, eval_settings, output, data=data, limit=limit, models=models)
 
 
@@ -138,28 +147,3 @@ def _spec_name(role: str | ChatEngine) -> str:
     if isinstance(role, str):
         return role
     return f"{type(role).__name__}:{getattr(role, 'name', '') or 'engine'}"
-
-
-def _roles(needed: tuple[str, ...], given: dict[str, str | ChatEngine], **engine_kw: Any) -> Roles:
-    """The benchmark's :class:`Roles`: engine objects as given, specs loaded as ``eval`` loads them (one
-    engine per spec; ``policy`` shares the policy's engine)."""
-    from rapo_echo.benchmarks.cli import build_roles
-
-    if all(isinstance(v, str) for v in given.values()):
-        return build_roles(needed, given, **engine_kw)  # type: ignore[arg-type]
-    from rapo_echo.engines import engine_from_spec
-
-    cache: dict[str, ChatEngine] = {}
-
-    def load(value: str | ChatEngine) -> ChatEngine:
-        if not isinstance(value, str):
-            return value
-        if value not in cache:
-            cache[value] = engine_from_spec(value, **engine_kw)
-        return cache[value]
-
-    policy = load(given["policy"])
-    others = {
-        r: policy if given[r] == "policy" else load(given[r]) for r in ("simulator", "judge") if r in needed
-    }
-    return Roles(policy=policy, **others)

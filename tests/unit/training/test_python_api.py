@@ -95,6 +95,18 @@ def test_evaluate_runs_a_benchmark_on_an_engine_object(tmp_path: Path) -> None:
     assert again["metrics"] == summary["metrics"] and sum(len(c["prompts"]) for c in policy.calls) == 3
 
 
+def test_evaluate_falls_back_to_the_bundled_data_as_eval_does(tmp_path: Path, caplog) -> None:
+    """``rapo_echo.evaluate("esconv", ...)`` failed where ``rapo-echo eval`` read its bundled set (issue 49,
+    item 3)."""
+    out = tmp_path / "eval"
+    with caplog.at_level("WARNING"):
+        policy = ScriptedEngine(default="I hear you.")
+        summary = rapo_echo.evaluate("esconv-ref", policy=policy, output=out, limit=2)
+    assert summary["n_cases"] == 2 and summary["complete"]
+    assert json.loads((out / "config.json").read_text())["data"] == "bundled:esconv_style_en.json"
+    assert "no data given, so the bundled bundled:esconv_style_en.json" in caplog.text
+
+
 def test_evaluate_refuses_unknown_settings_and_benchmarks(tmp_path: Path) -> None:
     policy = ScriptedEngine(default="ok")
     with pytest.raises(ConfigError, match="unknown setting max_turn; allowed: max_turns"):
