@@ -98,6 +98,8 @@ def test_the_vf_eval_command_runs_the_environment(served: Any, tmp_path: Path) -
     args = [
         "--model", "scripted-policy", "--client.base-url", policy, "--client.api-key-var", "RAPO_ECHO_NO_KEY",
         "-n", "1", "-r", "1", "--env.simulator", user, "--env.max-turns", "2",
+        # the change is read from the analysis's own number: a scripted user behind a server has no log-probs
+        "--env.settings", json.dumps({"emotion_readout": "text"}),
         "--no-push", "--no-rich", "-o", str(tmp_path),
     ]  # fmt: skip
     done = subprocess.run(
@@ -108,6 +110,7 @@ def test_the_vf_eval_command_runs_the_environment(served: Any, tmp_path: Path) -
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (traces,) = list(tmp_path.rglob("traces.jsonl"))
-    (line,) = traces.read_text().splitlines()
-    record = json.loads(line)
-    assert record["rewards"]["sage_emotion"]["score"] == pytest.approx(0.5)
+    (line,) = traces.read_text().splitlines()  # one episode of one trace
+    (trace,) = json.loads(line)["traces"]
+    assert trace["rewards"]["sage_emotion"]["score"] == pytest.approx(0.5)
+    assert trace["info"]["sage"]["end"] == "max_turns"
