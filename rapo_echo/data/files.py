@@ -78,9 +78,11 @@ def bundled_file(name: str) -> Traversable:
 
 
 def bundled_names() -> list[str]:
-    """Names of the JSON / JSONL files shipped in ``rapo_echo/examples``."""
+    """Names of the JSON / JSONL data files shipped in ``rapo_echo/examples`` (not the model configs,
+    ``*.config.json``, a plan reads)."""
     folder = resources.files("rapo_echo") / "examples"
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(JSON_SUFFIXES))
+    names = [p.name for p in folder.iterdir() if p.name.endswith(JSON_SUFFIXES)]
+    return sorted(n for n in names if not n.endswith(".config.json"))
 
 
 class LongInteger(float):
@@ -131,23 +133,38 @@ def open_source(
 ) -> Source:
     """Open a data source (``None`` = the bundled English scenarios, ``bundled:NAME`` = a bundled file).
     ``split`` and ``subset`` apply to Hub datasets and saved ``DatasetDict`` folders."""
-    spec = BUNDLED_PREFIX + BUNDLED_SCENARIOS if path is None else os.fspath(path)
-    if spec.startswith(BUNDLED_PREFIX):
+    kind, spec = locate(path)
+    if kind == "bundled":
         name = spec[len(BUNDLED_PREFIX) :]
         res = bundled_file(name)
         real = str(res) if Path(str(res)).is_file() else None
         return Source(str(res), res.read_text(encoding="utf-8"), Path(name).stem, real)
     p = Path(spec)
-    if p.is_dir():
+    if kind == "folder":
         return _saved_dataset(p, split)
-    if p.is_file():
+    if kind == "file":
         builder = TABLE_BUILDERS.get(p.suffix.lower())
         if builder is not None:
             return _table_file(p, builder)
         return _text_file(p)
+    return _hub_dataset(spec, split, subset)
+
+
+def locate(path: str | os.PathLike[str] | None) -> tuple[str, str]:
+    """What a data source is, without reading it: ``(kind, spec)``, kind ``bundled``, ``folder``, ``file``
+    or ``hub``; a :class:`DataError` for a local file that is not there (a plan checks it this way)."""
+    spec = BUNDLED_PREFIX + BUNDLED_SCENARIOS if path is None else os.fspath(path)
+    if spec.startswith(BUNDLED_PREFIX):
+        bundled_file(spec[len(BUNDLED_PREFIX) :])  # an unknown bundled name is refused here too
+        return "bundled", spec
+    p = Path(spec)
+    if p.is_dir():
+        return "folder", spec
+    if p.is_file():
+        return "file", spec
     if p.suffix.lower() in (*JSON_SUFFIXES, *TABLE_BUILDERS) or not _HUB_ID.match(spec):
         raise DataError(f"{p}: data file not found; a data source is {SOURCES_HELP}")
-    return _hub_dataset(spec, split, subset)
+    return "hub", spec
 
 
 def _text_file(p: Path) -> Source:
