@@ -140,8 +140,15 @@ def register(subparsers: Any) -> None:
         help="leave the companion's system prompt out of the sft.jsonl rows",
     )
     syn.add_argument("--user-temperature", type=float, default=0.9)
-    syn.add_argument("--user-tokens", type=int, default=64, help="a user message's token budget (64)")
-    syn.add_argument("--profile-tokens", type=int, default=320, help="a profile's token budget (320)")
+    syn.add_argument(
+        "--user-tokens",
+        type=int,
+        default=64,
+        help="each message of the person after the opening (64 tokens); the opening is the profile's",
+    )
+    syn.add_argument(
+        "--profile-tokens", type=int, default=320, help="the person's profile, its opening included (320)"
+    )
     _generation(syn, temperature=0.7, system=False)
     syn.add_argument(
         "--use-logprobs",

@@ -1,4 +1,5 @@
-"""Run a data pipeline over contexts into an output folder: batched, resumable, with a progress bar.
+"""Run a data pipeline over contexts into an output folder: batched, resumable, with progress shown (bars
+on a terminal, a line every half minute in a log: :mod:`rapo_echo.progress`), stopped cleanly by a signal.
 
 The folder's files and their rules are the benchmarks' (:mod:`rapo_echo.benchmarks.runner` and
 :mod:`rapo_echo.benchmarks.results`, reused as they are): ``config.json`` records the command, the model of
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from rapo_echo import progress as show_progress
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
@@ -37,6 +39,7 @@ from rapo_echo.benchmarks.results import (
 from rapo_echo.benchmarks.runner import claim_output
 from rapo_echo.datagen.contexts import context_key
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
+from rapo_echo.stopping import SignalStop, Stopped, stop_on_signals
 from rapo_echo.types import Scenario
 
 log = logging.getLogger(__name__)
@@ -109,17 +112,18 @@ def run_pipeline(
             len(pending),
         )
         failed: dict[str, str] = {}
-        bar = _progress(pipeline.name, len(contexts), len(contexts) - len(pending), progress)
+        if progress:
+            show_progress.enable()
+        bar = show_progress.start(pipeline.name, len(contexts), "context", len(contexts) - len(pending))
         try:
-            with ResultWriter(output / RESULTS_FILE) as writer:
+            with stop_on_signals(), ResultWriter(output / RESULTS_FILE) as writer:
                 for start in range(0, len(pending), batch_size):
                     chunk = pending[start : start + batch_size]
                     records, lost = _run_isolated(pipeline, chunk)
                     for record in records:
                         writer.append(record)
                     failed.update(lost)
-                    if bar is not None:
-                        bar.update(len(chunk))
+                    bar.update(len(chunk))
                     log.info(
                         "%s: %d/%d contexts done%s",
                         pipeline.name,
@@ -127,9 +131,16 @@ def run_pipeline(
                         len(contexts),
                         f" ({len(failed)} failed)" if failed else "",
                     )
+        except SignalStop as stop:  # what is in results.jsonl stays; the chunk in flight is run again
+            summary = _write_outputs(pipeline, output, contexts, failed)
+            raise Stopped(
+                f"{pipeline.name}: stopped by {stop.name}: {summary['n_done']} of {len(contexts)} contexts "
+                f"are saved in {output / RESULTS_FILE} (the chunk in flight is not), counted in "
+                f"{output / SUMMARY_FILE}; run the same command again to resume",
+                stop.name,
+            ) from None
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         return _write_outputs(pipeline, output, contexts, failed)
 
 
@@ -176,15 +187,6 @@ def _run_isolated(pipeline: Pipeline, chunk: Sequence[Scenario]) -> tuple[list[R
     if len(records) != len(chunk):
         raise RuntimeError(f"{pipeline.name}: {len(records)} records for {len(chunk)} contexts")
     return [{"id": sc.id, "key": context_key(sc), **r} for sc, r in zip(chunk, records)], {}
-
-
-def _progress(name: str, total: int, initial: int, enabled: bool) -> Any:
-    """A progress bar on stderr (only on a terminal), or None."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=name, unit="context", disable=None)
 
 
 def _write_outputs(

@@ -24,6 +24,7 @@ of a future ``--algo sft``.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+
+log = logging.getLogger(__name__)
 
 DECISIONS = ("continue", "switch", "end")
 TONES = {
@@ -120,6 +123,9 @@ def parse_stages(stages: Sequence[str]) -> list[tuple[int, str]]:
     return out
 
 
+TOPIC_TOKENS = 32  # the director's new topic: a few words (no flag: --user-tokens bounds the person's lines)
+
+
 @dataclass(frozen=True)
 class SynthesisSettings:
     """The command's switches (documented with their sources in docs/algorithms/echo_n1.md)."""
@@ -137,6 +143,14 @@ class SynthesisSettings:
     max_retries: int = 2
     seed: int = 0
     batch_size: int = 16
+
+    def budgets(self) -> str:
+        """What each token budget bounds, as a run says it up front."""
+        return (
+            f"a profile of up to {self.profile_tokens} tokens (--profile-tokens; it holds the person's "
+            f"opening), then per exchange a companion reply of up to {self.max_new_tokens} "
+            f"(--max-new-tokens) and a message of the person of up to {self.user_tokens} (--user-tokens)"
+        )
 
     def __post_init__(self) -> None:
         parse_stages(self.stages)
@@ -267,6 +281,7 @@ class Synthesis:
         self.stages = parse_stages(settings.stages)
         self.positions = positions  # context id -> its index in the whole input (fixes its stage)
         self.calls = 0
+        log.info("synthesize: per dialogue, %s", settings.budgets())
 
     def _params(self, tokens: int, temperature: float) -> SamplingParams:
         self.calls += 1
@@ -349,7 +364,7 @@ class Synthesis:
                 self.director,
                 [topic_prompt(d, fence) for d in switching],
                 fence,
-                self.s.user_tokens,
+                TOPIC_TOKENS,
                 self.s.max_retries,
                 "simulator",
             )

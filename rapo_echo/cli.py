@@ -22,6 +22,7 @@ from rapo_echo import __version__
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.progress import quiet_third_party
 from rapo_echo.scrub import ScrubFilter
+from rapo_echo.stopping import Stopped
 
 COMMAND_GROUP = "rapo_echo.commands"
 # The one-line help of the built-in commands, shown without importing them (each module's parser says the
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rapo-echo: {exc}", file=sys.stderr)
         return 2
+    except Stopped as exc:
+        print(f"rapo-echo: {exc}", file=sys.stderr)
+        return exc.exit_code
     except RapoEchoError as exc:
         print(f"rapo-echo: error: {exc}", file=sys.stderr)
         return 1
