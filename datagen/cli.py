@@ -280,7 +280,7 @@ def _run(
     """Load the contexts, check ``--output`` (both before any model loads), load the engines, run."""
     from rapo_echo.benchmarks.runner import check_output
     from rapo_echo.datagen.contexts import load_contexts
-    from rapo_echo.datagen.runner import WHAT, data_config, run_pipeline
+    from rapo_echo.datagen.runner import WHAT, data_config, empty_note, run_pipeline
     from rapo_echo.rundir import check_writable
 
     if args.limit is not None and args.limit < 1:
@@ -297,6 +297,9 @@ def _run(
     )
     print(json.dumps(summary, indent=2))
     print(f"dataset: {args.output}/{pipeline.dataset_file}  records: {args.output}/results.jsonl")
+    note = empty_note(pipeline, summary)
+    if note:
+        print(note)
     if not summary["complete"]:
         print(f"incomplete: {summary['n_failed']} contexts failed; run the same command again to retry them")
         return 1

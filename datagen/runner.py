@@ -144,6 +144,22 @@ def run_pipeline(
         return _write_outputs(pipeline, output, contexts, failed)
 
 
+def empty_note(pipeline: Pipeline, summary: dict[str, Any]) -> str | None:
+    """For a run that wrote no rows: what its figures say and the switches that would give rows (the
+    pipeline's ``when_empty(figures)`` where it has one), said last, so the next stage's "the file is
+    empty" is no surprise; None when rows were written."""
+    if summary["dataset"]["rows"] or not summary["n_done"]:
+        return None
+    figures = summary.get("figures") or {}
+    counts = ", ".join(f"{k} {v}" for k, v in (figures.get("status") or {}).items())
+    hint = pipeline.when_empty(figures) if hasattr(pipeline, "when_empty") else ""
+    return (
+        f"{pipeline.name}: 0 rows written to {summary['dataset']['file']} from {summary['n_done']} contexts"
+        + (f" ({counts})" if counts else "")
+        + (f"; {hint}" if hint else "")
+    )
+
+
 def _finished(path: Path, contexts: Sequence[Scenario]) -> dict[str, Record]:
     """The records already written for these contexts; a record whose context changed is refused."""
     by_id = {sc.id: sc for sc in contexts}

@@ -111,6 +111,27 @@ def test_sigterm_says_what_was_saved_and_how_to_resume(tmp_path: Path) -> None:
     assert run(again, contexts(5), out)["complete"] and again.chunks == [["c2", "c3"], ["c4"]]
 
 
+def test_a_run_that_writes_no_rows_says_so_with_the_switches(tmp_path: Path) -> None:
+    """critique-rewrite exited 0 with 0 pairs, its summary reading not_empathy 1, no_pair 1 (issue 49,
+    item 6): the command's last line says it wrote nothing, why, and what would change it."""
+    from rapo_echo.datagen.critique_rewrite import CritiqueRewrite
+    from rapo_echo.datagen.runner import empty_note
+
+    class Nothing(Fake):
+        name, dataset_file = "critique-rewrite", "pairs.jsonl"
+        when_empty = staticmethod(CritiqueRewrite.when_empty)
+
+        def export(self, items):
+            return [], {"status": {"not_empathy": 1, "no_pair": 1}}
+
+    summary = run(Nothing(), contexts(2), tmp_path / "out")
+    note = empty_note(Nothing(), summary)
+    head = "critique-rewrite: 0 rows written to pairs.jsonl from 2 contexts (not_empathy 1, no_pair 1)"
+    assert note.startswith(head), note
+    assert "--select all" in note and "--golden-min 1 --low-max 5 --rewrite-max 5 --min-gap 0" in note
+    assert empty_note(Fake(), run(Fake(), contexts(2), tmp_path / "rows")) is None
+
+
 def test_killed_process_resumes(tmp_path: Path) -> None:
     """kill -9 in the middle of the second chunk: the first chunk's records survive (fsynced), the lock
     dies with the process, and a rerun does only the rest."""
