@@ -102,6 +102,28 @@ def test_grpo_validates_by_its_rewards(tiny_folder: Path, tmp_path: Path) -> Non
     assert result.replies == [["How are you?"], ["ok then yes"]]
 
 
+def test_a_validation_says_up_front_what_it_costs(tiny_folder: Path, tmp_path: Path, caplog) -> None:
+    """The validation before step 1 sat at 0/47 for minutes with nothing said of its size (issue 49,
+    item 1): it says how many greedy replies it draws before it starts."""
+    from rapo_echo.training.validation import HeldOut, Validator
+
+    cfg = cfg_for(tiny_folder, tmp_path / "r", "validation.max_new_tokens=5")
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+    policy.engine = ByScenario(policy.engine, {"gran": "How are you?", "job": "ok then yes"})
+    algo = GRPO(cfg, AlgoContext(policy, RewardSet.from_specs(cfg.rewards, None), None, None))
+    held_out = [Scenario("a", [msg("user", "My gran died.")]), Scenario("b", [msg("user", "I lost my job.")])]
+    validator = Validator(cfg, HeldOut(held_out, {}), algo, policy, tmp_path)
+    with caplog.at_level("INFO", logger="rapo_echo.training.validation"):
+        validator.run(0)
+        validator.run(3)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("validation ")]
+    assert said[0] == (
+        "validation before step 1: 2 greedy replies (2 held-out scenarios x 1 turn) of up to 5 tokens, each "
+        "then scored by the run's simulator or judge"
+    )
+    assert any(m.startswith("validation after step 3: 2 greedy replies") for m in said)
+
+
 def test_validation_config_errors() -> None:
     with pytest.raises(ConfigError, match="keep_best needs validation.data"):
         load_config(overrides=["validation.keep_best=true"])
