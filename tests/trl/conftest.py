@@ -34,7 +34,7 @@ def grpo_args(out: str, **overrides: Any) -> Any:
 
     settings = {
         "output_dir": out,
-        "per_device_train_batch_size": 4,
+        "per_device_train_batch_size": 2,  # one prompt x num_generations 2 a step
         "num_generations": 2,
         "max_steps": 2,
         "learning_rate": 1e-5,
