@@ -243,16 +243,10 @@ def _resolve_specs(specs: dict[str, str]) -> dict[str, str]:
 
 
 def load_engines(specs: dict[str, str], **kw: Any) -> dict[str, Any]:
-    """One engine per role; roles with the same spec share one."""
-    from rapo_echo.engines import engine_from_spec
+    """One engine per role; roles with the same spec share one, named by them (``writer+judge:hf``)."""
+    from rapo_echo.engines import engines_for_roles
 
-    cache: dict[str, Any] = {}
-    out = {}
-    for role, spec in _resolve_specs(specs).items():
-        if spec not in cache:
-            cache[spec] = engine_from_spec(spec, **kw)
-        out[role] = cache[spec]
-    return out
+    return engines_for_roles(_resolve_specs(specs), **kw)
 
 
 # the roles whose answers are read as judgements, and the role names their calls log under
