@@ -14,7 +14,11 @@ from every record of the asked contexts, in their input order, each time the com
 Contexts are taken in chunks of ``batch_size``; the pipeline runs each stage of a chunk as one batched
 engine call. A remote failure (an :class:`~rapo_echo.errors.EngineError` other than a missing capability)
 costs only the contexts it hits: the chunk is split in halves and run again until the failing contexts
-are alone; those are left out of ``results.jsonl`` (the next run tries them again) and counted.
+are alone; those are left out of ``results.jsonl`` (the next run tries them again) and counted. Two
+breakers end a run early, with its outputs written and ``summary.json``'s ``stopped`` saying why (the same
+command resumes): :data:`FAILED_CHUNKS_TO_STOP` chunks in a row that lost every context (an endpoint that
+refuses everything, e.g. a ``Retry-After`` of a day), and ``timeout_s`` (``--timeout-minutes``) reached
+before the next chunk.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from rapo_echo.types import Scenario
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
+FAILED_CHUNKS_TO_STOP = 2  # chunks in a row that lost every context: the endpoint is refusing; stop
 WHAT = "data command"  # what check_resume calls the folder's content in its messages
 
 
@@ -94,9 +99,12 @@ def run_pipeline(
     *,
     batch_size: int,
     progress: bool = True,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Run ``pipeline`` on every context not yet in ``output/results.jsonl``; write the dataset and
-    ``summary.json``, and return the summary."""
+    ``summary.json``, and return the summary. The run stops early (module doc) after
+    :data:`FAILED_CHUNKS_TO_STOP` chunks in a row lost every context, or once ``timeout_s`` seconds
+    passed."""
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     output = Path(output)
@@ -112,17 +120,24 @@ def run_pipeline(
             len(pending),
         )
         failed: dict[str, str] = {}
+        stopped: str | None = None
+        lost_chunks = 0
+        t0 = time.monotonic()
         if progress:
             show_progress.enable()
         bar = show_progress.start(pipeline.name, len(contexts), "context", len(contexts) - len(pending))
         try:
             with stop_on_signals(), ResultWriter(output / RESULTS_FILE) as writer:
                 for start in range(0, len(pending), batch_size):
+                    if timeout_s is not None and time.monotonic() - t0 >= timeout_s:
+                        stopped = f"timeout: {timeout_s / 60:g} minutes passed (--timeout-minutes)"
+                        break
                     chunk = pending[start : start + batch_size]
                     records, lost = _run_isolated(pipeline, chunk)
                     for record in records:
                         writer.append(record)
                     failed.update(lost)
+                    lost_chunks = lost_chunks + 1 if not records else 0
                     bar.update(len(chunk))
                     log.info(
                         "%s: %d/%d contexts done%s",
@@ -131,8 +146,12 @@ def run_pipeline(
                         len(contexts),
                         f" ({len(failed)} failed)" if failed else "",
                     )
+                    if lost_chunks >= FAILED_CHUNKS_TO_STOP:
+                        last = next(iter(lost.values()))
+                        stopped = f"{lost_chunks} chunks in a row lost every context (last: {last})"
+                        break
         except SignalStop as stop:  # what is in results.jsonl stays; the chunk in flight is run again
-            summary = _write_outputs(pipeline, output, contexts, failed)
+            summary = _write_outputs(pipeline, output, contexts, failed, f"stopped by {stop.name}")
             raise Stopped(
                 f"{pipeline.name}: stopped by {stop.name}: {summary['n_done']} of {len(contexts)} contexts "
                 f"are saved in {output / RESULTS_FILE} (the chunk in flight is not), counted in "
@@ -141,7 +160,9 @@ def run_pipeline(
             ) from None
         finally:
             bar.close()
-        return _write_outputs(pipeline, output, contexts, failed)
+        if stopped:
+            log.warning("%s: stopped early, %s; run the same command again to resume", pipeline.name, stopped)
+        return _write_outputs(pipeline, output, contexts, failed, stopped)
 
 
 def empty_note(pipeline: Pipeline, summary: dict[str, Any]) -> str | None:
@@ -206,7 +227,11 @@ def _run_isolated(pipeline: Pipeline, chunk: Sequence[Scenario]) -> tuple[list[R
 
 
 def _write_outputs(
-    pipeline: Pipeline, output: Path, contexts: Sequence[Scenario], failed: dict[str, str]
+    pipeline: Pipeline,
+    output: Path,
+    contexts: Sequence[Scenario],
+    failed: dict[str, str],
+    stopped: str | None,
 ) -> dict[str, Any]:
     by_id = {r["id"]: r for r in read_records(output / RESULTS_FILE)}
     items = [(sc, by_id[sc.id]) for sc in contexts if sc.id in by_id]
@@ -220,6 +245,7 @@ def _write_outputs(
         "n_failed": len(failed),
         "failed": failed,
         "complete": len(items) == len(contexts),
+        "stopped": stopped,
         "dataset": {"file": pipeline.dataset_file, "rows": len(rows)},
         "figures": figures,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

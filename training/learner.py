@@ -74,6 +74,7 @@ from rapo_echo.engines.openai_engine import EndpointError
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.judges.bias import merge_metrics
+from rapo_echo.judges.heldout import HeldoutJudge
 from rapo_echo.master_weights import make_optimizer
 from rapo_echo.models import autocast_dtype, portable_name
 from rapo_echo.monitor import RewardHackingMonitor
@@ -220,6 +221,11 @@ class Learner:
         self.monitor = RewardHackingMonitor(
             cfg.monitor, cfg.rollout.max_new_tokens, run_dir=self.run_dir, warn=self.is_main
         )
+        held = cfg.monitor.heldout
+        seed = cfg.train.seed + self.accelerator.process_index
+        self.heldout = HeldoutJudge.from_config(held, roles, seed=seed) if held.enabled else None
+        if self.heldout is not None:  # the replies that show a reward_divergence, for its warning
+            self.monitor.examples = self.heldout.examples
         context = AlgoContext(self.policy, self.rewards, simulator, judge)
         self.algorithm: Algorithm = self.algo_cls(cfg, context)
         params = self.policy.trainable_parameters()
@@ -641,6 +647,8 @@ class Learner:
                 "prompt kept); metric prompt_truncated counts them",
                 self.cfg.rollout.max_prompt_tokens,
             )
+        if self.heldout is not None:  # heldout/*: a judge the policy never trains on, on a sample
+            metrics.update(self.heldout.step(self.step + 1, rollout.samples))
         self.logs.samples(self.step + 1, rollout)
         return self.monitor.update(self.step + 1, self._mean_over_processes(metrics), rollout.samples)
 

@@ -78,3 +78,10 @@ def test_the_dry_run_checks_that_the_data_file_is_there(tmp_path, capsys) -> Non
     missing = tmp_path / "ESConv.json"
     assert main(["train", "--config", str(recipe), "--dry-run", "--set", f"data.path={missing}"]) == 1
     assert f"{missing}: data file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipes_run_the_held_out_judge_on_a_served_role(recipe: Path) -> None:
+    cfg = load_config(recipe, check_devices=False)
+    held = cfg.monitor.heldout
+    assert held.enabled and getattr(cfg, held.engine).engine == "openai"
