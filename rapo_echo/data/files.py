@@ -309,6 +309,13 @@ def made_by(path: str | None) -> str:
     dataset = data.get("dataset") if isinstance(data, dict) else None
     if not isinstance(dataset, dict) or dataset.get("file") != Path(path).name or not data.get("command"):
         return ""
+    if data.get("complete") is False:  # stopped (a signal, a breaker) or with contexts left to run
+        why = f"{data['stopped']}; " if data.get("stopped") else ""
+        return (
+            f". The stage that wrote it, `rapo-echo data {data['command']}` did not finish ({why}"
+            f"{data.get('n_done', 0)} of {data.get('n_contexts', '?')} contexts done; {summary}): "
+            "run the same command again to finish it"
+        )
     figures = data.get("figures") if isinstance(data.get("figures"), dict) else {}
     counts = ", ".join(f"{k} {v}" for k, v in figures.items() if isinstance(v, (int, float)))
     return (
