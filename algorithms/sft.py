@@ -38,7 +38,14 @@ if TYPE_CHECKING:
 
     from .run_sections import RunConfig
 
+    class SftRunConfig(RunConfig):
+        """The run config :func:`.run_config.run_config_class` builds for SFT (the type checker's view)."""
+
+        sft: SftConfig
+
+
 log = logging.getLogger(__name__)
+
 
 class SftConfig(Strict):
     """SFT's own switches (the ``sft`` section of a run config)."""
@@ -85,6 +92,7 @@ class SFT(Algorithm):
 
     name = "sft"
     config = SftConfig
+    cfg: SftRunConfig
     progress_keys = ("loss/nll",)
 
     @classmethod
@@ -93,15 +101,15 @@ class SFT(Algorithm):
         return {"rollout": {"group_size": 1}}
 
     @classmethod
-    def needs(cls, cfg: Any) -> Needs:
+    def needs(cls, cfg: RunConfig) -> Needs:
         # Its own rows only; no reference model, no rewards, no group.
         return Needs(kinds=(REPLY,), min_group_size=1)
 
     def __init__(self, cfg: RunConfig, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)
         check_references(scenarios_from_config(cfg.data))
-        tokenizer = ctx.policy.tokenizer
-        self.end_text = ChatMarkers.from_tokenizer(tokenizer).suffix.rstrip() if cfg.sft.end_of_turn else ""
+        markers = ChatMarkers.from_tokenizer(ctx.policy.tokenizer)
+        self.end_text = markers.suffix.rstrip() if self.cfg.sft.end_of_turn else ""
         self.warned_cut = False
 
     def reply_ids(self, reply: str, prompt_tokens: int = 0) -> tuple[list[int], bool]:

@@ -3,7 +3,8 @@ the record it writes per case."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,8 +49,24 @@ class EvalSettings:
     emotion_readout: str = "auto"  # SAGE: the user's emotion change from text | logprobs | auto
     sage_reply: str = "plain"  # SAGE: the user's message alone (plain) or SAGE's reasoning fields (fields)
     epm: dict[str, Any] = field(default_factory=dict)  # EPM: EpmConfig overrides (benchmarks/epm/vectors.py)
+    # -- how far a figure can be trusted (docs/reading-results.md); each field's flag: benchmarks/cli.py
+    # add_measure_flags. repeats: every case this many times, each repeat with its own seeds
+    # (repeat_seed below); judge_recheck: each judged case asks its judge its last
+    # question once more, with a fresh seed and prompt marker (the judge's self-agreement); state_probe:
+    # SAGE asks the policy each turn how the user feels (emotional state tracking; auto = with the hard
+    # profiles); profiles: SAGE's bundled profile set.
+    repeats: int = 1
+    judge_recheck: bool = True
+    state_probe: str = "auto"  # auto | on | off
+    profiles: str = "standard"  # standard | hard
 
     def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.state_probe not in ("auto", "on", "off"):
+            raise ValueError(f"state_probe must be auto, on or off, got {self.state_probe!r}")
+        if self.profiles not in ("standard", "hard"):
+            raise ValueError(f"profiles must be standard or hard, got {self.profiles!r}")
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.simulator_max_new_tokens is not None and self.simulator_max_new_tokens < 1:
@@ -94,6 +111,21 @@ class Case:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+REPEAT_SEED_STRIDE = 1000  # repeat k runs with seed + k * this (far apart: a role may use seed + 1 too)
+
+
+def repeat_seed(seed: int | None, repeat: int) -> int | None:
+    """The seed of repeat ``repeat`` (``--repeats``): the run's own for the first (0), ``seed + repeat *``
+    :data:`REPEAT_SEED_STRIDE` after it (None stays None: unseeded)."""
+    return seed if seed is None or repeat == 0 else seed + repeat * REPEAT_SEED_STRIDE
+
+
+def case_key(case: Case) -> str:
+    """The case's own id, the same in every repeat (what its prompt markers are drawn from, so that a
+    repeat is the case rerun with the repeat's seed)."""
+    return str(case.meta.get("case", case.id))
+
+
 class Benchmark(Protocol):
     """A benchmark: loads its cases, runs a batch of them in lockstep, and summarises the records.
 
@@ -117,6 +149,31 @@ class Benchmark(Protocol):
 def mean(values: Sequence[float]) -> float | None:
     """Arithmetic mean, None for no values."""
     return sum(values) / len(values) if values else None
+
+
+RECHECK_SEED_OFFSET = 7919  # a judge's recheck samples with its seed + this (a prime: no repeat's seed)
+
+
+def recheck_params(params: SamplingParams) -> SamplingParams:
+    """The sampling of a judge's recheck: the same, with another seed."""
+    return dataclasses.replace(
+        params, seed=None if params.seed is None else params.seed + RECHECK_SEED_OFFSET
+    )
+
+
+def recheck_entry(first: Mapping[str, Any], again: Mapping[str, Any], diffs: Sequence[float] = ()) -> Record:
+    """A judge's answers to the same questions, asked twice (the second time with a fresh seed and prompt
+    marker), as a record's ``info['judge_recheck']``: ``agree`` is the share of the questions (the keys of
+    ``first``) answered alike the second time (an unreadable second answer disagrees), ``abs_diff`` the
+    mean of ``diffs``, the absolute differences of the numbers the answers give (None without any)."""
+    keys = list(first)
+    same = sum(again.get(k) is not None and again.get(k) == first[k] for k in keys)
+    return {
+        "agree": same / len(keys) if keys else None,
+        "abs_diff": sum(diffs) / len(diffs) if diffs else None,
+        "first": dict(first),
+        "again": dict(again),
+    }
 
 
 def make_record(

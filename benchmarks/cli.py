@@ -13,6 +13,7 @@ Markdown table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -172,6 +173,7 @@ def register(subparsers: Any) -> None:
     )
     ev.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
     ev.add_argument("--device", default="auto")
+    add_measure_flags(ev)
     ev.set_defaults(func=run_eval_command)
 
 
@@ -190,10 +192,63 @@ def register_report(subparsers: Any) -> None:
     rep.add_argument("--title", default="rapo-echo report")
     rep.add_argument(
         "--baseline",
-        help="eval folder or policy spec the paired comparison of per-case success compares the others "
-        "with (default: each benchmark's first folder as given)",
+        help="eval folder or policy spec the others are compared with, figure by figure and card by card "
+        "(default: each benchmark's first folder as given)",
+    )
+    rep.add_argument(
+        "--show-incomparable",
+        action="store_true",
+        help="put evaluations whose benchmark cards differ (another simulator, judge, sampling, prompt or "
+        "data) side by side anyway, marked; by default they are left out of the comparison and named",
     )
     rep.set_defaults(func=run_report_command)
+    from rapo_echo.benchmarks.compare import register as register_compare
+
+    register_compare(subparsers)
+
+
+# ------------------------------------------------------------------ how far a figure can be trusted
+# The eval settings of repeats, judge rechecks, state probes and hard profiles (EvalSettings' last block),
+# one flag each with its default from EvalSettings: docs/reading-results.md.
+MEASURE_FLAGS: dict[str, dict[str, Any]] = {
+    "repeats": {
+        "type": int,
+        "help": "run every case N times, each repeat with its own simulator, judge and policy seeds "
+        "(seed + 1000 k); the summary gives each figure's mean, interval over cases and spread across "
+        "repeats (default 1; a larger N resumes a finished folder)",
+    },
+    "judge_recheck": {
+        "choices": ("on", "off"),
+        "help": "each judged case asks its judge (SAGE: the simulated user's emotion reading) its last "
+        "question once more with a fresh seed and prompt marker: the judge's self-agreement (default on)",
+    },
+    "state_probe": {
+        "choices": ("auto", "on", "off"),
+        "help": "sage: ask the policy each turn how the user feels (0-100) beside the dialogue, and score "
+        "its emotional state tracking against the simulator's hidden emotion (auto: with --profiles hard)",
+    },
+    "profiles": {
+        "choices": ("standard", "hard"),
+        "help": "sage without --data: our standard profiles, or our hard-to-help seekers (withdrawn, "
+        "hostile, contradictory, testing, deflecting with humour, shifting goals)",
+    },
+}
+
+
+def add_measure_flags(parser: argparse.ArgumentParser) -> None:
+    """The ``MEASURE_FLAGS``, their defaults from :class:`EvalSettings`."""
+    defaults = {f.name: f.default for f in dataclasses.fields(EvalSettings)}
+    for name, spec in MEASURE_FLAGS.items():
+        default = defaults[name]
+        shown = ("on" if default else "off") if isinstance(default, bool) else default
+        parser.add_argument("--" + name.replace("_", "-"), default=shown, **spec)
+
+
+def measure_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``MEASURE_FLAGS`` of parsed arguments as EvalSettings fields (on/off as booleans)."""
+    out = {name: getattr(args, name) for name in MEASURE_FLAGS}
+    out["judge_recheck"] = out["judge_recheck"] == "on"
+    return out
 
 
 def settings_from_args(args: argparse.Namespace) -> EvalSettings:
@@ -217,6 +272,7 @@ def settings_from_args(args: argparse.Namespace) -> EvalSettings:
             emotion_readout=args.emotion_readout,
             sage_reply=args.sage_reply,
             epm=epm_overrides(args.epm),
+            **measure_settings(args),
         )
     except ValueError as exc:
         from rapo_echo.errors import ConfigError
@@ -310,7 +366,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def run_transcripts_command(args: argparse.Namespace) -> int:
     """``eval --benchmark sage --transcripts DIR``: score released SAGE result files, print a table."""
-    from rapo_echo.benchmarks.sage.run import score_transcripts
+    from rapo_echo.benchmarks.sage.transcripts import score_transcripts
     from rapo_echo.errors import ConfigError
 
     if args.benchmark != "sage":
@@ -342,7 +398,12 @@ def run_report_command(args: argparse.Namespace) -> int:
     from rapo_echo.benchmarks.report import build_report
 
     html_path, md_path = build_report(
-        args.dirs, args.output, max_transcripts=args.max_transcripts, title=args.title, baseline=args.baseline
+        args.dirs,
+        args.output,
+        max_transcripts=args.max_transcripts,
+        title=args.title,
+        baseline=args.baseline,
+        show_incomparable=args.show_incomparable,
     )
     print(f"report: {html_path}\nmarkdown table: {md_path}")
     return 0

@@ -169,7 +169,7 @@ class CritiqueRewrite:
                 records[i]["status"] = "no_pair"
         return records
 
-    def _screen(self, records, live, verdicts, key, keep, status) -> list[int]:  # type: ignore[no-untyped-def]
+    def _screen(self, records, live, verdicts, key, keep, status) -> list[int]:
         kept = []
         for i, v in zip(live, verdicts):
             records[i][key] = {"label": v.label, "reasoning": v.reasoning, "probs": v.probs}
@@ -290,7 +290,7 @@ class CritiqueRewrite:
         found = []
         for gk, g in golden:
             for lk, lo in low:
-                own, gap = gk == lk, g.score - lo.score  # type: ignore[operator]
+                own, gap = gk == lk, g.score - lo.score
                 if (s.pairing == "own" and not own) or g.text == lo.text or gap < s.min_gap:
                     continue
                 found.append((not own, -gap, gk, lk, g, lo))

@@ -321,11 +321,11 @@ class Synthesis:
             if not opening:
                 d.ended_by = "profile_invalid"
                 continue
-            d.profile = dict(p.value)  # type: ignore[arg-type]
+            d.profile = dict(p.value)  # type: ignore[arg-type]  # a profile's value is a mapping once valid
             d.messages = [msg("user", opening)]
 
     def _companion(self, active: list[Dialogue]) -> None:
-        prompts = [[msg("system", self.s.companion_prompt), *d.messages] for d in active]  # type: ignore[misc]
+        prompts = [[msg("system", self.s.companion_prompt), *d.messages] for d in active]  # type: ignore[misc]  # messages set at the opening
         params = self._params(self.s.max_new_tokens, self.s.temperature)
         for d, gens in zip(active, self.companion.generate(prompts, params)):
             text = gens[0].text.strip() if gens else ""
@@ -333,7 +333,7 @@ class Synthesis:
                 d.ended_by = "companion_empty"
                 d.messages = d.messages[:-1]  # type: ignore[index]  # rows end with a companion reply
                 continue
-            d.messages.append(msg("assistant", text))  # type: ignore[union-attr]
+            d.messages.append(msg("assistant", text))  # type: ignore[union-attr]  # messages set at the opening
             if d.closing:
                 d.ended_by = "director"
             elif d.exchanges >= d.turns:
@@ -393,7 +393,7 @@ class Synthesis:
             if not text:
                 d.ended_by = "user_invalid"
                 continue
-            d.messages.append(msg("user", text))  # type: ignore[union-attr]
+            d.messages.append(msg("user", text))  # type: ignore[union-attr]  # messages set at the opening
             if not d.closing:
                 d.note = None  # a direction is for one message
 

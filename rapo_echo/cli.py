@@ -1,5 +1,5 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, openrlhf, config,
-export.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, compare, openrlhf,
+config, export.
 
 Each sub-command lives in its own module, named by an entry point of the ``rapo_echo.commands`` group
 (pyproject.toml): its ``register(subparsers)`` adds its parser and sets ``func(args) -> exit code``. The

@@ -15,7 +15,7 @@ from rapo_echo.errors import ConfigError
 try:  # POSIX; elsewhere the PID in the lock file is checked instead
     import fcntl
 except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl off POSIX
 
 log = logging.getLogger(__name__)
 

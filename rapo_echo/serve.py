@@ -318,7 +318,7 @@ class ChatService:
         self.default_max_tokens = default_max_tokens
         self.lock = threading.Lock()
         self.token_engine = _is_token_engine(engine)
-        self.tokens = TokenText(engine.tokenizer) if self.token_engine else None  # type: ignore[attr-defined]
+        self.tokens = TokenText(engine.tokenizer) if self.token_engine else None  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
         self.created = int(time.time())
 
     def models(self) -> dict[str, Any]:
@@ -345,7 +345,7 @@ class ChatService:
         prompt: Conversation | list[int]
         if self.token_engine:
             try:
-                prompt = self.engine.encode_chat(  # type: ignore[attr-defined]
+                prompt = self.engine.encode_chat(  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
                     messages,
                     add_generation_prompt=req.add_generation_prompt,
                     continue_final_message=req.continue_final_message,
@@ -407,16 +407,16 @@ class ChatService:
             prompt, params = self.prepare(req)
             tops = None
             if self.token_engine:
-                gens = self.engine.generate_ids([prompt], params)[0]  # type: ignore[attr-defined]
+                gens = self.engine.generate_ids([prompt], params)[0]  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
                 if req.logprobs and req.top_logprobs:
-                    tops = self.engine.top_logprobs_ids(  # type: ignore[attr-defined]
+                    tops = self.engine.top_logprobs_ids(  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
                         [prompt] * len(gens),
                         [g.token_ids for g in gens],
                         req.top_logprobs,
                         params.temperature,
                     )
             else:
-                gens = self.engine.generate([prompt], params)[0]  # type: ignore[list-item]
+                gens = self.engine.generate([prompt], params)[0]  # type: ignore[list-item]  # a chat engine: a conversation prompt
             failed = next((g for g in gens if g.finish_reason == GRAMMAR_FAILED), None)
             if failed is not None:
                 raise APIError(
@@ -457,7 +457,7 @@ class ChatService:
             if cancel.is_set():
                 raise RequestCancelled()
 
-        handle = model.register_forward_pre_hook(check)  # type: ignore[union-attr]
+        handle = model.register_forward_pre_hook(check)  # type: ignore[union-attr]  # an HF engine has its model
         try:
             yield
         finally:
@@ -490,8 +490,8 @@ class ChatService:
         self, prompt: Conversation | list[int], params: SamplingParams
     ) -> Iterator[str | Generation]:
         if self.token_engine:
-            return self.engine.stream_generation(prompt, params)  # type: ignore[attr-defined]
-        return self.engine.stream(prompt, params)  # type: ignore[arg-type]
+            return self.engine.stream_generation(prompt, params)  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
+        return self.engine.stream(prompt, params)  # type: ignore[arg-type]  # a chat engine: a conversation prompt
 
     async def stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
         """Server-sent events of one reply. The engine runs in one worker thread (holding the lock for

@@ -497,6 +497,9 @@ class Learner:
                 self.step += 1
                 self.logs.step(self.step, metrics)
                 self._check_valid(metrics)
+                if self.cfg.train.stop_on_alarm and self.monitor.fired:  # checkpoint, then stop below
+                    self.stop.requested = True
+                    self.stop.signal_name = "alarm " + ", ".join(a["alarm"] for a in self.monitor.fired)
                 if bar is not None:
                     bar.update(1)
                     keys = self.algorithm.progress_keys
@@ -603,7 +606,7 @@ class Learner:
 
     def train_step(self) -> dict[str, float]:
         """One step: rollout, scoring passes, updates. Returns the step's metrics."""
-        t_step = time.perf_counter()
+        t_step, cpu_step = time.perf_counter(), time.process_time()
         failed_before = failed_items(*self.remote_engines)
         scenarios = self._batch()
         with self.policy.generation_view():  # ZeRO-3: gathered once, no collectives inside (audit D1)
@@ -629,6 +632,7 @@ class Learner:
         self._sync_generator()
         timings["weight_sync"] = time.perf_counter() - t0
         timings["step"] = time.perf_counter() - t_step
+        timings["cpu_step"] = time.process_time() - cpu_step  # CPU seconds: the cost on a shared machine
         tokens = sum(len(s.completion_ids) for s in rollout.samples)
         metrics = {**rollout.metrics, **persona_metrics, **self._judge_metrics(rollout), **update_metrics}
         metrics.update(gap.metrics())

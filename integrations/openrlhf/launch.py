@@ -47,6 +47,7 @@ from .export import AGENT_FILE, PROMPTS_FILE, REWARD_FILE, as_config
 
 ESTIMATORS = {"grpo": "group_norm", "dr_grpo": "dr_grpo", "rloo": "rloo"}
 POLICY_LOSSES = {"clip": "ppo", "gspo": "gspo"}
+KL_ESTIMATORS = {"k1": "k1", "k2": "k2", "k3": "k3"}
 AGGREGATIONS = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean"}
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
@@ -78,9 +79,9 @@ class ClusterSpec:
 
 
 def _eps_defaults(policy_loss: str) -> tuple[float, float]:
-    from rapo_echo.algorithms.core import POLICY_LOSSES as LOSS_FUNCTIONS
+    from rapo_echo.algorithms.registries import POLICY_LOSSES as LOSS_FUNCTIONS
 
-    params = inspect.signature(LOSS_FUNCTIONS[policy_loss]).parameters
+    params = inspect.signature(LOSS_FUNCTIONS.get(policy_loss, "loss.policy_loss")).parameters
     return float(params["eps_low"].default), float(params["eps_high"].default)
 
 
@@ -97,10 +98,12 @@ def _check(cfg: RunConfig, cluster: ClusterSpec) -> None:
         )
     if cfg.rollout.top_k:
         raise ConfigError("rollout.top_k: OpenRLHF 0.11 has no top-k flag; set rollout.top_k: 0")
-    if cfg.loss.agg not in AGGREGATIONS:
-        raise ConfigError(
-            f"loss.agg: {cfg.loss.agg!r} has no OpenRLHF equivalent; use one of {', '.join(AGGREGATIONS)}"
-        )
+    ours = {"advantage": ESTIMATORS, "policy_loss": POLICY_LOSSES, "kl_estimator": KL_ESTIMATORS}
+    for key, known in {**ours, "agg": AGGREGATIONS}.items():  # a plugin formula has none either
+        value = getattr(cfg.loss, key)
+        if value not in known:
+            allowed = ", ".join(known)
+            raise ConfigError(f"loss.{key}: {value!r} has no OpenRLHF equivalent; use one of {allowed}")
     if cfg.model.lora.enabled:
         raise ConfigError(
             "model.lora.enabled: OpenRLHF 0.11 cannot sync LoRA weights into its vLLM engines (it broadcasts "
@@ -308,7 +311,7 @@ def launch_command(
         "--ckpt.save_hf",
     ]  # fmt: skip
     if lo.beta > 0:
-        args += ["--algo.kl.use_loss", "--algo.kl.estimator", lo.kl_estimator]
+        args += ["--algo.kl.use_loss", "--algo.kl.estimator", KL_ESTIMATORS[lo.kl_estimator]]
         args += ["--ref.num_nodes", str(cluster.nodes), "--ref.num_gpus_per_node", str(cluster.gpus_per_node)]
     if lo.entropy_coef > 0:
         args += ["--actor.entropy_coef", f"{lo.entropy_coef:g}"]

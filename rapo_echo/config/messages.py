@@ -7,6 +7,7 @@ import difflib
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from rapo_echo.config.trl_names import trl_hint
 
@@ -24,7 +25,7 @@ def where(sources: Sources, key: str | tuple[str, ...]) -> str:
     return ""
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: ErrorDetails) -> str:
     msg = err["msg"]
     ctx = err.get("ctx") or {}
     if err["type"] == "extra_forbidden":

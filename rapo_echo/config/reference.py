@@ -79,7 +79,7 @@ def _allowed(info: FieldInfo) -> str:
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "(required)"
-    value = info.default_factory() if info.default_factory is not None else info.default
+    value = info.get_default(call_default_factory=True, validated_data={})
     if value is PydanticUndefined:
         return "(required)"
     if isinstance(value, BaseModel):

@@ -36,6 +36,7 @@ class SageProfile:
     first_talk: str | None = None
     goal: str = GOAL
     id: str | None = None
+    style: str = ""  # what kind of seeker (the hard-to-help profiles: withdrawn, hostile, ...); "" for none
 
     def __post_init__(self) -> None:
         # A first talk of only spaces or newlines would open the dialogue with an empty message: fall
@@ -61,7 +62,17 @@ class SageProfile:
             users = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
             first = first or (users[-1] if users else None)
             data = {**data["profile"], **({"first_talk": first} if first else {})}
-        for key in ("player", "persona", "scene", "situation", "background", "task", "need", "first_talk"):
+        for key in (
+            "player",
+            "persona",
+            "scene",
+            "situation",
+            "background",
+            "task",
+            "need",
+            "first_talk",
+            "style",
+        ):
             if data.get(key) is not None and not isinstance(data[key], str):
                 raise DataError(f"{where}: {key}: got {type(data[key]).__name__}; expected a string")
         persona = data.get("player") or data.get("persona")
@@ -82,6 +93,7 @@ class SageProfile:
             first_talk=str(first) if first else None,
             goal=str(data.get("goal") or GOAL),
             id=str(ident) if ident is not None else None,
+            style=str(data.get("style") or ""),
         )
 
     @classmethod
@@ -105,6 +117,7 @@ class SageProfile:
 
 
 BUNDLED_PROFILES = "sage_profiles_en.jsonl"
+BUNDLED_HARD_PROFILES = "sage_hard_profiles_en.jsonl"  # hard-to-help seekers (docs/reading-results.md)
 
 
 def load_profiles(path: str | os.PathLike[str] | None = None) -> list[SageProfile]:

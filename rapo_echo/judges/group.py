@@ -396,8 +396,8 @@ class GroupJudge:
         screened = [self._screen_group(sc, group) for sc, group in zip(scenarios, groups)]
         todo = [k for k, (_, kept, _, bad, _) in enumerate(screened) if not bad and kept]
         lowered = [k for k in todo if screened[k][4] is not None]  # under `lower`: judged set aside too
-        shown_scenarios = [screened[k][0] for k in todo] + [screened[k][4][0] for k in lowered]  # type: ignore[index]
-        shown_groups = [screened[k][2] for k in todo] + [screened[k][4][1] for k in lowered]  # type: ignore[index]
+        shown_scenarios = [screened[k][0] for k in todo] + [screened[k][4][0] for k in lowered]  # type: ignore[index]  # screened[k][4] is not None for k in lowered
+        shown_groups = [screened[k][2] for k in todo] + [screened[k][4][1] for k in lowered]  # type: ignore[index]  # screened[k][4] is not None for k in lowered
         self._fence = Fence(rng=self.rng)
         passes = self._presentation_orders(shown_groups)
         text_mode = not wants_logprobs(self.engine, self.use_logprobs)
@@ -408,7 +408,7 @@ class GroupJudge:
         )
         by_group = dict(zip(todo, judged_shown))
         for k, aside in zip(lowered, judged_shown[len(todo) :]):
-            by_group[k] = self._lower(by_group[k], aside, screened[k][4][2])  # type: ignore[index]
+            by_group[k] = self._lower(by_group[k], aside, screened[k][4][2])  # type: ignore[index]  # screened[k][4] is not None for k in lowered
         judged = [
             self._expand(len(group), screened[k][1], screened[k][3], by_group.get(k))
             for k, group in enumerate(groups)
@@ -475,8 +475,8 @@ class GroupJudge:
                 self.screen.counts["lowered"] += 1
             ranks.append(max(full.ranks[i], aside.ranks[i]) if lowered else aside.ranks[i])
             if both:
-                mine = aside.scores[i]  # type: ignore[index]
-                scores.append(min(full.scores[i], mine) if lowered else mine)  # type: ignore[index]
+                mine = aside.scores[i]  # type: ignore[index]  # both: each side has scores
+                scores.append(min(full.scores[i], mine) if lowered else mine)  # type: ignore[index]  # both: each side has scores
         return replace(full, ranks=ranks, scores=scores if both else None, raw=[*full.raw, *aside.raw])
 
     def _screen_reaction(self, reaction: Reaction | None) -> tuple[Reaction | None, bool]:
@@ -502,11 +502,11 @@ class GroupJudge:
         ranks = [floor_rank] * size
         scores: list[float] | None = [0.0] * size
         for pos, i in enumerate(kept):
-            ranks[i] = shown.ranks[pos]  # type: ignore[union-attr,index]
-            if shown.scores is None:  # type: ignore[union-attr]
+            ranks[i] = shown.ranks[pos]  # type: ignore[union-attr,index]  # shown is set when kept
+            if shown.scores is None:  # type: ignore[union-attr]  # shown is set when kept
                 scores = None
             elif scores is not None:
-                scores[i] = shown.scores[pos]  # type: ignore[union-attr]
+                scores[i] = shown.scores[pos]  # type: ignore[union-attr]  # shown is set when kept
         raw, attempts = (shown.raw, shown.attempts) if shown is not None else ([], 0)
         return GroupJudgement(ranks, [None] * size, scores, True, raw, attempts)
 

@@ -32,7 +32,7 @@ def test_bundled_example_sets_load() -> None:
     assert sum(e.label == "human" for e in hum) == 12
     assert len(emp) == 8 and {e.label for e in emp} == {"win", "tie", "loss"}
     assert all(e.reasoning and e.needs is not None for e in emp)
-    assert all("{reply}" in e.reasoning and "{reference}" in e.reasoning for e in emp)  # type: ignore[operator]
+    assert all("{reply}" in e.reasoning and "{reference}" in e.reasoning for e in emp)  # type: ignore[operator]  # these examples have reasoning
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_pairs_teach_the_judges_own_prompts_and_answers() -> None:
     assert [n.task for n in needs] == ["empathy_needs"] * 3 and needs[0].prompt[-1] == msg(
         "assistant", "Cognitive need:"
     )
-    assert needs[0].target == " " + emp.needs.cognitive  # type: ignore[union-attr]
+    assert needs[0].target == " " + emp.needs.cognitive  # type: ignore[union-attr]  # an empathy example has needs
     loss = load_examples([EMPATHY])[1]
     assert [p.gold for p in pairs(loss, reasoning=False, context_aware=True, rng=rng)[:2]] == ["B", "A"]
 
@@ -211,7 +211,7 @@ def test_accuracy_reads_verdicts_like_the_rewards() -> None:
         item("humanlike", "As an AI", "human", ("human", "AI")),
         item("humanlike", "ok", "AI", ("human", "AI")),
         item("empathy", "pick B", "B", ("A", "B", "tie")),
-        item("empathy_needs", "no gold", None, ()),  # type: ignore[arg-type]
+        item("empathy_needs", "no gold", None, ()),  # type: ignore[arg-type]  # the bad input under test
     ]
 
     def fn(prompt, options):
@@ -262,7 +262,7 @@ def test_train_judge_end_to_end(tmp_path: Path, smol_path: str, capsys: pytest.C
     # the folder is a judge model that --judge / judge.model accept
     engine = HFEngine.from_spec(resolve(str(out)).path, device="cpu")
     [score] = HumanlikeJudge(engine).score([([msg("user", "hi")], "hey you")])
-    assert 0.0 <= score.p_human <= 1.0  # type: ignore[operator]
+    assert 0.0 <= score.p_human <= 1.0  # type: ignore[operator]  # a valid score
     with pytest.raises(SystemExit):
         main(["train-judge", "--output", str(tmp_path / "x")])  # --data is required
     assert main(argv) == 2  # the output folder is not empty: refused, nothing overwritten

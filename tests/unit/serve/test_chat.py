@@ -41,7 +41,7 @@ def feed(*lines: str):
         except StopIteration:
             raise EOFError from None
 
-    input_fn.prompts = prompts  # type: ignore[attr-defined]
+    input_fn.prompts = prompts  # type: ignore[attr-defined]  # the fake input records its prompts
     return input_fn
 
 

@@ -84,7 +84,7 @@ def test_what_a_trl_user_passes_is_taken(tmp_path: Path, monkeypatch) -> None:
 
 def test_train_refuses_bad_settings_before_loading_anything(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="overrides must be a mapping"):
-        rapo_echo.train(overrides=["rollout.group_size=4"])  # type: ignore[arg-type]
+        rapo_echo.train(overrides=["rollout.group_size=4"])
     with pytest.raises(ConfigError, match="resume=True continues output"):
         rapo_echo.train(resume=True)
     with pytest.raises(ConfigError, match="no config.yaml there"):
