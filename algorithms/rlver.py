@@ -69,14 +69,6 @@ EMOTION = "emotion"  # the name of the emotion reward in Sample.rewards
 TURN_ADVANTAGES = "turn_advantages"  # ``reward: per_turn``: each response token's turn advantage
 
 
-def scenario_profile(scenario: Scenario) -> SageProfile:
-    """The simulated user of a scenario: a SAGE / RLVER profile row, or one of our scenarios."""
-    if scenario.meta.get("format") == "sage":
-        return SageProfile.from_mapping({**scenario.profile, "id": scenario.id}, scenario.id)
-    data = {"id": scenario.id, "profile": scenario.profile, "messages": scenario.messages}
-    return SageProfile.from_mapping(data, scenario.id)
-
-
 @dataclass
 class PolicyTurn:
     """One sampled policy turn: the exact prompt it was sampled from, its tokens and log-probs."""
@@ -302,7 +294,7 @@ class RLVER(Algorithm):
         """Open ``group_size`` dialogues per scenario; a group shares its opening (the profile's, or one
         the simulator writes once). Returns the episodes and how many dialogues were lost to an opening
         that never parsed."""
-        profiles = [scenario_profile(s) for s in scenarios]
+        profiles = [SageProfile.from_scenario(s) for s in scenarios]
         keys = [f"{step}-{gi}" for gi in range(len(scenarios))]
         openers = sim.start(profiles, keys)
         size = self.cfg.rollout.group_size

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
 from rapo_echo.benchmarks.base import Roles
-from rapo_echo.benchmarks.eval_command import EvalCommand
 from rapo_echo.config import Flag, Strict, add_flags, section_from_args
-from rapo_echo.engines.base import ChatEngine
 from rapo_echo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rapo_echo.benchmarks.eval_command import EvalCommand
 
 
 class ReportCommand(Strict):
@@ -50,7 +50,11 @@ class ReportCommand(Strict):
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``eval`` and ``report`` sub-commands."""
+    """Add the ``eval`` sub-command."""
+    from rapo_echo.benchmarks.eval_command import (
+        EvalCommand,  # the benchmarks' registry: loaded for eval only
+    )
+
     ev = subparsers.add_parser(
         "eval",
         help="run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity",
@@ -59,38 +63,34 @@ def register(subparsers: Any) -> None:
     )
     add_flags(ev, EvalCommand)
     ev.set_defaults(func=run_eval_command)
+
+
+def register_report(subparsers: Any) -> None:
+    """Add the ``report`` sub-command."""
     rep = subparsers.add_parser("report", help="render evaluation / training-run folders into an HTML report")
     add_flags(rep, ReportCommand, config=False)
     rep.set_defaults(func=run_report_command)
-    from rapo_echo.benchmarks.compare import register as register_compare
-
-    register_compare(subparsers)
 
 
-def build_roles(needed: tuple[str, ...], specs: dict[str, str], **engine_kw: Any) -> Roles:
-    """Engines for the roles a benchmark needs; ``policy`` or a repeated spec reuses the same engine."""
-    from rapo_echo.engines import engine_from_spec
-
-    cache: dict[str, ChatEngine] = {}
-
-    def load(spec: str) -> ChatEngine:
-        if spec not in cache:
-            cache[spec] = engine_from_spec(spec, **engine_kw)
-        return cache[spec]
-
+def build_roles(needed: tuple[str, ...], specs: dict[str, Any], **engine_kw: Any) -> Roles:
+    """Engines for the roles a benchmark needs, each a model spec or an engine object (the Python API's);
+    ``policy`` or a repeated spec reuses the same engine, named by the roles it plays."""
+    from rapo_echo.engines import engines_for_roles
     from rapo_echo.llm.strength import warn_if_weak
 
-    policy = load(specs["policy"])
-    others = {
-        r: (policy if specs[r] == "policy" else load(specs[r])) for r in ("simulator", "judge") if r in needed
-    }
+    roles = ["policy", *(r for r in ("simulator", "judge") if r in needed)]
+    named = {r: specs["policy"] if specs[r] == "policy" else specs[r] for r in roles}
+    strings = {r: s for r, s in named.items() if isinstance(s, str)}
+    others = {**named, **engines_for_roles(strings, **engine_kw)}
+    policy = others.pop("policy")
     for role, engine in others.items():
         warn_if_weak(engine, role, "eval")
     return Roles(policy=policy, **others)
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
-    from rapo_echo.benchmarks.runner import get_benchmark, run_eval
+    from rapo_echo.benchmarks.eval_command import EvalCommand
+    from rapo_echo.benchmarks.runner import data_or_default, get_benchmark, run_eval
 
     cmd = section_from_args(EvalCommand, args)
     if cmd.recompute:
@@ -115,15 +115,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
     if cmd.epm and cmd.benchmark != "epm":
         raise ConfigError("--epm settings apply to --benchmark epm only")
     benchmark = get_benchmark(cmd.benchmark)
-    data = cmd.data
-    if data is None and getattr(benchmark, "default_data", None):
-        data = benchmark.default_data
-        logging.getLogger(__name__).warning(
-            "%s: no --data, so the bundled %s (ours, for trying the pipeline; its figures are not comparable "
-            "with published ones). A real run: --data with the benchmark's data (docs/data.md)",
-            benchmark.name,
-            data,
-        )
+    data = data_or_default(benchmark, cmd.data)
     settings = cmd.settings()
     specs = {"policy": cmd.policy, "simulator": cmd.simulator, "judge": cmd.judge}
     models = {r: s for r, s in specs.items() if r in benchmark.roles}

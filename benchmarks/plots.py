@@ -143,6 +143,9 @@ def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, 
     return (None if fig is None else png_base64(fig)), left_out
 
 
+RATE = "rate (0-1)"
+
+
 # A long run's curves (studies/long_run.py), one figure per metric with every run on it, when a run is
 # longer than LONG_RUN_STEPS: what the task measures, then what shows a run going bad.
 LONG_RUN_CURVES = (
@@ -229,12 +232,55 @@ def metric_unit(key: str) -> str:
     if "turn" in k:
         return "turns"
     if k.endswith("rate") or k.endswith("/rate"):
-        return "rate (0-1)"
+        return RATE
     if k in ("successes", "failures") or k.endswith("_count"):
         return "dialogues"
     if k.startswith(("bleu", "rouge", "distinct")):
         return "percent"
     return "score"
+
+
+def bars_figure(
+    title: str,
+    groups: Sequence[str],
+    series: dict[str, Sequence[float | None]],
+    *,
+    ylabel: str = "",
+    intervals: dict[str, Sequence[tuple[float, float] | None]] | None = None,
+) -> Any:
+    """Bars for each group (x axis), one colour per series (e.g. per policy), each with its value written
+    on it; None values are left out. A rate's axis is 0-1, and bars that are all 0 get a 0-1 axis too, so
+    a zero reads as zero, not as an empty panel on a -0.04..0.04 axis. ``intervals`` (per series, per
+    group ``(lo, hi)`` or None) draws each bar's interval as a black line with caps."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5), 3.2))
+    width = 0.8 / max(1, len(series))
+    shown: list[float] = []
+    for k, (name, values) in enumerate(series.items()):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        bounds = list((intervals or {}).get(name) or [None] * len(groups))
+        pts = [(x, v, b) for x, v, b in zip(xs, values, bounds) if v is not None]
+        bars = ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+        ax.bar_label(bars, fmt="%.3g", fontsize=6)
+        shown += [p[1] for p in pts]
+        lines = [(x, v, b) for x, v, b in pts if b is not None]
+        if lines:
+            low = [max(0.0, v - b[0]) for _, v, b in lines]
+            high = [max(0.0, b[1] - v) for _, v, b in lines]
+            ax.errorbar([p[0] for p in lines], [p[1] for p in lines], yerr=[low, high], fmt="none",
+                        ecolor="black", elinewidth=1.0, capsize=3)  # fmt: skip
+    if ylabel == RATE or (shown and all(v == 0 for v in shown)):
+        ax.set_ylim(min(0.0, *shown), max(1.0, *shown))
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_title(title, fontsize=10)
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
+    fig.tight_layout()
+    return fig
 
 
 def grouped_bars(
@@ -245,30 +291,5 @@ def grouped_bars(
     ylabel: str = "",
     intervals: dict[str, Sequence[tuple[float, float] | None]] | None = None,
 ) -> str:
-    """Bars for each group (x axis), one colour per series (e.g. per policy); None values are left out.
-    ``intervals`` (per series, per group ``(lo, hi)`` or None) draws each bar's interval as a black
-    line with caps."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5), 3.2))
-    width = 0.8 / max(1, len(series))
-    for k, (name, values) in enumerate(series.items()):
-        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
-        bounds = list((intervals or {}).get(name) or [None] * len(groups))
-        pts = [(x, v, b) for x, v, b in zip(xs, values, bounds) if v is not None]
-        ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
-        lines = [(x, v, b) for x, v, b in pts if b is not None]
-        if lines:
-            low = [max(0.0, v - b[0]) for _, v, b in lines]
-            high = [max(0.0, b[1] - v) for _, v, b in lines]
-            ax.errorbar([p[0] for p in lines], [p[1] for p in lines], yerr=[low, high], fmt="none",
-                        ecolor="black", elinewidth=1.0, capsize=3)  # fmt: skip
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
-    ax.axhline(0, color="black", linewidth=0.6)
-    ax.set_title(title, fontsize=10)
-    if ylabel:
-        ax.set_ylabel(ylabel, fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
-    fig.tight_layout()
-    return png_base64(fig)
+    """:func:`bars_figure` as a base64 PNG."""
+    return png_base64(bars_figure(title, groups, series, ylabel=ylabel, intervals=intervals))

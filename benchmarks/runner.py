@@ -94,6 +94,23 @@ def get_benchmark(name: str) -> Benchmark:
     return getattr(importlib.import_module(module), cls)()
 
 
+def data_or_default(benchmark: Benchmark, data: str | None) -> str | None:
+    """``data``, or the benchmark's bundled data (``default_data``) when none is given, said in a warning
+    (ours, for trying the pipeline: its figures are not comparable with published ones). ``eval`` and
+    :func:`rapo_echo.evaluate` both read a benchmark's data through this."""
+    default = getattr(benchmark, "default_data", None)
+    if data is not None or not default:
+        return data
+    log.warning(
+        "%s: no data given, so the bundled %s (ours, for trying the pipeline; its figures are not "
+        "comparable with published ones). A real run: --data (data= in Python) with the benchmark's data "
+        "(docs/data.md)",
+        benchmark.name,
+        default,
+    )
+    return default
+
+
 def eval_config(
     benchmark: str,
     models: dict[str, str],

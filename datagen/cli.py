@@ -129,16 +129,10 @@ def _resolve_specs(specs: dict[str, str]) -> dict[str, str]:
 
 
 def load_engines(specs: dict[str, str], **kw: Any) -> dict[str, Any]:
-    """One engine per role; roles with the same spec share one."""
-    from rapo_echo.engines import engine_from_spec
+    """One engine per role; roles with the same spec share one, named by them (``writer+judge:hf``)."""
+    from rapo_echo.engines import engines_for_roles
 
-    cache: dict[str, Any] = {}
-    out = {}
-    for role, spec in _resolve_specs(specs).items():
-        if spec not in cache:
-            cache[spec] = engine_from_spec(spec, **kw)
-        out[role] = cache[spec]
-    return out
+    return engines_for_roles(_resolve_specs(specs), **kw)
 
 
 # the roles whose answers are read as judgements, and the role names their calls log under
@@ -171,7 +165,7 @@ def _run(
     """Load the contexts, check ``--output`` (both before any model loads), load the engines, run."""
     from rapo_echo.benchmarks.runner import check_output
     from rapo_echo.datagen.contexts import load_contexts
-    from rapo_echo.datagen.runner import WHAT, data_config, run_pipeline
+    from rapo_echo.datagen.runner import WHAT, data_config, empty_note, run_pipeline
     from rapo_echo.rundir import check_writable
 
     contexts = load_contexts(cmd.data, cmd.format, cmd.limit)
@@ -194,6 +188,9 @@ def _run(
     )
     print(json.dumps(summary, indent=2))
     print(f"dataset: {cmd.output}/{pipeline.dataset_file}  records: {cmd.output}/results.jsonl")
+    note = empty_note(pipeline, summary)
+    if note:
+        print(note)
     if not summary["complete"]:
         failed = f"{summary['n_failed']} contexts failed"
         why = f"stopped early ({summary['stopped']})" if summary["stopped"] else failed

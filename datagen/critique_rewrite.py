@@ -233,6 +233,23 @@ class CritiqueRewrite:
             todo = rewritten
             self._grade(contexts, todo)
 
+    @staticmethod
+    def when_empty(figures: dict[str, Any]) -> str:
+        """The switches that would give pairs, from the statuses of a run that wrote none."""
+        status = figures.get("status") or {}
+        hints = []
+        if status.get("not_empathy"):
+            hints.append("--select all keeps the contexts the judge found need no empathy (not_empathy)")
+        if status.get("excluded"):
+            hints.append("--safety off keeps those the constitution excluded (excluded)")
+        if status.get("no_pair"):
+            hints.append(
+                "no golden reply was graded above a low one (no_pair): a grader that tells replies apart, or "
+                "--golden-min 1 --low-max 5 --rewrite-max 5 --min-gap 0 to pair every rewrite with its "
+                "original (docs/algorithms/echo_n1.md)"
+            )
+        return "; ".join(hints)
+
     # ------------------------------------------------------------------ pairs
     def pairs(self, chains: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The context's preference pairs (see the module docstring)."""

@@ -24,6 +24,7 @@ of a future ``--algo sft``.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+
+log = logging.getLogger(__name__)
 
 DECISIONS = ("continue", "switch", "end")
 TONES = {
@@ -124,6 +127,9 @@ def parse_stages(stages: Sequence[str]) -> list[tuple[int, str]]:
     return out
 
 
+TOPIC_TOKENS = 32  # the director's new topic: a few words (no flag: --user-tokens bounds the person's lines)
+
+
 class SynthesisSettings(DataSettings):
     """`data synthesize`'s switches (documented with their sources in docs/algorithms/echo_n1.md)."""
 
@@ -136,8 +142,15 @@ class SynthesisSettings(DataSettings):
     system_in_rows: bool = Field(True, description="The companion's system prompt is in the sft.jsonl rows.")
     temperature: float = Field(0.7, ge=0.0, description="The companion's sampling temperature.")
     user_temperature: float = Field(0.9, ge=0.0, description="The user's sampling temperature.")
-    user_tokens: int = Field(64, ge=1, description="A user message's token budget.")
-    profile_tokens: int = Field(320, ge=1, description="A profile's token budget.")
+    user_tokens: int = Field(
+        64,
+        ge=1,
+        description="The token budget of each message of the person after the opening (the opening is the "
+        "profile's; the director's topic has its own).",
+    )
+    profile_tokens: int = Field(
+        320, ge=1, description="The token budget of the person's profile, its opening included."
+    )
     use_logprobs: LogprobMode = Field(
         "auto",
         description="The director's decision from label probabilities (`auto`: where the engine has them).",
@@ -149,6 +162,14 @@ class SynthesisSettings(DataSettings):
     def _stages(cls, stages: list[str]) -> list[str]:
         parse_stages(stages)
         return stages
+
+    def budgets(self) -> str:
+        """What each token budget bounds, as a run says it up front."""
+        return (
+            f"a profile of up to {self.profile_tokens} tokens (--profile-tokens; it holds the person's "
+            f"opening), then per exchange a companion reply of up to {self.max_new_tokens} "
+            f"(--max-new-tokens) and a message of the person of up to {self.user_tokens} (--user-tokens)"
+        )
 
 
 def protocol() -> dict[str, str]:
@@ -272,6 +293,7 @@ class Synthesis:
         self.stages = parse_stages(settings.stages)
         self.positions = positions  # context id -> its index in the whole input (fixes its stage)
         self.calls = 0
+        log.info("synthesize: per dialogue, %s", settings.budgets())
 
     def _params(self, tokens: int, temperature: float) -> SamplingParams:
         self.calls += 1
@@ -354,7 +376,7 @@ class Synthesis:
                 self.director,
                 [topic_prompt(d, fence) for d in switching],
                 fence,
-                self.s.user_tokens,
+                TOPIC_TOKENS,
                 self.s.max_retries,
                 "simulator",
             )

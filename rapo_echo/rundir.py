@@ -25,6 +25,8 @@ LOCK_NAME = ".rapo-echo.lock"
 VALIDATION_FILE = "validation.jsonl"
 BEST_DIR = "best"
 BEST_FILE = "best.json"
+# An evaluation's or a data command's output folder: its summary (what it wrote, with its figures).
+SUMMARY_FILE = "summary.json"
 
 
 def check_writable(folder: str | Path, flag: str = "--output") -> Path:

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from rapo_echo.config import Flag, Strict, add_flags, engine_settings, parse_reward_flag, section_from_args
 from rapo_echo.errors import ConfigError
+from rapo_echo.stopping import EXIT_CODES  # a run stopped by a signal (after its checkpoint): resumable
 
 from .run_config import load_config
 
@@ -142,11 +143,6 @@ def run_config_for(
     return cfg
 
 
-# Exit codes of a run stopped early by a signal (after its checkpoint): 128 + the signal's number, as
-# shells report a process killed by it, so scripts can tell "stopped, resumable" from "finished" (0).
-STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
-
-
 def hardware(plan: PlanSettings, cfg) -> object:
     """The :class:`~rapo_echo.training.plan.Hardware` the plan flags and the config name."""
     from .plan import Hardware, zero_stage_of
@@ -212,4 +208,4 @@ def run(args: argparse.Namespace) -> int:
         return dry_run(plan, cfg)
     trainer = train_with(cfg, resume=bool(args.resume))
     print(f"run directory: {trainer.run_dir}")
-    return STOPPED_EXIT_CODES.get(trainer.stopped_by, 1) if trainer.stopped_by else 0
+    return EXIT_CODES.get(trainer.stopped_by, 1) if trainer.stopped_by else 0

@@ -4,7 +4,7 @@ need, and run them through the shared runner (resumable, batched, ``results.json
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rapo_echo.benchmarks.base import Roles
 from rapo_echo.benchmarks.fidelity.bench import Fidelity
@@ -32,7 +32,7 @@ def needed_specs(args: EvalCommand) -> dict[str, str]:
 def run_fidelity_command(args: EvalCommand) -> int:
     """``eval --benchmark fidelity``."""
     from rapo_echo.benchmarks.runner import run_eval
-    from rapo_echo.engines import engine_from_spec
+    from rapo_echo.engines import engines_for_roles
     from rapo_echo.rundir import check_writable
 
     if args.policy:
@@ -41,13 +41,11 @@ def run_fidelity_command(args: EvalCommand) -> int:
     cases = benchmark.load_cases(args.data, settings)  # fail on bad data before loading any model
     check_writable(args.output)
     specs = needed_specs(args)
-    engines: dict[str, Any] = {}
-    for spec in dict.fromkeys(specs.values()):
-        engines[spec] = engine_from_spec(spec, **args.engine_args())
+    engines = engines_for_roles(specs, **args.engine_args())
     roles = Roles(
         policy=None,  # type: ignore[arg-type]  # fidelity has no policy
-        simulator=engines.get(specs.get("simulator", "")),
-        judge=engines.get(specs.get("judge", "")),
+        simulator=engines.get("simulator"),
+        judge=engines.get("judge"),
     )
     if not cases:
         print("fidelity: no rated points")

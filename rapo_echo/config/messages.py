@@ -84,8 +84,10 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
             if loc[-1] in renamed:
                 hint = f"no longer a key; write it as {renamed[loc[-1]].format(value=shown)}"
             else:
-                trl = trl_hint(loc[-1], shown) if {"train", "rollout"} <= set(root.model_fields) else None
-                meant = trl or did_you_mean(root, loc)  # TRL's names map onto a run config's keys only
+                given = None if value is _MISSING else value
+                run_config = {"train", "rollout"} <= set(root.model_fields)  # TRL names: a run config only
+                trl = trl_hint(loc[-1], given, where(sources, loc)) if run_config else None
+                meant = trl or did_you_mean(root, loc)
                 hint += f"; {meant}" if meant else ""
                 if parent is not None:
                     hint += f"; allowed keys here: {', '.join(parent.model_fields)}"

@@ -14,6 +14,7 @@ from typing import Any
 from rapo_echo.data.files import BUNDLED_PREFIX, open_source, read_records
 from rapo_echo.errors import DataError
 from rapo_echo.text import is_blank
+from rapo_echo.types import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,15 @@ class SageProfile:
             id=str(ident) if ident is not None else None,
             style=str(data.get("style") or ""),
         )
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario) -> SageProfile:
+        """The simulated user of a scenario: a SAGE / RLVER profile row (the ``sage`` data format), or one
+        of our scenarios (its profile, the last user message as the first talk)."""
+        if scenario.meta.get("format") == "sage":
+            return cls.from_mapping({**scenario.profile, "id": scenario.id}, scenario.id)
+        data = {"id": scenario.id, "profile": scenario.profile, "messages": scenario.messages}
+        return cls.from_mapping(data, scenario.id)
 
     @classmethod
     def from_label(cls, label: Any, where: str = "label") -> SageProfile:

@@ -349,6 +349,23 @@ def test_paired_comparison_against_the_first_folder_or_the_named_baseline(result
     assert "exact McNemar" in md_path.read_text() and "Wilcoxon signed-rank" in md_path.read_text()
 
 
+def test_a_zero_rate_is_drawn_on_a_zero_to_one_axis():
+    """An ESConv success rate of 0 was drawn on a -0.04..0.04 axis: the panel looked empty (issue 49)."""
+    from rapo_echo.benchmarks.plots import bars_figure, metric_unit, pyplot
+
+    fig = bars_figure("esconv", ["success rate"], {"policy": [0.0]}, ylabel=metric_unit("success_rate"))
+    ax = fig.axes[0]
+    assert ax.get_ylim() == (0.0, 1.0)
+    assert [t.get_text() for t in ax.texts] == ["0"]  # the bar says its value
+    pyplot().close(fig)
+    zeros = bars_figure("sage", ["score"], {"a": [0.0], "b": [0.0]}, ylabel="score")
+    assert zeros.axes[0].get_ylim() == (0.0, 1.0)
+    pyplot().close(zeros)
+    scores = bars_figure("sage", ["score"], {"a": [30.0], "b": [None]}, ylabel="score")
+    assert scores.axes[0].get_ylim()[1] > 30  # any other scale stays matplotlib's
+    pyplot().close(scores)
+
+
 def test_short_curves_have_markers_and_every_panel_a_legend():
     from rapo_echo.benchmarks.plots import metric_unit, pyplot, training_figure
 

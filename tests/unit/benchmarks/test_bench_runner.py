@@ -273,7 +273,7 @@ def test_esconv_without_data_runs_on_the_bundled_set(tmp_path, fake_engines, cap
         assert args.func(args) == 0
         config = json.loads((out / "config.json").read_text())
         assert config["data"] == "bundled:esconv_style_en.json"
-    assert "no --data, so the bundled bundled:esconv_style_en.json" in caplog.text
+    assert "no data given, so the bundled bundled:esconv_style_en.json" in caplog.text
 
 
 def test_eval_cli_errors_before_loading_models(tmp_path, fake_engines):

@@ -43,7 +43,7 @@ def test_ours_is_a_switch_and_recorded(tmp_path: Path) -> None:
 
 
 def test_the_cli_flag(tmp_path: Path) -> None:
-    from rapo_echo.benchmarks.cli import EvalCommand
+    from rapo_echo.benchmarks.eval_command import EvalCommand
     from rapo_echo.cli import build_parser
     from rapo_echo.config import section_from_args
 

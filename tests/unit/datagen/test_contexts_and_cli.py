@@ -98,6 +98,16 @@ def test_every_switch_is_documented(settings: type) -> None:
         ), f"{settings.__name__}.{name} ({flag}) is not in docs/algorithms/echo_n1.md"
 
 
+def test_each_engine_is_named_by_the_roles_it_plays() -> None:
+    """Progress bars said ``cli:hf: generate`` for every data command's role (issue 49, item 13)."""
+    from rapo_echo.datagen.cli import load_engines
+
+    specs = {"writer": "http://127.0.0.1:9/v1", "judge": "http://127.0.0.1:8/v1", "rewriter": "writer"}
+    engines = load_engines(specs, model="m")  # a named model: no request to the (absent) servers
+    assert engines["writer"] is engines["rewriter"] and engines["writer"].name == "writer+rewriter:openai"
+    assert engines["judge"].name == "judge:openai"
+
+
 def test_a_binary_constitution_is_a_one_line_error(tmp_path: Path, capsys) -> None:
     binary = tmp_path / "rules.bin"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")

@@ -70,6 +70,51 @@ def test_bad_rows_name_file_line_and_field(tmp_path: Path, row: str, error: str)
         load_examples([path])
 
 
+def test_an_empty_file_names_the_data_stage_that_wrote_it(tmp_path: Path) -> None:
+    """critique-rewrite exited 0 with 0 pairs and train-judge said only "the file is empty" (issue 49,
+    item 6): the error names the stage that wrote the file, its figures and its summary."""
+    folder = tmp_path / "judge-data"
+    folder.mkdir()
+    (folder / "pairs.jsonl").write_text("")
+    summary = {
+        "command": "critique-rewrite",
+        "dataset": {"file": "pairs.jsonl", "rows": 0},
+        "figures": {"not_empathy": 1, "no_pair": 1, "note": "text is left out"},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(DataError) as exc:
+        load_examples([folder / "pairs.jsonl"])
+    said = str(exc.value)
+    assert f"{folder / 'pairs.jsonl'}: the file is empty" in said
+    assert "`rapo-echo data critique-rewrite`, made 0 rows (not_empathy 1, no_pair 1)" in said
+    assert str(folder / "summary.json") in said
+    (tmp_path / "other.jsonl").write_text("")  # a file no data command wrote: the plain message
+    with pytest.raises(DataError, match=r"other.jsonl: the file is empty; expected JSON or JSONL records$"):
+        load_examples([tmp_path / "other.jsonl"])
+
+
+def test_an_empty_file_of_a_stopped_stage_says_it_stopped(tmp_path: Path) -> None:
+    """A critique-rewrite stopped by Ctrl-C leaves an empty pairs.jsonl; train-judge said the stage "made 0
+    rows" and pointed at switches, as if it had finished (the newcomer's walk, issue 49)."""
+    (tmp_path / "pairs.jsonl").write_text("")
+    summary = {
+        "command": "critique-rewrite",
+        "n_contexts": 4,
+        "n_done": 1,
+        "complete": False,
+        "stopped": "stopped by SIGINT",
+        "dataset": {"file": "pairs.jsonl", "rows": 0},
+        "figures": {"pairs": 0},
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(DataError) as exc:
+        load_examples([tmp_path / "pairs.jsonl"])
+    said = str(exc.value)
+    stage = "`rapo-echo data critique-rewrite` did not finish"
+    assert f"{stage} (stopped by SIGINT; 1 of 4 contexts done; " in said
+    assert "run the same command again to finish it" in said and "switches" not in said
+
+
 def test_default_task_and_case_insensitive_labels(tmp_path: Path) -> None:
     [e] = load_examples([write(tmp_path, [{"reply": "yo", "label": "ai"}])], default_task="humanlike")
     assert e.task == "humanlike" and e.label == "AI" and e.messages == []
