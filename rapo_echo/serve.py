@@ -126,7 +126,7 @@ def answer_format_of(fields: dict[str, Any]) -> AnswerFormat | None:
         raise ValueError(f"give one structured-output field, not {sorted(given)}")
     if not given:
         return None
-    (key, value), = given.items()
+    ((key, value),) = given.items()
     if key == "response_format":
         kind = value.get("type") if isinstance(value, dict) else None
         if kind != "json_schema":
@@ -577,6 +577,122 @@ class ChatService:
 
 
 # ---------------------------------------------------------------------- the app
+def error_response(err: APIError) -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+class RequestGuard:
+    """What the server refuses before a request reaches a route: a key in the URL (400, masked first, as
+    the access log writes the request line after the answer), a ``/v1`` request without the API key
+    (401) and a declared body over the limit (413)."""
+
+    def __init__(self, api_key: str | None, max_body_bytes: int) -> None:
+        if max_body_bytes < 1:
+            raise ConfigError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+        self.api_key, self.max_body_bytes = api_key, max_body_bytes
+        self.expected = api_key.encode() if api_key else None
+        self.too_large = APIError(
+            413,
+            f"the request body is larger than this server's limit of {max_body_bytes} bytes "
+            "(rapo-echo serve --max-body-mb)",
+            code="request_too_large",
+        )
+
+    def key_in_query(self, scope: dict[str, Any]) -> APIError | None:
+        """400 for a key in the URL query, whose value is masked in the request line first."""
+        query = scope.get("query_string") or b""
+        if not query:
+            return None
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+        key = self.api_key
+        named = {k for k, v in pairs if SECRET_KEY.search(k) or k.lower() == "key" or (key and key in v)}
+        if not named:
+            return None
+        scope["query_string"] = urlencode([(k, MASK if k in named else v) for k, v in pairs]).encode()
+        return APIError(
+            400,
+            f"an API key does not belong in the URL (query parameter {', '.join(sorted(named))}): "
+            "URLs are logged; send it in the header 'Authorization: Bearer <key>'",
+            code="key_in_url",
+        )
+
+    def key_in_path(self, scope: dict[str, Any]) -> APIError | None:
+        """400 for a key in the URL path (the server's key, or a segment that looks like one: a provider
+        key, a long random token), masked in the path first."""
+        path = scope.get("path") or ""
+        parts = path.split("/")
+        key = self.api_key
+        masked = [
+            MASK if part and ((key and key in unquote(part)) or secret_value(unquote(part))) else part
+            for part in parts
+        ]
+        if masked == parts:
+            return None
+        scope["path"] = "/".join(masked)
+        scope["raw_path"] = quote(scope["path"]).encode()
+        return APIError(
+            400,
+            "an API key does not belong in the URL path: URLs are logged; send it in the header "
+            "'Authorization: Bearer <key>'",
+            code="key_in_url",
+        )
+
+    def refusal(self, scope: dict[str, Any], path: str, headers: Any) -> APIError | None:
+        """The first reason to refuse this request, or None."""
+        refused = self.key_in_query(scope) or self.key_in_path(scope)
+        if refused is not None:
+            return refused
+        if self.expected is not None and path.startswith("/v1"):
+            scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+            # the scheme is case-insensitive (RFC 9110): "bearer KEY" is as good as "Bearer KEY"
+            given = token.strip().encode() if scheme.lower() == "bearer" else b""
+            if not hmac.compare_digest(given, self.expected):
+                return APIError(
+                    401,
+                    "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+                    code="invalid_api_key",
+                )
+        length = headers.get("content-length", "")
+        if length.strip().isdigit() and int(length) > self.max_body_bytes:
+            return self.too_large
+        return None
+
+    async def bounded_body(self, request: Any) -> bytes:
+        """The request body, read up to ``max_body_bytes`` (a chunked body that goes on is refused 413)."""
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self.too_large
+            parts.append(chunk)
+        return b"".join(parts)
+
+
+async def complete_unless_abandoned(service: ChatService, request: Any, req: ChatCompletionRequest) -> Any:
+    """Run a non-streaming request; if its client disconnects first, cancel the generation (which
+    frees the model for the next request) instead of finishing a reply nobody reads."""
+    from fastapi.responses import Response
+    from starlette.concurrency import run_in_threadpool
+
+    cancel = threading.Event()
+    task = asyncio.ensure_future(run_in_threadpool(service.complete, req, cancel))
+    # With the body read, the next ASGI message is the disconnect (polling is_disconnected() does
+    # not work behind the key middleware, which wraps receive()).
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and gone.result().get("type") == "http.disconnect":
+            cancel.set()
+            with contextlib.suppress(RequestCancelled):
+                await task
+            return Response(status_code=499)  # nobody reads it
+        return await task
+    finally:
+        gone.cancel()
+
+
 def create_app(
     engine: ChatEngine,
     model_name: str,
@@ -593,95 +709,22 @@ def create_app(
     from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from starlette.concurrency import run_in_threadpool
     from starlette.requests import ClientDisconnect
 
     service = ChatService(engine, model_name, default_max_tokens)
+    guard = RequestGuard(api_key, max_body_bytes)
     # With a key the API description is not served either (it would answer without the key).
     hidden = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api_key else {}
     app = fastapi.FastAPI(
         title="rapo-echo", description=f"OpenAI-compatible chat completions for {model_name}", **hidden
     )
     app.state.service = service
-    expected = api_key.encode() if api_key else None
     register_secret(api_key)  # scrubbed from every log line
-    if max_body_bytes < 1:
-        raise ConfigError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    too_large = APIError(
-        413,
-        f"the request body is larger than this server's limit of {max_body_bytes} bytes "
-        "(rapo-echo serve --max-body-mb)",
-        code="request_too_large",
-    )
-
-    def key_in_query(request: Request) -> JSONResponse | None:
-        """400 for a key in the URL query, whose value is masked in the request line first (the access
-        log reads the same request line after the answer)."""
-        query = request.scope.get("query_string") or b""
-        if not query:
-            return None
-        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
-        named = {
-            k for k, v in pairs if SECRET_KEY.search(k) or k.lower() == "key" or (api_key and api_key in v)
-        }
-        if not named:
-            return None
-        request.scope["query_string"] = urlencode([(k, MASK if k in named else v) for k, v in pairs]).encode()
-        return error_response(
-            APIError(
-                400,
-                f"an API key does not belong in the URL (query parameter {', '.join(sorted(named))}): "
-                "URLs are logged; send it in the header 'Authorization: Bearer <key>'",
-                code="key_in_url",
-            )
-        )
-
-    def key_in_path(request: Request) -> JSONResponse | None:
-        """400 for a key in the URL path (the server's key, or a segment that looks like one: a provider
-        key, a long random token), masked in the path first (the access log writes it after the answer)."""
-        path = request.scope.get("path") or ""
-        parts = path.split("/")
-        masked = [
-            MASK if part and ((api_key and api_key in unquote(part)) or secret_value(unquote(part))) else part
-            for part in parts
-        ]
-        if masked == parts:
-            return None
-        request.scope["path"] = "/".join(masked)
-        request.scope["raw_path"] = quote(request.scope["path"]).encode()
-        return error_response(
-            APIError(
-                400,
-                "an API key does not belong in the URL path: URLs are logged; send it in the header "
-                "'Authorization: Bearer <key>'",
-                code="key_in_url",
-            )
-        )
-
-    def error_response(err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
 
     @app.middleware("http")
     async def check_key(request: Request, call_next: Callable) -> Any:
-        refused = key_in_query(request) or key_in_path(request)
-        if refused is not None:
-            return refused
-        if expected is not None and request.url.path.startswith("/v1"):
-            scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
-            # the scheme is case-insensitive (RFC 9110): "bearer KEY" is as good as "Bearer KEY"
-            given = token.strip().encode() if scheme.lower() == "bearer" else b""
-            if not hmac.compare_digest(given, expected):
-                return error_response(
-                    APIError(
-                        401,
-                        "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
-                        code="invalid_api_key",
-                    )
-                )
-        length = request.headers.get("content-length", "")
-        if length.strip().isdigit() and int(length) > max_body_bytes:
-            return error_response(too_large)
-        return await call_next(request)
+        refused = guard.refusal(request.scope, request.url.path, request.headers)
+        return error_response(refused) if refused is not None else await call_next(request)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -703,20 +746,10 @@ def create_app(
     async def models() -> dict[str, Any]:
         return service.models()
 
-    async def bounded_body(request: Request) -> bytes:
-        """The request body, read up to ``max_body_bytes`` (a chunked body that goes on is refused 413)."""
-        parts, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise too_large
-            parts.append(chunk)
-        return b"".join(parts)
-
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         try:
-            raw = await bounded_body(request)
+            raw = await guard.bounded_body(request)
         except ClientDisconnect:  # a client that dropped its connection mid-body: nobody to answer
             log.info("serve: a client disconnected before its request body was complete")
             return Response(status_code=499)
@@ -729,26 +762,7 @@ def create_app(
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
-        return await complete_unless_abandoned(request, req)
-
-    async def complete_unless_abandoned(request: Request, req: ChatCompletionRequest) -> Any:
-        """Run a non-streaming request; if its client disconnects first, cancel the generation (which
-        frees the model for the next request) instead of finishing a reply nobody reads."""
-        cancel = threading.Event()
-        task = asyncio.ensure_future(run_in_threadpool(service.complete, req, cancel))
-        # With the body read, the next ASGI message is the disconnect (polling is_disconnected() does
-        # not work behind the key middleware, which wraps receive()).
-        gone = asyncio.ensure_future(request.receive())
-        try:
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done() and gone.result().get("type") == "http.disconnect":
-                cancel.set()
-                with contextlib.suppress(RequestCancelled):
-                    await task
-                return Response(status_code=499)  # nobody reads it
-            return await task
-        finally:
-            gone.cancel()
+        return await complete_unless_abandoned(service, request, req)
 
     return app
 
