@@ -29,7 +29,7 @@ from rapo_echo.simulators.base import build_simulator, checked_reactions, resolv
 from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, ValidationResult, msg
 
-from .base import PG, AlgoContext, LossKind, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .base import PG, AlgoContext, LossKind, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem
 from .grpo import (
     GRPO,
     advantage_stats,
@@ -232,7 +232,37 @@ class RAPO(GRPO):
             kinds=(PG, SD) if sd.enabled else (PG,),
             fields=(TEACHER_IDS, TEACHER_LOGP) if token_kl else (),
             gather=TEACHER_IDS if token_kl else None,
+            roles=("simulator", "judge") if cfg.rapo.judge.kind == "model" else ("simulator",),
         )
+
+    @classmethod
+    def requests(cls, cfg: Any) -> list[RoleRequest]:
+        """The reaction simulator's reactions, the model judge's group ranks and critiques; a simulator
+        plugin's calls are unknown."""
+        rc, r = cfg.rapo, cfg.rollout
+        b, n = r.batch_size, r.batch_size * r.group_size
+        out: list[RoleRequest] = []
+        if rc.simulator.name == "reaction":
+            thought = rc.simulator.with_thought
+            what = "RAPO reactions (reply + thought)" if thought else "RAPO reactions"
+            out.append(RoleRequest("simulator", what, n * (2 if thought else 1)))
+        elif rc.simulator.name != "hidden_preference":
+            out.append(
+                RoleRequest("simulator", f"{rc.simulator.name}: a plugin simulator (not modelled)", None)
+            )
+        if rc.judge.kind == "model":
+            orders = 2 if rc.judge.orders == "both" else 1
+            passes = 2 if rc.judge.reverse_pass else 1
+            out.append(
+                RoleRequest(
+                    "judge", f"RAPO group ranks ({orders} orders x {passes} passes)", b * orders * passes
+                )
+            )
+            if rc.sd.enabled and rc.sd.loss != "token_kl":
+                out.append(
+                    RoleRequest("judge", "RAPO critiques of the replies to correct (about half)", n // 2)
+                )
+        return out
 
     @classmethod
     def check_plugins(cls, cfg: Any, at: Callable[[str], str]) -> None:

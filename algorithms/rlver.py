@@ -39,17 +39,17 @@ import torch
 from einops import rearrange
 
 from rapo_echo.chat_template import ChatMarkers
-from rapo_echo.checkpoint import load_trainer_state
+from rapo_echo.checkpoint import VALUE_HEAD_FILE, load_trainer_state
 from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.turns import advance_together
-from rapo_echo.policy import VALUE_HEAD_FILE, pad_left_aligned
+from rapo_echo.policy import pad_left_aligned
 from rapo_echo.prompting import THINK_CLOSE, split_thinking
 from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, final_reward, preset
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
-from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem
 from .grpo import advantage_stats, group_advantages, pg_loss, policy_gradient_needs, reward_stats
 from .ppo import OLD_VALUES, estimate, fill_old_values, ppo_loss, set_value_fields, value_needs
 from .rlver_config import RLVER_SYSTEM_PROMPT, RlverConfig
@@ -132,7 +132,19 @@ class RLVER(Algorithm):
     def needs(cls, cfg: Any) -> Needs:
         """GRPO compares a profile's dialogues (a group of 2 or more); PPO adds a value head, which is its
         baseline (a group of 1 is fine), and GAE's per-token fields."""
-        return value_needs(cfg) if cfg.rlver.estimator == "ppo" else policy_gradient_needs(cfg)
+        needs = value_needs if cfg.rlver.estimator == "ppo" else policy_gradient_needs
+        return needs(cfg, roles=("simulator",))
+
+    @classmethod
+    def requests(cls, cfg: Any) -> list[RoleRequest]:
+        """The simulated user's turns: a reply and an emotion per turn of each dialogue still running."""
+        n = cfg.rollout.batch_size * cfg.rollout.group_size
+        turns = cfg.rlver.simulator.max_turns or preset(cfg.rlver.simulator.preset).max_turns
+        return [
+            RoleRequest(
+                "simulator", f"RLVER user turns (<= {turns} per dialogue, reply + emotion)", n * turns * 2
+            )
+        ]
 
     @classmethod
     def check_resume(cls, cfg: Any, ckpt: Path) -> None:
