@@ -21,6 +21,11 @@ Signatures (thresholds in ``monitor.*`` of the run config; "baseline" = mean of 
 
 The first step a signature fires, one warning names the step and the evidence; the flags keep being
 logged every step. After ``--resume`` the history is read back from the run's ``metrics.jsonl``.
+
+It is a step hook (:mod:`rapo_echo.step_hooks`) that a run turns on with ``monitor.enabled`` and calls
+last after each step. It stays in the core, beside the judges, rather than in ``training/``: the
+benchmark reports (``benchmarks/``, a layer below ``training/``) read its flags (:func:`flagged_steps`),
+and it needs nothing of the loop but the metrics and replies the hook interface hands it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo.llm.addressing import addresses_judge, imitates_answer
+from rapo_echo.step_hooks import HookResult, StepHook
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +67,10 @@ def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-class RewardHackingMonitor:
-    """Feed it every step's metrics (and replies) through :meth:`update`."""
+class RewardHackingMonitor(StepHook):
+    """Feed it every step's metrics (and replies) through :meth:`update` (a run does, as a step hook)."""
+
+    name = "monitor"
 
     def __init__(
         self, cfg: Any, max_new_tokens: int, *, run_dir: str | Path | None = None, warn: bool = True
@@ -96,6 +104,11 @@ class RewardHackingMonitor:
         if len(values) <= b:
             return None, None
         return _mean(values[:b]), _mean(values[-w:])
+
+    def after_step(self, step: int, metrics: dict[str, float], samples: Sequence[Any]) -> HookResult:
+        """The step hook: this step's reply shares and ``monitor/*`` flags, added to its metrics."""
+        out = self.update(step, metrics, samples)
+        return HookResult({k: v for k, v in out.items() if k not in metrics})
 
     def update(self, step: int, metrics: dict[str, float], samples: Sequence[Any] = ()) -> dict[str, float]:
         """``metrics`` with the ``monitor/*`` flags of this step added (unchanged when disabled)."""

@@ -119,8 +119,10 @@ def run_config_for(
 
 
 # Exit codes of a run stopped early by a signal (after its checkpoint): 128 + the signal's number, as
-# shells report a process killed by it, so scripts can tell "stopped, resumable" from "finished" (0).
+# shells report a process killed by it, so scripts can tell "stopped, resumable" from "finished" (0);
+# a step hook that stopped the run (after its checkpoint) exits with HOOK_STOP_EXIT_CODE.
 STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
+HOOK_STOP_EXIT_CODE = 3
 
 
 def hardware(args: argparse.Namespace, cfg) -> object:
@@ -166,8 +168,8 @@ def dry_run(args: argparse.Namespace, cfg) -> int:
 
 def train_with(cfg, *, resume: bool = False):
     """Run the training ``cfg`` describes (with its fidelity check first, when configured); returns the
-    :class:`~rapo_echo.training.learner.Learner` (``run_dir``, ``stopped_by``)."""
-    from .learner import run_training
+    :class:`~rapo_echo.training.run.Run` (``run_dir``, ``stopped_by``)."""
+    from .run import run_training
 
     check = None
     if cfg.fidelity is not None:  # once per run, cached by simulator / judge spec (docs/fidelity.md)
@@ -189,4 +191,6 @@ def run(args: argparse.Namespace) -> int:
         return dry_run(args, cfg)
     trainer = train_with(cfg, resume=bool(args.resume))
     print(f"run directory: {trainer.run_dir}")
-    return STOPPED_EXIT_CODES.get(trainer.stopped_by, 1) if trainer.stopped_by else 0
+    if not trainer.stopped_by:
+        return 0
+    return STOPPED_EXIT_CODES.get(trainer.stopped_by, HOOK_STOP_EXIT_CODE)
