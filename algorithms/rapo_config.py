@@ -48,15 +48,17 @@ class RapoJudgeConfig(Strict):
         " both orders).",
     )
     show_profile: bool = Field(True, description="Show the judge the person's hidden profile.")
-    addressed: Literal["floor", "invalid", "strip", "flag"] = Field(
-        "floor",
-        description="A reply that addresses the judge (docs/judges.md): `floor` (the group's last rank "
-        "without judging it), `invalid` (the group is masked), `strip` (rank the rest), `flag` (rank as is).",
+    addressed: Literal["lower", "floor", "invalid", "strip", "flag"] = Field(
+        "lower",
+        description="A reply that addresses the judge (docs/judges.md): `lower` (ranked as written and with "
+        "its suspect spans set aside, the worse rank kept), `floor` (the group's last rank without judging "
+        "it), `invalid` (the group is masked), `strip` (rank the rest), `flag` (rank as is).",
     )
-    addressed_context: Literal["strip", "invalid", "flag"] = Field(
-        "strip",
-        description="A dialogue turn, profile or reaction that addresses the judge: `strip` it, mask the "
-        "group (`invalid`), or `flag` it only.",
+    addressed_context: Literal["lower", "strip", "invalid", "flag"] = Field(
+        "lower",
+        description="A dialogue turn, profile or reaction that addresses the judge: `lower` (shown as "
+        "written; each reply keeps the worse of its ranks there and with the suspect spans set aside), "
+        "`strip` it, mask the group (`invalid`), or `flag` it only.",
     )
     max_new_tokens: int = Field(384, ge=16, description="Tokens of a generated ranking.")
     critique_tokens: int = Field(64, ge=8, description="Tokens per critique.")

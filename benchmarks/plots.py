@@ -22,6 +22,9 @@ FIRST_CURVES = (
     "sd/rank_vs_original",
     "sd/beat_original",
     "reward/mean",
+    "heldout/agreement",  # the held-out judge against the training reward (monitor.heldout)
+    "heldout/train_score",
+    "heldout/score",
     "loss/total",
     "loss/grpo",
     "loss/sd",

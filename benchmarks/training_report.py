@@ -23,6 +23,7 @@ SUMMARY_KEYS = (
     ("sd/rank_vs_original", "rewrite rank vs original"),
     ("sd/beat_original", "rewrites beat original"),
     ("reward/mean", "reward"),
+    ("heldout/agreement", "held-out judge agreement"),
     ("loss/grpo", "GRPO loss"),
     ("loss/sd", "SD loss"),
     ("kl", "KL"),

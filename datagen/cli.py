@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -169,6 +170,11 @@ def _common(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--timeout-minutes",
+        type=float,
+        help="stop (resumably) before the next chunk once this many minutes passed (default: none)",
+    )
     return p
 
 
@@ -278,6 +284,9 @@ def _run(
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    timeout = args.timeout_minutes
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ConfigError(f"--timeout-minutes must be a finite number > 0, got {timeout}")
     contexts = load_contexts(args.data, args.format, args.limit)
     models = _resolve_specs(specs)
     config = data_config(command, models, args.data, args.format, asdict(settings), protocol)
@@ -286,12 +295,20 @@ def _run(
     warn_weak_roles(engines)
     pipeline = build(engines, contexts)
     summary = run_pipeline(
-        pipeline, contexts, args.output, config, batch_size=args.batch_size, progress=not args.no_progress
+        pipeline,
+        contexts,
+        args.output,
+        config,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+        timeout_s=None if timeout is None else timeout * 60,
     )
     print(json.dumps(summary, indent=2))
     print(f"dataset: {args.output}/{pipeline.dataset_file}  records: {args.output}/results.jsonl")
     if not summary["complete"]:
-        print(f"incomplete: {summary['n_failed']} contexts failed; run the same command again to retry them")
+        failed = f"{summary['n_failed']} contexts failed"
+        why = f"stopped early ({summary['stopped']})" if summary["stopped"] else failed
+        print(f"incomplete: {why}; run the same command again to resume")
         return 1
     return 0
 

@@ -38,7 +38,7 @@ from rapo_echo.datagen import grading, screening
 from rapo_echo.datagen.screening import SAFE_LABEL, Constitution
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
-from rapo_echo.types import SamplingParams, Scenario
+from rapo_echo.types import SamplingParams, Scenario, check_temperature
 
 PAIRINGS = ("all", "own")
 
@@ -69,6 +69,7 @@ class CritiqueRewriteSettings:
     batch_size: int = 16
 
     def __post_init__(self) -> None:
+        check_temperature(self.temperature, "temperature")
         checks = [
             (self.select in ("judge", "all"), f"select must be judge or all, got {self.select!r}"),
             (self.safety in ("judge", "off"), f"safety must be judge or off, got {self.safety!r}"),

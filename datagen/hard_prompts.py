@@ -26,7 +26,7 @@ from rapo_echo.datagen.contexts import scenario_row
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
 from rapo_echo.rewards import RewardContext, as_output, build_reward
-from rapo_echo.types import Sample, SamplingParams, Scenario
+from rapo_echo.types import Sample, SamplingParams, Scenario, check_temperature
 
 CRITERIA = ("best", "mean")
 REWARDS = ("empathy", "echo_n1")
@@ -48,6 +48,7 @@ class HardPromptSettings:
     batch_size: int = 16
 
     def __post_init__(self) -> None:
+        check_temperature(self.temperature, "temperature")
         if self.criterion not in CRITERIA:
             raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {self.criterion!r}")
         if self.reward not in REWARDS:

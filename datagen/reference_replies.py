@@ -28,7 +28,7 @@ from rapo_echo.datagen import grading
 from rapo_echo.datagen.contexts import scenario_row
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
-from rapo_echo.types import SamplingParams, Scenario
+from rapo_echo.types import SamplingParams, Scenario, check_temperature
 
 FALLBACKS = ("skip", "closest")
 
@@ -52,6 +52,7 @@ class ReferenceSettings:
     batch_size: int = 16
 
     def __post_init__(self) -> None:
+        check_temperature(self.temperature, "temperature")
         if not 1 <= self.target <= 5:
             raise ValueError(f"target must be a grade from 1 to 5, got {self.target}")
         if self.fallback not in FALLBACKS:

@@ -13,7 +13,11 @@ from every record of the asked contexts, in their input order, each time the com
 Contexts are taken in chunks of ``batch_size``; the pipeline runs each stage of a chunk as one batched
 engine call. A remote failure (an :class:`~rapo_echo.errors.EngineError` other than a missing capability)
 costs only the contexts it hits: the chunk is split in halves and run again until the failing contexts
-are alone; those are left out of ``results.jsonl`` (the next run tries them again) and counted.
+are alone; those are left out of ``results.jsonl`` (the next run tries them again) and counted. Two
+breakers end a run early, with its outputs written and ``summary.json``'s ``stopped`` saying why (the same
+command resumes): :data:`FAILED_CHUNKS_TO_STOP` chunks in a row that lost every context (an endpoint that
+refuses everything, e.g. a ``Retry-After`` of a day), and ``timeout_s`` (``--timeout-minutes``) reached
+before the next chunk.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from rapo_echo.types import Scenario
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
+FAILED_CHUNKS_TO_STOP = 2  # chunks in a row that lost every context: the endpoint is refusing; stop
 WHAT = "data command"  # what check_resume calls the folder's content in its messages
 
 
@@ -91,9 +96,12 @@ def run_pipeline(
     *,
     batch_size: int,
     progress: bool = True,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Run ``pipeline`` on every context not yet in ``output/results.jsonl``; write the dataset and
-    ``summary.json``, and return the summary."""
+    ``summary.json``, and return the summary. The run stops early (module doc) after
+    :data:`FAILED_CHUNKS_TO_STOP` chunks in a row lost every context, or once ``timeout_s`` seconds
+    passed."""
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     output = Path(output)
@@ -109,15 +117,22 @@ def run_pipeline(
             len(pending),
         )
         failed: dict[str, str] = {}
+        stopped: str | None = None
+        lost_chunks = 0
+        t0 = time.monotonic()
         bar = _progress(pipeline.name, len(contexts), len(contexts) - len(pending), progress)
         try:
             with ResultWriter(output / RESULTS_FILE) as writer:
                 for start in range(0, len(pending), batch_size):
+                    if timeout_s is not None and time.monotonic() - t0 >= timeout_s:
+                        stopped = f"timeout: {timeout_s / 60:g} minutes passed (--timeout-minutes)"
+                        break
                     chunk = pending[start : start + batch_size]
                     records, lost = _run_isolated(pipeline, chunk)
                     for record in records:
                         writer.append(record)
                     failed.update(lost)
+                    lost_chunks = lost_chunks + 1 if not records else 0
                     if bar is not None:
                         bar.update(len(chunk))
                     log.info(
@@ -127,10 +142,16 @@ def run_pipeline(
                         len(contexts),
                         f" ({len(failed)} failed)" if failed else "",
                     )
+                    if lost_chunks >= FAILED_CHUNKS_TO_STOP:
+                        last = next(iter(lost.values()))
+                        stopped = f"{lost_chunks} chunks in a row lost every context (last: {last})"
+                        break
         finally:
             if bar is not None:
                 bar.close()
-        return _write_outputs(pipeline, output, contexts, failed)
+        if stopped:
+            log.warning("%s: stopped early, %s; run the same command again to resume", pipeline.name, stopped)
+        return _write_outputs(pipeline, output, contexts, failed, stopped)
 
 
 def _finished(path: Path, contexts: Sequence[Scenario]) -> dict[str, Record]:
@@ -188,7 +209,11 @@ def _progress(name: str, total: int, initial: int, enabled: bool) -> Any:
 
 
 def _write_outputs(
-    pipeline: Pipeline, output: Path, contexts: Sequence[Scenario], failed: dict[str, str]
+    pipeline: Pipeline,
+    output: Path,
+    contexts: Sequence[Scenario],
+    failed: dict[str, str],
+    stopped: str | None,
 ) -> dict[str, Any]:
     by_id = {r["id"]: r for r in read_records(output / RESULTS_FILE)}
     items = [(sc, by_id[sc.id]) for sc in contexts if sc.id in by_id]
@@ -202,6 +227,7 @@ def _write_outputs(
         "n_failed": len(failed),
         "failed": failed,
         "complete": len(items) == len(contexts),
+        "stopped": stopped,
         "dataset": {"file": pipeline.dataset_file, "rows": len(rows)},
         "figures": figures,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -89,6 +89,11 @@ class Constitution:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise ConfigError(f"--constitution {path}: cannot read it ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"--constitution {path}: not UTF-8 text (byte {exc.start}); a constitution is a text file of "
+                "'name: description' lines"
+            ) from None
         for n, line in enumerate(lines, 1):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue

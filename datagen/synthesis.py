@@ -36,7 +36,7 @@ from rapo_echo.llm.answers import generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.structured import AnswerFormat
-from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+from rapo_echo.types import Conversation, SamplingParams, Scenario, check_temperature, msg
 
 DECISIONS = ("continue", "switch", "end")
 TONES = {
@@ -139,6 +139,8 @@ class SynthesisSettings:
     batch_size: int = 16
 
     def __post_init__(self) -> None:
+        check_temperature(self.temperature, "temperature")
+        check_temperature(self.user_temperature, "user_temperature")
         parse_stages(self.stages)
         if self.director_every < 1 or self.batch_size < 1 or self.max_retries < 0:
             raise ValueError("director_every and batch_size must be >= 1, max_retries >= 0")

@@ -85,7 +85,9 @@ def export_run(
     out = Path(to)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"export: --to {out} exists and is not an empty folder; name a new one")
+    _check_destination(out, folder, run_dir)
     config = _read_config(run_dir)
+    files = model_files(folder, run_dir)
     adapter = (folder / "adapter_config.json").is_file()
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -96,9 +98,8 @@ def export_run(
         else:
             if merge:
                 log.info("export: %s holds full weights already; --merge changes nothing", folder)
-            for f in folder.iterdir():
-                if f.is_file():
-                    shutil.copy2(f, tmp / f.name)
+            for f in files:
+                shutil.copy2(f, tmp / f.name)
             if adapter:
                 _rebase_adapter(folder, tmp, out)
         card = model_card(run_dir, folder, config, merged=adapter and merge, adapter=adapter and not merge,
@@ -113,11 +114,77 @@ def export_run(
     return out
 
 
+def _check_destination(out: Path, folder: Path, run_dir: Path) -> None:
+    """Refuse an export folder inside the model folder being exported or inside the run's ``final/`` or
+    ``checkpoints/`` (the copy would land in what it copies, and a later run would replace it)."""
+    dest = out.resolve()
+    for inside in (folder, run_dir / "final", run_dir / "checkpoints"):
+        if dest.is_relative_to(inside.resolve()):
+            raise ConfigError(
+                f"export: --to {out} lies inside {inside}, part of the run being exported; name a folder "
+                "outside it"
+            )
+
+
+def model_files(folder: Path, run_dir: Path) -> list[Path]:
+    """The files of ``folder`` to copy, each checked: a link must stay inside the run (a link to a file
+    elsewhere would carry that file into the export, and ``--push-to-hub`` to the Hub), and a weights file
+    must be whole (:func:`check_weights`). ConfigError names the file."""
+    root = run_dir.resolve()
+    if not folder.resolve().is_relative_to(root):
+        raise ConfigError(f"export: {folder} is a link to {folder.resolve()}, outside the run {run_dir}")
+    files = []
+    for f in sorted(folder.iterdir()):
+        if f.is_symlink() and not f.resolve().is_relative_to(root):
+            raise ConfigError(
+                f"export: {f} is a link to {f.resolve()}, outside the run {run_dir}; an export copies only "
+                "the run's own files: replace the link with the file, or remove it"
+            )
+        if f.is_file():
+            check_weights(f)
+            files.append(f)
+    return files
+
+
+def check_weights(path: Path) -> None:
+    """ConfigError when a ``*.safetensors`` file is not whole: its header must parse and the tensors it
+    declares must end exactly at the end of the file (a copy cut short by a full disk or a killed
+    transfer fails here, not when someone loads the export)."""
+    if path.suffix != ".safetensors":
+        return
+    size = path.stat().st_size
+    why = None
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if length < 0 or 8 + length > size:
+            why = f"its header is cut ({size} bytes in all)"
+        else:
+            try:
+                header = json.loads(fh.read(length))
+                end = max(
+                    (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
+                )
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                header, end = None, 0
+                why = "its header is not a safetensors header"
+            if header is not None and 8 + length + end != size:
+                why = f"its header declares {8 + length + end} bytes and the file holds {size} (truncated?)"
+    if why:
+        raise ConfigError(f"export: {path} is not a whole safetensors file: {why}; nothing was exported")
+
+
 def _read_config(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"export: {run_dir} has no config.yaml; is it a rapo-echo run folder?")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" line {where.line + 1}" if where is not None else ""
+        why = type(exc).__name__
+        raise ConfigError(f"export: {path}{line}: not a readable YAML config ({why})") from None
     return data if isinstance(data, dict) else {}
 
 
@@ -191,7 +258,12 @@ def _results(run_dir: Path, evals: list[str]) -> str:
         summary = Path(folder) / "summary.json"
         if not summary.is_file():
             raise ConfigError(f"export: --eval {folder}: no summary.json; is it a rapo-echo eval folder?")
-        data = json.loads(summary.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(summary.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"export: --eval {summary}: not a whole JSON file ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"export: --eval {summary}: holds a {type(data).__name__}, not a JSON object")
         metrics = {k: v for k, v in (data.get("metrics") or {}).items() if isinstance(v, (int, float))}
         name = data.get("benchmark", Path(folder).name)
         parts.append(f"Benchmark `{name}` ({data.get('n_cases', '?')} cases, `{folder}`):\n\n"
@@ -255,7 +327,7 @@ def model_card(
 An empathetic, emotionally supportive dialogue model trained with rapo-echo (`--algo {algo}`)
 from {base}: {what} (`{where}` of the run).
 
-- steps: {train.get("max_steps", "?")}, contexts per step: {rollout.get("batch_size", "?")}, replies per
+- steps: {_steps(folder, run_dir, train)}, contexts per step: {rollout.get("batch_size", "?")}, replies per
   context: {rollout.get("group_size", "?")}, learning rate: {train.get("lr", "?")}
 - rewards: {rewards}
 
@@ -277,6 +349,24 @@ The run's `config.yaml` (secrets are never written to it):
 ```yaml
 {text}```
 """
+
+
+def _steps(folder: Path, run_dir: Path, train: dict[str, Any]) -> str:
+    """The steps the exported model was trained for: a checkpoint's own step, else the last step the run
+    logged; "N of M" when the run stopped before its ``max_steps``."""
+    planned = train.get("max_steps")
+    step = folder.parent.name
+    if folder.name == "model" and folder.parent.parent.name == "checkpoints" and step[5:].isdigit():
+        done: Any = int(step[5:])
+    else:
+        rows = [r for _, r in read_jsonl(run_dir / "metrics.jsonl", "metrics file") if isinstance(r, dict)]
+        steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
+        done = max(steps) if steps else planned
+    if done is None:
+        return "?"
+    if isinstance(planned, int) and isinstance(done, int) and done < planned:
+        return f"{done} of the {planned} planned (the run stopped early)"
+    return str(done)
 
 
 def hub_api() -> Any:

@@ -8,9 +8,11 @@ Signatures (thresholds in ``monitor.*`` of the run config; "baseline" = mean of 
   ``length_frac`` x ``rollout.max_new_tokens`` and >= ``length_rise`` x its baseline.
 * ``entropy_collapse``: recent ``entropy`` <= ``entropy_frac`` x its baseline.
 * ``reward_divergence``: the reward jumps while a held-out signal does not follow: recent
-  ``reward/mean`` - baseline >= ``reward_jump`` while ``heldout_key`` (e.g. a held-out judge or the
-  reference comparison, logged as a reward with weight 0) rose by less than ``follow_frac`` x that
-  rise. Without ``heldout_key`` this signature is not checked (its flag stays 0).
+  ``reward/mean`` - baseline >= ``reward_jump`` while ``heldout_key`` (e.g. the reference comparison,
+  logged as a reward with weight 0) rose by less than ``follow_frac`` x that rise; with the held-out
+  judge on (``monitor.heldout``, :mod:`rapo_echo.judges.heldout`) and no ``heldout_key``, its
+  ``heldout/train_score`` against ``heldout/score`` on the same replies, the warning quoting the replies
+  that show it. Without either this signature is not checked (its flag stays 0).
 * ``judge_text``: at least ``judge_text_frac`` of this step's replies carry judge answer syntax
   (``Score: 5``, ``Verdict: ...``, ``Ranking: ...``, a ``{"score": 5}`` object), the way a policy learns
   to talk to its judge.
@@ -33,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,8 @@ class RewardHackingMonitor(StepHook):
         self.history: list[dict[str, float]] = []
         self.warned: set[str] = set()
         self._loaded = False
+        # the replies that show a reward_divergence (the held-out judge's largest gaps), for its warning
+        self.examples: Callable[[], list[str]] | None = None
 
     def _load(self, step: int) -> None:
         """Earlier steps of a resumed run, from its metrics file."""
@@ -167,27 +171,39 @@ class RewardHackingMonitor(StepHook):
         return None
 
     def _divergence(self) -> str | None:
-        key = self.cfg.heldout_key
+        key, reward_key = self._heldout_keys()
         if not key:
             return None
         if key not in self.history[-1]:
-            if "heldout_missing" not in self.warned:
+            if "heldout_missing" not in self.warned and self.cfg.heldout_key:
                 self.warned.add("heldout_missing")
                 log.warning(
                     "reward-hacking monitor: monitor.heldout_key %r is not among the logged metrics", key
                 )
             return None
-        r_base, r_now = self._series("reward/mean")
+        r_base, r_now = self._series(reward_key)
         h_base, h_now = self._series(key)
         if None in (r_base, r_now, h_base, h_now):
             return None
         rise, followed = r_now - r_base, h_now - h_base  # type: ignore[operator]
         if rise >= self.cfg.reward_jump and followed < self.cfg.follow_frac * rise:
-            return (
-                f"reward/mean rose {rise:+.3f} over its baseline {r_base:.3f} while {key} moved "
+            why = (
+                f"{reward_key} rose {rise:+.3f} over its baseline {r_base:.3f} while {key} moved "
                 f"{followed:+.3f} (needs >= {self.cfg.follow_frac:g} x the reward's rise)"
             )
+            shown = self.examples() if self.examples is not None else []
+            return why + ("; the replies that show it: " + " | ".join(shown) if shown else "")
         return None
+
+    def _heldout_keys(self) -> tuple[str | None, str]:
+        """(the held-out metric, the training metric it is set against): ``heldout_key`` against
+        ``reward/mean``, else the held-out judge's ``heldout/score`` against ``heldout/train_score`` (the
+        same replies) when it is on."""
+        if self.cfg.heldout_key:
+            return self.cfg.heldout_key, "reward/mean"
+        if self.cfg.heldout.enabled:
+            return "heldout/score", "heldout/train_score"
+        return None, "reward/mean"
 
     def _judge_text(self, metrics: Mapping[str, float]) -> str | None:
         frac = metrics.get("judge_text_frac")

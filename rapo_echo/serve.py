@@ -25,8 +25,10 @@ stop.
 
 Limits: a request body over ``max_body_bytes`` (``--max-body-mb``) is answered 413 before it is read
 whole or tokenised. An API key in the URL's query (``?api_key=...``, any secret-named parameter, or the
-server's key as any value) is refused with 400 and masked in the request line before the access log
-writes it: keys go in the ``Authorization`` header only.
+server's key as any value) or path (the server's key, or a segment that looks like a key) is refused
+with 400 and masked in the request line before the access log writes it: keys go in the
+``Authorization`` header only. A client that drops its connection while sending the body is logged in one
+line (no traceback) and answered 499.
 
 fastapi and uvicorn come with the ``serve`` extra and are imported only when a server is built.
 """
@@ -37,6 +39,7 @@ import contextlib
 import hmac
 import importlib
 import json
+import logging
 import os
 import re
 import socket
@@ -45,16 +48,19 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from rapo_echo.config.secrets import secret_value
 from rapo_echo.engines.base import ChatEngine, format_enforcement
 from rapo_echo.engines.constrained import GRAMMAR_FAILED
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.scrub import MASK, SECRET_KEY, register_secret
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, Generation, Message, SamplingParams
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -588,6 +594,7 @@ def create_app(
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.concurrency import run_in_threadpool
+    from starlette.requests import ClientDisconnect
 
     service = ChatService(engine, model_name, default_max_tokens)
     # With a key the API description is not served either (it would answer without the key).
@@ -629,12 +636,34 @@ def create_app(
             )
         )
 
+    def key_in_path(request: Request) -> JSONResponse | None:
+        """400 for a key in the URL path (the server's key, or a segment that looks like one: a provider
+        key, a long random token), masked in the path first (the access log writes it after the answer)."""
+        path = request.scope.get("path") or ""
+        parts = path.split("/")
+        masked = [
+            MASK if part and ((api_key and api_key in unquote(part)) or secret_value(unquote(part))) else part
+            for part in parts
+        ]
+        if masked == parts:
+            return None
+        request.scope["path"] = "/".join(masked)
+        request.scope["raw_path"] = quote(request.scope["path"]).encode()
+        return error_response(
+            APIError(
+                400,
+                "an API key does not belong in the URL path: URLs are logged; send it in the header "
+                "'Authorization: Bearer <key>'",
+                code="key_in_url",
+            )
+        )
+
     def error_response(err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.middleware("http")
     async def check_key(request: Request, call_next: Callable) -> Any:
-        refused = key_in_query(request)
+        refused = key_in_query(request) or key_in_path(request)
         if refused is not None:
             return refused
         if expected is not None and request.url.path.startswith("/v1"):
@@ -686,7 +715,11 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        raw = await bounded_body(request)
+        try:
+            raw = await bounded_body(request)
+        except ClientDisconnect:  # a client that dropped its connection mid-body: nobody to answer
+            log.info("serve: a client disconnected before its request body was complete")
+            return Response(status_code=499)
         try:
             req = ChatCompletionRequest.model_validate_json(raw)
         except ValidationError as exc:

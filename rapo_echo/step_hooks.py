@@ -3,7 +3,8 @@
 
 A hook watches or annotates a run without being part of the loop every algorithm shares: persona
 inference (:class:`rapo_echo.rewards.persona.PersonaInference`) fills the scenarios before the rollout;
-the reward-hacking monitor (:class:`rapo_echo.monitor.RewardHackingMonitor`) flags the step's metrics.
+the held-out judge (:class:`rapo_echo.judges.heldout.HeldoutJudge`) scores a sample of the replies after
+it; the reward-hacking monitor (:class:`rapo_echo.monitor.RewardHackingMonitor`) flags the step's metrics.
 The run (``training/run.py``) builds the hooks a config turns on and those an algorithm asks for
 (:meth:`Algorithm.step_hooks <rapo_echo.algorithms.base.Algorithm.step_hooks>`), and calls them in that
 order, on every process, at three points of each step ``step`` (1-based: the number the step's line in

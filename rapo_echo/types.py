@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -22,6 +23,13 @@ Conversation = list[Message]
 def msg(role: str, content: str) -> Message:
     """Build a :class:`Message`."""
     return {"role": role, "content": content}
+
+
+def check_temperature(value: float, name: str = "temperature") -> None:
+    """ValueError naming ``name`` unless ``value`` is a finite number >= 0 (NaN and infinity make every
+    sampled probability NaN or one-hot; a negative one is no temperature)."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        check_temperature(self.temperature)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.n < 1:

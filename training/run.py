@@ -42,6 +42,7 @@ from rapo_echo.engines.openai_engine import EndpointError
 from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.judges.bias import merge_metrics
+from rapo_echo.judges.heldout import HeldoutJudge
 from rapo_echo.models import autocast_dtype, portable_name
 from rapo_echo.monitor import RewardHackingMonitor
 from rapo_echo.policy import Policy
@@ -92,29 +93,43 @@ class StopFlag:
 
 def roles_used(cfg: RunConfig, needs: Needs) -> set[str]:
     """The roles a run builds: those the algorithm declares (:attr:`Needs.roles`), both when the config
-    names reward plugins (a reward may call either), and the one persona inference runs on."""
+    names reward plugins (a reward may call either), and the ones persona inference and the held-out judge
+    run on."""
     used = set(needs.roles)
     if cfg.rewards:
         used.update(ROLES)
     if cfg.persona.enabled:
         used.add(cfg.persona.engine)
+    if cfg.monitor.heldout.enabled:
+        used.add(cfg.monitor.heldout.engine)
     return used
 
 
 def step_hooks(
-    cfg: RunConfig, algorithm: Algorithm, roles: dict[str, ChatEngine | None], run_dir: Path, is_main: bool
+    cfg: RunConfig,
+    algorithm: Algorithm,
+    roles: dict[str, ChatEngine | None],
+    run_dir: Path,
+    process_index: int,
 ) -> list[StepHook]:
-    """The step hooks of a run, in the order they are called: those the config turns on (persona
-    inference), the algorithm's own (:meth:`Algorithm.step_hooks`), the reward-hacking monitor last (it
-    sees every other hook's metrics)."""
+    """The step hooks of a run, in the order they are called: persona inference (when the config turns it
+    on), the algorithm's own (:meth:`Algorithm.step_hooks`), the held-out judge and the reward-hacking
+    monitor last (it sees every other hook's metrics; the held-out judge gives it the replies that show a
+    reward_divergence)."""
     hooks: list[StepHook] = []
     if cfg.persona.enabled:
         hooks.append(PersonaInference.from_config(cfg.persona, roles))
     hooks += algorithm.step_hooks()
+    heldout = None
+    if cfg.monitor.heldout.enabled:
+        heldout = HeldoutJudge.from_config(cfg.monitor.heldout, roles, seed=cfg.train.seed + process_index)
+        hooks.append(heldout)
     if cfg.monitor.enabled:
-        hooks.append(
-            RewardHackingMonitor(cfg.monitor, cfg.rollout.max_new_tokens, run_dir=run_dir, warn=is_main)
+        monitor = RewardHackingMonitor(
+            cfg.monitor, cfg.rollout.max_new_tokens, run_dir=run_dir, warn=process_index == 0
         )
+        monitor.examples = heldout.examples if heldout is not None else None
+        hooks.append(monitor)
     names = [h.name for h in hooks]
     if len(set(names)) != len(names):
         raise ConfigError(f"step hooks: each needs a name of its own, got {names}")
@@ -149,7 +164,7 @@ class Run:
             cfg.rewards, RewardContext(self.policy.engine, sim, judge, self.run_dir)
         )
         self.algorithm: Algorithm = self.algo_cls(cfg, AlgoContext(self.policy, self.rewards, sim, judge))
-        self.hooks = step_hooks(cfg, self.algorithm, self.roles, self.run_dir, self.is_main)
+        self.hooks = step_hooks(cfg, self.algorithm, self.roles, self.run_dir, self.accelerator.process_index)
         self.learner = Learner(cfg, self.policy, self.needs, self.accelerator, self.run_dir, (sim, judge))
         self.validator = (
             Validator(cfg, held_out, self.algorithm, self.policy, self.run_dir)

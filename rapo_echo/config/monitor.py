@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from rapo_echo.config.base import Strict
+
+
+class HeldoutConfig(Strict):
+    """The held-out judge (rapo_echo/judges/heldout.py): a judge the policy is never trained on scores a
+    sample of each step's replies; its agreement with the training reward is logged (`heldout/*`) and a
+    training score that rises while the held-out one does not is the monitor's `reward_divergence`."""
+
+    enabled: bool = Field(False, description="Score a sample of each step's replies with a held-out judge.")
+    engine: Literal["judge", "simulator"] = Field(
+        "judge", description="The role whose engine (model, endpoint) the held-out judge asks."
+    )
+    sample: int = Field(4, ge=2, le=64, description="Replies scored per step (per process).")
+    use_logprobs: Literal["auto", "always", "never"] = Field(
+        "auto", description="Read P(yes) from label log-probs (`auto`: where the engine gives them)."
+    )
 
 
 class MonitorConfig(Strict):
@@ -32,8 +49,11 @@ class MonitorConfig(Strict):
         0.25, ge=0.0, le=1.0, description="... while `heldout_key` rose by less than this x that."
     )
     heldout_key: str | None = Field(
-        None, description="A logged held-out metric, e.g. `reward/judge/mean` (None: no reward_divergence)."
+        None,
+        description="A logged held-out metric, e.g. `reward/judge/mean` (None: `heldout/score` against "
+        "`heldout/train_score` when `heldout.enabled`, else no reward_divergence).",
     )
+    heldout: HeldoutConfig = Field(default_factory=HeldoutConfig, description="The held-out judge.")
     judge_text_frac: float = Field(
         0.25,
         gt=0.0,

@@ -20,6 +20,9 @@ _SECRET_VALUE = re.compile(
 )
 _USER_PASSWORD = re.compile(r"[^\s:/@]+:[^\s/@]+@[^\s@]+")
 _RANDOM_TOKEN = re.compile(r"(?=[^\s]*[a-z])(?=[^\s]*[A-Z])(?=[^\s]*\d)[A-Za-z0-9_+=-]{32,}")
+# query parameters that carry a credential in URLs besides the secret-named ones: Google-style ``key``,
+# signed-URL ``sig`` / ``signature``, ``auth``
+_URL_KEY_PARAM = re.compile(r"(key|sig|signature|auth)$", re.I)
 
 
 def secret_value(text: str) -> str | None:
@@ -55,7 +58,7 @@ def url_secret(text: str) -> str | None:
     if has_password:
         return "a URL with a password in it (user:password@host)"
     for name, value in parse_qsl(parts.query):
-        if SECRET_KEY.search(name) and value:
+        if (SECRET_KEY.search(name) or _URL_KEY_PARAM.match(name)) and value:
             return f"a URL whose query parameter {name!r} holds a secret"
     return None
 

@@ -146,7 +146,23 @@ def open_source(
         return _text_file(p)
     if p.suffix.lower() in (*JSON_SUFFIXES, *TABLE_BUILDERS) or not _HUB_ID.match(spec):
         raise DataError(f"{p}: data file not found; a data source is {SOURCES_HELP}")
+    if spec.lower() in _loader_names():
+        raise DataError(
+            f"{spec}: no such file here, and {spec!r} is the name of a datasets loader, not a dataset (it "
+            "would read every matching file under the working folder); give a file (e.g. "
+            f"data.{spec.lower()}) or a Hub id (owner/name); a data source is {SOURCES_HELP}"
+        )
     return _hub_dataset(spec, split, subset)
+
+
+def _loader_names() -> frozenset[str]:
+    """The names of ``datasets``' packaged loaders (``csv``, ``json``, ``parquet``, ``text`` ...), which
+    ``load_dataset`` takes for a dataset name."""
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:  # a datasets without that table: the loaders every version has
+        return frozenset({"arrow", "csv", "json", "pandas", "parquet", "text", "imagefolder", "audiofolder"})
+    return frozenset(_PACKAGED_DATASETS_MODULES)
 
 
 def _text_file(p: Path) -> Source:

@@ -34,7 +34,8 @@ APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, ove
   without data); connection errors, timeouts, HTTP 429 and
   5xx are retried ``max_retries`` times with exponential backoff and jitter (``Retry-After``, in seconds or
   as an HTTP date, is honoured up to ``max_backoff_s``, and on HTTP 429 / 503 it also holds back every new
-  request of the engine until then); other 4xx fail at once with the server's message. Final errors are
+  request of the engine until then; one longer than all the retries left could wait, ``max_backoff_s`` each,
+  fails the request at once); other 4xx fail at once with the server's message. Final errors are
   :class:`EngineError` naming the endpoint URL. The API key (read from the environment variable
   ``api_key_env``, sent as ``Authorization: Bearer``) is scrubbed from every message and never shown
   in ``repr``.
@@ -82,6 +83,9 @@ from rapo_echo.text import is_blank
 from rapo_echo.types import FAILED, Conversation, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
+# A reply longer than this many characters a requested token is cut (no tokenizer writes tokens that long;
+# a server that ignores max_tokens does)
+MAX_CHARS_PER_TOKEN = 64
 
 TOP_LOGPROBS = 20  # the most OpenAI and vLLM (default max_logprobs) return per position
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
@@ -331,6 +335,7 @@ class OpenAIEngine:
         self._step = 0  # index of the dialect in use
         self._format_lock = threading.Lock()
         self._supports_logprobs: bool | None = None
+        self._warned_long = False
         self._rng = random.Random()
         self._own_client = http_client is None
         self._http = http_client or httpx.Client(
@@ -398,6 +403,11 @@ class OpenAIEngine:
                 last, status = f"timed out after {self.timeout_s:g} s ({type(exc).__name__})", None
             except httpx.TransportError as exc:
                 last, status = f"connection failed ({type(exc).__name__}: {exc})", None
+            patience = self.max_backoff_s * (retries - attempt)  # the most the retries left would wait
+            if retry_after is not None and retry_after > patience:  # no retry could come in time: stop now
+                last += f" (Retry-After {retry_after:g} s: longer than the retries left wait, {patience:g} s)"
+                retries = attempt
+                break
             if attempt < retries:
                 delay = backoff_delay(attempt, self.backoff_s, self.max_backoff_s, self._rng)
                 if retry_after is not None:
@@ -531,17 +541,20 @@ class OpenAIEngine:
 
     def _answers(self) -> bool:
         """Whether the endpoint answers a 1-token chat request (one attempt): the health check after a call
-        whose every request got an error status (are those items the problem, or the endpoint?)."""
+        whose every request got an error status (are those items the problem, or the endpoint?). HTTP 429
+        is an answer: the server is up and limits the rate (a storm of them costs items, not the run)."""
         payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
         try:
             body = self._request_json("POST", "/chat/completions", payload, retries=0)
             return bool(self._parse_choices(self.base_url + "/chat/completions", body))
-        except EndpointError:
-            return False
+        except EndpointError as exc:
+            return exc.status == 429
 
     def _probe(self) -> None:
         """One 1-token request with ``top_logprobs``: whether the server returns log-probs (a server that
-        rejects the fields with HTTP 400 / 422 does not; other failures raise)."""
+        rejects the fields with HTTP 400 / 422 does not). A probe the server answered with another error
+        (HTTP 429 in a rate-limit storm, a 5xx) leaves it unknown: this call goes without log-probs and the
+        next one asks again (a busy endpoint costs items, never the run); no answer at all raises."""
         payload = self._payload([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=1))
         payload.update(top_logprobs=1, temperature=1.0)
         try:
@@ -549,6 +562,15 @@ class OpenAIEngine:
         except EndpointError as exc:
             if exc.status in (400, 422):  # the server rejects the logprobs fields
                 self._supports_logprobs, self._last_answer = False, time.monotonic()
+                return
+            if exc.status is not None and not isinstance(exc, FormatRefused):  # it answered: not down
+                self._last_answer = time.monotonic()
+                log.warning(
+                    "%s: the log-prob probe got HTTP %d after its retries; this call goes without "
+                    "log-probs and the next one asks again",
+                    self.base_url,
+                    exc.status,
+                )
                 return
             raise
         self._last_answer = time.monotonic()
@@ -754,8 +776,26 @@ class OpenAIEngine:
                 raise self._fail(f"POST {url}", f"response has no choices: {json.dumps(body)[:200]}")
             if fmt is not None and step >= 0:
                 got = self._read_formatted(got, fmt, step, params)
-            gens.extend(got[:missing])
+            gens.extend(self._bounded(g, params.max_new_tokens) for g in got[:missing])
         return gens
+
+    def _bounded(self, gen: Generation, max_tokens: int) -> Generation:
+        """``gen`` cut to :data:`MAX_CHARS_PER_TOKEN` characters a token of ``max_tokens`` (finish reason
+        ``length``): a server that ignores ``max_tokens`` cannot fill a run's files with megabytes."""
+        limit = max(1, max_tokens) * MAX_CHARS_PER_TOKEN
+        if len(gen.text) <= limit:
+            return gen
+        if not self._warned_long:
+            self._warned_long = True
+            log.warning(
+                "%s: a reply of %d characters to max_tokens %d (the server ignores max_tokens?); replies are "
+                "cut to %d characters",
+                self.base_url,
+                len(gen.text),
+                max_tokens,
+                limit,
+            )
+        return Generation(text=gen.text[:limit], finish_reason="length")
 
     def _post_formatted(self, payload: dict[str, Any], fmt: AnswerFormat) -> tuple[dict[str, Any], int]:
         """Send ``payload`` with the fields of the dialect in use; returns the body and the dialect's index.

@@ -36,7 +36,14 @@ from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_
 from rapo_echo.llm.answers import check_logprobs_mode, generate_field_lines, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.judge_screen import JudgeScreen, Screened
+from rapo_echo.llm.judge_screen import (
+    DEFAULT_CONTEXT_POLICY,
+    DEFAULT_POLICY,
+    JudgeScreen,
+    Screened,
+    lower_verdict,
+    side_outcome,
+)
 from rapo_echo.llm.reaction import render_profile
 from rapo_echo.prompting import PERSONA_KEY
 from rapo_echo.text import is_blank
@@ -149,8 +156,8 @@ class EmpathyJudge:
         ties: bool = True,
         show_profile: bool = False,
         rng: random.Random | None = None,
-        addressed: str = "floor",
-        addressed_context: str = "strip",
+        addressed: str = DEFAULT_POLICY,
+        addressed_context: str = DEFAULT_CONTEXT_POLICY,
     ) -> None:
         check_logprobs_mode("EmpathyJudge", use_logprobs)
         self.screen = JudgeScreen(addressed, addressed_context, owner="EmpathyJudge")
@@ -267,29 +274,44 @@ class EmpathyJudge:
         (the rest are probes asked in the same batched call); items from index ``unscreened`` on are shown
         to the model as they are (the injection probe's measure of the bare judge).
 
-        Screening (:attr:`screen`): a reply that addresses the judge loses under ``floor`` (``B`` wins when
-        ``A`` is floored; two floored replies tie) and makes the verdict invalid under ``invalid``, without
-        the model being asked; under ``strip`` its rest is compared."""
+        Screening (:attr:`screen`): under ``lower`` a comparison with a suspect reply or context is judged
+        as written and set aside, in the same batch (:func:`~rapo_echo.llm.judge_screen.lower_verdict`); a
+        reply that addresses the judge loses under ``floor`` (``B`` wins when ``A`` is floored; two
+        floored replies tie) and makes the verdict invalid under ``invalid``, without the model being
+        asked; under ``strip`` its rest is compared."""
         measured = len(items) if measured is None else measured
         unscreened = len(items) if unscreened is None else unscreened
         verdicts: list[Verdict | None] = [None] * len(items)
         shown: list[tuple[int, tuple[Scenario, NeedAnalysis | None, str, str]]] = []
+        asides: list[tuple[int, tuple[Scenario, NeedAnalysis | None, str, str], tuple[bool, bool]]] = []
         seen: set[str] = set()  # texts counted by the screen in this call (both orders count once)
         for j, (sc, needs, a, b) in enumerate(items):
             if j >= unscreened:
                 shown.append((j, (sc, needs, a, b)))
                 continue
-            fixed, screened = self._screen_pair(sc, a, b, seen if j < measured else None)
+            fixed, screened, aside = self._screen_pair(sc, a, b, seen if j < measured else None)
             if fixed is not None:
                 verdicts[j] = fixed
-            else:
-                shown.append((j, (screened[0], needs, screened[1], screened[2])))
+                continue
+            shown.append((j, (screened[0], needs, screened[1], screened[2])))
+            if aside is not None:
+                asides.append((j, (aside[0], needs, aside[1], aside[2]), aside[3]))
         fence = Fence(rng=self.rng)
-        prompts = [self.compare_prompt(sc, needs, a, b, fence) for _, (sc, needs, a, b) in shown]
-        for (j, _), v in zip(shown, self._decide(prompts, list(self.labels), fence)):
+        every = [item for _, item in shown] + [item for _, item, _ in asides]
+        prompts = [self.compare_prompt(sc, needs, a, b, fence) for sc, needs, a, b in every]
+        decided = self._decide(prompts, list(self.labels), fence)
+        for (j, _), v in zip(shown, decided):
             verdicts[j] = v
             if j < measured and v.valid:  # A: the reply shown first won; tie: half; B: the second one won
                 self.position_bias.add({"A": 1.0, "tie": 0.5}.get(v.label or "", 0.0), 0.5)
+        for (j, _, suspect), v in zip(asides, decided[len(shown) :]):
+            full = verdicts[j]
+            verdicts[j] = lower_verdict(full, v, suspect, self.labels)
+            if j < measured and full.valid and v.valid:  # type: ignore[union-attr]
+                for side in [side for side, lowered in zip("AB", suspect) if lowered]:
+                    self.screen.lowered(
+                        side_outcome(full, side, self.labels), side_outcome(v, side, self.labels)
+                    )
         out: list[Verdict] = verdicts  # type: ignore[assignment]
         counted = out[:measured]
         self.stats["comparisons"] += len(counted)
@@ -298,10 +320,13 @@ class EmpathyJudge:
 
     def _screen_pair(
         self, scenario: Scenario, a: str, b: str, seen: set[str] | None
-    ) -> tuple[Verdict | None, tuple[Scenario, str, str]]:
-        """A comparison after screening: (the verdict the policies fix without the model, or None) and
-        the scenario and replies to show. A text is counted by the screen once per call (``seen``; None:
-        not at all, a probe)."""
+    ) -> tuple[
+        Verdict | None, tuple[Scenario, str, str], tuple[Scenario, str, str, tuple[bool, bool]] | None
+    ]:
+        """A comparison after screening: (the verdict the policies fix without the model, or None), the
+        scenario and replies to show, and under ``lower`` their set-aside copies with which side was
+        suspect (its own text or the context), or None. A text is counted by the screen once per call
+        (``seen``; None: not at all, a probe)."""
 
         def first(key: str) -> bool:
             if seen is None or key in seen:
@@ -309,10 +334,16 @@ class EmpathyJudge:
             seen.add(key)
             return True
 
-        shown, hit = self.screen.scenario(scenario, first("\0scenario " + scenario.id))
+        views = self.screen.views(scenario, first("\0scenario " + scenario.id))
         ra, rb = self.screen.reply(a, first(a)), self.screen.reply(b, first(b))
-        fixed = self._fixed_verdict(ra, rb, self.screen.context_invalid(hit))
-        return fixed, (shown, ra.text, rb.text)
+        fixed = self._fixed_verdict(ra, rb, self.screen.context_invalid(views.hit))
+        aside = None
+        if fixed is None and (ra.aside is not None or rb.aside is not None or views.aside is not None):
+            context = views.aside is not None
+            suspect = (context or ra.aside is not None, context or rb.aside is not None)
+            texts = [r.text if r.aside is None else r.aside for r in (ra, rb)]
+            aside = (views.aside or views.scenario, texts[0], texts[1], suspect)
+        return fixed, (views.scenario, ra.text, rb.text), aside
 
     def _fixed_verdict(self, ra: Screened, rb: Screened, context_invalid: bool) -> Verdict | None:
         if context_invalid or ra.invalid or rb.invalid:

@@ -56,7 +56,7 @@ from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.bias import PositionBias, check_orders, first_rank_share
-from rapo_echo.llm.addressing import addresses_judge, strip_addressing
+from rapo_echo.llm.addressing import addresses_judge, set_aside
 from rapo_echo.llm.answers import (
     Parsed,
     answer_words,
@@ -67,7 +67,7 @@ from rapo_echo.llm.answers import (
 )
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.judge_screen import JudgeScreen
+from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, JudgeScreen
 from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.llm.ranks import average_ranks
 from rapo_echo.llm.reaction import Reaction, render_profile
@@ -227,8 +227,8 @@ class GroupJudge:
         critique_tokens: int = 96,
         show_profile: bool = True,
         rng: random.Random | None = None,
-        addressed: str = "floor",
-        addressed_context: str = "strip",
+        addressed: str = DEFAULT_POLICY,
+        addressed_context: str = DEFAULT_CONTEXT_POLICY,
     ) -> None:
         check_logprobs_mode("GroupJudge", use_logprobs)
         self.screen = JudgeScreen(addressed, addressed_context, owner="GroupJudge")
@@ -394,9 +394,10 @@ class GroupJudge:
                 raise ValueError(f"GroupJudge.rank: group {k} has {len(group)} candidates; allowed 1..26")
         warn_if_weak(self.engine, "judge")
         screened = [self._screen_group(sc, group) for sc, group in zip(scenarios, groups)]
-        todo = [k for k, (_, kept, _, bad) in enumerate(screened) if not bad and kept]
-        shown_scenarios = [screened[k][0] for k in todo]
-        shown_groups = [screened[k][2] for k in todo]
+        todo = [k for k, (_, kept, _, bad, _) in enumerate(screened) if not bad and kept]
+        lowered = [k for k in todo if screened[k][4] is not None]  # under `lower`: judged set aside too
+        shown_scenarios = [screened[k][0] for k in todo] + [screened[k][4][0] for k in lowered]  # type: ignore[index]
+        shown_groups = [screened[k][2] for k in todo] + [screened[k][4][1] for k in lowered]  # type: ignore[index]
         self._fence = Fence(rng=self.rng)
         passes = self._presentation_orders(shown_groups)
         text_mode = not wants_logprobs(self.engine, self.use_logprobs)
@@ -406,6 +407,8 @@ class GroupJudge:
             else self._rank_logprobs(shown_scenarios, shown_groups, passes)
         )
         by_group = dict(zip(todo, judged_shown))
+        for k, aside in zip(lowered, judged_shown[len(todo) :]):
+            by_group[k] = self._lower(by_group[k], aside, screened[k][4][2])  # type: ignore[index]
         judged = [
             self._expand(len(group), screened[k][1], screened[k][3], by_group.get(k))
             for k, group in enumerate(groups)
@@ -423,22 +426,58 @@ class GroupJudge:
 
     def _screen_group(
         self, scenario: Scenario, group: Sequence[Candidate]
-    ) -> tuple[Scenario, list[int], list[Candidate], bool]:
+    ) -> tuple[
+        Scenario, list[int], list[Candidate], bool, tuple[Scenario, list[Candidate], list[bool]] | None
+    ]:
         """A group through :attr:`screen`: (the scenario to show, the indices of the candidates the model
-        judges, those candidates as shown, whether the group is invalid under an ``invalid`` policy)."""
-        shown, hit = self.screen.scenario(scenario)
+        judges, those candidates as shown, whether the group is invalid under an ``invalid`` policy, and
+        under ``lower`` the set-aside scenario and candidates with which of them were suspect, or None)."""
+        views = self.screen.views(scenario)
         kept: list[int] = []
         cands: list[Candidate] = []
-        bad = self.screen.context_invalid(hit)
+        asides: list[Candidate] = []
+        suspect: list[bool] = []
+        bad = self.screen.context_invalid(views.hit)
         for i, cand in enumerate(group):
             reply = self.screen.reply(cand.reply)
             reaction, r_hit = self._screen_reaction(cand.reaction)
             bad = bad or reply.invalid or self.screen.context_invalid(r_hit)
-            if reply.judged:
+            if reply.judged and not reply.floored:
                 kept.append(i)
                 same = reply.text == cand.reply and reaction is cand.reaction
                 cands.append(cand if same else Candidate(reply.text, reaction))
-        return shown, kept, cands, bad
+                lowered = r_hit and self.screen.context_policy == "lower"
+                aside_reaction = self._aside_reaction(cand.reaction) if lowered else reaction
+                aside = reply.text if reply.aside is None else reply.aside
+                asides.append(Candidate(aside, aside_reaction))
+                suspect.append(views.aside is not None or reply.aside is not None or lowered)
+        if not any(suspect):
+            return views.scenario, kept, cands, bad, None
+        return views.scenario, kept, cands, bad, (views.aside or views.scenario, asides, suspect)
+
+    def _aside_reaction(self, reaction: Reaction | None) -> Reaction | None:
+        if reaction is None:
+            return None
+        message, thought = self.screen.aside_text(reaction.message), self.screen.aside_text(reaction.thought)
+        return replace(reaction, message=message, thought=thought)
+
+    def _lower(self, full: GroupJudgement, aside: GroupJudgement, suspect: Sequence[bool]) -> GroupJudgement:
+        """A group judged as written (``full``) and set aside: each ``suspect`` candidate takes the worse of
+        its two ranks and the lower P(best), the others their standing against the set-aside texts."""
+        if not aside.valid or aside.ranks is None:
+            return aside
+        if not full.valid or full.ranks is None:  # nothing suspect in the set-aside reading: it stands
+            return replace(aside, raw=[*full.raw, *aside.raw])
+        ranks, scores = [], []
+        both = full.scores is not None and aside.scores is not None
+        for i, lowered in enumerate(suspect):
+            if lowered and aside.ranks[i] > full.ranks[i]:
+                self.screen.counts["lowered"] += 1
+            ranks.append(max(full.ranks[i], aside.ranks[i]) if lowered else aside.ranks[i])
+            if both:
+                mine = aside.scores[i]  # type: ignore[index]
+                scores.append(min(full.scores[i], mine) if lowered else mine)  # type: ignore[index]
+        return replace(full, ranks=ranks, scores=scores if both else None, raw=[*full.raw, *aside.raw])
 
     def _screen_reaction(self, reaction: Reaction | None) -> tuple[Reaction | None, bool]:
         if reaction is None or not reaction.valid:
@@ -450,9 +489,7 @@ class GroupJudge:
         return replace(reaction, message=message, thought=thought), True
 
     @staticmethod
-    def _expand(
-        size: int, kept: Sequence[int], bad: bool, shown: GroupJudgement | None
-    ) -> GroupJudgement:
+    def _expand(size: int, kept: Sequence[int], bad: bool, shown: GroupJudgement | None) -> GroupJudgement:
         """The judgement of a whole group from the judgement of its ``kept`` candidates: each kept one keeps
         its rank and score, the others (floored) share the last ranks with P(best) 0; all of them floored:
         one tie. ``bad`` or an invalid judgement: the group is invalid."""
@@ -667,9 +704,9 @@ class GroupJudge:
         if jobs:
             prompts = [self.rank_prompt(scenarios[k], groups[k], o, text_mode=True) for k, o in jobs]
             fence = self.fence
-            parsers = [
-                partial(read_ranking, fence=fence, labels=LABELS[: len(o)], engine=self.engine)
-                for _, o in jobs
+            parsers = [  # each answer read against its own prompt's fenced texts
+                partial(read_ranking, fence=fence.within(p), labels=LABELS[: len(o)], engine=self.engine)
+                for p, (_, o) in zip(prompts, jobs)
             ]
             sizes = {len(o) for _, o in jobs}
             # one declared format per call: groups of one size share it; mixed sizes go size by size
@@ -732,7 +769,7 @@ class GroupJudge:
         # the critic reads the texts without what addresses the judge (not counted again)
         scenarios = [self.screen.scenario(sc, count=False)[0] for sc in scenarios]
         groups = [
-            [Candidate(strip_addressing(c.reply), c.reaction) if addresses_judge(c.reply) else c for c in g]
+            [Candidate(set_aside(c.reply), c.reaction) if addresses_judge(c.reply) else c for c in g]
             for g in groups
         ]
         self._fence = fence = Fence(rng=self.rng)

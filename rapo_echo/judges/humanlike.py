@@ -9,8 +9,9 @@
   format (retried, then invalid). ``reasoning`` makes the judge write a ``Reasoning:`` line first (see
   :mod:`rapo_echo.judges.verdict`).
 * The dialogue and the reply reach the prompt only inside fenced blocks (:mod:`.fencing`).
-* A reply that addresses the judge is handled by ``addressed`` (default ``floor``: P(human) 0 without asking
-  the model), a dialogue turn that does by ``addressed_context`` (:mod:`rapo_echo.llm.judge_screen`).
+* A reply that addresses the judge is handled by ``addressed``, a dialogue turn that does by
+  ``addressed_context`` (both default ``lower``: the lower P(human) of the texts as written and with
+  the suspect spans set aside; :mod:`rapo_echo.llm.judge_screen`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_
 from rapo_echo.llm.answers import check_logprobs_mode, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.judge_screen import JudgeScreen, Screened
+from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, JudgeScreen
 from rapo_echo.types import Conversation, msg
 
 HUMAN, AI = "human", "AI"
@@ -67,8 +68,8 @@ class HumanlikeJudge:
         max_retries: int = 2,
         max_new_tokens: int = 64,
         rng: random.Random | None = None,
-        addressed: str = "floor",
-        addressed_context: str = "strip",
+        addressed: str = DEFAULT_POLICY,
+        addressed_context: str = DEFAULT_CONTEXT_POLICY,
     ) -> None:
         check_logprobs_mode("HumanlikeJudge", use_logprobs)
         self.screen = JudgeScreen(addressed, addressed_context, owner="HumanlikeJudge")
@@ -107,11 +108,15 @@ class HumanlikeJudge:
         """P(human) of each ``(dialogue so far, reply)``, each screened first (:attr:`screen`); invalid
         verdicts are counted in ``stats``."""
         out: list[HumanlikeScore | None] = [None] * len(items)
-        shown: list[tuple[int, Conversation | None, Screened]] = []
+        shown: list[tuple[int, Conversation | None, str]] = []
+        asides: list[tuple[int, Conversation | None, str]] = []  # under `lower`: suspect spans set aside
         for i, (context, reply) in enumerate(items):
-            hit = False
+            hit, aside_context = False, None
             if context is not None:
+                written = context
                 context, hit = self.screen.messages(context)
+                if hit and self.screen.context_policy == "lower":
+                    aside_context = self.screen.aside_messages(written)
             screened = self.screen.reply(reply)
             info = {**screened.info(), **({"addressed_context": True} if hit else {})}
             if screened.floored:
@@ -120,10 +125,13 @@ class HumanlikeJudge:
             elif screened.invalid or self.screen.context_invalid(hit):
                 out[i] = HumanlikeScore(None, Verdict(None, None, "", "", 0, "addressed"), info)
             else:
-                shown.append((i, context, screened))
+                shown.append((i, context, screened.text))
                 out[i] = HumanlikeScore(None, Verdict(None, None, "", "", 0, "text"), info)
+                if screened.aside is not None or aside_context is not None:
+                    aside = screened.aside if screened.aside is not None else screened.text
+                    asides.append((i, aside_context if aside_context is not None else context, aside))
         fence = Fence(rng=self.rng)  # one marker per call: prompts of a batch share their prefix
-        prompts = [self.prompt(context, s.text, fence) for _, context, s in shown]
+        prompts = [self.prompt(context, text, fence) for _, context, text in shown + asides]
         verdicts = decide(
             self.engine,
             prompts,
@@ -136,6 +144,13 @@ class HumanlikeJudge:
         )
         for (i, _, _), v in zip(shown, verdicts):
             out[i] = HumanlikeScore(label_probability(v, HUMAN), v, out[i].screened)  # type: ignore[union-attr]
+        for (i, _, _), v in zip(asides, verdicts[len(shown) :]):
+            full = out[i]
+            p_human = self.screen.lowered(full.p_human, label_probability(v, HUMAN))  # type: ignore[union-attr]
+            verdict = full.verdict if p_human == full.p_human else v  # type: ignore[union-attr]
+            out[i] = HumanlikeScore(
+                p_human, verdict, {**full.screened, "aside_p_human": label_probability(v, HUMAN)}
+            )  # type: ignore[union-attr]
         result: list[HumanlikeScore] = out  # type: ignore[assignment]
         self.stats["judged"] += len(result)
         self.stats["invalid"] += sum(1 for s in result if s.p_human is None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
@@ -143,9 +144,7 @@ def decide(
         if reasoning:
             starts = [list(p) + [msg("assistant", REASONING_PREFIX)] for p in prompts]
             params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=("\n",))
-            lines = generate_parsed(
-                engine, starts, None, params, max_retries=0, answer_format=REASONING_LINE
-            )
+            lines = generate_parsed(engine, starts, None, params, max_retries=0, answer_format=REASONING_LINE)
             thoughts = [" ".join((p.value or "").split()) for p in lines]
         heads = [(f"{REASONING_PREFIX} {t}\n" if reasoning else "") + prefix for t in thoughts]
         asked = [list(p) + [msg("assistant", h)] for p, h in zip(prompts, heads)]
@@ -174,10 +173,11 @@ def decide(
         return out
     fmt = verdict_format(labels, reasoning)
     budget = max_new_tokens * (2 if reasoning else 1)
+    views = [None if fence is None else fence.within(p) for p in prompts]  # each answer, its prompt's texts
     parsed = generate_parsed(
         engine,
         prompts,
-        lambda text: read_verdict(text, fmt, fence, engine),
+        [partial(read_verdict, fmt=fmt, fence=view, engine=engine) for view in views],
         _params(budget),
         max_retries=max_retries,
         answer_format=fmt,

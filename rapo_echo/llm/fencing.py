@@ -38,6 +38,7 @@ import secrets
 from collections.abc import Iterable
 
 from rapo_echo.structured import json_object_spans
+from rapo_echo.types import Conversation
 
 REDACTED = "[marker removed]"
 _LABEL = re.compile(r"[A-Z][A-Z0-9 _-]{0,39}")
@@ -79,6 +80,16 @@ class Fence:
         shown = self.escape(text)
         self.shown.add(shown.strip())
         return f"<<<{label} {self.marker}>>>\n{shown}\n<<<END {label} {self.marker}>>>"
+
+    def within(self, prompt: Conversation | str) -> Fence:
+        """This fence as seen from one prompt of its batch: the same marker, and as shown texts only those
+        that stand in ``prompt`` (a conversation or its text). Parsing each answer with its own prompt's
+        view keeps a text shown to another prompt of the batch (a reply holding ``{"verdict": "B"}``) from
+        taking that answer out of this prompt's judge's words."""
+        text = prompt if isinstance(prompt, str) else "\n".join(str(m.get("content", "")) for m in prompt)
+        view = Fence(self.marker)
+        view.shown = {t for t in self.shown if t in text}
+        return view
 
     def own_words(self, answer: str, copies: bool = False) -> str:
         """``answer`` (a model's output) without the blocks of this fence it copied: each from its

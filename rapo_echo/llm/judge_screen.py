@@ -6,40 +6,49 @@ it is about to show its model through one :class:`JudgeScreen` before it builds 
 * a **reply** being judged (the policy's text, and what a comparison sets beside it) under ``addressed``
   (:data:`POLICIES`):
 
-  - ``floor`` (the default): the reply is not shown to the model; it gets the judge's worst outcome (score
-    0, P(human) 0, a lost comparison, the group's last rank). Addressing the judge then costs the policy
-    the most it can lose, whatever the judge would have said: in GRPO a masked (invalid) sample is neutral
-    (no gradient, so nothing to unlearn) and a stripped one is at best neutral too, while the floor gives
-    the sample the group's lowest reward and so a negative advantage whenever another reply of its group
-    scores higher;
+  - ``lower`` (the default): the reply is judged as written *and* with its suspect spans set aside
+    (:func:`~rapo_echo.llm.addressing.set_aside`: the words to the judge, the answer, the markup taken out,
+    the rest kept), in the same batch, and gets the lower of the two outcomes. Text in a suspect span
+    can then never raise a score, and an innocent reply whose span carried nothing for the judge ("Your
+    grade is 7/10?") loses nothing; a reply that is nothing but suspect text gets the judge's worst
+    outcome. Issue 46 chose it over ``floor`` by the study in docs/results.md (both measures);
+  - ``floor``: the reply is not shown to the model; it gets the judge's worst outcome (score 0, P(human)
+    0, a lost comparison, the group's last rank), whatever the rest of it says;
   - ``invalid``: the reply is scored ``None`` (masked out of the loss and counted);
-  - ``strip``: the parts that address the judge are removed (:func:`.addressing.strip_addressing`)
-    and the rest is judged;
+  - ``strip``: the suspect spans are set aside and only the rest is judged;
   - ``flag``: judged as written; only counted and marked in the sample's info.
 
 * a **context** text (the dialogue's turns, the profile, the persona, a reaction) under
-  ``addressed_context`` (:data:`CONTEXT_POLICIES`): ``strip`` (the default: the policy did not write it,
-  so its replies are judged against the context without the instruction), ``invalid`` (every reply
-  judged in that context is invalid) or ``flag``.
+  ``addressed_context`` (:data:`CONTEXT_POLICIES`): ``lower`` (the default: the context is shown as
+  written, a person's words are never erased, and each reply judged in it gets the lower of its outcome
+  there and its outcome in the context with the suspect spans set aside), ``strip`` (shown with the spans
+  set aside), ``invalid`` (every reply judged in that context is invalid) or ``flag``.
+
+A comparison under ``lower`` is judged as written and with every suspect span set aside; a reply whose own
+text or context was suspect gets the lower of its two outcomes, the other one its outcome against the
+set-aside text (:func:`lower_verdict`).
 
 Each screened text is counted: :meth:`JudgeScreen.step_metrics` gives ``judge/addressed`` (replies that
-addressed the judge since the last call), ``judge/addressed/n`` (replies screened) and
-``judge/addressed/context`` (context texts that did), logged every training step. A judged sample's info
-says what was found (``addressed``: the kinds, ``addressed_action``: what was done).
+addressed the judge since the last call), ``judge/addressed/n`` (replies screened),
+``judge/addressed/context`` (context texts that did) and ``judge/addressed/lowered`` (judged items whose
+set-aside outcome was the lower one: a suspect span would have raised them), logged every training step.
+A judged sample's info says what was found (``addressed``: the kinds, ``addressed_action``: what was done).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rapo_echo.llm.addressing import Finding, findings, strip_addressing
+from rapo_echo.llm.addressing import Finding, findings, set_aside
 from rapo_echo.types import Conversation, Scenario
 
-POLICIES = ("floor", "invalid", "strip", "flag")
-CONTEXT_POLICIES = ("strip", "invalid", "flag")
+POLICIES = ("lower", "floor", "invalid", "strip", "flag")
+CONTEXT_POLICIES = ("lower", "strip", "invalid", "flag")
+DEFAULT_POLICY = "lower"
+DEFAULT_CONTEXT_POLICY = "lower"
 METRIC = "judge/addressed"
 
 
@@ -57,15 +66,19 @@ def check_policies(owner: str, addressed: str, addressed_context: str) -> None:
 @dataclass
 class Screened:
     """A reply after screening: ``text`` is what the judge's model is shown; ``action`` is None (nothing
-    found) or the policy applied; ``kinds`` what was found."""
+    found) or the policy applied; ``kinds`` what was found; ``aside`` the reply with its suspect spans set
+    aside, judged beside it under ``lower`` (None otherwise)."""
 
     text: str
     action: str | None = None
     kinds: list[str] = field(default_factory=list)
+    aside: str | None = None
 
     @property
     def floored(self) -> bool:
-        return self.action == "floor"
+        """Whether the reply gets the judge's worst outcome without the model: under ``floor``, or under
+        ``lower`` when nothing is left once its suspect spans are set aside."""
+        return self.action == "floor" or (self.aside is not None and not self.aside.strip())
 
     @property
     def invalid(self) -> bool:
@@ -81,15 +94,65 @@ class Screened:
         return {"addressed": self.kinds, "addressed_action": self.action} if self.action else {}
 
 
+@dataclass
+class Views:
+    """What a judge shows for one item under :class:`JudgeScreen`: the ``scenario`` and whether its context
+    addressed the judge (``hit``), and under ``lower`` the ``aside`` scenario (its suspect spans set aside;
+    None when there is nothing to set aside or another policy)."""
+
+    scenario: Scenario
+    hit: bool
+    aside: Scenario | None = None
+
+
 def _kinds(found: list[Finding]) -> list[str]:
     return sorted({f.kind for f in found})
+
+
+def lower_of(full: float | None, aside: float | None) -> float | None:
+    """The lower of an item's outcome as written and set aside. The set-aside reading alone when the one as
+    written is invalid (its answer read out of the suspect text it quoted, say): it holds no suspect text,
+    so nothing in a suspect span raises it. None (invalid) when the set-aside reading is."""
+    if aside is None:
+        return None
+    return aside if full is None else min(full, aside)
+
+
+def side_outcome(verdict: Any, side: str, labels: Sequence[str]) -> float:
+    """A comparison's outcome for ``side`` (A or B): P(side) + P(tie) / 2, from the verdict's
+    probabilities, or from its label (1, 0.5, 0) without them."""
+    probs = verdict.probs or {label: float(label == verdict.label) for label in labels}
+    return probs.get(side, 0.0) + 0.5 * probs.get("tie", 0.0)
+
+
+def lower_verdict(full: Any, aside: Any, suspect: tuple[bool, bool], labels: Sequence[str]) -> Any:
+    """One comparison's verdict from its verdicts as written (``full``) and set aside (``aside``): each side
+    (A, B) whose own text or context was ``suspect`` gets the lower of its two outcomes (P(win) + P(tie)/2,
+    from the probabilities or the label), the other side its outcome in the set-aside view. The result's
+    probabilities are those outcomes (A, B; tie 0, the rest of the mass lost) and its label the better side
+    (``tie`` when equal and ties are allowed). The set-aside verdict alone when the one as written is
+    invalid; invalid when the set-aside one is."""
+    if not aside.valid:
+        return aside
+    out = {}
+    for side, lowered in zip(("A", "B"), suspect):
+        mine = side_outcome(aside, side, labels)
+        out[side] = min(side_outcome(full, side, labels), mine) if lowered and full.valid else mine
+    label = "A" if out["A"] > out["B"] else "B" if out["B"] > out["A"] else "tie"
+    if label not in labels:
+        label = aside.label
+    probs = {**dict.fromkeys(labels, 0.0), **out}
+    return replace(aside, label=label, probs=probs, raw=f"{full.raw}\n--- set aside ---\n{aside.raw}")
 
 
 class JudgeScreen:
     """One judge's screen: applies the policies and counts what it found (see the module doc)."""
 
     def __init__(
-        self, addressed: str = "floor", addressed_context: str = "strip", owner: str = "judge"
+        self,
+        addressed: str = DEFAULT_POLICY,
+        addressed_context: str = DEFAULT_CONTEXT_POLICY,
+        owner: str = "judge",
     ) -> None:
         check_policies(owner, addressed, addressed_context)
         self.policy = addressed
@@ -105,17 +168,31 @@ class JudgeScreen:
         if not found:
             return Screened(text)
         self.counts["addressed"] += count
-        shown = strip_addressing(text) if self.policy == "strip" else text
+        if self.policy == "lower":
+            return Screened(text, "lower", _kinds(found), set_aside(text))
+        shown = set_aside(text) if self.policy == "strip" else text
         return Screened(shown, self.policy, _kinds(found))
+
+    def lowered(self, full: float | None, aside: float | None) -> float | None:
+        """:func:`lower_of`, counting the items whose set-aside outcome was the lower one."""
+        if full is not None and aside is not None and aside < full:
+            self.counts["lowered"] += 1
+        return lower_of(full, aside)
 
     # ------------------------------------------------------------------ context
     def context_text(self, text: str, count: bool = True) -> tuple[str, bool]:
         """A context text under :attr:`context_policy`: (the text to show, whether it addressed the judge);
-        counted when it did (unless ``count`` is False)."""
+        counted when it did (unless ``count`` is False). Under ``lower`` and ``flag`` it is shown as written
+        (:meth:`aside_text` gives its set-aside copy)."""
         if not isinstance(text, str) or not findings(text):
             return text, False
         self.counts["context"] += count
-        return (strip_addressing(text) if self.context_policy == "strip" else text), True
+        return (set_aside(text) if self.context_policy == "strip" else text), True
+
+    @staticmethod
+    def aside_text(text: Any) -> Any:
+        """A context text with its suspect spans set aside (anything else as it is)."""
+        return set_aside(text) if isinstance(text, str) and findings(text) else text
 
     def messages(self, messages: Conversation, count: bool = True) -> tuple[Conversation, bool]:
         """A dialogue with each turn's text screened as context."""
@@ -125,6 +202,16 @@ class JudgeScreen:
             hit = hit or found
             out.append({**m, "content": text} if found else m)
         return out, hit  # type: ignore[return-value]
+
+    def aside_messages(self, messages: Conversation) -> Conversation:
+        """A dialogue with each turn's suspect spans set aside (a turn left empty is dropped)."""
+        out = []
+        for m in messages:
+            text = self.aside_text(m.get("content", ""))
+            if text != m.get("content", "") and not str(text).strip():
+                continue
+            out.append({**m, "content": text})
+        return out  # type: ignore[return-value]
 
     def mapping(self, values: Mapping[str, Any], count: bool = True) -> tuple[dict[str, Any], bool]:
         """A profile (or meta) with each text value screened as context."""
@@ -152,14 +239,39 @@ class JudgeScreen:
             return scenario, False
         return replace(scenario, messages=messages, profile=profile, meta=meta, reference=reference), True
 
+    def aside_scenario(self, scenario: Scenario) -> Scenario:
+        """``scenario`` with the suspect spans of its turns, profile, reference and meta set aside (a
+        profile or meta value left empty is dropped)."""
+
+        def values(mapping: Mapping[str, Any]) -> dict[str, Any]:
+            out = {k: self.aside_text(v) for k, v in mapping.items()}
+            return {
+                k: v for k, v in out.items() if not (isinstance(v, str) and v != mapping[k] and not v.strip())
+            }
+
+        return replace(
+            scenario,
+            messages=self.aside_messages(scenario.messages),
+            profile=values(scenario.profile),
+            meta=values(scenario.meta),
+            reference=self.aside_text(scenario.reference),
+        )
+
+    def views(self, scenario: Scenario, count: bool = True) -> Views:
+        """The scenario to show and, under a ``lower`` context policy, its set-aside copy when anything in
+        it addressed the judge."""
+        shown, hit = self.scenario(scenario, count)
+        aside = self.aside_scenario(scenario) if hit and self.context_policy == "lower" else None
+        return Views(shown, hit, aside)
+
     def context_invalid(self, hit: bool) -> bool:
         """Whether a context that addressed the judge (``hit``) makes its replies invalid."""
         return hit and self.context_policy == "invalid"
 
     # ------------------------------------------------------------------ metrics
     def step_metrics(self) -> dict[str, float]:
-        """Counts since the last call: ``judge/addressed``, ``.../n`` (replies screened) and
-        ``.../context``; empty when nothing was screened."""
+        """Counts since the last call: ``judge/addressed``, ``.../n`` (replies screened), ``.../context``
+        and ``.../lowered``; empty when nothing was screened."""
         new = self.counts - self._reported
         self._reported = Counter(self.counts)
         if not new:
@@ -168,6 +280,7 @@ class JudgeScreen:
             METRIC: float(new["addressed"]),
             METRIC + "/n": float(new["replies"]),
             METRIC + "/context": float(new["context"]),
+            METRIC + "/lowered": float(new["lowered"]),
         }
 
 

@@ -52,7 +52,7 @@ from rapo_echo.judges.empathy import (
 )
 from rapo_echo.judges.humanlike import HumanlikeJudge
 from rapo_echo.llm.answers import check_logprobs_mode
-from rapo_echo.llm.judge_screen import check_policies
+from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, check_policies
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
 from rapo_echo.text import is_blank
@@ -103,8 +103,8 @@ class HumanlikeReward:
         max_retries: int = 2,
         max_new_tokens: int = 64,
         seed: int = 0,
-        addressed: str = "floor",
-        addressed_context: str = "strip",
+        addressed: str = DEFAULT_POLICY,
+        addressed_context: str = DEFAULT_CONTEXT_POLICY,
     ) -> None:
         _check_mode(self.name, use_logprobs)
         _check_policies(self.name, addressed, addressed_context)
@@ -171,8 +171,8 @@ class EmpathyReward:
         need_tokens: int = 40,
         show_profile: bool = False,
         seed: int = 0,
-        addressed: str = "floor",
-        addressed_context: str = "strip",
+        addressed: str = DEFAULT_POLICY,
+        addressed_context: str = DEFAULT_CONTEXT_POLICY,
     ) -> None:
         _check_mode(self.name, use_logprobs)
         _check_policies(self.name, addressed, addressed_context)
@@ -314,9 +314,7 @@ class EmpathyReward:
                 self._analyse(u_keys, u_scen)
 
         # the references and the need analysis do not depend on each other: one round on served engines
-        written, _ = together(
-            [lambda: self.references(u_scen), analyse], concurrent=self._stages_together()
-        )
+        written, _ = together([lambda: self.references(u_scen), analyse], concurrent=self._stages_together())
         refs = dict(zip(u_keys, written))
         if self.process:
             self._process_factors(u_keys, u_scen)

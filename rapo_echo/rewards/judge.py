@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.answers import answer_words, check_logprobs_mode, generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.judge_screen import JudgeScreen
+from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, JudgeScreen
 from rapo_echo.llm.labels import read_label_probabilities
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.structured import AnswerFormat
@@ -39,9 +40,9 @@ class JudgeReward:
     ``max_retries`` times (sampling, so a retry can differ from the greedy first try), then marked
     invalid.
 
-    A reply that addresses the judge is handled by ``addressed`` (default ``floor``: score 0 without asking
-    the model), a dialogue or profile that does by ``addressed_context`` (default ``strip``); see
-    :mod:`rapo_echo.llm.judge_screen`.
+    A reply that addresses the judge is handled by ``addressed``, a dialogue or profile that does by
+    ``addressed_context`` (both default ``lower``: the lower of the scores as written and with the suspect
+    spans set aside); see :mod:`rapo_echo.llm.judge_screen`.
     """
 
     name = "judge"
@@ -55,8 +56,8 @@ class JudgeReward:
         max_retries: int = 2,
         max_new_tokens: int = 64,
         show_profile: bool = False,
-        addressed: str = "floor",
-        addressed_context: str = "strip",
+        addressed: str = DEFAULT_POLICY,
+        addressed_context: str = DEFAULT_CONTEXT_POLICY,
     ) -> None:
         if ctx.judge is None:
             raise ConfigError("rewards: the 'judge' reward needs a judge engine (config section 'judge')")
@@ -116,6 +117,11 @@ class JudgeReward:
         value = self.answer_format.parse(text)
         return value["score"] if isinstance(value, dict) else None
 
+    def _read(self, text: str, view: Fence) -> int | None:
+        """The rating of a text-mode answer, read from the judge's own words as ``view`` (its prompt's
+        fence) sees them."""
+        return self.parse(answer_words(text, view, self.engine, self.answer_format))
+
     def step_metrics(self) -> dict[str, float]:
         """The replies and contexts that addressed the judge since the last call (``judge/addressed*``)."""
         return self.screen.step_metrics()
@@ -123,19 +129,29 @@ class JudgeReward:
     def __call__(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         out: list[RewardOutput | None] = [None] * len(samples)
         shown: list[tuple[int, Sample, dict]] = []
+        asides: list[tuple[int, Sample]] = []  # under `lower`: the same samples, suspect spans set aside
         for i, s in enumerate(samples):
-            scenario, hit = self.screen.scenario(s.scenario)
+            views = self.screen.views(s.scenario)
             reply = self.screen.reply(s.text)
-            info = {**reply.info(), **({"addressed_context": True} if hit else {})}
+            info = {**reply.info(), **({"addressed_context": True} if views.hit else {})}
             if reply.floored:
                 out[i] = RewardOutput(0.0, info={"rating": 1, "source": "addressed", **info})
-            elif reply.invalid or self.screen.context_invalid(hit):
+            elif reply.invalid or self.screen.context_invalid(views.hit):
                 out[i] = RewardOutput(None, info={"rating": None, "invalid": "addressed the judge", **info})
             else:
-                shown.append((i, replace(s, scenario=scenario, text=reply.text), info))
-        for (i, _, info), o in zip(shown, self._judge([s for _, s, _ in shown])):
+                shown.append((i, replace(s, scenario=views.scenario, text=reply.text), info))
+                if reply.aside is not None or views.aside is not None:
+                    aside = reply.aside if reply.aside is not None else reply.text
+                    asides.append((i, replace(s, scenario=views.aside or views.scenario, text=aside)))
+        judged = self._judge([s for _, s, _ in shown] + [s for _, s in asides])
+        for (i, _, info), o in zip(shown, judged):
             o.info.update(info)
             out[i] = o
+        for (i, _), o in zip(asides, judged[len(shown) :]):
+            full = out[i]
+            score = self.screen.lowered(full.score, o.score)  # type: ignore[union-attr]
+            full.info.update(aside_score=o.score)  # type: ignore[union-attr]
+            out[i] = RewardOutput(score, info=full.info)  # type: ignore[union-attr]
         return out  # type: ignore[return-value]
 
     def _judge(self, samples: Sequence[Sample]) -> list[RewardOutput]:
@@ -165,7 +181,7 @@ class JudgeReward:
         parsed = generate_parsed(
             self.engine,
             prompts,
-            lambda text: self.parse(answer_words(text, fence, self.engine, self.answer_format)),
+            [partial(self._read, view=fence.within(p)) for p in prompts],  # each against its own prompt
             params,
             max_retries=self.max_retries,
             answer_format=self.answer_format,

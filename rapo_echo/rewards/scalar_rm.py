@@ -82,6 +82,7 @@ class ScalarRMReward:
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
         self.normalize, self.batch_size, self.max_length = normalize, batch_size, max_length
+        self._warned_singletons = False
         # the policy's device where the run has one (the reward model sits beside it), else auto
         policy_device = getattr(getattr(ctx, "policy", None), "device", None)
         self.device = torch.device(device or (str(policy_device) if policy_device else pick_device("auto")))
@@ -144,4 +145,13 @@ class ScalarRMReward:
 
     def __call__(self, samples: Sequence[Sample]) -> list[float]:
         raw = self.raw_scores(samples)
-        return normalize_scores(raw, [s.group for s in samples], self.normalize)
+        groups = [s.group for s in samples]
+        singletons = bool(samples) and len(set(groups)) == len(groups)
+        if self.normalize == "zscore-per-group" and singletons and not self._warned_singletons:
+            self._warned_singletons = True
+            log.warning(
+                "scalar_rm: normalize zscore-per-group scores each reply against the other replies of its "
+                "group, and every group here holds one reply (rollout.group_size 1, PPO's default): "
+                "every reward is 0. Use normalize: sigmoid (or none), or rollout.group_size >= 2"
+            )
+        return normalize_scores(raw, groups, self.normalize)

@@ -56,3 +56,15 @@ def test_secret_looking_values_under_any_name(value: str, why: str) -> None:
 )
 def test_ordinary_values_are_not_secrets(value: str) -> None:
     assert literal_secrets({"rewards": [{"name": "judge", "args": {"note": value}}]}) == []
+
+
+@pytest.mark.parametrize("param", ["key", "KEY", "sig", "signature", "auth"])
+def test_a_key_in_a_url_query_under_a_plain_name_is_refused(param: str) -> None:
+    # issue 46: Google-style ``?key=...`` whose value is in no environment variable was written to
+    # config.json / config.yaml and printed by --dry-run
+    url = f"https://llm.example.com/v1?{param}=plainvalue123"
+    why = rf"judge\.base_url: .*query parameter '{param}' holds a secret"
+    with pytest.raises(ConfigError, match=why) as e:
+        load_config(overrides=[f"judge.base_url={url}"])
+    assert "plainvalue123" not in str(e.value)
+    assert load_config(overrides=["judge.base_url=https://llm.example.com/v1?keyboard=1"]) is not None

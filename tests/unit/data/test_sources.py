@@ -167,3 +167,18 @@ def test_file_errors_say_which_sources_exist(tmp_path):
     broken.write_text("not parquet")
     with pytest.raises(DataError, match=r"broken.parquet: datasets could not read it as parquet"):
         load_scenarios(broken)
+
+
+@pytest.mark.parametrize("name", ["csv", "json", "parquet", "text", "CSV"])
+def test_a_loader_name_is_not_taken_for_a_hub_dataset(name, tmp_path, monkeypatch):
+    # issue 46: --data csv loaded every csv under the working folder, recursively, without a word
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "secret.csv").write_text("prompt\nsomeone else's rows\n")
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a))
+    with pytest.raises(
+        DataError, match=rf"{name}: no such file here, and '{name}' is the name of a datasets loader"
+    ):
+        read_rows(name)
+    assert calls == []

@@ -97,3 +97,39 @@ def test_every_switch_is_documented(settings: type) -> None:
         assert re.search(rf"`{re.escape(flag)}[` ]", page) or (
             f.name in ("include_reference", "system_in_rows") and f"--no-{f.name.replace('_', '-')}" in page
         ), f"{settings.__name__}.{f.name} ({flag}) is not in docs/algorithms/echo_n1.md"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["references", "--temperature", "nan"],
+        ["critique-rewrite", "--temperature", "inf"],
+        ["hard-prompts", "--temperature", "-1"],
+        ["synthesize", "--user-temperature", "nan"],
+        ["synthesize", "--temperature", "nan"],
+        ["references", "--timeout-minutes", "nan"],
+    ],
+)
+def test_bad_numbers_are_one_line_before_anything_is_written(
+    tmp_path: Path, capsys, monkeypatch, args
+) -> None:
+    # issue 46: NaN, infinite and negative temperatures gave tracebacks and NaN was written to config.json
+    import rapo_echo.engines as engines
+
+    monkeypatch.setattr(engines, "engine_from_spec", lambda *a, **k: pytest.fail("a model was loaded"))
+    out = tmp_path / "out"
+    assert main(["data", args[0], "--output", str(out), *args[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "must be a finite number" in err and "Traceback" not in err
+    assert not (out / "config.json").exists()
+
+
+def test_a_binary_constitution_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    binary = tmp_path / "rules.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    assert (
+        main(["data", "critique-rewrite", "--output", str(tmp_path / "o"), "--constitution", str(binary)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "--constitution" in err and "not UTF-8 text" in err and "Traceback" not in err

@@ -175,3 +175,24 @@ def test_a_folder_of_something_else_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"holds no data command \(config.json\)"):
         run(Fake(), contexts(1), out)
     assert os.listdir(out) == ["metrics.jsonl"]
+
+
+def test_chunks_that_lose_every_context_stop_the_run(tmp_path: Path) -> None:
+    # issue 46: with an endpoint that refuses everything (Retry-After: 86400) the data commands went on
+    # through every context; now two chunks in a row that lost every context stop the run, resumably
+    ctx = contexts(10)
+    pipe = Fake(fail={c.id for c in ctx})
+    summary = run(pipe, ctx, tmp_path / "out")
+    assert summary["stopped"].startswith("2 chunks in a row lost every context")
+    assert not summary["complete"] and summary["n_failed"] == 4  # c0-c3: the last six were never tried
+    assert {c for chunk in pipe.chunks for c in chunk} == {"c0", "c1", "c2", "c3"}
+    again = run(Fake(), ctx, tmp_path / "out")  # the endpoint is back: the same command finishes
+    assert again["complete"] and again["stopped"] is None
+
+
+def test_the_overall_timeout_stops_before_the_next_chunk(tmp_path: Path) -> None:
+    pipe = Fake()
+    summary = run_pipeline(
+        pipe, contexts(6), tmp_path / "out", config(), batch_size=2, progress=False, timeout_s=0.0
+    )
+    assert summary["stopped"].startswith("timeout") and pipe.chunks == [] and summary["n_done"] == 0

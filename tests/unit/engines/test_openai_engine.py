@@ -376,3 +376,41 @@ def test_malformed_responses_are_clear_errors(body, needle):
         with pytest.raises(EngineError, match=f"POST {api.url}/chat/completions: {needle}"):
             OpenAIEngine(api.url, model="m", **FAST).generate([USER], SamplingParams())
         assert len(api.seen) == 1  # a malformed answer is not retried
+
+
+def test_a_429_storm_on_the_log_prob_probe_does_not_stop_the_run(caplog):
+    # issue 46: with max_retries=1 and every request answered 429, the 1-token probe raised and training
+    # stopped at step 1; the endpoint answers, so only the items fail and the next call asks again
+    storm = Reply(429, {"error": {"message": "rate limited"}}, headers={"Retry-After": "0.01"})
+    with FakeAPI(lambda s, i: storm if s.method == "POST" else Reply(body={"data": [{"id": "m"}]})) as api:
+        engine = OpenAIEngine(api.url, model="m", max_retries=1, **FAST)
+        assert engine.supports_logprobs is False
+        out = engine.generate([USER], SamplingParams(max_new_tokens=4))
+        assert out[0][0].finish_reason == "error"  # the item fails; the call returns
+        assert engine.supports_logprobs is False
+        assert sum(s.body.get("max_tokens") == 1 for s in api.posts()) >= 2  # probed again
+    assert "the log-prob probe got HTTP 429" in caplog.text
+
+
+def test_a_huge_reply_to_a_small_max_tokens_is_cut(caplog):
+    # issue 46: a 2.4 MB reply to max_tokens 8 was stored whole
+    from rapo_echo.engines.openai_engine import MAX_CHARS_PER_TOKEN
+
+    with FakeAPI(lambda s, i: Reply(body=completion("x" * 2_400_000))) as api:
+        engine = OpenAIEngine(api.url, model="m", **FAST)
+        (gen,) = engine.generate([USER], SamplingParams(max_new_tokens=8))[0]
+        assert len(gen.text) == 8 * MAX_CHARS_PER_TOKEN and gen.finish_reason == "length"
+        (short,) = engine.generate([USER], SamplingParams(max_new_tokens=40_000))[0]
+        assert len(short.text) == 2_400_000  # within the bound: as the server wrote it
+    assert "a reply of 2400000 characters to max_tokens 8" in caplog.text
+
+
+def test_a_retry_after_beyond_the_retries_patience_fails_at_once():
+    # issue 46: Retry-After 86400 cost every context max_retries x max_backoff_s of waiting
+    day = Reply(429, {"error": {"message": "come back tomorrow"}}, headers={"Retry-After": "86400"})
+    with FakeAPI(lambda s, i: day if s.method == "POST" else Reply(body={"data": [{"id": "m"}]})) as api:
+        engine = OpenAIEngine(api.url, model="m", max_retries=3, backoff_s=0.01, max_backoff_s=30.0,
+                              api_key_env=None)  # fmt: skip
+        out = engine.generate([USER, USER], SamplingParams(max_new_tokens=4))
+        assert [g[0].finish_reason for g in out] == ["error", "error"] and engine.failed_items == 2
+        assert len([s for s in api.posts() if s.body.get("max_tokens") == 4]) == 2  # one attempt each

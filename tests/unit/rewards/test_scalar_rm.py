@@ -83,3 +83,18 @@ def test_bad_args_are_config_errors(tmp_path: Path, smol_tokenizer) -> None:
         ScalarRMReward(str(two), device="cpu")
     with pytest.raises(ConfigError, match="could not be loaded"):
         ScalarRMReward(str(tmp_path / "missing"), device="cpu")
+
+
+def test_zscore_per_group_over_groups_of_one_warns(tmp_path: Path, smol_tokenizer, caplog) -> None:
+    # issue 46: PPO's group of one with zscore-per-group gave every reward 0 for the whole run, silently
+    folder = tiny_rm(tmp_path / "rm", smol_tokenizer)
+    reward = ScalarRMReward(str(folder), normalize="zscore-per-group", device="cpu")
+    singles = [Sample(s.scenario, i, [], [], None, s.text) for i, s in enumerate(samples())]
+    with caplog.at_level("WARNING", "rapo_echo.rewards.scalar_rm"):
+        assert reward(singles) == [0.0, 0.0, 0.0]
+        reward(singles)
+    assert len(caplog.records) == 1 and "every reward is 0" in caplog.records[0].getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", "rapo_echo.rewards.scalar_rm"):
+        ScalarRMReward(str(folder), normalize="zscore-per-group", device="cpu")(samples())
+    assert not caplog.records  # a group of two: nothing to say

@@ -186,19 +186,73 @@ def test_the_grammar_cache_is_bounded(smol_tokenizer) -> None:
 
 
 # ---------------------------------------------------------------------- a key in the URL
-def test_a_key_in_the_url_query_is_refused_and_masked_before_the_access_log() -> None:
-    key = "k-0123456789abcdef"
+def logged(key: str, field) -> tuple[TestClient, list]:
+    """A client of a keyed app, and what uvicorn's access log reads of each request after the answer."""
     app = serve.create_app(ScriptedEngine(default="ok"), "m", api_key=key)
-    seen: list[bytes] = []
+    seen: list = []
 
-    async def server(scope, receive, send):  # what uvicorn's access log reads after the answer
+    async def server(scope, receive, send):
         await app(scope, receive, send)
         if scope["type"] == "http":
-            seen.append(scope["query_string"])
+            seen.append(field(scope))
 
-    c = TestClient(server)
+    return TestClient(server), seen
+
+
+def test_a_key_in_the_url_query_is_refused_and_masked_before_the_access_log() -> None:
+    key = "k-0123456789abcdef"
+    c, seen = logged(key, lambda scope: scope["query_string"])
     for query in (f"api_key={key}", f"token={key}", f"key={key}", f"x=1&foo={key}"):
         r = c.get(f"/v1/models?{query}", headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 400 and "Authorization: Bearer" in r.json()["error"]["message"]
         assert key.encode() not in seen[-1] and b"%2A%2A%2A" in seen[-1]
     assert c.get("/v1/models?limit=3", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+
+
+def test_a_key_in_the_url_path_is_refused_and_masked_before_the_access_log() -> None:
+    # issue 46: a key a client put in the URL path appeared verbatim in the access log
+    key = "k-0123456789abcdef"
+    c, seen = logged(key, lambda scope: scope["path"] + " " + scope["raw_path"].decode())
+    provider = "sk-" + "live0123456789abcdefABCDEF"
+    for path in (f"/v1/{key}/models", f"/v1/models/{provider}", f"/{key}"):
+        r = c.get(path, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "key_in_url"
+        assert key not in seen[-1] and provider not in seen[-1] and "***" in seen[-1]
+    assert c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+
+
+def test_a_client_gone_mid_body_is_one_line_not_a_traceback(caplog) -> None:
+    # issue 46: every dropped slow connection printed a full ClientDisconnect traceback
+    import asyncio
+
+    app = serve.create_app(ScriptedEngine(default="ok"), "m")
+    messages = [
+        {"type": "http.request", "body": b'{"messages": [{"role": "us', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict] = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+    }
+    with caplog.at_level("INFO"):
+        asyncio.run(app(scope, receive, send))  # raised ClientDisconnect before
+    assert not [r for r in caplog.records if r.exc_info]
+    assert "disconnected before its request body was complete" in caplog.text
+    assert sent[0]["status"] == 499

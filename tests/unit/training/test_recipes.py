@@ -60,3 +60,10 @@ def test_recipe_plan_matches_its_stated_memory(recipe: Path, tmp_path, smol_path
     assert plan["fits"], plan["problems"]
     stated = float(re.match(r"([\d.]+) GB", header(recipe, "expected memory per GPU")).group(1))
     assert stated == pytest.approx(plan["total_bytes"] / 1e9, abs=0.05), capsys.readouterr().out
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipes_run_the_held_out_judge_on_a_served_role(recipe: Path) -> None:
+    cfg = load_config(recipe, check_devices=False)
+    held = cfg.monitor.heldout
+    assert held.enabled and getattr(cfg, held.engine).engine == "openai"
