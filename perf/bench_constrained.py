@@ -25,6 +25,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -46,7 +47,7 @@ PROPERTIES = {
 }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model folder (default: the embedded model's cached folder)")
     ap.add_argument("--device", default="cpu")
@@ -60,7 +61,93 @@ def main() -> None:
     ap.add_argument("--formats", default="none,choice,integer,json")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", help="also append the JSON lines to this file")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+Run = tuple[float, int, int, int, float, int]  # seconds, tokens, steps, valid, mask seconds, mask steps
+
+
+class Methods:
+    """The batch generated without a format (``none``), under each format, and one token long
+    (``prefill``), each timed with the grammar's mask time it spent."""
+
+    def __init__(self, args: argparse.Namespace, engine: Any, prompts: list, formats: dict[str, Any]) -> None:
+        self.args, self.engine, self.prompts, self.formats = args, engine, prompts, formats
+        self.cuda = args.device.startswith("cuda")
+
+    def params(self, name: str, max_new_tokens: int) -> Any:
+        from rapo_echo.types import SamplingParams
+
+        a = self.args
+        fmt = self.formats[name]
+        return SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=a.temperature, n=a.n, seed=a.seed, answer_format=fmt
+        )
+
+    def warm(self, names: list[str], width: int) -> dict[str, float]:
+        """One untimed call per method; returns each format's set-up seconds (tokenizer, grammar)."""
+        setup: dict[str, float] = {}
+        for name in names:
+            t0 = time.perf_counter()
+            if self.formats[name] is not None:
+                self.engine.grammar.template(
+                    self.formats[name], width
+                )  # the llguidance tokenizer, then the grammar
+            setup[name] = time.perf_counter() - t0
+            self.engine.generate_ids(self.prompts, self.params(name, self.args.max_new_tokens))
+        return setup
+
+    def time_one(self, name: str) -> Run:
+        import torch
+
+        fmt = self.formats.get(name)
+        params = self.params("none", 1) if name == "prefill" else self.params(name, self.args.max_new_tokens)
+        grammar = self.engine.grammar
+        before = (grammar.mask_seconds, grammar.mask_steps)
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gens = self.engine.generate_ids(self.prompts, params)
+        if self.cuda:
+            torch.cuda.synchronize()
+        took = time.perf_counter() - t0
+        flat = [g for group in gens for g in group]
+        valid = sum(fmt.problem(g.text) is None for g in flat) if fmt else len(flat)
+        tokens = sum(len(g.token_ids) for g in flat)
+        steps = max(len(g.token_ids) for g in flat)
+        return took, tokens, steps, valid, grammar.mask_seconds - before[0], grammar.mask_steps - before[1]
+
+    def medians(self, names: list[str]) -> tuple[dict[str, Run], dict[str, list[Run]]]:
+        """``--repeats`` calls of each, in turns across the methods (so that a busy spell of a shared
+        machine hits them alike); the median call of each, and all calls."""
+        runs: dict[str, list[Run]] = {name: [] for name in ["prefill", *names]}
+        for _ in range(self.args.repeats):
+            for name in runs:
+                runs[name].append(self.time_one(name))
+        return {name: sorted(r)[len(r) // 2] for name, r in runs.items()}, runs
+
+
+def method_line(
+    args: argparse.Namespace, name: str, run: Run, all_runs: list[Run], prefill: float, rows: int
+) -> dict:
+    took, tokens, steps, valid, _, _ = run
+    return {
+        "bench": "constrained",
+        "format": name,
+        "rows": rows,
+        "max_new_tokens": args.max_new_tokens,
+        "s_median": round(took, 3),
+        "s_all": [round(r[0], 3) for r in all_runs],
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / took, 1),
+        "steps": steps,
+        "decode_ms_per_step": round(1e3 * max(0.0, took - prefill) / max(1, steps - 1), 1),
+        "valid": f"{valid}/{rows}",
+    }
+
+
+def main() -> None:
+    args = parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
@@ -68,7 +155,7 @@ def main() -> None:
     from rapo_echo.engines.hf import HFEngine
     from rapo_echo.models import load_model, resolve
     from rapo_echo.structured import AnswerFormat
-    from rapo_echo.types import SamplingParams, msg
+    from rapo_echo.types import msg
 
     formats = {
         "none": None,
@@ -79,16 +166,9 @@ def main() -> None:
     spec = args.model or str(resolve("default").path)
     model, tok = load_model(spec, dtype=args.dtype, device=args.device)
     model.eval()
-    cuda = args.device.startswith("cuda")
     engine = HFEngine(model, tok, max_batch_size=10**6, decode_loop=args.loop)
-    prompts = [
-        engine.encode([msg("user", QUESTIONS[i % len(QUESTIONS)])]) for i in range(args.prompts)
-    ]
+    prompts = [engine.encode([msg("user", QUESTIONS[i % len(QUESTIONS)])]) for i in range(args.prompts)]
     rows = args.prompts * args.n
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
 
     def emit(line: dict) -> None:
         print(json.dumps(line), flush=True)
@@ -96,71 +176,17 @@ def main() -> None:
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(line) + "\n")
 
-    def params_for(name: str, max_new_tokens: int) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=args.temperature,
-            n=args.n,
-            seed=args.seed,
-            answer_format=formats[name],
-        )
-
     names = [x for x in args.formats.split(",") if x]
-    width = model.get_output_embeddings().weight.shape[0]
-    setup: dict[str, float] = {}
-    for name in names:
-        t0 = time.perf_counter()
-        if formats[name] is not None:
-            engine.grammar.template(formats[name], width)  # the llguidance tokenizer, then the grammar
-        setup[name] = time.perf_counter() - t0
-        engine.generate_ids(prompts, params_for(name, args.max_new_tokens))  # warm-up
-    # the repeats go round the methods in turn, so that a busy spell of a shared machine hits them alike
-    Run = tuple[float, int, int, int, float, int]  # seconds, tokens, steps, valid, mask seconds, mask steps
-    runs: dict[str, list[Run]] = {name: [] for name in ["prefill", *names]}
-    for _ in range(args.repeats):
-        for name in ["prefill", *names]:
-            fmt = formats.get(name)
-            params = params_for("none", 1) if name == "prefill" else params_for(name, args.max_new_tokens)
-            before = (engine.grammar.mask_seconds, engine.grammar.mask_steps)
-            sync()
-            t0 = time.perf_counter()
-            gens = engine.generate_ids(prompts, params)
-            sync()
-            took = time.perf_counter() - t0
-            flat = [g for group in gens for g in group]
-            runs[name].append(
-                (
-                    took,
-                    sum(len(g.token_ids) for g in flat),
-                    max(len(g.token_ids) for g in flat),
-                    sum(fmt.problem(g.text) is None for g in flat) if fmt else len(flat),
-                    engine.grammar.mask_seconds - before[0],
-                    engine.grammar.mask_steps - before[1],
-                )
-            )
-
-    def median_run(name: str) -> Run:
-        return sorted(runs[name])[len(runs[name]) // 2]
-
-    prefill = median_run("prefill")[0]
+    methods = Methods(args, engine, prompts, formats)
+    setup = methods.warm(names, model.get_output_embeddings().weight.shape[0])
+    median, runs = methods.medians(names)
+    prefill = median["prefill"][0]
     emit({"bench": "constrained", "format": "prefill (1 token)", "rows": rows, "s_median": round(prefill, 3)})
     lines: list[dict] = []
     for name in names:
-        took, tokens, steps, valid, mask_s, mask_steps = median_run(name)
-        line = {
-            "bench": "constrained",
-            "format": name,
-            "rows": rows,
-            "max_new_tokens": args.max_new_tokens,
-            "s_median": round(took, 3),
-            "s_all": [round(r[0], 3) for r in runs[name]],
-            "tokens": tokens,
-            "tokens_per_s": round(tokens / took, 1),
-            "steps": steps,
-            "decode_ms_per_step": round(1e3 * max(0.0, took - prefill) / max(1, steps - 1), 1),
-            "valid": f"{valid}/{rows}",
-        }
+        line = method_line(args, name, median[name], runs[name], prefill, rows)
         if formats[name] is not None:
+            took, mask_s, mask_steps = median[name][0], median[name][4], median[name][5]
             line.update(
                 setup_s=round(setup[name], 3),
                 mask_ms_per_step=round(1e3 * mask_s / max(1, mask_steps), 3),
@@ -169,6 +195,7 @@ def main() -> None:
         lines.append(line)
         emit(line)
     base = next((x for x in lines if x["format"] == "none"), None)
+    cuda = args.device.startswith("cuda")
     summary: dict = {
         "bench": "constrained_summary",
         "device": torch.cuda.get_device_name(args.device) if cuda else platform.processor() or "cpu",

@@ -26,7 +26,9 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rapo_echo.perf.workload import set_workload_dir, workload
 
@@ -85,7 +87,7 @@ def first_eos_lengths(completions, eos_ids: set[int]) -> list[int]:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model folder (default: the embedded model's cached folder)")
     ap.add_argument("--workload", help="folder holding a workload.py (default: the shared workload)")
@@ -96,7 +98,87 @@ def main() -> None:
     ap.add_argument("--compile-backend", default="inductor")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", help="also append the JSON lines to this file")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def timed(fn: Callable[[], int], device: str, repeats: int) -> tuple[list[float], list[int]]:
+    """One untimed warm-up call (which also compiles), then ``repeats`` timed calls: seconds and tokens."""
+    import torch
+
+    fn()
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times, tokens = [], []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        n = fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+        tokens.append(n)
+    return times, tokens
+
+
+def method_line(
+    method: str, times: list[float], tokens: list[int], rows: int, steps: int, width: int
+) -> dict:
+    med = statistics.median(times)
+    return {
+        "bench": "decode",
+        "method": method,
+        "rows": rows,
+        "max_new_tokens": steps,
+        "prompt_width": width,
+        "s_median": round(med, 3),
+        "s_all": [round(t, 3) for t in times],
+        "tokens_per_s": round(statistics.median(tokens) / med, 1),
+        "slots_per_s": round(rows * steps / med, 1),
+    }
+
+
+def bandwidth_figures(model: Any, device: str, rows: int, width: int, steps: int, lines: list[dict]) -> dict:
+    """The decode's bytes, the measured and spec bandwidth, and each method's time against the limit."""
+    import torch
+
+    bw = measured_bandwidth(device)
+    need = decode_bytes(model, rows, width, steps, torch.finfo(model.dtype).bits // 8)
+    limit = need / bw
+    return {
+        "bandwidth_measured_gb_s": round(bw / 1e9, 1),
+        "bandwidth_spec_gb_s": round((spec_bandwidth(device) or 0) / 1e9, 1) or None,
+        "decode_bytes_gb": round(need / 1e9, 2),
+        "bandwidth_limit_s": round(limit, 4),
+        "times_the_limit": {x["method"]: round(x["s_median"] / limit, 2) for x in lines},
+    }
+
+
+def summary_line(
+    args: argparse.Namespace, spec: str, model: Any, workload_dir: str, lines: list[dict]
+) -> dict:
+    """The run's setting, and each method's tokens per second against ``generate``'s."""
+    import torch
+
+    cuda = args.device.startswith("cuda")
+    summary: dict = {
+        "bench": "decode_summary",
+        "device": torch.cuda.get_device_name(args.device) if cuda else platform.processor() or "cpu",
+        "dtype": args.dtype,
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "model": Path(spec).name,
+        "params": sum(p.numel() for p in model.parameters()),
+        "workload": workload_dir,
+    }
+    base = next((x for x in lines if x["method"] == "transformers_generate"), None)
+    if base:
+        summary["tokens_per_s_vs_generate"] = {
+            x["method"]: round(x["tokens_per_s"] / base["tokens_per_s"], 3) for x in lines if x is not base
+        }
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     if args.workload:
@@ -126,33 +208,8 @@ def main() -> None:
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(line) + "\n")
 
-    def timed(fn) -> tuple[list[float], list[int]]:
-        fn()  # warm-up (and compile)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        times, tokens = [], []
-        for _ in range(args.repeats):
-            sync(args.device)
-            t0 = time.perf_counter()
-            n = fn()
-            sync(args.device)
-            times.append(time.perf_counter() - t0)
-            tokens.append(n)
-        return times, tokens
-
-    def report(method: str, times: list[float], tokens: list[int]) -> None:
-        med = statistics.median(times)
-        line = {
-            "bench": "decode",
-            "method": method,
-            "rows": rows,
-            "max_new_tokens": steps,
-            "prompt_width": width,
-            "s_median": round(med, 3),
-            "s_all": [round(t, 3) for t in times],
-            "tokens_per_s": round(statistics.median(tokens) / med, 1),
-            "slots_per_s": round(rows * steps / med, 1),
-        }
+    def report(method: str, fn: Callable[[], int]) -> None:
+        line = method_line(method, *timed(fn, args.device, args.repeats), rows, steps, width)
         if cuda:
             line["peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         emit(line)
@@ -160,22 +217,20 @@ def main() -> None:
     torch.manual_seed(w.SEED)
     if not args.no_generate:
         ids, mask = left_pad([p for p in prompts for _ in range(w.GROUP_SIZE)], probe.pad_id, model.device)
+        sampling = {"do_sample": True, "temperature": w.TEMPERATURE, "top_k": 0, "top_p": 1.0}
 
         def hf_generate() -> int:
             with torch.inference_mode():
                 out = model.generate(
                     input_ids=ids,
                     attention_mask=mask,
-                    do_sample=True,
-                    temperature=w.TEMPERATURE,
-                    top_k=0,
-                    top_p=1.0,
                     max_new_tokens=steps,
                     pad_token_id=probe.pad_id,
+                    **sampling,
                 )
             return sum(first_eos_lengths(out[:, ids.shape[1] :], probe.eos_ids))
 
-        report("transformers_generate", *timed(hf_generate))
+        report("transformers_generate", hf_generate)
     for loop in [x for x in args.loops.split(",") if x]:
         engine = HFEngine(
             model, tok, max_batch_size=10**6, decode_loop=loop, compile_backend=args.compile_backend
@@ -185,33 +240,10 @@ def main() -> None:
             gens = engine.generate_ids(prompts, params)
             return sum(len(g.token_ids) for group in gens for g in group)
 
-        report(f"rapo_echo_{engine.decode_mode}", *timed(ours))
-    summary: dict = {
-        "bench": "decode_summary",
-        "device": torch.cuda.get_device_name(args.device) if cuda else platform.processor() or "cpu",
-        "dtype": args.dtype,
-        "torch_version": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "model": Path(spec).name,
-        "params": sum(p.numel() for p in model.parameters()),
-        "workload": str(Path(w.__file__).parent),
-    }
-    base = next((x for x in lines if x["method"] == "transformers_generate"), None)
-    if base:
-        summary["tokens_per_s_vs_generate"] = {
-            x["method"]: round(x["tokens_per_s"] / base["tokens_per_s"], 3) for x in lines if x is not base
-        }
+        report(f"rapo_echo_{engine.decode_mode}", ours)
+    summary = summary_line(args, spec, model, str(Path(w.__file__).parent), lines)
     if cuda:
-        bw = measured_bandwidth(args.device)
-        need = decode_bytes(model, rows, width, steps, torch.finfo(model.dtype).bits // 8)
-        limit = need / bw
-        summary.update(
-            bandwidth_measured_gb_s=round(bw / 1e9, 1),
-            bandwidth_spec_gb_s=round((spec_bandwidth(args.device) or 0) / 1e9, 1) or None,
-            decode_bytes_gb=round(need / 1e9, 2),
-            bandwidth_limit_s=round(limit, 4),
-            times_the_limit={x["method"]: round(x["s_median"] / limit, 2) for x in lines},
-        )
+        summary.update(bandwidth_figures(model, args.device, rows, width, steps, lines))
     emit(summary)
 
 

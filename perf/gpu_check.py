@@ -255,7 +255,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="folder for gpu_check.jsonl, table.txt, the logs and the profile")
     ap.add_argument("--smoke", action="store_true", help="on this CPU with a tiny model (tests the script)")
@@ -271,7 +271,153 @@ def main() -> int:
     ap.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--new-tokens", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+Plan = list[tuple[str, list[str]]]
+
+
+def models_and_compare(args: argparse.Namespace, out: Path, py: str, me: str) -> tuple[Plan, dict[str, str]]:
+    """The ``models`` and ``compare`` parts, and the model / device / dtype / backend / workload the
+    later parts use (``--smoke``: a tiny random Llama on this CPU; else the kit's 1.4B on CUDA)."""
+    models = Path(args.models) if args.models else out / "models"
+    tok = tokenizer_dir(out, args.tok)
+    if args.smoke:
+        model = models / "tiny-rand"
+        small = kit_file("workload.py")
+        setup = {
+            "model": str(model),
+            "device": "cpu",
+            "dtype": "float32",
+            "backend": "aot_eager",
+            "workload": str(small.parent) if small else "",
+        }
+        maker = [py, me, str(out), "--part", "tiny", "--tok", str(tok), "--model", str(model)]
+        compare = [py, "perf/bench_grpo.py", "--device", "cpu", "--steps", "1"]
+        compare += ["--model", str(model), "--out", str(out / "compare.jsonl")]
+        compare += ["--set", "rollout.max_new_tokens=8"]
+        return [("models", maker), ("compare", compare)], setup
+    model = models / "llama-1.4b-rand"
+    kit_maker, large = kit_file("make_models.py"), kit_file("large")
+    if kit_maker is None or large is None:
+        raise FileNotFoundError(
+            "the GPU kit (gpu/make_models.py, gpu/large/) is in none of the shared bench folders; see "
+            "../shared/bench/gpu/README.md"
+        )
+    setup = {
+        "model": str(model),
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "backend": "inductor",
+        "workload": str(large),
+    }
+    maker = [py, str(kit_maker), "--tok", str(tok), "--out", str(models), "--which", "b"]
+    compare = [py, "perf/bench_grpo.py", "--compare", "--device", "cuda"]
+    compare += ["--workload", str(large), "--model", str(model), "--out", str(out / "compare.jsonl")]
+    return [("models", maker), ("compare", compare)], setup
+
+
+def decode_and_profile(args: argparse.Namespace, out: Path, py: str, me: str, setup: dict[str, str]) -> Plan:
+    """The ``decode`` and ``profile`` parts on the model ``setup`` names."""
+    workload = ["--workload", setup["workload"]] if setup["workload"] else []
+    common = ["--model", setup["model"], "--device", setup["device"], "--dtype", setup["dtype"]]
+    loops = "dynamic" if args.smoke else "compiled"  # smoke: the profile part compiles; keep this one short
+    decode = [py, "perf/bench_decode.py", *common, "--loops", loops, "--repeats", "1"]
+    decode += ["--compile-backend", setup["backend"], "--out", str(out / "decode.jsonl"), *workload]
+    if args.smoke:
+        decode += ["--no-generate"]
+    profile = [
+        py,
+        me,
+        str(out),
+        "--part",
+        "profile",
+        *common,
+        "--compile-backend",
+        setup["backend"],
+        *workload,
+    ]
+    if args.smoke:
+        profile += ["--new-tokens", "8"]
+    return [("decode", decode), ("profile", profile)]
+
+
+def optional_parts(args: argparse.Namespace, out: Path, py: str, model: str) -> Plan:
+    """``zero3`` and ``vllm`` (``--zero3`` / ``--vllm`` / ``--all``; never under ``--smoke``)."""
+    plan: Plan = []
+    if args.smoke:
+        return plan
+    train = [
+        "-m",
+        "rapo_echo.cli",
+        "train",
+        "--config",
+        "configs/grpo.yaml",
+        "--model",
+        model,
+        "--max-steps",
+        "2",
+    ]
+    train += ["--set", "model.device=cuda", "--set", "rollout.max_new_tokens=64"]
+    if args.zero3 or args.all:
+        launch = [
+            py,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            "configs/accelerate/deepspeed_zero3.yaml",
+        ]
+        plan.append(("zero3", [*launch, "--num_processes", "1", *train, "--output", str(out / "zero3-run")]))
+    if args.vllm or args.all:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            plan.append(("vllm", [py, "-c", "import sys; sys.exit('vllm is not installed')"]))
+        else:
+            run = [py, *train, "--output", str(out / "vllm-run"), "--set", "rollout.engine=vllm"]
+            plan.append(("vllm", run))
+    return plan
+
+
+def run_plan(plan: Plan, out: Path, smoke: bool, env: dict[str, str]) -> list[dict[str, Any]]:
+    """Each part under its limit (the default parts share ``BUDGET_S``), its rows appended to
+    ``gpu_check.jsonl``; a failed ``models`` part ends the plan."""
+    timeouts = SMOKE_TIMEOUTS if smoke else TIMEOUTS
+    rows: list[dict[str, Any]] = []
+    deadline = time.perf_counter() + (10**6 if smoke else BUDGET_S)
+    for name, cmd in plan:
+        limit = timeouts.get(name, 240)
+        if name not in ("zero3", "vllm"):
+            limit = min(limit, int(deadline - time.perf_counter()))
+        if limit < 10:
+            error = f"the {BUDGET_S} s budget of the default parts is spent"
+            rows.append(
+                {
+                    "part": name,
+                    "status": "skipped (budget)",
+                    "seconds": 0,
+                    "lines": [],
+                    "log": "",
+                    "error": error,
+                }
+            )
+            continue
+        row = run_part(name, cmd, out, limit, env)
+        rows.append(row)
+        if name == "models" and row["status"] != "ok":
+            print(f"{name}: {row['status']} ({row['error']}); nothing else can run", file=sys.stderr)
+            break
+        with (out / "gpu_check.jsonl").open("a") as fh:
+            head = {k: v for k, v in row.items() if k != "lines"} | {"summary": summary_of(row)}
+            fh.write(json.dumps(head) + "\n")
+            for line in row["lines"]:
+                fh.write(json.dumps({"part": name, **line}) + "\n")
+        print(f"{name}: {row['status']} in {row['seconds']} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> int:
+    args = parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     args.out = str(out)
@@ -284,119 +430,16 @@ def main() -> int:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
     # the checkout after the installed package: its rapo_echo/ folder lacks the mapped algorithms/ etc.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
-    py = sys.executable
-    me = str(Path(__file__).resolve())
-    models = Path(args.models) if args.models else out / "models"
-    tok = tokenizer_dir(out, args.tok)
-    timeouts = SMOKE_TIMEOUTS if args.smoke else TIMEOUTS
-    plan: list[tuple[str, list[str]]] = []
-    if args.smoke:
-        model = models / "tiny-rand"
-        device, dtype, backend = "cpu", "float32", "aot_eager"
-        small = str(kit_file("workload.py").parent) if kit_file("workload.py") else None
-        plan.append(
-            ("models", [py, me, str(out), "--part", "tiny", "--tok", str(tok), "--model", str(model)])
-        )
-        compare = [py, "perf/bench_grpo.py", "--device", "cpu", "--steps", "1"]
-        compare += ["--model", str(model), "--out", str(out / "compare.jsonl")]
-        compare += ["--set", "rollout.max_new_tokens=8"]
-        workload = small
-    else:
-        model = models / "llama-1.4b-rand"
-        device, dtype, backend = "cuda", "bfloat16", "inductor"
-        maker = kit_file("make_models.py")
-        large = kit_file("large")
-        if maker is None or large is None:
-            print(
-                "the GPU kit (gpu/make_models.py, gpu/large/) is in none of the shared bench folders; see "
-                "../shared/bench/gpu/README.md",
-                file=sys.stderr,
-            )
-            return 2
+    if not args.smoke:
         env.setdefault("BIG_STEPS", "3")
-        plan.append(("models", [py, str(maker), "--tok", str(tok), "--out", str(models), "--which", "b"]))
-        compare = [py, "perf/bench_grpo.py", "--compare", "--device", "cuda"]
-        compare += ["--workload", str(large), "--model", str(model), "--out", str(out / "compare.jsonl")]
-        workload = str(large)
-    plan.append(("compare", compare))
-    decode = [
-        py,
-        "perf/bench_decode.py",
-        "--device",
-        device,
-        "--dtype",
-        dtype,
-        "--model",
-        str(model),
-    ]
-    loops = "dynamic" if args.smoke else "compiled"  # smoke: the profile part compiles; keep this one short
-    decode += ["--loops", loops, "--repeats", "1", "--compile-backend", backend]
-    decode += ["--out", str(out / "decode.jsonl")] + (["--workload", workload] if workload else [])
-    if args.smoke:
-        decode += ["--no-generate"]
-    plan.append(("decode", decode))
-    profile = [py, me, str(out), "--part", "profile", "--model", str(model), "--device", device]
-    profile += ["--dtype", dtype, "--compile-backend", backend] + (
-        ["--workload", workload] if workload else []
-    )
-    if args.smoke:
-        profile += ["--new-tokens", "8"]
-    plan.append(("profile", profile))
-    if (args.zero3 or args.all) and not args.smoke:
-        zero3 = [
-            py,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            "configs/accelerate/deepspeed_zero3.yaml",
-        ]
-        zero3 += ["--num_processes", "1", "-m", "rapo_echo.cli", "train", "--config", "configs/grpo.yaml"]
-        zero3 += ["--model", str(model), "--max-steps", "2", "--output", str(out / "zero3-run")]
-        zero3 += ["--set", "model.device=cuda", "--set", "rollout.max_new_tokens=64"]
-        plan.append(("zero3", zero3))
-    if (args.vllm or args.all) and not args.smoke:
-        import importlib.util
-
-        if importlib.util.find_spec("vllm") is None:
-            plan.append(("vllm", [py, "-c", "import sys; sys.exit('vllm is not installed')"]))
-        else:
-            run = [py, "-m", "rapo_echo.cli", "train", "--config", "configs/grpo.yaml", "--model", str(model)]
-            run += ["--max-steps", "2", "--output", str(out / "vllm-run"), "--set", "model.device=cuda"]
-            run += ["--set", "rollout.engine=vllm", "--set", "rollout.max_new_tokens=64"]
-            plan.append(("vllm", run))
-    rows = []
-    jsonl = out / "gpu_check.jsonl"
-    deadline = time.perf_counter() + (10**6 if args.smoke else BUDGET_S)
-    for name, cmd in plan:
-        limit = timeouts.get(name, 240)
-        if name not in ("zero3", "vllm"):
-            limit = min(limit, int(deadline - time.perf_counter()))
-        if limit < 10:
-            rows.append(
-                {
-                    "part": name,
-                    "status": "skipped (budget)",
-                    "seconds": 0,
-                    "lines": [],
-                    "log": "",
-                    "error": f"the {BUDGET_S} s budget of the default parts is spent",
-                }
-            )
-            continue
-        row = run_part(name, cmd, out, limit, env)
-        if name == "models" and row["status"] != "ok":
-            rows.append(row)
-            print(f"{name}: {row['status']} ({row['error']}); nothing else can run", file=sys.stderr)
-            break
-        rows.append(row)
-        with jsonl.open("a") as fh:
-            fh.write(
-                json.dumps({k: v for k, v in row.items() if k != "lines"} | {"summary": summary_of(row)})
-                + "\n"
-            )
-            for line in row["lines"]:
-                fh.write(json.dumps({"part": name, **line}) + "\n")
-        print(f"{name}: {row['status']} in {row['seconds']} s", file=sys.stderr, flush=True)
+    py, me = sys.executable, str(Path(__file__).resolve())
+    try:
+        plan, setup = models_and_compare(args, out, py, me)
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    plan += decode_and_profile(args, out, py, me, setup) + optional_parts(args, out, py, setup["model"])
+    rows = run_plan(plan, out, args.smoke, env)
     text = table(rows)
     (out / "table.txt").write_text(text + "\n")
     print(text)

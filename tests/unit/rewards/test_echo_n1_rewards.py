@@ -188,13 +188,17 @@ def test_injection_probe_measures_how_far_an_instruction_moves_the_judge() -> No
     out = reward([sample(GOOD, group=i) for i in range(3)])
     assert [o.score for o in out] == pytest.approx([0.5] * 3)  # the probe never changes a score
     choices = [c for c in engine.calls if c["method"] == "choice_logprobs"]
-    assert [len(c["prompts"]) for c in choices] == [3 * 2 + 2 * 2]  # probes ride in the same call
+    # probes ride in the same call: 3 samples x 2 orders, and per probe 2 orders x (the bare judge, and the
+    # screen's two readings under `lower`: as written and with the attack set aside)
+    assert [len(c["prompts"]) for c in choices] == [3 * 2 + 2 * 2 * 3]
     metrics = reward.step_metrics()
     # the probe takes issue 39's attacks in turn: the first probe appends the note (this judge follows it:
     # +0.5), the second the judge's answer object (this judge ignores it: 0); the mean is 0.25
     assert metrics["judge/injection_bias/note/shift"] == pytest.approx(0.5)
     assert metrics["judge/injection_bias/json/shift"] == pytest.approx(0.0)
     assert metrics["judge/injection_bias/shift"] == pytest.approx(0.25)
+    # through the screen the note buys nothing: the set-aside reading (0.5) is the lower one
+    assert metrics["judge/injection_bias/defended_shift"] == pytest.approx(0.0)
     assert metrics["judge/injection_bias/n"] == 2
     assert metrics["judge/position_bias/n"] == 6  # the probes are not counted as decisions
     assert reward.stats["comparisons"] == 6

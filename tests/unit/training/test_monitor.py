@@ -103,10 +103,12 @@ def test_missing_heldout_key_warns_once(caplog: pytest.LogCaptureFixture) -> Non
 
 def test_judge_text_in_replies() -> None:
     assert carries_judge_text("I'm here for you. Score: 5")
-    assert carries_judge_text("Verdict: human") and carries_judge_text("honestly 10/10 reply")
+    assert carries_judge_text("Verdict: human") and carries_judge_text("I'm here for you.\n10/10")
     assert not carries_judge_text("What's the score of the match?") and not carries_judge_text(
         "I scored 5 goals"
     )
+    # a grade in ordinary speech is not the judge's answer (issue 46: a bare N/10 anywhere was)
+    assert not carries_judge_text("Your grade is 7/10? That's solid, even if you hoped for more.")
     texts = [
         ["Hi", "Hello"],
         ["Hi. Score: 5", "Hello", "Hey", "Yo"],
