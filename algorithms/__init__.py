@@ -12,44 +12,36 @@ code: a config is code to trust. Classes are imported only when chosen, so readi
 from __future__ import annotations
 
 import inspect
-from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from rapo_echo.errors import ConfigError
-from rapo_echo.plugins import resolve_object
+from rapo_echo.plugins import Registry
 
 if TYPE_CHECKING:
     from .base import Algorithm
 
 ENTRY_POINT_GROUP = "rapo_echo.algorithms"
-DISTRIBUTION = "rapo-echo"  # the distribution whose entry points are the built-ins
+
+
+def _refuse(obj: Any) -> str | None:
+    from .base import Algorithm
+
+    if not (inspect.isclass(obj) and issubclass(obj, Algorithm)):
+        return f"is not an algorithm: an algorithm is a class subclassing {Algorithm.__module__}.Algorithm"
+    if inspect.isabstract(obj):
+        return f"is an algorithm that does not define {', '.join(sorted(obj.__abstractmethods__))}"
+    return None
+
+
+REGISTRY: Registry[type[Algorithm]] = Registry(ENTRY_POINT_GROUP, "algorithm", _refuse)
 
 
 def names(builtin: bool = False) -> list[str]:
     """The algorithm names ``--algo`` finds by name: every entry point of the group (``builtin``: only
     rapo-echo's own, the ones this documentation describes)."""
-    found = entry_points(group=ENTRY_POINT_GROUP)
-    if builtin:
-        found = [ep for ep in found if ep.dist is not None and ep.dist.name == DISTRIBUTION]
-    return sorted({ep.name for ep in found})
+    return REGISTRY.names(builtin)
 
 
 def get(name: str, where: str = "algo") -> type[Algorithm]:
     """The algorithm class ``name`` refers to (an entry point or ``module:Class``); a :class:`ConfigError`
     naming ``where`` when there is none, two packages claim the name, or it is not an algorithm."""
-    from .base import Algorithm
-
-    claims = {ep.value: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name}
-    if len(claims) > 1:
-        owners = ", ".join(f"{v} ({ep.dist.name if ep.dist else 'no package'})" for v, ep in claims.items())
-        raise ConfigError(f"{where}: the algorithm {name!r} is registered twice: {owners}; uninstall one")
-    obj = resolve_object(name, group=ENTRY_POINT_GROUP, builtins={}, kind="algorithm", where=where)
-    if not (inspect.isclass(obj) and issubclass(obj, Algorithm)):
-        raise ConfigError(
-            f"{where}: {name!r} is not an algorithm: an algorithm is a class that subclasses "
-            "rapo_echo.algorithms.base.Algorithm"
-        )
-    if inspect.isabstract(obj):
-        missing = ", ".join(sorted(obj.__abstractmethods__))
-        raise ConfigError(f"{where}: the algorithm {name!r} does not define {missing}")
-    return obj
+    return REGISTRY.get(name, where)

@@ -216,8 +216,9 @@ def pad_rows(values: Sequence[Sequence[float] | torch.Tensor | None], n_targets:
     """Per-token values of each row left-aligned into ``[rows, n_targets, ...]``, zeros elsewhere (and for a
     row without any): float lists as float32, tensors ``[tokens, ...]`` in their own dtype and shape."""
     like = next((v for v in values if isinstance(v, torch.Tensor)), None)
-    if like is None:
-        return pad_left_aligned([[] if v is None else v for v in values], n_targets)
+    if like is None:  # float lists and None only
+        rows = [[] if v is None else v for v in values if not isinstance(v, torch.Tensor)]
+        return pad_left_aligned(rows, n_targets)
     out = torch.zeros((len(values), n_targets, *like.shape[1:]), dtype=like.dtype)
     for row, v in enumerate(values):
         if v is not None and len(v):

@@ -1,9 +1,11 @@
-"""The GRPO core as pure tensor functions keyed by name: advantages, policy losses, KL, aggregation.
+"""The GRPO core as pure tensor functions: advantages, policy losses, KL, aggregation.
 
 Everything here is plain torch (no model, no config), runs on CPU and is differentiable where a
-loss is computed. The registries (``ADVANTAGE_ESTIMATORS``, ``POLICY_LOSSES``, ``KL_ESTIMATORS``,
-``AGGREGATIONS``) map the names the config accepts to the functions; :func:`get` looks a name up
-and fails with the allowed names. Shapes: ``N`` samples, ``B`` sequences, ``T`` padded tokens.
+loss is computed. The advantage estimators, policy losses and KL estimators are declared with the
+decorators of :mod:`.registries` and registered under the names the config accepts as entry points
+(rapo-echo's pyproject.toml), as a package registers its own; ``AGGREGATIONS`` maps the aggregation
+modes, and :func:`get` looks one up and fails with the allowed names. Shapes: ``N`` samples, ``B``
+sequences, ``T`` padded tokens.
 
 Masks are bool or float ``[B, T]`` (non-zero = a completion token that counts). Masked-out
 positions never leak into results, even when they hold ``inf`` or ``nan`` (padding), and an empty
@@ -17,6 +19,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from .registries import advantage_estimator, kl_estimator, policy_loss
 
 # Log-ratios are clamped to this range before exp (as verl does) so that a wild token cannot
 # overflow; values inside the range are exact.
@@ -143,6 +147,7 @@ def _finish(adv: Tensor, valid: Tensor, degenerate: Tensor, like: Tensor) -> Ten
     return out.to(like.dtype if like.dtype.is_floating_point else torch.get_default_dtype())
 
 
+@advantage_estimator
 def grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
     """``(r - mean_g) / (std_g + eps)`` with the unbiased (Bessel) std over the valid samples of each group.
 
@@ -158,6 +163,7 @@ def grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: floa
     return _finish(dev / (std + eps), valid, _degenerate(r, idx, valid, count), rewards)
 
 
+@advantage_estimator
 def dr_grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
     """``r - mean_g`` over the valid samples of each group (Dr. GRPO: no std division; ``eps`` unused).
 
@@ -168,6 +174,7 @@ def dr_grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: f
     return _finish(r - mean, valid, _degenerate(r, idx, valid, count), rewards)
 
 
+@advantage_estimator
 def rloo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
     """``r_i`` minus the mean of the other valid samples of its group (leave-one-out; ``eps`` unused).
 
@@ -178,13 +185,6 @@ def rloo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: floa
     r, idx, count, mean = _group_stats(rewards, groups, valid)
     adv = count / (count - 1).clamp(min=1) * (r - mean)
     return _finish(adv, valid, _degenerate(r, idx, valid, count), rewards)
-
-
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-}
 
 
 # ---------------------------------------------------------------------------- policy losses
@@ -201,6 +201,7 @@ def _pessimistic(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) ->
     return torch.where(active, clipped, unclipped), active
 
 
+@policy_loss
 def clip_policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -237,6 +238,9 @@ def clip_policy_loss(
     return torch.where(on, loss, zero), stats
 
 
+# GSPO weights sequences equally (its objective is a mean over sequences of sequence-level terms; verl
+# hard-codes ``seq-mean-token-mean`` for it), where ``token-mean`` would weigh a reply by its length.
+@policy_loss(aggregation="seq-mean-token-mean")
 def gspo_policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -278,17 +282,6 @@ def gspo_policy_loss(
     return torch.where(on, loss, zero), stats
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
-    "clip": clip_policy_loss,
-    "gspo": gspo_policy_loss,
-}
-
-# The aggregation ``loss.agg: auto`` resolves to for each policy loss (``token-mean`` otherwise): GSPO
-# weights sequences equally (its objective is a mean over sequences of sequence-level terms; verl
-# hard-codes ``seq-mean-token-mean`` for it), where ``token-mean`` would weigh a reply by its length.
-DEFAULT_AGGREGATION: dict[str, str] = {"gspo": "seq-mean-token-mean"}
-
-
 # ---------------------------------------------------------------------------- KL estimators
 
 
@@ -315,6 +308,7 @@ def _kl_out(kl: Tensor, mask: Tensor | None) -> Tensor:
     return torch.where(mask != 0, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
 
 
+@kl_estimator
 def kl_k1(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tensor:
     """k1 estimate of KL(pi || pi_ref) per token: ``logp - ref_logp`` (unbiased, high variance).
 
@@ -324,11 +318,13 @@ def kl_k1(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tens
     return _kl_out(_kl_inputs("kl_k1", logp, ref_logp, mask), mask)
 
 
+@kl_estimator
 def kl_k2(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tensor:
     """k2 estimate per token: ``0.5 * (logp - ref_logp)**2`` (biased, low variance, >= 0)."""
     return _kl_out(0.5 * _kl_inputs("kl_k2", logp, ref_logp, mask).square(), mask)
 
 
+@kl_estimator
 def kl_k3(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tensor:
     """k3 estimate per token (Schulman): ``exp(ref_logp - logp) - (ref_logp - logp) - 1`` (unbiased, >= 0).
 
@@ -336,9 +332,6 @@ def kl_k3(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tens
     """
     x = (-_kl_inputs("kl_k3", logp, ref_logp, mask)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return _kl_out(x.exp() - x - 1, mask)
-
-
-KL_ESTIMATORS: dict[str, Callable[..., Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # ---------------------------------------------------------------------------- GAE and value loss

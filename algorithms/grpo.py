@@ -11,15 +11,18 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
+from rapo_echo.variety import distinct_n
 
 from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem
-from .core import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from .core import aggregate
+from .registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 
 if TYPE_CHECKING:
     from rapo_echo.policy import Policy, TokenScores
@@ -124,7 +127,7 @@ def group_advantages(cfg: RunConfig, rewards: Sequence[float | None], groups: Se
     valid = torch.tensor([r is not None for r in rewards])
     r = torch.tensor([0.0 if v is None else float(v) for v in rewards], dtype=torch.float64)
     g = torch.tensor(list(groups), dtype=torch.long)
-    est = ADVANTAGE_ESTIMATORS[cfg.loss.advantage]
+    est = ADVANTAGE_ESTIMATORS.get(cfg.loss.advantage, "loss.advantage")
     return est(r, g, valid, eps=cfg.loss.std_eps).tolist()
 
 
@@ -155,16 +158,18 @@ def pg_loss(
 
     eps = {k: v for k, v in (("eps_low", lc.eps_low), ("eps_high", lc.eps_high)) if v is not None}
     adv = mb.advantages if advantages is None else advantages
-    pg_tok, stats = POLICY_LOSSES[lc.policy_loss](logp, mb.old_logp, adv, mask, **eps)
+    policy_loss = POLICY_LOSSES.get(lc.policy_loss, "loss.policy_loss")
+    pg_tok, stats = policy_loss(logp, mb.old_logp, adv, mask, **eps)
     per = pg_tok
     metrics["loss/pg"] = agg(pg_tok).detach()
     share = mask.sum() / tot["tokens"]
     metrics["clip_frac"] = stats["clip_frac"].detach() * share
-    if lc.beta > 0 and mb.ref_logp is not None:
-        kl = KL_ESTIMATORS[lc.kl_estimator](logp, mb.ref_logp, mask=mask)
-        per = per + lc.beta * kl
+    if mb.ref_logp is not None:  # kept for the KL term, or for the monitor alone (monitor.reference_kl)
+        kl = KL_ESTIMATORS.get(lc.kl_estimator, "loss.kl_estimator")(logp, mb.ref_logp, mask=mask)
         metrics["kl"] = (kl * mask).sum().detach() / tot["tokens"]
-        metrics["loss/kl"] = lc.beta * agg(kl).detach()
+        if lc.beta > 0:
+            per = per + lc.beta * kl
+            metrics["loss/kl"] = lc.beta * agg(kl).detach()
     if lc.entropy_coef > 0:
         per = per - lc.entropy_coef * entropy
     metrics["entropy"] = (entropy.detach() * mask).sum() / tot["tokens"]
@@ -174,9 +179,11 @@ def pg_loss(
 
 
 def policy_gradient_needs(cfg: RunConfig, **more: Any) -> Needs:
-    """The Needs of a policy-gradient algorithm on the ``loss`` section: a reference when the KL term is on,
-    an entropy gradient when its bonus is; ``more`` adds to them."""
-    return Needs(reference=cfg.loss.beta > 0, entropy_grad=cfg.loss.entropy_coef > 0, **more)
+    """The Needs of a policy-gradient algorithm on the ``loss`` section: a reference when the KL term is on
+    (or the monitor watches the KL, ``monitor.reference_kl``), an entropy gradient when its bonus is;
+    ``more`` adds to them."""
+    reference = cfg.loss.beta > 0 or cfg.monitor.reference_kl
+    return Needs(reference=reference, entropy_grad=cfg.loss.entropy_coef > 0, **more)
 
 
 # ---------------------------------------------------------------------------- metrics and validation
@@ -189,15 +196,33 @@ def reward_stats(samples: list[Sample], names: list[str]) -> dict[str, float]:
     out["reward/mean"] = statistics.fmean(valid) if valid else float("nan")
     out["reward/std"] = statistics.pstdev(valid) if len(valid) > 1 else 0.0
     for name in names:
-        vals = [s.rewards[name] for s in samples if s.rewards.get(name) is not None]
-        out[f"reward/{name}/mean"] = statistics.fmean(vals) if vals else float("nan")  # type: ignore[arg-type]
-        out[f"reward/{name}/std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0  # type: ignore[arg-type]
+        vals = [v for s in samples if (v := s.rewards.get(name)) is not None]
+        out[f"reward/{name}/mean"] = statistics.fmean(vals) if vals else float("nan")
+        out[f"reward/{name}/std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0
         out.update(route_shares(samples, name))
     out["invalid"] = float(sum(1 for s in samples if s.reward is None))
     lengths = [len(s.completion_ids) for s in samples]
     out["reply_len/mean"] = statistics.fmean(lengths) if lengths else 0.0
     out["truncated"] = float(sum(1 for s in samples if s.finish_reason == "length"))
+    out.update(reply_variety(samples))
     return out
+
+
+def reply_variety(samples: list[Sample]) -> dict[str, float]:
+    """How varied the step's replies are (the monitor's ``replies_converge``): ``reply/distinct_2``, the
+    Distinct-2 of all replies together (:func:`rapo_echo.variety.distinct_n`), and ``reply/top_share``, the
+    mean over groups of the share of a group's replies that are its most frequent (whitespace-normalised)
+    text: 1/G when all differ, 1 when the group says one thing."""
+    if not samples:
+        return {}
+    groups: dict[int, list[str]] = {}
+    for s in samples:
+        groups.setdefault(s.group, []).append(" ".join(s.text.split()))
+    shares = [Counter(texts).most_common(1)[0][1] / len(texts) for texts in groups.values()]
+    return {
+        "reply/distinct_2": distinct_n([s.text for s in samples], 2),
+        "reply/top_share": statistics.fmean(shares),
+    }
 
 
 def route_shares(samples: list[Sample], name: str) -> dict[str, float]:

@@ -25,7 +25,7 @@ import torch
 from rapo_echo.policy import pad_left_aligned
 from rapo_echo.types import Scenario, ValidationResult
 
-from .base import PG, Algorithm, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem
+from .base import PG, Algorithm, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem, pad_rows
 from .core import aggregate, gae_advantages, masked_whiten, value_loss
 from .grpo import (
     advantage_stats,
@@ -42,6 +42,11 @@ if TYPE_CHECKING:
     from rapo_echo.policy import Policy, TokenScores
 
     from .run_sections import RunConfig
+
+    class PpoRunConfig(RunConfig):
+        """The run config :func:`.run_config.run_config_class` builds for PPO (the type checker's view)."""
+
+        ppo: PpoConfig
 
 
 # The per-token fields of a PPO row: GAE's advantages and returns, the value head's values before the update.
@@ -109,6 +114,7 @@ class PPO(Algorithm):
 
     name = "ppo"
     config = PpoConfig
+    cfg: PpoRunConfig
     validation_key = "val/reward"
 
     @classmethod
@@ -138,13 +144,13 @@ class PPO(Algorithm):
         flat: list[float] = []
         if items:
             r = self.cfg.rollout
-            fill_old_values(self.ctx.policy, items, self.cfg.train.micro_batch_size, r.temperature)
+            fill_old_values(self.ctx.policy, items, self.cfg.train.micro_batch, r.temperature)
             width = max(len(it.completion_ids) for it in items)
-            values = pad_left_aligned([it.fields[OLD_VALUES] for it in items], width)
+            values = pad_rows([it.fields[OLD_VALUES] for it in items], width)
             mask = pad_left_aligned([[1.0] * len(it.completion_ids) for it in items], width)
             rewards = torch.zeros_like(values)
             for row, it in enumerate(items):  # the reply's reward at its last token
-                rewards[row, len(it.completion_ids) - 1] = float(samples[it.sample].reward)  # type: ignore[arg-type]
+                rewards[row, len(it.completion_ids) - 1] = float(samples[it.sample].reward)  # type: ignore[arg-type]  # pg_items keeps valid ones
             adv, ret = estimate(rewards, values, mask, self.cfg.ppo)
             set_value_fields(items, adv, ret)
             flat = adv[mask != 0].tolist()

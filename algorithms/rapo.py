@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +42,17 @@ from .grpo import (
 )
 from .rank_rewards import gopo_advantages, linear_rank_rewards, mix_emotion
 from .rapo_config import RapoConfig
+from .sd_guards import SD_REF_LOGP, BeatTracker, failed, guard_tokens, needs_reference
 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
+
+    from .run_sections import RunConfig
+
+    class RapoRunConfig(RunConfig):
+        """The run config :func:`.run_config.run_config_class` builds for RAPO (the type checker's view)."""
+
+        rapo: RapoConfig
 
 # A self-distillation target: a corrected reply learnt under the plain context, normalised over the
 # mini-batch's SD tokens, and scored at temperature 1 so every SD loss (and the ``token_kl`` teacher)
@@ -211,35 +219,58 @@ def select_for_distillation(
     return chosen
 
 
+def pulls(out: TokenScores, **terms: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``<name>/pull`` for each loss term: the L1 norm of its gradient with respect to the token
+    log-probs it reads (``out.logp``, and ``out.gathered`` for ``token_kl``), i.e. how hard it pulls on
+    the policy's outputs. The terms are normalised by the mini-batch totals, so micro-batches add up;
+    ``sd/pull`` / ``pg/pull`` is the monitor's ``sd/pg_ratio``. Only the loss's own graph above the
+    log-probs is traversed (not the model)."""
+    inputs = [t for t in (out.logp, out.gathered) if t is not None and t.requires_grad]
+    if not inputs:
+        return {}
+    res = {}
+    for name, term in terms.items():
+        if not term.requires_grad:
+            res[f"{name}/pull"] = torch.zeros(())
+            continue
+        grads = torch.autograd.grad(term, inputs, retain_graph=True, allow_unused=True)
+        res[f"{name}/pull"] = sum((g.detach().abs().sum() for g in grads if g is not None), torch.zeros(()))
+    return res
+
+
 class RAPO(GRPO):
     """GRPO over judge ranks of simulated reactions, plus critique self-distillation."""
 
     name = "rapo"
     config = RapoConfig
+    cfg: RapoRunConfig
     # Linear rank rewards average 0.5 in every group, so show the simulated emotion change instead.
     progress_keys = ("sim/emotion_delta", "loss/sd", "loss/total")
     validation_key = "val/emotion_delta"
     validation_dialogues = True
 
     @classmethod
-    def needs(cls, cfg: Any) -> Needs:
+    def needs(cls, cfg: RunConfig) -> Needs:
         """Its judge's group ranks are the reward (plugins are optional extras); self-distillation adds
         the SD rows, and ``token_kl`` the teacher's top-k on them."""
-        sd = cfg.rapo.sd
+        rc = cfg.section("rapo", RapoConfig)
+        sd = rc.sd
         token_kl = sd.enabled and sd.loss == "token_kl"
-        return policy_gradient_needs(
+        guarded = sd.enabled and needs_reference(sd)
+        needs = policy_gradient_needs(
             cfg,
             kinds=(PG, SD) if sd.enabled else (PG,),
-            fields=(TEACHER_IDS, TEACHER_LOGP) if token_kl else (),
+            fields=((TEACHER_IDS, TEACHER_LOGP) if token_kl else ()) + ((SD_REF_LOGP,) if guarded else ()),
             gather=TEACHER_IDS if token_kl else None,
-            roles=("simulator", "judge") if cfg.rapo.judge.kind == "model" else ("simulator",),
+            roles=("simulator", "judge") if rc.judge.kind == "model" else ("simulator",),
         )
+        return replace(needs, reference=True) if guarded else needs
 
     @classmethod
-    def requests(cls, cfg: Any) -> list[RoleRequest]:
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
         """The reaction simulator's reactions, the model judge's group ranks and critiques; a simulator
         plugin's calls are unknown."""
-        rc, r = cfg.rapo, cfg.rollout
+        rc, r = cfg.section("rapo", RapoConfig), cfg.rollout
         b, n = r.batch_size, r.batch_size * r.group_size
         out: list[RoleRequest] = []
         if rc.simulator.name == "reaction":
@@ -265,9 +296,9 @@ class RAPO(GRPO):
         return out
 
     @classmethod
-    def check_plugins(cls, cfg: Any, at: Callable[[str], str]) -> None:
+    def check_plugins(cls, cfg: RunConfig, at: Callable[[str], str]) -> None:
         """``rapo.simulator.name``: a built-in simulated user or a plugin (``module:attr``, entry point)."""
-        resolve_simulator(cfg.rapo.simulator.name, at("rapo.simulator.name"))
+        resolve_simulator(cfg.section("rapo", RapoConfig).simulator.name, at("rapo.simulator.name"))
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -279,14 +310,16 @@ class RAPO(GRPO):
             "rollout": {"group_size": 4},
         }
 
-    def __init__(self, cfg: Any, ctx: AlgoContext) -> None:
+    def __init__(self, cfg: RunConfig, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)
-        rc = cfg.rapo
+        rc = cfg.section("rapo", RapoConfig)
         if (rc.simulator.name == "reaction" and ctx.simulator is None) or (
             rc.judge.kind == "model" and ctx.judge is None
         ):
             raise ValueError("RAPO needs a simulator and a judge engine")
         self.rng = random.Random(cfg.train.seed)
+        self.beat = BeatTracker(rc.sd.beat_ema)  # the min_beat guard's moving average
+        self.coef = rc.sd.coef  # this step's SD coefficient (the min_beat guard scales it)
         self.simulator = build_simulator(
             rc.simulator.name,
             self.simulator_args(rc.simulator),
@@ -310,22 +343,7 @@ class RAPO(GRPO):
             self.judge = ReactionJudge(tie_eps=jc.tie_eps)
         else:
             self.judge = GroupJudge(
-                ctx.judge,
-                use_logprobs=jc.use_logprobs,
-                max_retries=jc.max_retries,
-                reverse_pass=jc.reverse_pass,
-                shuffle=jc.shuffle,
-                orders=jc.orders,
-                auto_probe=jc.auto_probe,
-                auto_threshold=jc.auto_threshold,
-                tie_eps=jc.tie_eps,
-                ties=jc.ties,
-                max_new_tokens=jc.max_new_tokens,
-                critique_tokens=jc.critique_tokens,
-                show_profile=jc.show_profile,
-                rng=self.rng,
-                addressed=jc.addressed,
-                addressed_context=jc.addressed_context,
+                ctx.judge, jc, rng=self.rng  # type: ignore[arg-type]  # not None: refused above for kind "model"
             )
 
     @staticmethod
@@ -355,11 +373,12 @@ class RAPO(GRPO):
     # ------------------------------------------------------------------ state (for resume)
     def state_dict(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
-        return {"rng": [version, list(internal), gauss]}
+        return {"rng": [version, list(internal), gauss], "beat_ema": self.beat.ema}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
+        self.beat.ema = state.get("beat_ema")
 
     # ------------------------------------------------------------------ rollout
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
@@ -404,9 +423,13 @@ class RAPO(GRPO):
                 corrections = self._corrections(samples, reactions, ranked)
                 items = self._distillation_items(samples, ranked, corrections, items, advantages)
                 record_rewrites(samples, corrections)
+            self._reference_on_distilled(items)
             stage.close()
             timings["distill"] = time.perf_counter() - t0
             metrics.update(self._distill_metrics(items, corrections))
+            self.beat.update(metrics.get("sd/beat_original"))
+            self.coef = self.sd.coef * self.beat.factor(self.sd.min_beat)
+            metrics["sd/coef"] = self.coef
         extra = {"reactions": reactions, "corrections": corrections}
         bias = [self.judge.step_metrics()] if isinstance(self.judge, GroupJudge) else []
         return Rollout(samples, items, metrics, timings, extra, judge_metrics=bias)
@@ -562,10 +585,11 @@ class RAPO(GRPO):
             return group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
         adv = [0.0] * len(samples)
         for g in groups:
-            valid = [i for i in g if samples[i].reward is not None]
-            if len(valid) < 2:
+            scored = [(i, r) for i in g if (r := samples[i].reward) is not None]
+            if len(scored) < 2:
                 continue
-            ranks = average_ranks([samples[i].reward for i in valid])  # type: ignore[misc]
+            valid = [i for i, _ in scored]
+            ranks = average_ranks([r for _, r in scored])
             for i, a in zip(valid, gopo_advantages(ranks)):
                 adv[i] = a
         return adv
@@ -574,15 +598,14 @@ class RAPO(GRPO):
     def _selected(self, samples: list[Sample], groups: list[list[int]]) -> list[int]:
         chosen: list[int] = []
         for g in groups:
-            ranks = [samples[i].info.get("rank") for i in g]
-            if any(r is None for r in ranks):
+            ranks = [r for i in g if (r := samples[i].info.get("rank")) is not None]
+            if len(ranks) < len(g):
                 continue
             picked = select_for_distillation(
-                ranks,
-                [samples[i].reward for i in g],
-                self.sd.select,
-                self.sd.threshold,  # type: ignore[arg-type]
+                ranks, [samples[i].reward for i in g], self.sd.select, self.sd.threshold
             )
+            if self.sd.only_failed:  # SRPO: only what failed goes to self-distillation
+                picked = [p for p in picked if failed(samples[g[p]].info["reaction"]["emotion_delta"])]
             picked.sort(key=lambda p: -ranks[p])  # worst first
             if self.sd.max_per_group:
                 picked = picked[: self.sd.max_per_group]
@@ -627,7 +650,8 @@ class RAPO(GRPO):
         corrections = [
             Correction(i, g[0]) for i, g in zip(chosen, gens) if g[0].token_ids and not is_blank(g[0].text)
         ]
-        if corrections and (self.sd.verify or self.sd.loss in ("adv_nll", "in_group")):
+        rerank = self.sd.verify or self.sd.min_beat is not None or self.sd.loss in ("adv_nll", "in_group")
+        if corrections and rerank:
             self._rerank(samples, reactions, groups, corrections)
             if self.sd.verify:
                 for c in corrections:
@@ -734,13 +758,16 @@ class RAPO(GRPO):
         ]
         completions = [samples[i].completion_ids for i in chosen]
         items = []
-        for start in range(0, len(chosen), self.cfg.train.micro_batch_size):
-            part = slice(start, start + self.cfg.train.micro_batch_size)
+        for start in range(0, len(chosen), self.cfg.train.micro_batch):
+            part = slice(start, start + self.cfg.train.micro_batch)
             batch = policy.batch(prompts[part], completions[part])
             ids, logp = policy.scorer.topk(batch, k)  # temperature 1, as the student's SD rows
             for row, i in enumerate(chosen[part]):
                 n = len(samples[i].completion_ids)
-                teacher = {TEACHER_IDS: ids[row, :n].cpu(), TEACHER_LOGP: logp[row, :n].cpu()}
+                teacher: dict[str, Sequence[float] | torch.Tensor] = {
+                    TEACHER_IDS: ids[row, :n].cpu(),
+                    TEACHER_LOGP: logp[row, :n].cpu(),
+                }
                 items.append(
                     TrainItem(
                         samples[i].prompt_ids,
@@ -753,6 +780,22 @@ class RAPO(GRPO):
                 )
         return items
 
+    @torch.no_grad()
+    def _reference_on_distilled(self, items: list[TrainItem]) -> None:
+        """The reference's log-probs (temperature 1) on the SD items' tokens, for the ``ref_kl`` and
+        ``max_ref_logratio`` guards."""
+        if not needs_reference(self.sd):
+            return
+        policy = self.ctx.policy
+        sd_items = [it for it in items if it.kind == SD]
+        size = self.cfg.train.micro_batch
+        for start in range(0, len(sd_items), size):
+            part = sd_items[start : start + size]
+            batch = policy.batch([it.prompt_ids for it in part], [it.completion_ids for it in part])
+            ref = policy.reference_logprobs(batch, temperature=1.0)  # as SD's rows
+            for row, it in enumerate(part):
+                it.fields[SD_REF_LOGP] = ref[row, : len(it.completion_ids)].float().cpu()
+
     # ------------------------------------------------------------------ loss
     def loss(
         self, mb: MicroBatch, out: TokenScores, totals: Totals
@@ -760,13 +803,27 @@ class RAPO(GRPO):
         """GRPO's objective over the rank rewards plus ``rapo.sd.coef`` times the SD loss, a token-mean
         over the mini-batch's SD tokens (:meth:`sd_per_token`)."""
         loss, metrics = pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
-        if not self.sd.enabled or totals[SD]["tokens"] == 0 or SD not in mb.kinds:
-            return loss, metrics  # no SD rows here (other micro-batches of the mini-batch have them)
+        if not self.sd.enabled or totals[SD]["tokens"] == 0:
+            return loss, metrics
+        if SD not in mb.kinds:  # no SD rows here (other micro-batches of the mini-batch have them)
+            metrics.update(pulls(out, pg=loss))
+            return loss, metrics
         mask = mb.kind_mask(SD)
         per = self.sd_per_token(mb, out.logp, mask, out.gathered)
+        per, guarded = guard_tokens(
+            per,
+            out.logp,
+            mb.fields.get(SD_REF_LOGP),
+            mask,
+            self.sd,
+            self.cfg.loss.kl_estimator,
+            totals[SD]["tokens"],
+        )
+        metrics.update(guarded)
         sd = (per * mask).sum() / totals[SD]["tokens"]
         metrics["loss/sd"] = sd.detach()
-        return loss + self.sd.coef * sd, metrics
+        metrics.update(pulls(out, pg=loss, sd=self.coef * sd))
+        return loss + self.coef * sd, metrics
 
     def sd_per_token(
         self, mb: MicroBatch, logp: torch.Tensor, mask: torch.Tensor, gathered: torch.Tensor | None
@@ -809,6 +866,7 @@ class RAPO(GRPO):
         out = {
             "sim/invalid": float(sum(not r.valid for r in reactions)),
             "sim/emotion_delta": statistics.fmean(deltas) if deltas else float("nan"),
+            "sim/emotion_delta_std": statistics.pstdev(deltas) if len(deltas) > 1 else 0.0,
             "judge/invalid_groups": float(sum(not j.valid for j in judgements)),
             "critique/len": statistics.fmean(crit) if crit else 0.0,
         }

@@ -7,61 +7,17 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from rapo_echo.config import Autocast, LogprobMode, Strict
+from rapo_echo.config import Autocast, GroupJudgeConfig, LogprobMode, Strict
 
 
-class RapoJudgeConfig(Strict):
-    """The group judge (GRM): ranks each group's reply -> reaction pairs and critiques the weak ones."""
+class RapoJudgeConfig(GroupJudgeConfig):
+    """RAPO's judge: the group judge's settings, which kind of judge ranks, and which replies it critiques."""
 
     kind: Literal["model", "reactions"] = Field(
         "model",
         description="`model`: the LLM group judge on the `judge` engine; `reactions`: no model, ranks by the "
         "reactions' emotion change and critiques by quoting them.",
     )
-    use_logprobs: LogprobMode = Field(
-        "auto",
-        description="Read the ranking from label-token probabilities (`auto`: when the engine has them).",
-    )
-    max_retries: int = Field(
-        2, ge=0, le=10, description="Retries of an unparseable ranking, then the group is masked."
-    )
-    reverse_pass: bool = Field(
-        False, description="Rank a second time in reversed order and average (position bias)."
-    )
-    shuffle: bool = Field(True, description="Shuffle the candidates before showing them.")
-    orders: Literal["both", "random", "auto"] = Field(
-        "both",
-        description="Position bias: `both` ranks each group in its G cyclic shifts (every reply once in "
-        "every slot) and averages; `random` one shuffled order; `auto` both until `auto_probe` decisions "
-        "are measured, then both only while the first slot's share of rank 1 exceeds "
-        "`auto_threshold` x 2 x chance.",
-    )
-    auto_probe: int = Field(32, ge=1, description="`orders: auto`: decisions measured in every order first.")
-    auto_threshold: float = Field(
-        0.6, ge=0.0, le=1.0, description="`orders: auto`: the bias above which every order is kept."
-    )
-    tie_eps: float = Field(0.02, ge=0.0, le=1.0, description="Label probabilities closer than this tie.")
-    ties: Literal["chained", "leader", "none", "sequential", "pairwise"] = Field(
-        "chained",
-        description="How P(best) becomes ranks: `chained` (neighbours within `tie_eps` tie), `leader` (ties "
-        "with a block's best only), `none`, `sequential` (G - 1 calls), `pairwise` (every pair,"
-        " both orders).",
-    )
-    show_profile: bool = Field(True, description="Show the judge the person's hidden profile.")
-    addressed: Literal["lower", "floor", "invalid", "strip", "flag"] = Field(
-        "lower",
-        description="A reply that addresses the judge (docs/judges.md): `lower` (ranked as written and with "
-        "its suspect spans set aside, the worse rank kept), `floor` (the group's last rank without judging "
-        "it), `invalid` (the group is masked), `strip` (rank the rest), `flag` (rank as is).",
-    )
-    addressed_context: Literal["lower", "strip", "invalid", "flag"] = Field(
-        "lower",
-        description="A dialogue turn, profile or reaction that addresses the judge: `lower` (shown as "
-        "written; each reply keeps the worse of its ranks there and with the suspect spans set aside), "
-        "`strip` it, mask the group (`invalid`), or `flag` it only.",
-    )
-    max_new_tokens: int = Field(384, ge=16, description="Tokens of a generated ranking.")
-    critique_tokens: int = Field(64, ge=8, description="Tokens per critique.")
     critique_for: Literal["selected", "all"] = Field(
         "selected", description="Critique only the replies to be rewritten, or `all`."
     )
@@ -134,6 +90,33 @@ class SelfDistillConfig(Strict):
         description="`token_kl`: also show the teacher the group's best-ranked reply as a demonstration.",
     )
     max_per_group: int | None = Field(None, ge=1, description="At most this many rewrites per group.")
+    only_failed: bool = Field(
+        False,
+        description="Guard (SRPO): only replies the person felt no better after (emotion change <= 0) are"
+        " rewritten and distilled.",
+    )
+    ref_kl: float = Field(
+        0.0,
+        ge=0.0,
+        description="Guard (SDPG): this x a KL estimate to the reference (`loss.kl_estimator`) on the"
+        " distilled tokens joins the SD loss.",
+    )
+    max_ref_logratio: float | None = Field(
+        None,
+        gt=0.0,
+        description="Guard: a distilled token whose log-prob is more than this from the reference's gives no"
+        " SD gradient (None: no cap).",
+    )
+    min_beat: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Guard (decay): the SD coefficient x min(1, EMA of the share of rewrites that beat their"
+        " original / this); re-ranks the rewrites (None: no decay; no effect on `token_kl`).",
+    )
+    beat_ema: float = Field(
+        0.8, ge=0.0, lt=1.0, description="`min_beat`: the moving average's weight on the past."
+    )
     autocast: Autocast = Field(
         "auto", description="Precision of rewrite generation (`auto`: bfloat16 where the hardware has it)."
     )

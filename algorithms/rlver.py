@@ -49,23 +49,35 @@ from rapo_echo.prompting import THINK_CLOSE, split_thinking
 from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, final_reward, preset
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
-from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem
+from .base import (
+    PG,
+    AlgoContext,
+    Algorithm,
+    MicroBatch,
+    Needs,
+    RoleRequest,
+    Rollout,
+    Totals,
+    TrainItem,
+    pad_rows,
+)
 from .grpo import advantage_stats, group_advantages, pg_loss, policy_gradient_needs, reward_stats
 from .ppo import OLD_VALUES, estimate, fill_old_values, ppo_loss, set_value_fields, value_needs
 from .rlver_config import RLVER_SYSTEM_PROMPT, RlverConfig
+from .turn_rewards import turn_advantages
 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
 
+    from .run_sections import RunConfig
+
+    class RlverRunConfig(RunConfig):
+        """The run config :func:`.run_config.run_config_class` builds for RLVER (the type checker's view)."""
+
+        rlver: RlverConfig
+
 EMOTION = "emotion"  # the name of the emotion reward in Sample.rewards
-
-
-def scenario_profile(scenario: Scenario) -> SageProfile:
-    """The simulated user of a scenario: a SAGE / RLVER profile row, or one of our scenarios."""
-    if scenario.meta.get("format") == "sage":
-        return SageProfile.from_mapping({**scenario.profile, "id": scenario.id}, scenario.id)
-    data = {"id": scenario.id, "profile": scenario.profile, "messages": scenario.messages}
-    return SageProfile.from_mapping(data, scenario.id)
+TURN_ADVANTAGES = "turn_advantages"  # ``reward: per_turn``: each response token's turn advantage
 
 
 @dataclass
@@ -125,21 +137,26 @@ class RLVER(Algorithm):
 
     name = "rlver"
     config = RlverConfig
+    cfg: RlverRunConfig
     dialogue_prompts = True
     progress_keys = ("emotion/final", "reward/mean", "loss/total")
 
     @classmethod
-    def needs(cls, cfg: Any) -> Needs:
+    def needs(cls, cfg: RunConfig) -> Needs:
         """GRPO compares a profile's dialogues (a group of 2 or more); PPO adds a value head, which is its
         baseline (a group of 1 is fine), and GAE's per-token fields."""
-        needs = value_needs if cfg.rlver.estimator == "ppo" else policy_gradient_needs
-        return needs(cfg, roles=("simulator",))
+        rc = cfg.section("rlver", RlverConfig)
+        if rc.estimator == "ppo":
+            return value_needs(cfg, roles=("simulator",))
+        per_turn = rc.reward == "per_turn" and not rc.thinking  # thinking: a row per turn
+        return policy_gradient_needs(cfg, fields=(TURN_ADVANTAGES,) if per_turn else (), roles=("simulator",))
 
     @classmethod
-    def requests(cls, cfg: Any) -> list[RoleRequest]:
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
         """The simulated user's turns: a reply and an emotion per turn of each dialogue still running."""
         n = cfg.rollout.batch_size * cfg.rollout.group_size
-        turns = cfg.rlver.simulator.max_turns or preset(cfg.rlver.simulator.preset).max_turns
+        sim = cfg.section("rlver", RlverConfig).simulator
+        turns = sim.max_turns or preset(sim.preset).max_turns
         return [
             RoleRequest(
                 "simulator", f"RLVER user turns (<= {turns} per dialogue, reply + emotion)", n * turns * 2
@@ -147,20 +164,21 @@ class RLVER(Algorithm):
         ]
 
     @classmethod
-    def check_resume(cls, cfg: Any, ckpt: Path) -> None:
+    def check_resume(cls, cfg: RunConfig, ckpt: Path) -> None:
         """Before anything loads: a checkpoint written with a value head (PPO) resumes only as PPO, and
         one without only as GRPO (the optimizer's parameter groups differ)."""
+        estimator = cfg.section("rlver", RlverConfig).estimator
         recorded = load_trainer_state(ckpt).get("algorithm", {}).get("estimator")
         # the estimator this checkpoint was written with (older ones: whether it holds a value head)
         was = recorded or ("ppo" if (ckpt / "model" / VALUE_HEAD_FILE).is_file() else "grpo")
-        if was == cfg.rlver.estimator:
+        if was == estimator:
             return
         held = "a value head, whose" if was == "ppo" else "no value head; its"
         raise ConfigError(
-            f"rlver.estimator: {cfg.rlver.estimator} cannot resume the checkpoint {ckpt}: it was trained "
+            f"rlver.estimator: {estimator} cannot resume the checkpoint {ckpt}: it was trained "
             f"with rlver.estimator: {was} and holds {held} optimizer state does not fit. Resume with "
             f"rlver.estimator: {was} (drop the --set), or start a new run in another --output to train "
-            f"with {cfg.rlver.estimator}"
+            f"with {estimator}"
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -178,12 +196,14 @@ class RLVER(Algorithm):
             "data": {"path": "bundled:sage_profiles_en.jsonl"},
         }
 
-    def __init__(self, cfg: Any, ctx: AlgoContext) -> None:
+    def __init__(self, cfg: RunConfig, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)
         if ctx.simulator is None:
             raise ValueError("RLVER needs a simulator engine")
-        rc, sc = cfg.rlver, cfg.rlver.simulator
-        overrides = {
+        self.user_engine = ctx.simulator
+        rc = cfg.section("rlver", RlverConfig)
+        sc = rc.simulator
+        overrides: dict[str, Any] = {  # SageSettings fields of their own types
             "max_turns": sc.max_turns,
             "initial_emotion": sc.initial_emotion,
             "end_at_max": sc.end_at_max_emotion,
@@ -245,7 +265,7 @@ class RLVER(Algorithm):
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
         timings = {"generate": 0.0, "simulate": 0.0}
         t0 = time.perf_counter()
-        sim = SageSimulator(self.ctx.simulator, self.sim_settings, seed=self.cfg.train.seed + step)
+        sim = SageSimulator(self.user_engine, self.sim_settings, seed=self.cfg.train.seed + step)
         episodes, lost = self._start(sim, scenarios, step)
         timings["simulate"] += time.perf_counter() - t0
 
@@ -279,6 +299,8 @@ class RLVER(Algorithm):
             t0 = time.perf_counter()
             items, adv = self._ppo_items(episodes, samples)
             timings["values"] = time.perf_counter() - t0
+        elif self.cfg.rlver.reward == "per_turn":
+            items, adv = self._turn_items(episodes, samples)
         else:
             adv = group_advantages(self.cfg, [s.reward for s in samples], [s.group for s in samples])
             items = self._grpo_items(episodes, samples, adv)
@@ -295,7 +317,7 @@ class RLVER(Algorithm):
         """Open ``group_size`` dialogues per scenario; a group shares its opening (the profile's, or one
         the simulator writes once). Returns the episodes and how many dialogues were lost to an opening
         that never parsed."""
-        profiles = [scenario_profile(s) for s in scenarios]
+        profiles = [SageProfile.from_scenario(s) for s in scenarios]
         keys = [f"{step}-{gi}" for gi in range(len(scenarios))]
         openers = sim.start(profiles, keys)
         size = self.cfg.rollout.group_size
@@ -395,14 +417,14 @@ class RLVER(Algorithm):
         for s, e in zip(samples, episodes):
             mine, i = per_turn[i : i + len(e.turns)], i + len(e.turns)
             for name in self.ctx.rewards.names:
-                vals = [t.rewards.get(name) for t in mine]
-                s.rewards[name] = None if not vals or None in vals else statistics.fmean(vals)  # type: ignore[arg-type]
-            extra = [t.reward for t in mine] if self.ctx.rewards.rewards else []
+                vals = [v for t in mine if (v := t.rewards.get(name)) is not None]
+                s.rewards[name] = statistics.fmean(vals) if vals and len(vals) == len(mine) else None
+            extra = [r for t in mine if (r := t.reward) is not None] if self.ctx.rewards.rewards else []
             emotion = s.rewards[EMOTION]
-            if emotion is None or (self.ctx.rewards.rewards and (not extra or None in extra)):
+            if emotion is None or (self.ctx.rewards.rewards and (not extra or len(extra) < len(mine))):
                 s.reward = None
             else:
-                s.reward = emotion + (statistics.fmean(extra) if extra else 0.0)  # type: ignore[arg-type]
+                s.reward = emotion + (statistics.fmean(extra) if extra else 0.0)
         return samples
 
     # ------------------------------------------------------------------ GRPO items
@@ -439,6 +461,47 @@ class RLVER(Algorithm):
                 )
         return items
 
+    def turn_rewards(self, e: Episode, s: Sample) -> list[float]:
+        """``reward: per_turn``: each policy turn's emotion change / 100 (0 for a turn the user did not
+        react to), plus the reward plugins' part on the last turn."""
+        em = e.dialogue.emotions
+        out = [(em[k + 1] - em[k]) / EMOTION_MAX if k + 1 < len(em) else 0.0 for k in range(len(e.turns))]
+        assert s.reward is not None  # called for valid samples only
+        out[-1] += float(s.reward) - float(s.rewards[EMOTION] or 0.0)
+        return out
+
+    def _turn_items(
+        self, episodes: list[Episode], samples: list[Sample]
+    ) -> tuple[list[TrainItem], list[float]]:
+        """``reward: per_turn``: every policy token carries its turn's advantage (:mod:`.turn_rewards`):
+        a per-token field of the dialogue's row, or in thinking mode each turn row's own advantage.
+        Returns the items and the advantages of the trained turns."""
+        rewards = [
+            self.turn_rewards(e, s) if s.valid and e.trainable else None for e, s in zip(episodes, samples)
+        ]
+        per_turn = turn_advantages(rewards, [s.group for s in samples], self.cfg.rlver.gamma)
+        items = self._grpo_items(episodes, samples, [a[0] if a else 0.0 for a in per_turn])
+        rows = iter(items)  # in the order _grpo_items made them: a dialogue's row, or its turns' rows
+        for e, s, adv in zip(episodes, samples, per_turn):
+            if not adv:
+                continue
+            s.info["turn_advantages"] = adv
+            if self.cfg.rlver.thinking:
+                for t, a in zip(e.turns, adv):
+                    if t.ids:
+                        next(rows).advantage = a
+            else:
+                next(rows).fields[TURN_ADVANTAGES] = self._spread(
+                    e, [a for t, a in zip(e.turns, adv) for _ in t.ids]
+                )
+        return items, [a for adv in per_turn for a in adv]
+
+    @staticmethod
+    def _spread(e: Episode, policy_values: list[float]) -> list[float]:
+        """Values of the policy's tokens laid over the response (0 on the user's tokens)."""
+        it = iter(policy_values)
+        return [next(it) if m else 0.0 for m in e.mask]
+
     # ------------------------------------------------------------------ PPO items
     def _ppo_items(
         self, episodes: list[Episode], samples: list[Sample]
@@ -451,14 +514,13 @@ class RLVER(Algorithm):
         if not items:
             return items, []
         r, pc = self.cfg.rollout, self.cfg.rlver.ppo
-        fill_old_values(self.ctx.policy, items, self.cfg.train.micro_batch_size, r.temperature)
+        fill_old_values(self.ctx.policy, items, self.cfg.train.micro_batch, r.temperature)
         if self.cfg.rlver.thinking:
             adv, ret, mask = self._thinking_estimate(chosen, samples, items, pc)
         else:
-            values = pad_left_aligned(
-                [it.fields[OLD_VALUES] for it in items], max(len(it.completion_ids) for it in items)
-            )
-            mask = pad_left_aligned([it.loss_mask for it in items], values.shape[1])
+            width = max(len(it.completion_ids) for it in items)
+            values = pad_rows([it.fields[OLD_VALUES] for it in items], width)
+            mask = pad_rows([it.loss_mask or [1] * len(it.completion_ids) for it in items], values.shape[1])
             rewards = pad_left_aligned(
                 [self._token_rewards(e, samples[i]) for i, e in chosen], values.shape[1]
             )
@@ -476,10 +538,16 @@ class RLVER(Algorithm):
             em = e.dialogue.emotions
             for k, j in enumerate(ends):
                 out[j] = (em[k + 1] - em[k]) / EMOTION_MAX if k + 1 < len(em) else 0.0
-            out[ends[-1]] += float(s.reward) - float(s.rewards[EMOTION])  # plugin part
-        else:
-            out[ends[-1]] = float(s.reward)
+        out[ends[-1]] += self._end_reward(s)
         return out
+
+    def _end_reward(self, s: Sample) -> float:
+        """What a dialogue's last policy token earns beyond the turns' emotion deltas: with ``dense_reward``
+        the plugin rewards (the reward less its emotion part), else the whole reward."""
+        reward, emotion = s.reward, s.rewards[EMOTION]
+        if reward is None or emotion is None:
+            raise ValueError("RLVER trains only on a dialogue with an emotion score")
+        return reward - emotion if self.cfg.rlver.dense_reward else reward
 
     def _thinking_estimate(
         self, chosen: list[tuple[int, Episode]], samples: list[Sample], items: list[TrainItem], pc: Any
@@ -506,12 +574,7 @@ class RLVER(Algorithm):
                     rewards[d, k, n - 1] = (em[k + 1] - em[k]) / EMOTION_MAX
             last = len(rows) - 1
             s = samples[i]
-            extra = (
-                float(s.reward) - float(s.rewards[EMOTION])
-                if self.cfg.rlver.dense_reward
-                else float(s.reward)
-            )
-            rewards[d, last, len(rows[last].completion_ids) - 1] += extra
+            rewards[d, last, len(rows[last].completion_ids) - 1] += self._end_reward(s)
         flat = {k: rearrange(v, "d k t -> d (k t)") for k, v in (("r", rewards), ("v", values), ("m", mask))}
         adv, ret = estimate(flat["r"], flat["v"], flat["m"], pc)
         adv_rows = rearrange(adv, "d (k t) -> (d k) t", k=turns)
@@ -528,7 +591,7 @@ class RLVER(Algorithm):
         the clipped loss with per-token advantages plus ``vf_coef`` times the clipped value loss."""
         if self.ppo:
             return ppo_loss(self.cfg, self.cfg.rlver.ppo, mb, out, totals)
-        return pg_loss(self.cfg, mb, out.logp, out.entropy, totals)
+        return pg_loss(self.cfg, mb, out.logp, out.entropy, totals, mb.fields.get(TURN_ADVANTAGES))
 
     # ------------------------------------------------------------------ metrics
     def _dialogue_metrics(self, episodes: list[Episode], lost: int) -> dict[str, float]:

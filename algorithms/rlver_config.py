@@ -81,6 +81,14 @@ class RlverConfig(Strict):
     dense_reward: bool = Field(
         False, description="Our extension, PPO only: each turn's emotion change / 100 at the turn's end."
     )
+    reward: Literal["final", "per_turn"] = Field(
+        "final",
+        description="GRPO: `final` (the final emotion / 100 for the whole dialogue, RLVER's) or `per_turn` "
+        "(each turn's emotion change / 100; a turn's advantage is its return-to-go minus the leave-one-out "
+        "mean of the group's returns from that turn, unbiased whatever the turn count; docs/algorithms/"
+        "rlver.md).",
+    )
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="`reward: per_turn`: the discount of later turns.")
     max_dialogue_tokens: int = Field(
         10000,
         ge=16,
@@ -95,4 +103,6 @@ class RlverConfig(Strict):
     def _dense_needs_ppo(self) -> RlverConfig:
         if self.dense_reward and self.estimator != "ppo":
             raise ValueError("dense_reward needs estimator: ppo (GRPO compares whole dialogues)")
+        if self.reward == "per_turn" and self.estimator != "grpo":
+            raise ValueError("reward: per_turn is GRPO's; PPO's per-turn rewards are dense_reward: true")
         return self

@@ -3,7 +3,9 @@ to it by :func:`.run_config.run_config_class`, and :func:`.run_config.load_confi
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import TypeVar
+
+from pydantic import BaseModel, Field
 
 from rapo_echo.config import (
     DataConfig,
@@ -21,6 +23,8 @@ from rapo_echo.config import (
 )
 
 from .loss_config import LossConfig
+
+S = TypeVar("S", bound=BaseModel)
 
 
 class RunConfig(Strict):
@@ -55,3 +59,11 @@ class RunConfig(Strict):
         description="A fidelity check of the simulator and judge against real seekers' ratings, run once "
         "before training by `rapo-echo train` (None: none).",
     )
+
+    def section(self, name: str, kind: type[S]) -> S:
+        """The algorithm's own section ``name`` (added by :func:`.run_config.run_config_class`), typed as
+        ``kind``: a hook that takes the shared :class:`RunConfig` reads its section so."""
+        found = getattr(self, name, None)
+        if not isinstance(found, kind):
+            raise TypeError(f"the run config (algo: {self.algo}) has no {name!r} section of {kind.__name__}")
+        return found

@@ -4,11 +4,13 @@ Nothing is sampled. Each step's scenarios become rows whose prompt is the policy
 scenario (the system prompt and the visible dialogue, as every algorithm builds it) and whose completion
 is the scenario's reference reply -- the assistant turn a ``messages`` row ends with, or its
 ``reference`` -- tokenised as the policy would write it: the reply's text and the chat template's
-end-of-turn marker, so the model also learns where a reply stops. A reply longer than
-``rollout.max_new_tokens`` is cut there (the memory plan sizes completions by it; ``sft/cut`` counts
-them). The loss is the negative log-likelihood of the reply tokens, a mean over every reply token of the
-mini-batch: prompt tokens (earlier turns, assistant ones included) carry no loss. No reference model, no
-KL, no rewards; LoRA or full fine-tuning as ``model.lora`` says.
+end-of-turn marker, so the model also learns where a reply stops. A row longer than ``sft.max_length``
+tokens (TRL's ``SFTConfig.max_length``: prompt and reply together; the memory plan sizes rows by it) has its
+reply cut to fit: ``sft/cut`` counts them, and the first step that cuts one says so. The sampling key
+``rollout.max_new_tokens`` does not touch SFT's targets. The loss is the negative log-likelihood of the
+reply tokens, a mean over every reply token of the mini-batch: prompt tokens (earlier turns, assistant
+ones included) carry no loss. No reference model, no KL, no rewards; LoRA or full fine-tuning as
+``model.lora`` says.
 
 A scenario without a reference reply is a :class:`~rapo_echo.errors.DataError` naming its file and id,
 raised when the algorithm is built, before the first step trains.
@@ -16,6 +18,7 @@ raised when the algorithm is built, before the first step trains.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +38,14 @@ if TYPE_CHECKING:
 
     from .run_sections import RunConfig
 
+    class SftRunConfig(RunConfig):
+        """The run config :func:`.run_config.run_config_class` builds for SFT (the type checker's view)."""
+
+        sft: SftConfig
+
+
+log = logging.getLogger(__name__)
+
 
 class SftConfig(Strict):
     """SFT's own switches (the ``sft`` section of a run config)."""
@@ -45,6 +56,13 @@ class SftConfig(Strict):
         "stop); false: the reply's text only.",
     )
     coef: float = Field(1.0, gt=0.0, description="Scale of the negative log-likelihood.")
+    max_length: int = Field(
+        1024,
+        ge=2,
+        description="The longest row in tokens, prompt and reply together (TRL's SFTConfig.max_length); a "
+        "longer row's reply is cut to fit (counted in sft/cut, and said). The prompt is cut first, to "
+        "rollout.max_prompt_tokens, as every algorithm's; rollout.max_new_tokens is not read.",
+    )
 
 
 # A reference reply learnt under its context: its own normaliser (the mini-batch's reply tokens), scored
@@ -74,6 +92,7 @@ class SFT(Algorithm):
 
     name = "sft"
     config = SftConfig
+    cfg: SftRunConfig
     progress_keys = ("loss/nll",)
 
     @classmethod
@@ -82,25 +101,27 @@ class SFT(Algorithm):
         return {"rollout": {"group_size": 1}}
 
     @classmethod
-    def needs(cls, cfg: Any) -> Needs:
+    def needs(cls, cfg: RunConfig) -> Needs:
         # Its own rows only; no reference model, no rewards, no group, no simulator or judge.
         return Needs(kinds=(REPLY,), min_group_size=1, roles=())
 
     @classmethod
-    def requests(cls, cfg: Any) -> list[RoleRequest]:
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
         return []  # it samples nothing and asks no one
 
     def __init__(self, cfg: RunConfig, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)
         check_references(scenarios_from_config(cfg.data))
-        tokenizer = ctx.policy.tokenizer
-        self.end_text = ChatMarkers.from_tokenizer(tokenizer).suffix.rstrip() if cfg.sft.end_of_turn else ""
+        markers = ChatMarkers.from_tokenizer(ctx.policy.tokenizer)
+        self.end_text = markers.suffix.rstrip() if self.cfg.sft.end_of_turn else ""
+        self.warned_cut = False
 
-    def reply_ids(self, reply: str) -> tuple[list[int], bool]:
+    def reply_ids(self, reply: str, prompt_tokens: int = 0) -> tuple[list[int], bool]:
         """Token ids of a reply as the policy writes it after its prompt (the text and the end-of-turn
-        marker), cut to ``rollout.max_new_tokens``; and whether it was cut."""
+        marker), cut so that the row fits ``sft.max_length`` after ``prompt_tokens`` (one token at least,
+        where the prompt alone fills it); and whether it was cut."""
         ids = self.ctx.policy.tokenizer(reply + self.end_text, add_special_tokens=False)["input_ids"]
-        limit = self.cfg.rollout.max_new_tokens
+        limit = max(1, self.cfg.sft.max_length - prompt_tokens)
         return list(ids[:limit]), len(ids) > limit
 
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
@@ -108,12 +129,22 @@ class SFT(Algorithm):
         samples, items, cut = [], [], 0
         for i, s in enumerate(scenarios):
             prompt = self.ctx.policy.prompt_ids(s)
-            reply, was_cut = self.reply_ids(str(s.reference))
+            reply, was_cut = self.reply_ids(str(s.reference), len(prompt))
             cut += was_cut
             samples.append(
                 Sample(s, i, prompt, reply, None, str(s.reference), "length" if was_cut else "stop")
             )
             items.append(TrainItem(prompt, reply, kind=REPLY, group=i, sample=i))
+        if cut and not self.warned_cut:
+            self.warned_cut = True
+            log.warning(
+                "sft: %d of %d reference replies of step %d were cut to fit sft.max_length=%d (prompt + "
+                "reply tokens); raise it to learn their ends (sft/cut counts them each step)",
+                cut,
+                len(items),
+                step,
+                self.cfg.sft.max_length,
+            )
         tokens = [len(it.completion_ids) for it in items]
         metrics = {
             "sft/rows": float(len(items)),

@@ -7,14 +7,27 @@ Wald interval for paired proportions, ``se = sqrt(wins + losses - (wins - losses
 the exact two-sided McNemar test (a sign test on the discordant cases) gives
 ``p = min(1, 2 * sum_{k <= min(wins, losses)} C(wins + losses, k) / 2**(wins + losses))``.
 A large ``p`` says the difference is within what chance gives on this many cases, not that there is none.
+
+Every other figure that is a mean over cases (a benchmark's ``figures``: SAGE's final emotion, EPM-Q,
+SOTOPIA's dimensions, ..., and success once a case has several repeats) is compared by
+:func:`paired_figure` on the cases both runs have a value for, a case's value being its mean over its
+valid repeats: the difference of the means (``b - a``), a 95% percentile paired bootstrap interval
+(the same cases resampled for both runs) and the two-sided Wilcoxon signed-rank p of the per-case
+differences (:mod:`rapo_echo.benchmarks.stats`). A 0/1 figure with one repeat per case in both runs
+keeps the McNemar test and its Wald interval above.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from rapo_echo.benchmarks.figures import CaseGrid, Figure
+from rapo_echo.benchmarks.stats import paired_bootstrap_ci, wilcoxon_signed_rank
 
 Z95 = 1.959963984540054
 SUCCESS = "success"
@@ -80,3 +93,74 @@ def paired_success(
         wins=sum(b[i] and not a[i] for i in shared),
         losses=sum(a[i] and not b[i] for i in shared),
     )
+
+
+MCNEMAR = "exact McNemar"
+WILCOXON = "Wilcoxon signed-rank"
+
+
+@dataclass(frozen=True)
+class PairedFigure:
+    """One figure of two runs compared on the cases both have a value for: the baseline's and the
+    other's mean, their difference (other - baseline) with its 95% interval, p and the test's name."""
+
+    figure: str
+    n: int
+    baseline: float
+    other: float
+    difference: float
+    interval: tuple[float, float] | None
+    p: float
+    test: str
+    discordant: tuple[int, int] | None = None  # McNemar: cases only the other won, only the baseline won
+
+
+def case_means(records: Sequence[dict[str, Any]], figure: Figure) -> tuple[dict[str, float], bool]:
+    """Each case's mean of the figure over its valid repeats (cases without a value left out), and
+    whether every case has exactly one value."""
+    grid = CaseGrid(records)
+    values = grid.values(figure)
+    counts = (~np.isnan(values)).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, np.nansum(values, axis=1) / np.maximum(counts, 1), np.nan)
+    out = {c: float(m) for c, m in zip(grid.cases, means) if not math.isnan(m)}
+    return out, bool(np.all(counts[counts > 0] == 1))
+
+
+def paired_figure(
+    key: str, figure: Figure, baseline: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]]
+) -> PairedFigure | None:
+    """``figure`` of two runs compared case by case (see the module doc); None when no case has a value
+    in both. A count figure is compared as its mean (its rate)."""
+    a, single_a = case_means(baseline, figure)
+    b, single_b = case_means(other, figure)
+    shared = [c for c in a if c in b]
+    if not shared:
+        return None
+    xa, xb = np.array([a[c] for c in shared]), np.array([b[c] for c in shared])
+    binary = single_a and single_b and set(np.unique(np.concatenate([xa, xb]))) <= {0.0, 1.0}
+    if binary:
+        wins, losses = int(np.sum((xb == 1) & (xa == 0))), int(np.sum((xa == 1) & (xb == 0)))
+        c = PairedSuccess(len(shared), int(xa.sum()), int(xb.sum()), wins, losses)
+        interval, p, test, discordant = c.interval, c.p, MCNEMAR, (wins, losses)
+    else:
+        d = xb - xa
+        interval, p, test = paired_bootstrap_ci(d), wilcoxon_signed_rank(d)[1], WILCOXON
+        discordant = None
+    means = (float(xa.mean()), float(xb.mean()), float((xb - xa).mean()))
+    return PairedFigure(key, len(shared), *means, interval, p, test, discordant)
+
+
+def paired_figures(
+    figures: Mapping[str, Figure], baseline: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]]
+) -> list[PairedFigure]:
+    """Every figure that is a mean over cases (counts left out: their rate is there) compared case by
+    case, in the benchmark's order."""
+    out = []
+    for key, figure in figures.items():
+        if figure.count:
+            continue
+        compared = paired_figure(key, figure, baseline, other)
+        if compared is not None:
+            out.append(compared)
+    return out

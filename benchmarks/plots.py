@@ -31,6 +31,8 @@ FIRST_CURVES = (
     "kl",
     "entropy",
     "reply_len/mean",
+    "reply/distinct_2",
+    "sd/pg_ratio",
     "critique/len",
     "clip_frac",
     "grad_norm",
@@ -141,13 +143,96 @@ def training_curves(runs: dict[str, list[dict[str, Any]]]) -> tuple[str | None, 
     return (None if fig is None else png_base64(fig)), left_out
 
 
+RATE = "rate (0-1)"
+
+
+# A long run's curves (studies/long_run.py), one figure per metric with every run on it, when a run is
+# longer than LONG_RUN_STEPS: what the task measures, then what shows a run going bad.
+LONG_RUN_CURVES = (
+    "sim/hidden_rule_score",
+    "emotion/final",
+    "entropy",
+    "kl",
+    "reply_len/mean",
+    "reply/distinct_2",
+    "sd/pg_ratio",
+)
+LONG_RUN_STEPS = 50
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """The trailing mean of the last ``window`` values at each point (fewer at the start)."""
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def metric_figures(
+    runs: dict[str, list[dict[str, Any]]],
+    keys: Sequence[str] = LONG_RUN_CURVES,
+    smooth: int | None = None,
+    alarms: dict[str, dict[str, int]] | None = None,
+) -> list[tuple[str, str]]:
+    """One figure per key any run logged, every run on it: the raw values faint, their moving average
+    over ``smooth`` steps (default: a 30th of the longest run) solid, and an ``x`` on a run's line at each
+    step the reward-hacking monitor first flagged something in it (or, with ``alarms``, at the steps given
+    per run: signature -> first step, e.g. from :func:`rapo_echo.monitor.replay`). Returns (key, base64
+    PNG) pairs."""
+    longest = max((len(rows) for rows in runs.values()), default=0)
+    window = smooth or max(1, longest // 30)
+    plt = pyplot()
+    out = []
+    for key in keys:
+        series = {
+            label: [
+                (row["step"], float(row[key]))
+                for row in rows
+                if isinstance(row.get("step"), int)
+                and isinstance(row.get(key), (int, float))
+                and math.isfinite(row[key])
+            ]
+            for label, rows in runs.items()
+        }
+        series = {k: v for k, v in series.items() if v}
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(7.5, 3.4))
+        for label, pts in series.items():
+            xs, ys = [p[0] for p in pts], moving_average([p[1] for p in pts], window)
+            (line,) = ax.plot(xs, ys, label=label, linewidth=1.4)
+            ax.plot(xs, [p[1] for p in pts], color=line.get_color(), alpha=0.2, linewidth=0.8)
+            first: dict[str, int] = {}
+            for step, names in sorted(flagged_steps(runs[label]).items()):
+                for name in names:
+                    first.setdefault(name, step)
+            if alarms is not None:
+                first = alarms.get(label, {})
+            at = dict(zip(xs, ys))
+            marks = sorted({s for s in first.values() if s in at})
+            ax.plot(marks, [at[s] for s in marks], "x", color=line.get_color(), markersize=7)
+        ax.set_title(
+            f"{key} (moving average over {window} steps; x: a monitor alarm's first step)", fontsize=9
+        )
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+        out.append((key, png_base64(fig)))
+    return out
+
+
 def metric_unit(key: str) -> str:
     """The unit of a benchmark's summary metric, from its key (one chart holds one unit)."""
     k = key.lower()
     if "turn" in k:
         return "turns"
     if k.endswith("rate") or k.endswith("/rate"):
-        return "rate (0-1)"
+        return RATE
     if k in ("successes", "failures") or k.endswith("_count"):
         return "dialogues"
     if k.startswith(("bleu", "rouge", "distinct")):
@@ -155,17 +240,37 @@ def metric_unit(key: str) -> str:
     return "score"
 
 
-def grouped_bars(
-    title: str, groups: Sequence[str], series: dict[str, Sequence[float | None]], *, ylabel: str = ""
-) -> str:
-    """Bars for each group (x axis), one colour per series (e.g. per policy); None values are left out."""
+def bars_figure(
+    title: str,
+    groups: Sequence[str],
+    series: dict[str, Sequence[float | None]],
+    *,
+    ylabel: str = "",
+    intervals: dict[str, Sequence[tuple[float, float] | None]] | None = None,
+) -> Any:
+    """Bars for each group (x axis), one colour per series (e.g. per policy), each with its value written
+    on it; None values are left out. A rate's axis is 0-1, and bars that are all 0 get a 0-1 axis too, so
+    a zero reads as zero, not as an empty panel on a -0.04..0.04 axis. ``intervals`` (per series, per
+    group ``(lo, hi)`` or None) draws each bar's interval as a black line with caps."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5), 3.2))
     width = 0.8 / max(1, len(series))
+    shown: list[float] = []
     for k, (name, values) in enumerate(series.items()):
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
-        pts = [(x, v) for x, v in zip(xs, values) if v is not None]
-        ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+        bounds = list((intervals or {}).get(name) or [None] * len(groups))
+        pts = [(x, v, b) for x, v, b in zip(xs, values, bounds) if v is not None]
+        bars = ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+        ax.bar_label(bars, fmt="%.3g", fontsize=6)
+        shown += [p[1] for p in pts]
+        lines = [(x, v, b) for x, v, b in pts if b is not None]
+        if lines:
+            low = [max(0.0, v - b[0]) for _, v, b in lines]
+            high = [max(0.0, b[1] - v) for _, v, b in lines]
+            ax.errorbar([p[0] for p in lines], [p[1] for p in lines], yerr=[low, high], fmt="none",
+                        ecolor="black", elinewidth=1.0, capsize=3)  # fmt: skip
+    if ylabel == RATE or (shown and all(v == 0 for v in shown)):
+        ax.set_ylim(min(0.0, *shown), max(1.0, *shown))
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=20, ha="right", fontsize=8)
     ax.axhline(0, color="black", linewidth=0.6)
@@ -175,4 +280,16 @@ def grouped_bars(
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     fig.tight_layout()
-    return png_base64(fig)
+    return fig
+
+
+def grouped_bars(
+    title: str,
+    groups: Sequence[str],
+    series: dict[str, Sequence[float | None]],
+    *,
+    ylabel: str = "",
+    intervals: dict[str, Sequence[tuple[float, float] | None]] | None = None,
+) -> str:
+    """:func:`bars_figure` as a base64 PNG."""
+    return png_base64(bars_figure(title, groups, series, ylabel=ylabel, intervals=intervals))

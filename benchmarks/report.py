@@ -10,20 +10,37 @@ CSS is inline, there is no script, and every model-written text is HTML-escaped.
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rapo_echo.benchmarks.epm.report import epm_section, epmq_table
+from rapo_echo.benchmarks.eval_folder import EvalResult, is_eval, read_eval
 from rapo_echo.benchmarks.fidelity.report import NOTE as FIDELITY_NOTE
 from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_table, run_checks_table
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
-from rapo_echo.benchmarks.paired import paired_success
-from rapo_echo.benchmarks.plots import grouped_bars, metric_unit, training_curves
-from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, read_records, write_text_atomic
-from rapo_echo.benchmarks.runner import BENCHMARKS, compute_summary
+from rapo_echo.benchmarks.plots import (
+    LONG_RUN_STEPS,
+    grouped_bars,
+    metric_figures,
+    metric_unit,
+    training_curves,
+)
+from rapo_echo.benchmarks.report_figures import (
+    FIGURES_NOTE,
+    JUDGE_NOTE,
+    PAIRED_NOTE,
+    card_html,
+    check_cards,
+    figure_cell,
+    figures_table,
+    fmt,
+    judge_table,
+    paired_table,
+)
+from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, write_text_atomic
+from rapo_echo.benchmarks.runner import BENCHMARKS
 from rapo_echo.benchmarks.sotopia.report import dimensions_figure
 from rapo_echo.benchmarks.training_report import (
     JUDGE_BIAS_NOTE,
@@ -40,25 +57,9 @@ METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass
-class EvalResult:
-    path: Path
-    summary: dict[str, Any]
-    records: list[dict[str, Any]]
-    label: str = ""
-
-    @property
-    def benchmark(self) -> str:
-        return self.summary["benchmark"]
-
-
-@dataclass
 class TrainingRun:
     path: Path
     rows: list[dict[str, Any]]
-
-
-def _is_eval(p: Path) -> bool:
-    return (p / CONFIG_FILE).is_file() and (p / RESULTS_FILE).is_file()
 
 
 def discover(dirs: Sequence[str | Path]) -> tuple[list[EvalResult], list[TrainingRun]]:
@@ -70,10 +71,10 @@ def discover(dirs: Sequence[str | Path]) -> tuple[list[EvalResult], list[Trainin
         if not root.is_dir():
             raise DataError(f"{root}: not a folder")
         found = False
-        candidates = [root] if _is_eval(root) else [root, *sorted(c for c in root.iterdir() if c.is_dir())]
+        candidates = [root] if is_eval(root) else [root, *sorted(c for c in root.iterdir() if c.is_dir())]
         for p in candidates:
-            if _is_eval(p):
-                evals.append(EvalResult(p, compute_summary(p), read_records(p / RESULTS_FILE)))
+            if is_eval(p):
+                evals.append(read_eval(p))
                 found = True
             if (p / METRICS_FILE).is_file():
                 runs.append(TrainingRun(p, read_metrics(p / METRICS_FILE)))
@@ -94,25 +95,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def _label(evals: list[EvalResult]) -> None:
     """Row label = the policy spec; the folder name is added where one policy has two evals of a benchmark."""
-    for e in evals:
-        e.label = str(e.summary.get("models", {}).get("policy") or e.path.name)
     seen: dict[tuple[str, str], int] = {}
     for e in evals:
         seen[(e.label, e.benchmark)] = seen.get((e.label, e.benchmark), 0) + 1
     for e in evals:
         if seen[(e.label, e.benchmark)] > 1:
             e.label = f"{e.label} [{e.path.name}]"
-
-
-def fmt(value: Any) -> str:
-    """A table cell: numbers with 3 significant decimals, missing as an en dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "–"  # a score is never shown as nan or inf (the readers count such cases invalid)
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
-    return str(value)
 
 
 def benchmarks_of(evals: Sequence[EvalResult]) -> list[str]:
@@ -153,73 +141,9 @@ def comparison_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[
             elif key is None:
                 row.append(f"{e.summary['n_valid']}/{e.summary['n_cases']}")
             else:
-                row.append(fmt(e.summary["metrics"].get(key)))
+                row.append(figure_cell(e.summary, key))
         rows.append(row)
     return header, rows
-
-
-def _is_baseline(e: EvalResult, baseline: str) -> bool:
-    return baseline in (e.label, e.path.name, str(e.path)) or e.path.resolve() == Path(baseline).resolve()
-
-
-def paired_table(
-    evals: Sequence[EvalResult], baseline: str | None = None
-) -> tuple[list[str], list[list[str]]] | None:
-    """Per benchmark with a per-case ``success`` (ESConv, SAGE, EPM): every other policy against the
-    baseline on the cases valid in both (:mod:`rapo_echo.benchmarks.paired`). The baseline is the eval
-    folder or policy named by ``baseline``, else each benchmark's first folder as given. None when
-    nothing is paired."""
-    if baseline is not None and not any(_is_baseline(e, baseline) for e in evals):
-        raise DataError(f"--baseline {baseline}: no evaluation folder or policy of that name in the inputs")
-    header = [
-        "benchmark",
-        "policy",
-        "baseline",
-        "paired cases",
-        "baseline success",
-        "policy success",
-        "only policy",
-        "only baseline",
-        "difference (95% CI)",
-        "p (exact McNemar)",
-    ]
-    rows = []
-    for bench in dict.fromkeys(e.benchmark for e in evals):
-        group = [e for e in evals if e.benchmark == bench]
-        if baseline is None:
-            base = group[0]
-        else:
-            base = next((e for e in group if _is_baseline(e, baseline)), None)
-            if base is None:
-                continue
-        for e in group:
-            c = None if e is base else paired_success(base.records, e.records)
-            if c is None:
-                continue
-            lo, hi = c.interval
-            rows.append(
-                [
-                    bench,
-                    e.label,
-                    base.label,
-                    str(c.n),
-                    f"{c.baseline_successes} ({c.baseline_successes / c.n:.3f})",
-                    f"{c.successes} ({c.successes / c.n:.3f})",
-                    str(c.wins),
-                    str(c.losses),
-                    f"{c.difference:+.3f} [{lo:+.3f}, {hi:+.3f}]",
-                    f"{c.p:.3f}",
-                ]
-            )
-    return (header, rows) if rows else None
-
-
-PAIRED_NOTE = (
-    "Case by case against the baseline, on the cases valid in both: only policy / only baseline count the "
-    "cases that only one of them succeeded in; the difference of success rates has a 95% Wald interval "
-    "for paired proportions, and p is the exact two-sided McNemar test on those discordant cases. A large "
-    "p says the difference is within what chance gives on this many cases."
-)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -249,6 +173,15 @@ def _img(png: str, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">'
 
 
+def _interval(summary: dict[str, Any], key: str) -> tuple[float, float] | None:
+    figure = (summary.get("figures") or {}).get(key) or {}
+    return None if figure.get("lo") is None else (figure["lo"], figure["hi"])
+
+
+def _any(errors: dict[str, list[Any]]) -> bool:
+    return any(x is not None for values in errors.values() for x in values)
+
+
 def _figures(evals: Sequence[EvalResult]) -> list[str]:
     sotopia = dimensions_figure(evals, _img)
     out = [sotopia] if sotopia else []
@@ -264,8 +197,10 @@ def _figures(evals: Sequence[EvalResult]) -> list[str]:
         for unit, headline in by_unit.items():  # one unit per chart: rates never share an axis with turns
             labels = [label for _, label in headline]
             series = {e.label: [e.summary["metrics"].get(k) for k, _ in headline] for e in group}
-            title = f"{bench}: {unit}"
-            out.append(_img(grouped_bars(title, labels, series, ylabel=unit), f"{bench} {unit}"))
+            errors = {e.label: [_interval(e.summary, k) for k, _ in headline] for e in group}
+            title = f"{bench}: {unit}" + (" (bars: mean; lines: 95% interval)" if _any(errors) else "")
+            png = grouped_bars(title, labels, series, ylabel=unit, intervals=errors)
+            out.append(_img(png, f"{bench} {unit}"))
     return out
 
 
@@ -309,6 +244,7 @@ details{margin:4px 0;padding:4px 8px;background:#fafafa;border:1px solid #e5e5e5
 summary{cursor:pointer}.turn{margin:4px 0 4px 8px;white-space:pre-wrap}
 .role{font-weight:600;color:#2a5599}.ref .role{color:#8a4b00}
 .meta{color:#666;margin:4px 0 0 8px;white-space:pre-wrap}.note{color:#666;font-size:13px}
+.warn{color:#8a4b00}
 """
 
 
@@ -320,8 +256,12 @@ def render_html(
     max_transcripts: int,
     learning: Sequence[tuple[Path, dict[str, Any]]] = (),
     baseline: str | None = None,
+    card_notes: Sequence[str] = (),
+    apart: Sequence[EvalResult] = (),
 ) -> str:
-    """The whole report page."""
+    """The whole report page. ``evals`` stand side by side (checked for comparable cards by
+    :func:`~rapo_echo.benchmarks.report_figures.check_cards`); ``apart``, measured differently, get their
+    own sections only; ``card_notes`` say which and why."""
     parts = [
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
@@ -332,12 +272,18 @@ def render_html(
             parts.append(f"<h3>{html.escape(bench)}</h3>" + _html_table(header, rows))
         parts.append(
             '<p class="note">ESConv SR = success rate, AT = average turns (PPDPP protocol); BLEU, ROUGE-L '
-            "and Distinct in percent; SOTOPIA dimensions on their own ranges, overall = mean of seven.</p>"
+            "and Distinct in percent; SOTOPIA dimensions on their own ranges, overall = mean of seven. "
+            f"{html.escape(FIGURES_NOTE)}</p>"
         )
+        parts.extend(f'<p class="note warn">{html.escape(n)}</p>' for n in card_notes)
         paired = paired_table(evals, baseline)
         if paired is not None:
             parts.append("<h2>Paired comparison</h2>" + _html_table(*paired))
             parts.append(f'<p class="note">{html.escape(PAIRED_NOTE)}</p>')
+        judges = judge_table(evals)
+        if judges is not None:
+            parts.append("<h2>Judge consistency</h2>" + _html_table(*judges))
+            parts.append(f'<p class="note">{html.escape(JUDGE_NOTE)}</p>')
         parts.extend(_figures(evals))
         parts.extend(epm_section(evals, _html_table, _img))
         parts.extend(fidelity_section(evals, _html_table, _img))
@@ -354,6 +300,9 @@ def render_html(
                 '<p class="note">red lines: steps the reward-hacking monitor flagged (see the last column '
                 "below and docs/monitor.md)</p>"
             )
+        if any(len(r.rows) > LONG_RUN_STEPS for r in runs):  # long runs: one legible figure per metric
+            parts.append("<h3>Curves per metric</h3>")
+            parts.extend(_img(png, key) for key, png in metric_figures({r.path.name: r.rows for r in runs}))
         header, rows = summary_table(runs)
         parts.append("<h3>Runs</h3>" + _html_table(header, rows))
         validated = validation_table(runs)
@@ -372,16 +321,23 @@ def render_html(
             if samples:
                 parts.append(f"<h3>Samples of {html.escape(run.path.name)} (last logged step)</h3>")
                 parts.append(samples_html(samples))
-    for e in evals:
+    for e in [*evals, *apart]:
         s = e.summary
         parts.append(f"<h2>{html.escape(e.benchmark)} — {html.escape(e.label)}</h2>")
         models = ", ".join(f"{k}: {v}" for k, v in s.get("models", {}).items())
+        repeats = f"; {s['repeats']} repeats of each case" if s.get("repeats", 1) > 1 else ""
         parts.append(
             f'<p class="note">{html.escape(str(e.path))}; {html.escape(models)}; data: '
-            f"{html.escape(str(s.get('data')))}; {s['n_valid']} valid of {s['n_cases']} cases</p>"
+            f"{html.escape(str(s.get('data')))}; {s['n_valid']} valid of {s['n_cases']} cases{repeats}</p>"
         )
+        parts.append(card_html(e))
+        figures = figures_table(s)
+        if figures is not None:
+            parts.append(_html_table(*figures))
         # fidelity's figures are in its own section's table
-        metric_rows = [] if e.benchmark == "fidelity" else [[k, fmt(v)] for k, v in s["metrics"].items()]
+        in_figures = set(s.get("figures") or {})  # the rest of the metrics, beside the figures above
+        metrics = [[k, fmt(v)] for k, v in s["metrics"].items() if k not in in_figures]
+        metric_rows = [] if e.benchmark == "fidelity" else metrics
         if metric_rows:
             parts.append(_html_table(["metric", "value"], metric_rows))
         shown = e.records[:max_transcripts]
@@ -400,11 +356,14 @@ def build_report(
     max_transcripts: int = 50,
     title: str = "rapo-echo report",
     baseline: str | None = None,
+    show_incomparable: bool = False,
 ) -> tuple[Path, Path]:
     """Write ``output/report.html`` and ``output/report.md``; returns their paths. ``baseline``: the
-    eval folder or policy the paired comparison compares the others with (default: each benchmark's
-    first folder)."""
+    eval folder or policy the others are compared with (default: each benchmark's first folder); an
+    evaluation whose benchmark card differs from it is left out of the comparison, named with the
+    difference, or with ``show_incomparable`` shown marked."""
     evals, runs = discover(dirs)
+    evals, apart, notes = check_cards(evals, baseline, show_incomparable)
     output = Path(output)
     html_path, md_path = output / "report.html", output / "report.md"
     page = render_html(
@@ -414,14 +373,20 @@ def build_report(
         max_transcripts=max_transcripts,
         learning=find_learning(dirs),
         baseline=baseline,
+        card_notes=notes,
+        apart=apart,
     )
     write_text_atomic(html_path, page)
     md = f"# {title}\n\n"
     if evals:
-        md += _markdown_comparison(evals)
+        md += _markdown_comparison(evals) + "\n" + FIGURES_NOTE + "\n"
+        md += "".join(f"\n> {n}\n" for n in notes)
         paired = paired_table(evals, baseline)
         if paired is not None:
             md += "\nPaired comparison\n\n" + markdown_table(*paired) + "\n" + PAIRED_NOTE + "\n"
+        judges = judge_table(evals)
+        if judges is not None:
+            md += "\nJudge consistency\n\n" + markdown_table(*judges) + "\n" + JUDGE_NOTE + "\n"
         epm = [e for e in evals if e.benchmark == "epm"]
         if epm:
             md += "\nEPM-Q\n\n" + markdown_table(*epmq_table(epm))

@@ -15,10 +15,11 @@ from typing import Any
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.errors import DataError
 from rapo_echo.jsonl import read_jsonl, write_failure
+from rapo_echo.rundir import SUMMARY_FILE
 from rapo_echo.scrub import scrub
 
+__all__ = ["CONFIG_FILE", "RESULTS_FILE", "SUMMARY_FILE"]  # SUMMARY_FILE is rapo_echo.rundir's
 RESULTS_FILE = "results.jsonl"
-SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
 
 

@@ -7,12 +7,17 @@ finished case is appended to ``results.jsonl`` at once, so a crashed or interrup
 again with the same arguments, skips the cases already there. ``summary.json`` is recomputed from every
 record in the file; the run's own summary also says how many remote requests failed for good
 (``remote_failed``: their cases are invalid).
+
+With ``settings.repeats`` N every case runs N times, repeat ``k`` with the seed :func:`repeat_seed` gives
+it (every role's sampling and prompt markers); its records are ``<case id>#r<k>`` (``case`` and
+``repeat`` fields; repeat 0 keeps the case's own id), so a resumed or extended run (a larger N) skips
+what is done. The summary holds the metrics as the mean over repeats, every figure's interval and spread
+(:mod:`rapo_echo.benchmarks.figures`) and the benchmark card (:mod:`rapo_echo.benchmarks.card`,
+``card.json``, written before the first case runs; a resume whose instrument changed is refused).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import importlib
 import json
 import logging
@@ -22,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import progress
-from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles
+from rapo_echo.benchmarks.base import Benchmark, Case, EvalSettings, Record, Roles, repeat_seed
+from rapo_echo.benchmarks.card import CARD_FILE, build_card, check_card_resume, file_digest, read_card
+from rapo_echo.benchmarks.figures import METHOD, by_repeat, figures_of, mean_metrics, run_figures
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
     RESULTS_FILE,
@@ -48,10 +55,26 @@ BENCHMARKS: dict[str, str] = {
     "sage": "rapo_echo.benchmarks.sage.run:Sage",
     "fidelity": "rapo_echo.benchmarks.fidelity:Fidelity",
 }
-# settings that do not change what a case's result means, so they may differ when resuming
-RESUME_FREE = ("batch_size", "written_at")
+# settings that do not change what a case's result means, so they may differ when resuming (repeats: a
+# larger number adds repeats to a finished run)
+RESUME_FREE = ("batch_size", "written_at", "repeats")
 LOCAL_BATCH = 8  # cases per batch when every role runs on a local engine
 REMOTE_WAVE = 512  # cases per wave when a role is served (a crash loses at most one wave's cases)
+
+
+def repeat_id(case_id: str, repeat: int) -> str:
+    """The record id of a case's repeat (the case's own id for the first)."""
+    return case_id if repeat == 0 else f"{case_id}#r{repeat}"
+
+
+def with_repeats(cases: Sequence[Case], repeats: int) -> list[Case]:
+    """Each case ``repeats`` times, repeat-major: repeat ``k`` as :func:`repeat_id` with ``meta``'s
+    ``case`` and ``repeat`` set."""
+    return [
+        Case(repeat_id(c.id, k), c.data, {**c.meta, "case": c.id, "repeat": k})
+        for k in range(repeats)
+        for c in cases
+    ]
 
 
 def batch_size(settings: EvalSettings, roles: Roles) -> int:
@@ -71,6 +94,23 @@ def get_benchmark(name: str) -> Benchmark:
     return getattr(importlib.import_module(module), cls)()
 
 
+def data_or_default(benchmark: Benchmark, data: str | None) -> str | None:
+    """``data``, or the benchmark's bundled data (``default_data``) when none is given, said in a warning
+    (ours, for trying the pipeline: its figures are not comparable with published ones). ``eval`` and
+    :func:`rapo_echo.evaluate` both read a benchmark's data through this."""
+    default = getattr(benchmark, "default_data", None)
+    if data is not None or not default:
+        return data
+    log.warning(
+        "%s: no data given, so the bundled %s (ours, for trying the pipeline; its figures are not "
+        "comparable with published ones). A real run: --data (data= in Python) with the benchmark's data "
+        "(docs/data.md)",
+        benchmark.name,
+        default,
+    )
+    return default
+
+
 def eval_config(
     benchmark: str,
     models: dict[str, str],
@@ -85,7 +125,7 @@ def eval_config(
         "benchmark": benchmark,
         "models": models,
         "data": data,
-        "settings": dataclasses.asdict(settings),
+        "settings": settings.model_dump(),
     }
     digest = data_digest(data)
     if digest is not None:
@@ -96,14 +136,10 @@ def eval_config(
 
 
 def data_digest(data: str | None) -> str | None:
-    """The SHA-256 of a data file's bytes (None for no data or a bundled file)."""
-    if not data or data.startswith("bundled:") or not Path(data).is_file():
+    """The SHA-256 of a data file's bytes (None for no data or a bundled file: the card hashes those)."""
+    if not data or data.startswith("bundled:"):
         return None
-    digest = hashlib.sha256()
-    with open(data, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_digest(data)
 
 
 def check_output(output: Path, config: dict[str, Any], what: str = "evaluation") -> None:
@@ -152,9 +188,15 @@ def check_resume(output: Path, config: dict[str, Any], what: str = "evaluation")
             "finished cases would be mixed with cases of the new content. Restore the file, or evaluate "
             "it into a new --output"
         )
+    defaults = {
+        f"settings.{name}": f.get_default(call_default_factory=True)
+        for name, f in EvalSettings.model_fields.items()
+    }
     for key in sorted(set(flat_old) | set(flat_new)):
         if key.split(".")[-1] in RESUME_FREE or key == "data_sha256":  # an older folder has no hash
             continue
+        if key not in flat_old and key in defaults and flat_new.get(key) == defaults[key]:
+            continue  # a setting added since that folder was written, at its default
         if flat_old.get(key) != flat_new.get(key):
             raise ConfigError(
                 f"{output} holds {_article(what)} {what} with {key}={flat_old.get(key)!r}, this run has "
@@ -188,6 +230,8 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate every case not yet in ``output/results.jsonl``; returns the summary (also written)."""
     output = Path(output)
+    if settings.repeats > 1 and not getattr(benchmark, "repeatable", True):
+        raise ConfigError(f"{benchmark.name}: --repeats does not apply (its intervals are its own)")
     cases = benchmark.load_cases(data, settings)
     if limit is not None:
         if limit < 1:
@@ -195,14 +239,18 @@ def run_eval(
         # a benchmark may count its limit in larger units (fidelity: conversations, not rated points)
         limit_cases = getattr(benchmark, "limit_cases", None)
         cases = limit_cases(cases, limit) if limit_cases else cases[:limit]
-    ids = [c.id for c in cases]
+    runs = with_repeats(cases, settings.repeats)
+    ids = [c.id for c in runs]
     if len(set(ids)) != len(ids):
         raise DataError(
             f"{data}: case ids are not unique (first repeat: {next(i for i in ids if ids.count(i) > 1)!r})"
         )
     config = eval_config(benchmark.name, models or {}, data, settings, getattr(benchmark, "protocol", None))
     with claim_output(output, {output: config}):  # one process per output folder, its own evaluation only
-        return _run_cases(benchmark, roles, settings, output, cases, config)
+        card = build_card(benchmark, roles, models or {}, data, settings, cases)
+        check_card_resume(output, card)
+        write_json_atomic(output / CARD_FILE, card)
+        return _run_cases(benchmark, roles, settings, output, runs, config)
 
 
 def _run_cases(
@@ -229,16 +277,16 @@ def _run_cases(
     size = batch_size(settings, roles)
     initial = len(cases) - len(pending)
     bar = progress.task(benchmark.name, total=len(cases), initial=initial, unit="case")
+    finished = len(cases) - len(pending)
     with bar as cases_bar, ResultWriter(output / RESULTS_FILE) as writer:
-        for start in range(0, len(pending), size):
-            batch = pending[start : start + size]
-            _run_one_batch(benchmark, batch, roles, settings, writer, cases_bar)
-            log.info(
-                "%s: %d/%d cases done",
-                benchmark.name,
-                len(cases) - len(pending) + start + len(batch),
-                len(cases),
-            )
+        for repeat in sorted({c.meta.get("repeat", 0) for c in pending}):
+            mine = [c for c in pending if c.meta.get("repeat", 0) == repeat]
+            own = settings.model_copy(update={"seed": repeat_seed(settings.seed, repeat)})
+            for start in range(0, len(mine), size):
+                batch = mine[start : start + size]
+                _run_one_batch(benchmark, batch, roles, own, writer, cases_bar)
+                finished += len(batch)
+                log.info("%s: %d/%d cases done", benchmark.name, finished, len(cases))
     cut = {role: n - cuts_before.get(role, 0) for role, n in prompt_cuts(roles).items()}
     if any(cut.values()):
         log.warning(
@@ -275,6 +323,7 @@ def _run_one_batch(
     bar: progress.Task | None = None,
 ) -> None:
     waiting = {c.id for c in batch}
+    repeats = {c.id: c.meta for c in batch if c.meta.get("repeat", 0)}
 
     def emit(record: Record) -> None:
         if record.get("id") not in waiting:
@@ -282,6 +331,9 @@ def _run_one_batch(
                 f"{benchmark.name}: emitted a record for {record.get('id')!r}, which is not pending"
             )
         waiting.discard(record["id"])
+        meta = repeats.get(record["id"])
+        if meta is not None:
+            record = {**record, "case": meta["case"], "repeat": meta["repeat"]}
         writer.append(record)
         if bar is not None:
             bar.update(1)
@@ -320,7 +372,12 @@ def compute_summary(
         records = [r for r in records if r["id"] in wanted]
         expected = len(wanted)
     n_valid = sum(bool(r.get("valid")) for r in records)
-    return {
+    repeats = by_repeat(records)
+    path = output / RESULTS_FILE
+    metrics = mean_metrics([_summarize(benchmark, rs, path) for rs in repeats.values()]) if records else {}
+    figures = run_figures(records, figures_of(benchmark, records))
+    metrics.update({k: f["mean"] for k, f in figures.items() if k.startswith("judge/")})
+    summary = {
         "benchmark": benchmark.name,
         "models": config.get("models", {}),
         "data": config.get("data"),
@@ -329,10 +386,16 @@ def compute_summary(
         "n_invalid": len(records) - n_valid,
         "n_expected": expected,
         "complete": expected is None or len(records) >= expected,
-        "metrics": _summarize(benchmark, records, output / RESULTS_FILE),
+        "repeats": len(repeats),
+        "metrics": metrics,
         "headline": [list(h) for h in benchmark.headline],
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if figures:
+        summary.update({"figures": figures, "figures_method": METHOD})
+    if config:
+        summary["card"] = read_card(output, config)
+    return summary
 
 
 def _summarize(benchmark: Benchmark, records: list[dict[str, Any]], path: Path) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] |
     score, its paired gain over the best before it (``val/gain`` ± ``val/gain_se``, and the files of
     ``validation.data``, rules and ``variety`` on which it lost beyond their floors), and the step ``final/``
     holds under ``validation.keep_best``; None when no run validated."""
-    from rapo_echo.rundir import BEST_FILE, VALIDATION_FILE
+    from rapo_echo.rundir import VALIDATION_FILE
 
     rows = []
     for run in runs:
@@ -124,13 +124,25 @@ def validation_table(runs: Sequence[Any]) -> tuple[list[str], list[list[str]]] |
             for r in lines
             if "val/gain" in r
         )
-        best = run.path / "final" / BEST_FILE
-        kept = str(json.loads(best.read_text())["step"]) if best.is_file() else "last (keep_best off)"
-        rows.append([run.path.name, scores, gains or "–", kept])
+        rows.append([run.path.name, scores, gains or "–", kept_step(run.path)])
     if not rows:
         return None
     header = ["run", "held-out score by step (step: value)", "gain over the best before it (step: gain ± se)"]
     return [*header, "final/ holds step"], rows
+
+
+def kept_step(run_dir: Path) -> str:
+    """Which step ``final/`` holds: the best-validated one (``final/best.json``), the last (no keep_best),
+    or none yet where the run stopped before writing it (then the best so far, ``best/best.json``)."""
+    from rapo_echo.rundir import BEST_DIR, BEST_FILE
+
+    chosen, best = run_dir / "final" / BEST_FILE, run_dir / BEST_DIR / BEST_FILE
+    if chosen.is_file():
+        return str(json.loads(chosen.read_text())["step"])
+    if (run_dir / "final").is_dir():
+        return "last (keep_best off)"
+    so_far = f"; the best so far is step {json.loads(best.read_text())['step']}" if best.is_file() else ""
+    return f"no final/ yet (the run stopped before its end){so_far}"
 
 
 def read_samples(run_dir: Path, *, last_steps: int = 1) -> list[dict[str, Any]]:

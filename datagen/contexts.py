@@ -31,7 +31,7 @@ def load_contexts(path: str | None, fmt: str = "auto", limit: int | None = None)
     from rapo_echo.data import scenarios_from_config
 
     try:
-        cfg = DataConfig(path=path, format=fmt, limit=limit)  # type: ignore[arg-type]
+        cfg = DataConfig(path=path, format=fmt, limit=limit)  # type: ignore[arg-type]  # fmt: a str the config validates
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])

@@ -31,63 +31,40 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
-from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from pydantic import Field
+
 from rapo_echo.datagen import grading, screening
 from rapo_echo.datagen.screening import SAFE_LABEL, Constitution
+from rapo_echo.datagen.settings import GradingSettings
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
-from rapo_echo.types import SamplingParams, Scenario, check_temperature
-
-PAIRINGS = ("all", "own")
+from rapo_echo.types import SamplingParams, Scenario
 
 
-@dataclass(frozen=True)
-class CritiqueRewriteSettings:
-    """The command's switches (every one documented with its source in docs/algorithms/echo_n1.md)."""
+class CritiqueRewriteSettings(GradingSettings):
+    """`data critique-rewrite`'s switches (each documented with its source in docs/algorithms/echo_n1.md)."""
 
-    select: str = "judge"  # judge | all
-    safety: str = "judge"  # judge | off
-    candidates: int = 2
-    include_reference: bool = True
-    rewrite_max: int = 3
-    golden_min: int = 4
-    low_max: int = 3
-    min_gap: int = 1
-    rounds: int = 2
-    pairing: str = "all"  # all | own
-    max_pairs: int = 4
-    screen_reasoning: bool = False
-    temperature: float = 1.0
-    max_new_tokens: int = 96
-    grade_tokens: int = 96
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
-    use_logprobs: str = "auto"
-    max_retries: int = 2
-    seed: int = 0
-    batch_size: int = 16
-
-    def __post_init__(self) -> None:
-        check_temperature(self.temperature, "temperature")
-        checks = [
-            (self.select in ("judge", "all"), f"select must be judge or all, got {self.select!r}"),
-            (self.safety in ("judge", "off"), f"safety must be judge or off, got {self.safety!r}"),
-            (self.pairing in PAIRINGS, f"pairing must be one of {', '.join(PAIRINGS)}, got {self.pairing!r}"),
-            (self.candidates >= 0, "candidates must be >= 0"),
-            (self.candidates > 0 or self.include_reference, "candidates 0 needs include_reference"),
-            (self.rounds >= 0 and self.max_pairs >= 1, "rounds must be >= 0 and max_pairs >= 1"),
-            (
-                all(1 <= g <= 5 for g in (self.low_max, self.golden_min, self.rewrite_max))
-                and self.min_gap >= 0,
-                "grades: low_max, golden_min and rewrite_max must be 1-5, min_gap >= 0",
-            ),
-            (self.max_new_tokens >= 1 and self.grade_tokens >= 1, "token budgets must be >= 1"),
-            (self.max_retries >= 0 and self.batch_size >= 1, "max_retries >= 0, batch_size >= 1"),
-        ]
-        for ok, why in checks:
-            if not ok:
-                raise ValueError(why)
+    select: Literal["judge", "all"] = Field(
+        "judge", description="`judge`: keep only contexts the judge says call for empathy; `all`: every one."
+    )
+    safety: Literal["judge", "off"] = Field(
+        "judge", description="`judge`: keep out contexts the safety constitution names; `off`: no screening."
+    )
+    rewrite_max: int = Field(3, ge=1, le=5, description="Rewrite replies graded at most this.")
+    golden_min: int = Field(4, ge=1, le=5, description="A reply graded at least this is golden.")
+    low_max: int = Field(3, ge=1, le=5, description="A contrast reply is graded at most this.")
+    min_gap: int = Field(1, ge=0, description="A pair's golden reply is graded at least this much higher.")
+    rounds: int = Field(2, ge=0, description="Rewrite rounds per reply.")
+    pairing: Literal["all", "own"] = Field(
+        "all",
+        description="`all`: every golden with every contrast reply; `own`: each rewrite with its original.",
+    )
+    max_pairs: int = Field(4, ge=1, description="Pairs per context at most.")
+    screen_reasoning: bool = Field(
+        False, description="The selection and safety judges write a reasoning line before their verdict."
+    )
 
 
 @dataclass
@@ -169,7 +146,7 @@ class CritiqueRewrite:
                 records[i]["status"] = "no_pair"
         return records
 
-    def _screen(self, records, live, verdicts, key, keep, status) -> list[int]:  # type: ignore[no-untyped-def]
+    def _screen(self, records, live, verdicts, key, keep, status) -> list[int]:
         kept = []
         for i, v in zip(live, verdicts):
             records[i][key] = {"label": v.label, "reasoning": v.reasoning, "probs": v.probs}
@@ -256,6 +233,23 @@ class CritiqueRewrite:
             todo = rewritten
             self._grade(contexts, todo)
 
+    @staticmethod
+    def when_empty(figures: dict[str, Any]) -> str:
+        """The switches that would give pairs, from the statuses of a run that wrote none."""
+        status = figures.get("status") or {}
+        hints = []
+        if status.get("not_empathy"):
+            hints.append("--select all keeps the contexts the judge found need no empathy (not_empathy)")
+        if status.get("excluded"):
+            hints.append("--safety off keeps those the constitution excluded (excluded)")
+        if status.get("no_pair"):
+            hints.append(
+                "no golden reply was graded above a low one (no_pair): a grader that tells replies apart, or "
+                "--golden-min 1 --low-max 5 --rewrite-max 5 --min-gap 0 to pair every rewrite with its "
+                "original (docs/algorithms/echo_n1.md)"
+            )
+        return "; ".join(hints)
+
     # ------------------------------------------------------------------ pairs
     def pairs(self, chains: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The context's preference pairs (see the module docstring)."""
@@ -273,7 +267,7 @@ class CritiqueRewrite:
         found = []
         for gk, g in golden:
             for lk, lo in low:
-                own, gap = gk == lk, g.score - lo.score  # type: ignore[operator]
+                own, gap = gk == lk, g.score - lo.score
                 if (s.pairing == "own" and not own) or g.text == lo.text or gap < s.min_gap:
                     continue
                 found.append((not own, -gap, gk, lk, g, lo))

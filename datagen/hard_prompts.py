@@ -18,45 +18,35 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from pydantic import Field
+
+from rapo_echo.config import Flag
 from rapo_echo.datagen.contexts import scenario_row
+from rapo_echo.datagen.settings import ReplySettings
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
 from rapo_echo.rewards import RewardContext, as_output, build_reward
-from rapo_echo.types import Sample, SamplingParams, Scenario, check_temperature
-
-CRITERIA = ("best", "mean")
-REWARDS = ("empathy", "echo_n1")
+from rapo_echo.types import Sample, SamplingParams, Scenario
 
 
-@dataclass(frozen=True)
-class HardPromptSettings:
-    """The command's switches (documented with their sources in docs/algorithms/echo_n1.md)."""
+class HardPromptSettings(ReplySettings):
+    """`data hard-prompts`' switches (documented with their sources in docs/algorithms/echo_n1.md)."""
 
-    n: int = 4
-    criterion: str = "best"  # best | mean
-    threshold: float = 0.5
-    reward: str = "empathy"  # empathy | echo_n1
-    reward_args: dict[str, Any] = field(default_factory=dict)
-    temperature: float = 1.0
-    max_new_tokens: int = 96
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
-    seed: int = 0
-    batch_size: int = 16
-
-    def __post_init__(self) -> None:
-        check_temperature(self.temperature, "temperature")
-        if self.criterion not in CRITERIA:
-            raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {self.criterion!r}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
-        if self.n < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ValueError("n, max_new_tokens and batch_size must be >= 1")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+    n: int = Field(4, ge=1, description="Replies sampled per prompt (best-of-N).")
+    criterion: Literal["best", "mean"] = Field(
+        "best",
+        description="`best`: keep when even the best reply does not win; `mean`: when the mean is low.",
+    )
+    threshold: float = Field(0.5, ge=0.0, le=1.0, description="Keep a prompt when its criterion <= this.")
+    reward: Literal["empathy", "echo_n1"] = Field(
+        "empathy",
+        description="The pairwise filter: the `empathy` reward or `echo_n1` (chit-chat goes to humanlike).",
+    )
+    reward_args: Annotated[dict[str, Any], Flag(metavar="JSON")] = Field(
+        default_factory=dict, description="The reward's args, as in a run config (`{...}` or KEY=VALUE)."
+    )
 
     def resolved_reward_args(self) -> dict[str, Any]:
         """The reward's args: references from the scenarios only (never written by a model here), no

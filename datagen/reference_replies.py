@@ -20,47 +20,27 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
+from pydantic import Field
+
 from rapo_echo.datagen import grading
 from rapo_echo.datagen.contexts import scenario_row
+from rapo_echo.datagen.settings import GradingSettings
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.prompting import policy_conversation
-from rapo_echo.types import SamplingParams, Scenario, check_temperature
-
-FALLBACKS = ("skip", "closest")
+from rapo_echo.types import SamplingParams, Scenario
 
 
-@dataclass(frozen=True)
-class ReferenceSettings:
-    """The command's switches (documented with their sources in docs/algorithms/echo_n1.md)."""
+class ReferenceSettings(GradingSettings):
+    """`data references`' switches (documented with their sources in docs/algorithms/echo_n1.md)."""
 
-    target: int = 3
-    candidates: int = 4
-    rounds: int = 2
-    include_reference: bool = True
-    fallback: str = "skip"  # skip | closest
-    temperature: float = 1.0
-    max_new_tokens: int = 96
-    grade_tokens: int = 96
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
-    use_logprobs: str = "auto"
-    max_retries: int = 2
-    seed: int = 0
-    batch_size: int = 16
-
-    def __post_init__(self) -> None:
-        check_temperature(self.temperature, "temperature")
-        if not 1 <= self.target <= 5:
-            raise ValueError(f"target must be a grade from 1 to 5, got {self.target}")
-        if self.fallback not in FALLBACKS:
-            raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
-        if self.candidates < 0 or self.rounds < 1 or (self.candidates == 0 and not self.include_reference):
-            raise ValueError("need rounds >= 1 and candidates >= 1 (or 0 with include_reference)")
-        if self.max_new_tokens < 1 or self.grade_tokens < 1 or self.max_retries < 0 or self.batch_size < 1:
-            raise ValueError("token budgets and batch_size must be >= 1, max_retries >= 0")
+    target: int = Field(3, ge=1, le=5, description="The grade a reference must have.")
+    candidates: int = Field(4, ge=0, description="Replies sampled per round.")
+    rounds: int = Field(2, ge=1, description="Sampling rounds for prompts without one.")
+    fallback: Literal["skip", "closest"] = Field(
+        "skip", description="A prompt without a reply at the target: `skip` it or take the `closest`."
+    )
 
 
 def protocol() -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Run a data pipeline over contexts into an output folder: batched, resumable, with a progress bar.
+"""Run a data pipeline over contexts into an output folder: batched, resumable, with progress shown (bars
+on a terminal, a line every half minute in a log: :mod:`rapo_echo.progress`), stopped cleanly by a signal.
 
 The folder's files and their rules are the benchmarks' (:mod:`rapo_echo.benchmarks.runner` and
 :mod:`rapo_echo.benchmarks.results`, reused as they are): ``config.json`` records the command, the model of
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from rapo_echo import progress as show_progress
 from rapo_echo.atomic import write_text_atomic
 from rapo_echo.benchmarks.results import (
     CONFIG_FILE,
@@ -41,6 +43,7 @@ from rapo_echo.benchmarks.results import (
 from rapo_echo.benchmarks.runner import claim_output
 from rapo_echo.datagen.contexts import context_key
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
+from rapo_echo.stopping import SignalStop, Stopped, stop_on_signals
 from rapo_echo.types import Scenario
 
 log = logging.getLogger(__name__)
@@ -120,9 +123,11 @@ def run_pipeline(
         stopped: str | None = None
         lost_chunks = 0
         t0 = time.monotonic()
-        bar = _progress(pipeline.name, len(contexts), len(contexts) - len(pending), progress)
+        if progress:
+            show_progress.enable()
+        bar = show_progress.start(pipeline.name, len(contexts), "context", len(contexts) - len(pending))
         try:
-            with ResultWriter(output / RESULTS_FILE) as writer:
+            with stop_on_signals(), ResultWriter(output / RESULTS_FILE) as writer:
                 for start in range(0, len(pending), batch_size):
                     if timeout_s is not None and time.monotonic() - t0 >= timeout_s:
                         stopped = f"timeout: {timeout_s / 60:g} minutes passed (--timeout-minutes)"
@@ -133,8 +138,7 @@ def run_pipeline(
                         writer.append(record)
                     failed.update(lost)
                     lost_chunks = lost_chunks + 1 if not records else 0
-                    if bar is not None:
-                        bar.update(len(chunk))
+                    bar.update(len(chunk))
                     log.info(
                         "%s: %d/%d contexts done%s",
                         pipeline.name,
@@ -146,12 +150,35 @@ def run_pipeline(
                         last = next(iter(lost.values()))
                         stopped = f"{lost_chunks} chunks in a row lost every context (last: {last})"
                         break
+        except SignalStop as stop:  # what is in results.jsonl stays; the chunk in flight is run again
+            summary = _write_outputs(pipeline, output, contexts, failed, f"stopped by {stop.name}")
+            raise Stopped(
+                f"{pipeline.name}: stopped by {stop.name}: {summary['n_done']} of {len(contexts)} contexts "
+                f"are saved in {output / RESULTS_FILE} (the chunk in flight is not), counted in "
+                f"{output / SUMMARY_FILE}; run the same command again to resume",
+                stop.name,
+            ) from None
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         if stopped:
             log.warning("%s: stopped early, %s; run the same command again to resume", pipeline.name, stopped)
         return _write_outputs(pipeline, output, contexts, failed, stopped)
+
+
+def empty_note(pipeline: Pipeline, summary: dict[str, Any]) -> str | None:
+    """For a run that wrote no rows: what its figures say and the switches that would give rows (the
+    pipeline's ``when_empty(figures)`` where it has one), said last, so the next stage's "the file is
+    empty" is no surprise; None when rows were written."""
+    if summary["dataset"]["rows"] or not summary["n_done"]:
+        return None
+    figures = summary.get("figures") or {}
+    counts = ", ".join(f"{k} {v}" for k, v in (figures.get("status") or {}).items())
+    hint = pipeline.when_empty(figures) if hasattr(pipeline, "when_empty") else ""
+    return (
+        f"{pipeline.name}: 0 rows written to {summary['dataset']['file']} from {summary['n_done']} contexts"
+        + (f" ({counts})" if counts else "")
+        + (f"; {hint}" if hint else "")
+    )
 
 
 def _finished(path: Path, contexts: Sequence[Scenario]) -> dict[str, Record]:
@@ -197,15 +224,6 @@ def _run_isolated(pipeline: Pipeline, chunk: Sequence[Scenario]) -> tuple[list[R
     if len(records) != len(chunk):
         raise RuntimeError(f"{pipeline.name}: {len(records)} records for {len(chunk)} contexts")
     return [{"id": sc.id, "key": context_key(sc), **r} for sc, r in zip(chunk, records)], {}
-
-
-def _progress(name: str, total: int, initial: int, enabled: bool) -> Any:
-    """A progress bar on stderr (only on a terminal), or None."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=name, unit="context", disable=None)
 
 
 def _write_outputs(

@@ -24,19 +24,26 @@ of a future ``--algo sft``.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field, field_validator
+
+from rapo_echo.config import Flag, LogprobMode
 from rapo_echo.datagen.grading import own_lines
+from rapo_echo.datagen.settings import DataSettings
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.verdict import answer_instruction, decide
 from rapo_echo.llm.answers import generate_parsed, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.structured import AnswerFormat
-from rapo_echo.types import Conversation, SamplingParams, Scenario, check_temperature, msg
+from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
+
+log = logging.getLogger(__name__)
 
 DECISIONS = ("continue", "switch", "end")
 TONES = {
@@ -120,32 +127,49 @@ def parse_stages(stages: Sequence[str]) -> list[tuple[int, str]]:
     return out
 
 
-@dataclass(frozen=True)
-class SynthesisSettings:
-    """The command's switches (documented with their sources in docs/algorithms/echo_n1.md)."""
+TOPIC_TOKENS = 32  # the director's new topic: a few words (no flag: --user-tokens bounds the person's lines)
 
-    stages: tuple[str, ...] = DEFAULT_STAGES
-    director_every: int = 5
-    companion_prompt: str = COMPANION_PROMPT
-    system_in_rows: bool = True
-    temperature: float = 0.7
-    user_temperature: float = 0.9
-    max_new_tokens: int = 96
-    user_tokens: int = 64
-    profile_tokens: int = 320
-    use_logprobs: str = "auto"
-    max_retries: int = 2
-    seed: int = 0
-    batch_size: int = 16
 
-    def __post_init__(self) -> None:
-        check_temperature(self.temperature, "temperature")
-        check_temperature(self.user_temperature, "user_temperature")
-        parse_stages(self.stages)
-        if self.director_every < 1 or self.batch_size < 1 or self.max_retries < 0:
-            raise ValueError("director_every and batch_size must be >= 1, max_retries >= 0")
-        if min(self.max_new_tokens, self.user_tokens, self.profile_tokens) < 1:
-            raise ValueError("token budgets must be >= 1")
+class SynthesisSettings(DataSettings):
+    """`data synthesize`'s switches (documented with their sources in docs/algorithms/echo_n1.md)."""
+
+    stages: Annotated[list[str], Flag(sep=",")] = Field(
+        default_factory=lambda: list(DEFAULT_STAGES),
+        description="The curriculum, TURNS:TONE,... from first to last (tones: neutral, mild, intense).",
+    )
+    director_every: int = Field(5, ge=1, description="Exchanges between the director's decisions.")
+    companion_prompt: str = Field(COMPANION_PROMPT, description="The companion's system prompt.")
+    system_in_rows: bool = Field(True, description="The companion's system prompt is in the sft.jsonl rows.")
+    temperature: float = Field(0.7, ge=0.0, description="The companion's sampling temperature.")
+    user_temperature: float = Field(0.9, ge=0.0, description="The user's sampling temperature.")
+    user_tokens: int = Field(
+        64,
+        ge=1,
+        description="The token budget of each message of the person after the opening (the opening is the "
+        "profile's; the director's topic has its own).",
+    )
+    profile_tokens: int = Field(
+        320, ge=1, description="The token budget of the person's profile, its opening included."
+    )
+    use_logprobs: LogprobMode = Field(
+        "auto",
+        description="The director's decision from label probabilities (`auto`: where the engine has them).",
+    )
+    max_retries: int = Field(2, ge=0, le=20, description="Retries of an unreadable answer.")
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, stages: list[str]) -> list[str]:
+        parse_stages(stages)
+        return stages
+
+    def budgets(self) -> str:
+        """What each token budget bounds, as a run says it up front."""
+        return (
+            f"a profile of up to {self.profile_tokens} tokens (--profile-tokens; it holds the person's "
+            f"opening), then per exchange a companion reply of up to {self.max_new_tokens} "
+            f"(--max-new-tokens) and a message of the person of up to {self.user_tokens} (--user-tokens)"
+        )
 
 
 def protocol() -> dict[str, str]:
@@ -269,6 +293,7 @@ class Synthesis:
         self.stages = parse_stages(settings.stages)
         self.positions = positions  # context id -> its index in the whole input (fixes its stage)
         self.calls = 0
+        log.info("synthesize: per dialogue, %s", settings.budgets())
 
     def _params(self, tokens: int, temperature: float) -> SamplingParams:
         self.calls += 1
@@ -306,11 +331,11 @@ class Synthesis:
             if not opening:
                 d.ended_by = "profile_invalid"
                 continue
-            d.profile = dict(p.value)  # type: ignore[arg-type]
+            d.profile = dict(p.value)  # type: ignore[arg-type]  # a profile's value is a mapping once valid
             d.messages = [msg("user", opening)]
 
     def _companion(self, active: list[Dialogue]) -> None:
-        prompts = [[msg("system", self.s.companion_prompt), *d.messages] for d in active]  # type: ignore[misc]
+        prompts = [[msg("system", self.s.companion_prompt), *d.messages] for d in active]  # type: ignore[misc]  # messages set at the opening
         params = self._params(self.s.max_new_tokens, self.s.temperature)
         for d, gens in zip(active, self.companion.generate(prompts, params)):
             text = gens[0].text.strip() if gens else ""
@@ -318,7 +343,7 @@ class Synthesis:
                 d.ended_by = "companion_empty"
                 d.messages = d.messages[:-1]  # type: ignore[index]  # rows end with a companion reply
                 continue
-            d.messages.append(msg("assistant", text))  # type: ignore[union-attr]
+            d.messages.append(msg("assistant", text))  # type: ignore[union-attr]  # messages set at the opening
             if d.closing:
                 d.ended_by = "director"
             elif d.exchanges >= d.turns:
@@ -351,7 +376,7 @@ class Synthesis:
                 self.director,
                 [topic_prompt(d, fence) for d in switching],
                 fence,
-                self.s.user_tokens,
+                TOPIC_TOKENS,
                 self.s.max_retries,
                 "simulator",
             )
@@ -378,7 +403,7 @@ class Synthesis:
             if not text:
                 d.ended_by = "user_invalid"
                 continue
-            d.messages.append(msg("user", text))  # type: ignore[union-attr]
+            d.messages.append(msg("user", text))  # type: ignore[union-attr]  # messages set at the opening
             if not d.closing:
                 d.note = None  # a direction is for one message
 

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from re import _parser as sre  # type: ignore[attr-defined]
+from re import _parser as sre
 from typing import Any
 
 MODEL_ID = "fake-served"
@@ -344,12 +344,12 @@ class FakeServed:
         for a, b in spans:
             if cur_b is None or a > cur_b:
                 if cur_b is not None:
-                    total += cur_b - cur_a  # type: ignore[operator]
+                    total += cur_b - cur_a  # type: ignore[operator]  # cur_a is set with cur_b
                 cur_a, cur_b = a, b
             else:
                 cur_b = max(cur_b, b)
         if cur_b is not None:
-            total += cur_b - cur_a  # type: ignore[operator]
+            total += cur_b - cur_a  # type: ignore[operator]  # cur_a is set with cur_b
         return total
 
     def max_in_flight(self) -> int:

@@ -350,10 +350,16 @@ def training_of(
 
 
 def workload_of(cfg: Any) -> Workload:
-    """The :class:`Workload` of a run config."""
+    """The :class:`Workload` of a run config (an SFT run's rows: prompt and reply within
+    ``sft.max_length``)."""
+    prompt, new = cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens
+    sft = getattr(cfg, "sft", None)
+    if sft is not None and hasattr(sft, "max_length"):
+        prompt = min(prompt, sft.max_length - 1)
+        new = sft.max_length - prompt
     return Workload(
-        prompt_tokens=cfg.rollout.max_prompt_tokens,
-        new_tokens=cfg.rollout.max_new_tokens,
+        prompt_tokens=prompt,
+        new_tokens=new,
         group_size=cfg.rollout.group_size,
         shared_prompt_forward=cfg.train.shared_prompt_forward,
         gradient_checkpointing=cfg.model.gradient_checkpointing,

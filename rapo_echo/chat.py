@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
 
+from pydantic import Field
+
+from rapo_echo.config import Flag, Strict, add_flags, section_from_args
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.errors import ConfigError, EngineError
+from rapo_echo.errors import EngineError
 from rapo_echo.types import Conversation, SamplingParams, msg
 
 USER_PROMPT = "you> "
@@ -91,6 +94,28 @@ def repl(
         history.append(msg("assistant", "".join(pieces)))
 
 
+class ChatConfig(Strict):
+    """`rapo-echo chat`: the model talked to and how its replies are sampled."""
+
+    model: Annotated[str, Flag(metavar="SPEC_OR_URL")] = Field(
+        "default",
+        description="`default`, a model folder, a training run folder, a .gguf file, a hub id, or the "
+        "http(s) URL of an OpenAI-compatible API such as http://127.0.0.1:8000/v1.",
+    )
+    system: Annotated[str | None, Flag(metavar="TEXT")] = Field(None, description="The system prompt.")
+    max_new_tokens: Annotated[int, Flag(metavar="N")] = Field(256, ge=1, description="Reply length limit.")
+    temperature: Annotated[float, Flag(metavar="T")] = Field(0.7, ge=0.0, description="0: greedy.")
+    top_p: Annotated[float, Flag(metavar="P")] = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    api_key_env: Annotated[str | None, Flag(metavar="VAR")] = Field(
+        None, description="For a URL: the environment variable holding the API key (unset: OPENAI_API_KEY)."
+    )
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p
+        )
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``chat`` subcommand to an argparse sub-parsers object."""
     p = subparsers.add_parser(
@@ -98,49 +123,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="chat with a model in the terminal",
         description="Chat with a model (or an OpenAI-compatible endpoint); replies stream in.",
     )
-    p.add_argument(
-        "--model",
-        default="default",
-        metavar="SPEC_OR_URL",
-        help="'default', a model folder, a training run folder, a .gguf file, a hub id, or the http(s) URL "
-        "of an OpenAI-compatible API such as http://127.0.0.1:8000/v1 (default: %(default)s)",
-    )
-    p.add_argument("--system", default=None, metavar="TEXT", help="system prompt")
-    p.add_argument(
-        "--max-new-tokens", type=int, default=256, metavar="N", help="reply length limit (default: 256)"
-    )
-    p.add_argument("--temperature", type=float, default=0.7, metavar="T", help="0 = greedy (default: 0.7)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (default: 1.0)")
-    p.add_argument(
-        "--api-key-env",
-        default=None,
-        metavar="VAR",
-        help="for a URL: environment variable holding the API key (default: OPENAI_API_KEY)",
-    )
+    add_flags(p, ChatConfig)
     p.set_defaults(func=run)
     return p
-
-
-def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
-    """The sampling flags as :class:`SamplingParams`; a bad value is a :class:`ConfigError` naming it."""
-    flags = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p"}
-    try:
-        return SamplingParams(
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p
-        )
-    except ValueError as exc:
-        text = str(exc)
-        for field, flag in flags.items():
-            text = text.replace(field, flag)
-        raise ConfigError(text) from exc
 
 
 def run(args: argparse.Namespace) -> int:
     """Build the engine from ``--model`` and run the REPL."""
     from rapo_echo.engines import engine_from_spec
 
-    params = sampling_from_args(args)
-    kw = {"api_key_env": args.api_key_env} if args.api_key_env else {}
-    engine = engine_from_spec(args.model, **kw)
-    repl(engine, params, system=args.system)
+    cfg = section_from_args(ChatConfig, args)
+    kw = {"api_key_env": cfg.api_key_env} if cfg.api_key_env else {}
+    engine = engine_from_spec(cfg.model, **kw)
+    repl(engine, cfg.sampling(), system=cfg.system)
     return 0

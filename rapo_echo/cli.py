@@ -1,10 +1,14 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, openrlhf, config,
-export.
+"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, compare, openrlhf,
+config, export.
 
 Each sub-command lives in its own module, named by an entry point of the ``rapo_echo.commands`` group
 (pyproject.toml): its ``register(subparsers)`` adds its parser and sets ``func(args) -> exit code``. The
 commands live in every layer, this door in the core, so the core names none of them; an installed package
 adds a command the same way. Only commands whose module imports are listed.
+
+The command run is the only one whose module is imported: the built-in others stand in the help as their
+one-line summary (:data:`COMMAND_HELP`), so ``rapo-echo --help`` and a mistyped command answer at once
+(importing every command's module cost 3-8 s of torch imports).
 """
 
 from __future__ import annotations
@@ -18,12 +22,35 @@ from rapo_echo import __version__
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.progress import quiet_third_party
 from rapo_echo.scrub import ScrubFilter
+from rapo_echo.stopping import Stopped
 
 COMMAND_GROUP = "rapo_echo.commands"
+# The one-line help of the built-in commands, shown without importing them (each module's parser says the
+# same; tests/unit/architecture/test_lazy_cli.py holds them to it). A command another package adds is
+# imported for its help.
+COMMAND_HELP = {
+    "chat": "chat with a model in the terminal",
+    "serve": "serve a model behind an OpenAI-compatible API",
+    "train": "train a policy (--algo grpo|ppo|rapo|rlver|sft)",
+    "train-judge": "fine-tune a humanlike / empathy judge on reasoning + verdict examples (JSONL)",
+    "data": "make Echo-N1's data: critique-rewrite, references, hard-prompts, synthesize",
+    "eval": "run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity",
+    "report": "render evaluation / training-run folders into an HTML report",
+    "compare": "compare two evaluations of one benchmark figure by figure (difference, interval, p)",
+    "openrlhf": "export / launch a run on Ray with OpenRLHF",
+    "config": "write the config reference (docs/config.md)",
+    "export": "copy a run's model to a folder with a model card; merge LoRA; push to the Hugging Face Hub",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every available sub-command."""
+def command_in(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` names (its first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """The top-level parser. The module of ``command`` registers its full parser (``"*"``: every
+    command's); the other built-in commands stand as their one-line help, enough for ``--help``."""
     parser = argparse.ArgumentParser(
         prog="rapo-echo",
         description="Reinforcement learning of empathetic, emotionally supportive dialogue models.",
@@ -37,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for entry in entry_points(group=COMMAND_GROUP):
+        if command not in ("*", entry.name) and entry.name in COMMAND_HELP:
+            sub.add_parser(entry.name, help=COMMAND_HELP[entry.name], add_help=False)
+            continue
         try:
             register = entry.load()
         except ModuleNotFoundError as exc:
@@ -49,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rapo-echo`` console script."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -68,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rapo-echo: {exc}", file=sys.stderr)
         return 2
+    except Stopped as exc:
+        print(f"rapo-echo: {exc}", file=sys.stderr)
+        return exc.exit_code
     except RapoEchoError as exc:
         print(f"rapo-echo: error: {exc}", file=sys.stderr)
         return 1

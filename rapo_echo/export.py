@@ -4,7 +4,9 @@ DIR gets the run's model (``final/``, else the newest checkpoint's; or the check
 with plain ``transformers`` (or ``peft`` for an adapter), and a model card (``README.md``) holding the
 run's config and results: the last step's metrics, the held-out validations and any evaluation folders
 given with ``--eval``. ``--merge`` merges a LoRA adapter into its base. An adapter exported unmerged
-names its base as a hub id, ``default`` (rapo-echo's embedded model) or a path relative to DIR.
+names a base that plain ``peft`` loads from any working folder: a hub id as it is, a local model folder by
+its absolute path, and rapo-echo's embedded model (``default``) or a ``.gguf`` base, which no plain
+library loads, materialised beside it in ``DIR/base-model/`` and named by its absolute path.
 ``--push-to-hub REPO`` uploads DIR with ``huggingface_hub`` (the token from ``HF_TOKEN`` or
 ``hf auth login``; never from a config).
 """
@@ -14,22 +16,48 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import Field
 
+from rapo_echo.config import Flag, Strict, add_flags, section_from_args
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import read_jsonl
-from rapo_echo.models import DEFAULT_GGUF_NAME, DEFAULT_SPEC, adapter_base, is_model_folder, run_model_folder
+from rapo_echo.models import (
+    DEFAULT_GGUF_NAME,
+    DEFAULT_SPEC,
+    adapter_base,
+    is_model_folder,
+    resolve,
+    run_model_folder,
+)
 
 log = logging.getLogger(__name__)
 
 CARD_FILE = "README.md"
+BASE_DIR = "base-model"  # where an adapter's base that no plain library loads is materialised
 # the metrics of a run's last step shown on the card, when the run logged them
 CARD_METRICS = ("reward/mean", "reward/std", "loss/total", "kl/mean", "completion_len/mean", "valid")
+
+
+class ExportConfig(Strict):
+    """`rapo-echo export`: the run exported, where to, and whether to merge and push it."""
+
+    run: Annotated[str, Flag(positional=True)] = Field(
+        description="A training run folder, or one of its checkpoints/step-N."
+    )
+    to: Annotated[str, Flag(metavar="DIR")] = Field(description="The folder to write (new or empty).")
+    merge: bool = Field(False, description="Merge a LoRA adapter into its base model.")
+    eval: Annotated[list[str], Flag(metavar="EVAL_DIR")] = Field(
+        default_factory=list, description="An eval folder to report on the card; repeatable."
+    )
+    push_to_hub: Annotated[str | None, Flag(metavar="REPO")] = Field(
+        None, description="Upload the folder to this Hugging Face Hub repository."
+    )
+    private: bool = Field(False, description="With `push_to_hub`: create the repository private.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,22 +67,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run", metavar="RUN", help="a training run folder, or one of its checkpoints/step-N")
-    p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (new or empty)")
-    p.add_argument("--merge", action="store_true", help="merge a LoRA adapter into its base model")
-    p.add_argument(
-        "--eval", action="append", default=[], metavar="EVAL_DIR", help="an eval folder to report; repeatable"
-    )
-    p.add_argument("--push-to-hub", metavar="REPO", help="upload DIR to this Hugging Face Hub repository")
-    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
+    add_flags(p, ExportConfig, config=False)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export_run(args.run, args.to, merge=args.merge, evals=args.eval)
+    cfg = section_from_args(ExportConfig, args)
+    out = export_run(cfg.run, cfg.to, merge=cfg.merge, evals=cfg.eval)
     print(f"exported: {out}")
-    if args.push_to_hub:
-        url = push_to_hub(out, args.push_to_hub, private=args.private)
+    if cfg.push_to_hub:
+        url = push_to_hub(out, cfg.push_to_hub, private=cfg.private)
         print(f"pushed: {url}")
     return 0
 
@@ -89,6 +111,7 @@ def export_run(
     config = _read_config(run_dir)
     files = model_files(folder, run_dir)
     adapter = (folder / "adapter_config.json").is_file()
+    base_note = None
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -101,9 +124,9 @@ def export_run(
             for f in files:
                 shutil.copy2(f, tmp / f.name)
             if adapter:
-                _rebase_adapter(folder, tmp, out)
+                base_note = _rebase_adapter(folder, tmp, out)
         card = model_card(run_dir, folder, config, merged=adapter and merge, adapter=adapter and not merge,
-                          evals=evals or [])  # fmt: skip
+                          evals=evals or [], base_note=base_note)  # fmt: skip
         (tmp / CARD_FILE).write_text(card, encoding="utf-8")
         if out.exists():
             out.rmdir()
@@ -201,22 +224,31 @@ def _merge(folder: Path, out: Path) -> None:
         shutil.copy2(value_head, out / value_head.name)
 
 
-def _rebase_adapter(folder: Path, out: Path, final: Path) -> None:
-    """The exported adapter names its base as seen from its new place: a hub id or ``default`` as it is,
-    a local base relative to the export folder."""
+def _rebase_adapter(folder: Path, out: Path, final: Path) -> str:
+    """Name the exported adapter's base so that plain ``peft`` loads it from any working folder (peft reads
+    a relative base against the working folder, and looks ``default`` up on the Hub): a hub id stays as it
+    is, a local model folder is named by its absolute path, and a base no plain library loads (rapo-echo's
+    embedded model, a ``.gguf`` file) is materialised in ``final/base-model/`` and named by that absolute
+    path. Returns how the model card describes the base."""
     cfg_path = out / "adapter_config.json"
     cfg = json.loads(cfg_path.read_text())
     named = cfg.get("base_model_name_or_path") or ""
     base = adapter_base(folder, named)
-    if base != named or Path(named).is_absolute():
-        cfg["base_model_name_or_path"] = os.path.relpath(Path(base).resolve(), final.resolve())
-        log.warning(
-            "export: the adapter's base is the local folder %s; it is named relative to %s, so the two "
-            "must travel together (or export with --merge)",
-            base,
-            final,
-        )
-        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    resolved = resolve(base)
+    if resolved.is_hub:
+        return f"the Hub model `{base}`"
+    if named == DEFAULT_SPEC or base.endswith(".gguf"):  # resolved is rapo-echo's converted copy
+        shutil.copytree(resolved.path, out / BASE_DIR)
+        where = (final / BASE_DIR).resolve()
+        what = "rapo-echo's embedded model" if named == DEFAULT_SPEC else f"the GGUF model {base}"
+        note = f"{what}, converted to a plain model folder in `{BASE_DIR}/` and named by its absolute path"
+    else:
+        where = Path(resolved.path).resolve()
+        note = "a local model folder, named by its absolute path"
+    cfg["base_model_name_or_path"] = str(where)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    log.info("export: the adapter's base is %s (%s)", where, note)
+    return f"{note} (`{where}`): it loads from any working folder while that folder stays where it is"
 
 
 def _base_model(config: dict[str, Any]) -> tuple[str, str | None]:
@@ -272,7 +304,14 @@ def _results(run_dir: Path, evals: list[str]) -> str:
 
 
 def model_card(
-    run_dir: Path, folder: Path, config: dict[str, Any], *, merged: bool, adapter: bool, evals: list[str]
+    run_dir: Path,
+    folder: Path,
+    config: dict[str, Any],
+    *,
+    merged: bool,
+    adapter: bool,
+    evals: list[str],
+    base_note: str | None = None,
 ) -> str:
     """The model card: Hub metadata (``huggingface_hub.ModelCardData``), how the model was trained, its
     results, how to load it, and the run's config as it was saved."""
@@ -299,12 +338,13 @@ def model_card(
     )
     if adapter:
         load = (
-            "```python\nfrom peft import AutoPeftModelForCausalLM\n\n"
-            'model = AutoPeftModelForCausalLM.from_pretrained("PATH")  # loads the base named in '
-            "adapter_config.json\n```\n\nThe base is named in `adapter_config.json`"
-            + (" as `default`: rapo-echo's embedded model (`rapo-echo chat --model PATH` loads it)." if
-               (config.get("model") or {}).get("name", DEFAULT_SPEC) == DEFAULT_SPEC else ".")
-        )  # fmt: skip
+            "```python\nfrom peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
+            'model = AutoPeftModelForCausalLM.from_pretrained("PATH")  # PATH: this folder\n'
+            'tokenizer = AutoTokenizer.from_pretrained("PATH")\n```\n\n'
+            f"`adapter_config.json` names the base: {base_note or 'as the run named it'}. Moved to another "
+            "machine, point `base_model_name_or_path` at the base there, or export with `--merge` for a "
+            "folder that travels alone."
+        )
     else:
         load = (
             "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"

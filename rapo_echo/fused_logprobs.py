@@ -28,7 +28,7 @@ def fits_fused(rows: int, vocab: int) -> bool:
 
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, scale, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, targets, scale, with_entropy):
         logits = F.linear(hidden, weight, bias).float()
         if isinstance(scale, torch.Tensor) or scale != 1.0:
             logits.mul_(scale)
@@ -47,7 +47,7 @@ class _TokenLogprobs(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):  # type: ignore[override]
+    def backward(ctx, grad_logp, _grad_entropy):
         hidden, weight, probs, targets = ctx.saved_tensors
         # d logp / d z = scale * (onehot - p), times the incoming gradient; built in place in probs
         grad_z = probs.mul_(-grad_logp.unsqueeze(-1))

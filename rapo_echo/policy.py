@@ -499,7 +499,7 @@ class Policy:
         if self.scorer.value_head is None:
             head = ValueHead(int(self.lm.config.hidden_size)).to(self.device)
             self.scorer.value_head = head
-        return self.scorer.value_head  # type: ignore[return-value]
+        return self.scorer.value_head  # type: ignore[return-value]  # set just above when None
 
     # ------------------------------------------------------------------ prompts
     def conversation(self, scenario: Scenario) -> Conversation:

@@ -11,6 +11,12 @@ and a remote engine reports its requests done, in flight and failed:
 
 Nothing is shown until :func:`enable` is called (the trainer's main process with ``logging.progress``,
 ``rapo-echo eval``); until then every call costs a few attribute lookups, so engines report always.
+
+On a terminal the bars redraw at least every :data:`REFRESH_S` seconds, so their elapsed time moves while
+a long batched call runs, and log lines are written above them instead of through them. Where the output
+is not a terminal (a log file, a pipe, a job scheduler), there are no bars: every :data:`LINE_EVERY_S`
+seconds one line says where every open bar stands (``12:03:10 progress: rapo 1/4 step [6:02] |
+generation (policy:hf) 12/32 reply [0:40]``), and a line is written whenever the outermost bar moves.
 """
 
 from __future__ import annotations
@@ -19,14 +25,18 @@ import logging
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import IO, Any
 
 # Loggers and warning sources that talk on every request or load unless the user asked for -v.
 NOISY_LOGGERS = ("httpx", "httpcore", "urllib3", "filelock", "datasets", "huggingface_hub", "accelerate")
 NOISY_WARNINGS = r"(transformers|torch|peft|accelerate|datasets|huggingface_hub|deepspeed|tensorboard)(\.|$)"
+# Loggers that set their own level and handler when their library loads (DeepSpeed's says "Setting
+# accelerator to CPU" on every CPU run): below ERROR they are dropped by a filter, which their setup keeps.
+SELF_CONFIGURED_LOGGERS = ("DeepSpeed",)
 
 # read by huggingface_hub (and transformers' weight-loading bars), datasets and transformers at import
 QUIET_ENV = {
@@ -35,10 +45,17 @@ QUIET_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",
 }
 
+REFRESH_S = 2.0  # a terminal's bars redraw at least this often (their elapsed time moves)
+LINE_EVERY_S = 30.0  # without a terminal, a line on every open bar this often
+
 _lock = threading.RLock()
 _stack: list[Task] = []
 _enabled = False
 _file: IO[str] | None = None
+_lines = False  # no terminal: lines instead of bars
+_last_line = 0.0
+_redirect = ExitStack()  # log lines written above the bars while any is open
+_ticker: threading.Thread | None = None
 
 
 class Task:
@@ -51,29 +68,68 @@ class Task:
     def close(self) -> None:
         if self.bar is not None:
             with _lock:
+                self.bar.close()
                 if self in _stack:
                     _stack.remove(self)
-                self.bar.close()
+                    _closed()
 
     def update(self, n: int = 1) -> None:
         if self.bar is not None:
             with _lock:
                 self.bar.update(n)
 
-    def note(self, **values: Any) -> None:
+    def note(self, refresh: bool = True, **values: Any) -> None:
+        """Show ``values`` beside the bar (``refresh=False``: at its next redraw, for frequent notes)."""
         if self.bar is not None:
             with _lock:
-                self.bar.set_postfix(values, refresh=True)
+                self.bar.set_postfix(values, refresh=refresh)
+
+
+class Line:
+    """A bar's state where there is no terminal to draw it on: the counts a line reports."""
+
+    def __init__(self, desc: str, total: int | None, unit: str, initial: int, depth: int) -> None:
+        self.desc, self.total, self.unit, self.n, self.pos = desc, total, unit, initial, depth
+        self.postfix = ""
+        self.start = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.pos == 0:
+            _write_line()
+
+    def set_postfix(self, values: dict[str, Any], refresh: bool = True) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.pos == 0:
+            _write_line()
+
+    def __str__(self) -> str:
+        total = f"/{self.total}" if self.total is not None else ""
+        seconds = int(time.monotonic() - self.start)
+        extra = f" ({self.postfix})" if self.postfix else ""
+        return f"{self.desc} {self.n}{total} {self.unit} [{seconds // 60}:{seconds % 60:02d}]{extra}"
 
 
 _SILENT = Task()
 
 
-def enable(on: bool = True, file: IO[str] | None = None) -> None:
-    """Show bars from now on (``on=False``: stop showing them); ``file`` defaults to stderr."""
-    global _enabled, _file
+def enable(on: bool = True, file: IO[str] | None = None, lines: bool | None = None) -> None:
+    """Show progress from now on (``on=False``: stop showing it); ``file`` defaults to stderr. ``lines``:
+    report in lines, not bars (``None``: when ``file`` is not a terminal)."""
+    global _enabled, _file, _lines
     with _lock:
         _enabled, _file = on, file
+        if lines is None:
+            isatty = getattr(file if file is not None else sys.stderr, "isatty", None)
+            lines = not (callable(isatty) and isatty())
+        _lines = lines
+    if on:
+        _start_ticker()
 
 
 def enabled() -> bool:
@@ -85,23 +141,78 @@ def start(desc: str, total: int | None = None, unit: str = "it", initial: int = 
     caller closes it. :func:`task` is the same as a ``with`` block."""
     if not _enabled:
         return _SILENT
-    from tqdm.auto import tqdm
-
     with _lock:
         depth = len(_stack)
-        bar = tqdm(
-            total=total,
-            initial=initial,
-            desc=desc,
-            unit=unit,
-            position=depth,
-            leave=depth == 0,
-            file=_file,
-            dynamic_ncols=True,
-        )
+        if _lines:
+            bar: Any = Line(desc, total, unit, initial, depth)
+        else:
+            from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            if not _stack:
+                _redirect.enter_context(logging_redirect_tqdm())
+            bar = tqdm(
+                total=total,
+                initial=initial,
+                desc=desc,
+                unit=unit,
+                position=depth,
+                leave=depth == 0,
+                file=_file,
+                dynamic_ncols=True,
+            )
         current = Task(bar)
         _stack.append(current)
     return current
+
+
+def _closed() -> None:
+    """After a bar closed: log lines go straight to their handlers again once no bar is open."""
+    if not _stack:
+        _redirect.close()
+
+
+def beat(now: float | None = None) -> None:
+    """Redraw the open bars (their elapsed time moves), or, without a terminal, write a line on them when
+    :data:`LINE_EVERY_S` has passed; the ticker thread calls this every :data:`REFRESH_S` seconds."""
+    now = time.monotonic() if now is None else now
+    with _lock:
+        if not _enabled or not _stack:
+            return
+        if not _lines:
+            for t in _stack:
+                t.bar.refresh()
+        elif now - _last_line >= LINE_EVERY_S:
+            _write_line(now)
+
+
+def _write_line(now: float | None = None) -> None:
+    """One line on every open bar, outermost first."""
+    global _last_line
+    with _lock:
+        if not _stack:
+            return
+        _last_line = time.monotonic() if now is None else now
+        text = " | ".join(str(t.bar) for t in _stack)
+        print(f"{time.strftime('%H:%M:%S')} progress: {text}", file=_file or sys.stderr, flush=True)
+
+
+def _start_ticker() -> None:
+    global _ticker
+    with _lock:
+        if _ticker is not None:
+            return
+
+        def run() -> None:
+            while True:
+                time.sleep(REFRESH_S)
+                try:
+                    beat()
+                except Exception:  # a closed file must not kill the process's one ticker
+                    logging.getLogger(__name__).debug("progress: a redraw failed", exc_info=True)
+
+        _ticker = threading.Thread(target=run, name="rapo-echo-progress", daemon=True)
+        _ticker.start()
 
 
 @contextmanager
@@ -119,9 +230,11 @@ STAGES = {"policy": "generation", "simulator": "simulation", "judge": "judging"}
 
 
 def label(engine_name: str, what: str) -> str:
-    """A bar's name for an engine call: the stage its role stands for, and the engine."""
-    stage = STAGES.get(engine_name.split(":", 1)[0])
-    return f"{stage} ({engine_name})" if stage else f"{engine_name}: {what}"
+    """A bar's name for an engine call: the stages its roles stand for (``simulator+judge:hf``: simulation
+    or judging), and the engine."""
+    roles = engine_name.split(":", 1)[0].split("+")
+    stages = [STAGES[r] for r in roles if r in STAGES]
+    return f"{' or '.join(stages)} ({engine_name})" if stages else f"{engine_name}: {what}"
 
 
 def remote(*, done: int, in_flight: int, failed: int = 0, total: int | None = None) -> None:
@@ -164,6 +277,11 @@ class RemoteCalls:
             self._report()
 
 
+class _ErrorsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
 def quiet_third_party(verbose: bool) -> None:
     """Unless ``verbose``: no per-request log lines (httpx), no load chatter or progress bars from
     datasets / huggingface_hub / transformers, and no warnings raised inside those libraries (ours still
@@ -172,6 +290,10 @@ def quiet_third_party(verbose: bool) -> None:
         return
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in SELF_CONFIGURED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _ErrorsOnly) for f in logger.filters):
+            logger.addFilter(_ErrorsOnly())
     warnings.filterwarnings("ignore", module=NOISY_WARNINGS)
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)

@@ -15,7 +15,7 @@ from rapo_echo.errors import ConfigError
 try:  # POSIX; elsewhere the PID in the lock file is checked instead
     import fcntl
 except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl off POSIX
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,8 @@ LOCK_NAME = ".rapo-echo.lock"
 VALIDATION_FILE = "validation.jsonl"
 BEST_DIR = "best"
 BEST_FILE = "best.json"
+# An evaluation's or a data command's output folder: its summary (what it wrote, with its figures).
+SUMMARY_FILE = "summary.json"
 
 
 def check_writable(folder: str | Path, flag: str = "--output") -> Path:

@@ -41,17 +41,17 @@ import importlib
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from rapo_echo.config import Device, Dtype, Flag, Strict, add_flags, section_from_args
 from rapo_echo.config.secrets import secret_value
 from rapo_echo.engines.base import ChatEngine, format_enforcement
 from rapo_echo.engines.constrained import GRAMMAR_FAILED
@@ -126,7 +126,7 @@ def answer_format_of(fields: dict[str, Any]) -> AnswerFormat | None:
         raise ValueError(f"give one structured-output field, not {sorted(given)}")
     if not given:
         return None
-    (key, value), = given.items()
+    ((key, value),) = given.items()
     if key == "response_format":
         kind = value.get("type") if isinstance(value, dict) else None
         if kind != "json_schema":
@@ -318,7 +318,7 @@ class ChatService:
         self.default_max_tokens = default_max_tokens
         self.lock = threading.Lock()
         self.token_engine = _is_token_engine(engine)
-        self.tokens = TokenText(engine.tokenizer) if self.token_engine else None  # type: ignore[attr-defined]
+        self.tokens = TokenText(engine.tokenizer) if self.token_engine else None  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
         self.created = int(time.time())
 
     def models(self) -> dict[str, Any]:
@@ -345,7 +345,7 @@ class ChatService:
         prompt: Conversation | list[int]
         if self.token_engine:
             try:
-                prompt = self.engine.encode_chat(  # type: ignore[attr-defined]
+                prompt = self.engine.encode_chat(  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
                     messages,
                     add_generation_prompt=req.add_generation_prompt,
                     continue_final_message=req.continue_final_message,
@@ -407,16 +407,16 @@ class ChatService:
             prompt, params = self.prepare(req)
             tops = None
             if self.token_engine:
-                gens = self.engine.generate_ids([prompt], params)[0]  # type: ignore[attr-defined]
+                gens = self.engine.generate_ids([prompt], params)[0]  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
                 if req.logprobs and req.top_logprobs:
-                    tops = self.engine.top_logprobs_ids(  # type: ignore[attr-defined]
+                    tops = self.engine.top_logprobs_ids(  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
                         [prompt] * len(gens),
                         [g.token_ids for g in gens],
                         req.top_logprobs,
                         params.temperature,
                     )
             else:
-                gens = self.engine.generate([prompt], params)[0]  # type: ignore[list-item]
+                gens = self.engine.generate([prompt], params)[0]  # type: ignore[list-item]  # a chat engine: a conversation prompt
             failed = next((g for g in gens if g.finish_reason == GRAMMAR_FAILED), None)
             if failed is not None:
                 raise APIError(
@@ -457,7 +457,7 @@ class ChatService:
             if cancel.is_set():
                 raise RequestCancelled()
 
-        handle = model.register_forward_pre_hook(check)  # type: ignore[union-attr]
+        handle = model.register_forward_pre_hook(check)  # type: ignore[union-attr]  # an HF engine has its model
         try:
             yield
         finally:
@@ -490,8 +490,8 @@ class ChatService:
         self, prompt: Conversation | list[int], params: SamplingParams
     ) -> Iterator[str | Generation]:
         if self.token_engine:
-            return self.engine.stream_generation(prompt, params)  # type: ignore[attr-defined]
-        return self.engine.stream(prompt, params)  # type: ignore[arg-type]
+            return self.engine.stream_generation(prompt, params)  # type: ignore[attr-defined]  # a token engine, checked by _is_token_engine
+        return self.engine.stream(prompt, params)  # type: ignore[arg-type]  # a chat engine: a conversation prompt
 
     async def stream(self, req: ChatCompletionRequest) -> AsyncIterator[str]:
         """Server-sent events of one reply. The engine runs in one worker thread (holding the lock for
@@ -577,6 +577,122 @@ class ChatService:
 
 
 # ---------------------------------------------------------------------- the app
+def error_response(err: APIError) -> Any:
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+class RequestGuard:
+    """What the server refuses before a request reaches a route: a key in the URL (400, masked first, as
+    the access log writes the request line after the answer), a ``/v1`` request without the API key
+    (401) and a declared body over the limit (413)."""
+
+    def __init__(self, api_key: str | None, max_body_bytes: int) -> None:
+        if max_body_bytes < 1:
+            raise ConfigError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+        self.api_key, self.max_body_bytes = api_key, max_body_bytes
+        self.expected = api_key.encode() if api_key else None
+        self.too_large = APIError(
+            413,
+            f"the request body is larger than this server's limit of {max_body_bytes} bytes "
+            "(rapo-echo serve --max-body-mb)",
+            code="request_too_large",
+        )
+
+    def key_in_query(self, scope: dict[str, Any]) -> APIError | None:
+        """400 for a key in the URL query, whose value is masked in the request line first."""
+        query = scope.get("query_string") or b""
+        if not query:
+            return None
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+        key = self.api_key
+        named = {k for k, v in pairs if SECRET_KEY.search(k) or k.lower() == "key" or (key and key in v)}
+        if not named:
+            return None
+        scope["query_string"] = urlencode([(k, MASK if k in named else v) for k, v in pairs]).encode()
+        return APIError(
+            400,
+            f"an API key does not belong in the URL (query parameter {', '.join(sorted(named))}): "
+            "URLs are logged; send it in the header 'Authorization: Bearer <key>'",
+            code="key_in_url",
+        )
+
+    def key_in_path(self, scope: dict[str, Any]) -> APIError | None:
+        """400 for a key in the URL path (the server's key, or a segment that looks like one: a provider
+        key, a long random token), masked in the path first."""
+        path = scope.get("path") or ""
+        parts = path.split("/")
+        key = self.api_key
+        masked = [
+            MASK if part and ((key and key in unquote(part)) or secret_value(unquote(part))) else part
+            for part in parts
+        ]
+        if masked == parts:
+            return None
+        scope["path"] = "/".join(masked)
+        scope["raw_path"] = quote(scope["path"]).encode()
+        return APIError(
+            400,
+            "an API key does not belong in the URL path: URLs are logged; send it in the header "
+            "'Authorization: Bearer <key>'",
+            code="key_in_url",
+        )
+
+    def refusal(self, scope: dict[str, Any], path: str, headers: Any) -> APIError | None:
+        """The first reason to refuse this request, or None."""
+        refused = self.key_in_query(scope) or self.key_in_path(scope)
+        if refused is not None:
+            return refused
+        if self.expected is not None and path.startswith("/v1"):
+            scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+            # the scheme is case-insensitive (RFC 9110): "bearer KEY" is as good as "Bearer KEY"
+            given = token.strip().encode() if scheme.lower() == "bearer" else b""
+            if not hmac.compare_digest(given, self.expected):
+                return APIError(
+                    401,
+                    "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+                    code="invalid_api_key",
+                )
+        length = headers.get("content-length", "")
+        if length.strip().isdigit() and int(length) > self.max_body_bytes:
+            return self.too_large
+        return None
+
+    async def bounded_body(self, request: Any) -> bytes:
+        """The request body, read up to ``max_body_bytes`` (a chunked body that goes on is refused 413)."""
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self.too_large
+            parts.append(chunk)
+        return b"".join(parts)
+
+
+async def complete_unless_abandoned(service: ChatService, request: Any, req: ChatCompletionRequest) -> Any:
+    """Run a non-streaming request; if its client disconnects first, cancel the generation (which
+    frees the model for the next request) instead of finishing a reply nobody reads."""
+    from fastapi.responses import Response
+    from starlette.concurrency import run_in_threadpool
+
+    cancel = threading.Event()
+    task = asyncio.ensure_future(run_in_threadpool(service.complete, req, cancel))
+    # With the body read, the next ASGI message is the disconnect (polling is_disconnected() does
+    # not work behind the key middleware, which wraps receive()).
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and gone.result().get("type") == "http.disconnect":
+            cancel.set()
+            with contextlib.suppress(RequestCancelled):
+                await task
+            return Response(status_code=499)  # nobody reads it
+        return await task
+    finally:
+        gone.cancel()
+
+
 def create_app(
     engine: ChatEngine,
     model_name: str,
@@ -593,95 +709,22 @@ def create_app(
     from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from starlette.concurrency import run_in_threadpool
     from starlette.requests import ClientDisconnect
 
     service = ChatService(engine, model_name, default_max_tokens)
+    guard = RequestGuard(api_key, max_body_bytes)
     # With a key the API description is not served either (it would answer without the key).
     hidden = {"docs_url": None, "redoc_url": None, "openapi_url": None} if api_key else {}
     app = fastapi.FastAPI(
         title="rapo-echo", description=f"OpenAI-compatible chat completions for {model_name}", **hidden
     )
     app.state.service = service
-    expected = api_key.encode() if api_key else None
     register_secret(api_key)  # scrubbed from every log line
-    if max_body_bytes < 1:
-        raise ConfigError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    too_large = APIError(
-        413,
-        f"the request body is larger than this server's limit of {max_body_bytes} bytes "
-        "(rapo-echo serve --max-body-mb)",
-        code="request_too_large",
-    )
-
-    def key_in_query(request: Request) -> JSONResponse | None:
-        """400 for a key in the URL query, whose value is masked in the request line first (the access
-        log reads the same request line after the answer)."""
-        query = request.scope.get("query_string") or b""
-        if not query:
-            return None
-        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
-        named = {
-            k for k, v in pairs if SECRET_KEY.search(k) or k.lower() == "key" or (api_key and api_key in v)
-        }
-        if not named:
-            return None
-        request.scope["query_string"] = urlencode([(k, MASK if k in named else v) for k, v in pairs]).encode()
-        return error_response(
-            APIError(
-                400,
-                f"an API key does not belong in the URL (query parameter {', '.join(sorted(named))}): "
-                "URLs are logged; send it in the header 'Authorization: Bearer <key>'",
-                code="key_in_url",
-            )
-        )
-
-    def key_in_path(request: Request) -> JSONResponse | None:
-        """400 for a key in the URL path (the server's key, or a segment that looks like one: a provider
-        key, a long random token), masked in the path first (the access log writes it after the answer)."""
-        path = request.scope.get("path") or ""
-        parts = path.split("/")
-        masked = [
-            MASK if part and ((api_key and api_key in unquote(part)) or secret_value(unquote(part))) else part
-            for part in parts
-        ]
-        if masked == parts:
-            return None
-        request.scope["path"] = "/".join(masked)
-        request.scope["raw_path"] = quote(request.scope["path"]).encode()
-        return error_response(
-            APIError(
-                400,
-                "an API key does not belong in the URL path: URLs are logged; send it in the header "
-                "'Authorization: Bearer <key>'",
-                code="key_in_url",
-            )
-        )
-
-    def error_response(err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
 
     @app.middleware("http")
     async def check_key(request: Request, call_next: Callable) -> Any:
-        refused = key_in_query(request) or key_in_path(request)
-        if refused is not None:
-            return refused
-        if expected is not None and request.url.path.startswith("/v1"):
-            scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
-            # the scheme is case-insensitive (RFC 9110): "bearer KEY" is as good as "Bearer KEY"
-            given = token.strip().encode() if scheme.lower() == "bearer" else b""
-            if not hmac.compare_digest(given, expected):
-                return error_response(
-                    APIError(
-                        401,
-                        "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
-                        code="invalid_api_key",
-                    )
-                )
-        length = request.headers.get("content-length", "")
-        if length.strip().isdigit() and int(length) > max_body_bytes:
-            return error_response(too_large)
-        return await call_next(request)
+        refused = guard.refusal(request.scope, request.url.path, request.headers)
+        return error_response(refused) if refused is not None else await call_next(request)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -703,20 +746,10 @@ def create_app(
     async def models() -> dict[str, Any]:
         return service.models()
 
-    async def bounded_body(request: Request) -> bytes:
-        """The request body, read up to ``max_body_bytes`` (a chunked body that goes on is refused 413)."""
-        parts, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise too_large
-            parts.append(chunk)
-        return b"".join(parts)
-
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         try:
-            raw = await bounded_body(request)
+            raw = await guard.bounded_body(request)
         except ClientDisconnect:  # a client that dropped its connection mid-body: nobody to answer
             log.info("serve: a client disconnected before its request body was complete")
             return Response(status_code=499)
@@ -729,32 +762,43 @@ def create_app(
             return StreamingResponse(
                 events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
-        return await complete_unless_abandoned(request, req)
-
-    async def complete_unless_abandoned(request: Request, req: ChatCompletionRequest) -> Any:
-        """Run a non-streaming request; if its client disconnects first, cancel the generation (which
-        frees the model for the next request) instead of finishing a reply nobody reads."""
-        cancel = threading.Event()
-        task = asyncio.ensure_future(run_in_threadpool(service.complete, req, cancel))
-        # With the body read, the next ASGI message is the disconnect (polling is_disconnected() does
-        # not work behind the key middleware, which wraps receive()).
-        gone = asyncio.ensure_future(request.receive())
-        try:
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done() and gone.result().get("type") == "http.disconnect":
-                cancel.set()
-                with contextlib.suppress(RequestCancelled):
-                    await task
-                return Response(status_code=499)  # nobody reads it
-            return await task
-        finally:
-            gone.cancel()
+        return await complete_unless_abandoned(service, request, req)
 
     return app
 
 
 # ---------------------------------------------------------------------- CLI
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+class ServeConfig(Strict):
+    """`rapo-echo serve`: the model served, where, and the server's limits."""
+
+    model: Annotated[str, Flag(metavar="SPEC")] = Field(
+        "default",
+        description="`default` (embedded SmolLM2-135M-Instruct), a model folder, a training run or "
+        "checkpoint folder, a .gguf file, or a hub id.",
+    )
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port; 0 picks a free one.")
+    served_name: Annotated[str | None, Flag(metavar="NAME")] = Field(
+        None, description="Model id clients send (unset: the model's spec)."
+    )
+    api_key_env: Annotated[str | None, Flag(metavar="VAR")] = Field(
+        None,
+        description="Require 'Authorization: Bearer <key>' where the key is read from this environment "
+        "variable.",
+    )
+    dtype: Dtype = Field("float32", description="The weights' dtype.")
+    device: Device = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
+    default_max_tokens: Annotated[int, Flag(metavar="N")] = Field(
+        512, ge=1, description="Reply length limit when a request sets none."
+    )
+    max_body_mb: Annotated[float, Flag(metavar="MB")] = Field(
+        DEFAULT_MAX_BODY_MB,
+        gt=0,
+        description="Refuse request bodies larger than this with HTTP 413, before tokenising.",
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="uvicorn's log level."
+    )
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -765,41 +809,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve a model behind an OpenAI-compatible API (/v1/chat/completions, /v1/models), "
         "e.g. for the 'openai' engine of a simulator or judge, or for any OpenAI client.",
     )
-    p.add_argument(
-        "--model",
-        default="default",
-        metavar="SPEC",
-        help="'default' (embedded SmolLM2-135M-Instruct), a model folder, a training run or checkpoint "
-        "folder, a .gguf file, or a hub id (default: %(default)s)",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
-    p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default: %(default)s)")
-    p.add_argument(
-        "--served-name", default=None, metavar="NAME", help="model id clients send (default: SPEC)"
-    )
-    p.add_argument(
-        "--api-key-env",
-        default=None,
-        metavar="VAR",
-        help="require 'Authorization: Bearer <key>' where the key is read from this environment variable",
-    )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: %(default)s)")
-    p.add_argument(
-        "--default-max-tokens",
-        metavar="N",
-        type=int,
-        default=512,
-        help="reply length limit when a request sets none (default: %(default)s)",
-    )
-    p.add_argument(
-        "--max-body-mb",
-        metavar="MB",
-        type=float,
-        default=DEFAULT_MAX_BODY_MB,
-        help="refuse request bodies larger than this with HTTP 413, before tokenising (default: %(default)s)",
-    )
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_flags(p, ServeConfig)
     p.set_defaults(func=run)
     return p
 
@@ -818,47 +828,40 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, bind the socket, print the URL and serve until Ctrl-C / SIGTERM."""
-    if not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port: got {args.port}; must be between 0 and 65535")
-    if not _DEVICE.fullmatch(args.device):
-        raise ConfigError(f"--device: got {args.device!r}; allowed: auto, cpu, cuda, cuda:N, mps")
-    if args.default_max_tokens < 1:
-        raise ConfigError(f"--default-max-tokens: got {args.default_max_tokens}; must be >= 1")
-    if not args.max_body_mb > 0:
-        raise ConfigError(f"--max-body-mb: got {args.max_body_mb}; must be > 0")
+    cfg = section_from_args(ServeConfig, args)
     api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
+    if cfg.api_key_env:
+        api_key = os.environ.get(cfg.api_key_env)
         if not api_key:
             raise ConfigError(
-                f"--api-key-env: the environment variable {args.api_key_env} is not set or empty"
+                f"--api-key-env: the environment variable {cfg.api_key_env} is not set or empty"
             )
     require_serve_extra("fastapi")
     uvicorn = require_serve_extra("uvicorn")
     from rapo_echo.engines.hf import HFEngine
 
-    engine = HFEngine.from_spec(args.model, dtype=args.dtype, device=args.device, name="serve")
-    name = args.served_name or args.model
+    engine = HFEngine.from_spec(cfg.model, dtype=cfg.dtype, device=cfg.device, name="serve")
+    name = cfg.served_name or cfg.model
     app = create_app(
         engine,
         name,
         api_key,
-        default_max_tokens=args.default_max_tokens,
-        max_body_bytes=max(1, int(args.max_body_mb * 2**20)),
+        default_max_tokens=cfg.default_max_tokens,
+        max_body_bytes=max(1, int(cfg.max_body_mb * 2**20)),
     )
-    sock = bind_socket(args.host, args.port)
+    sock = bind_socket(cfg.host, cfg.port)
     port = sock.getsockname()[1]
-    shown = f"[{args.host}]" if ":" in args.host else args.host
+    shown = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     print(
         f"rapo-echo serve: model {name!r} at http://{shown}:{port}/v1 (OpenAI-compatible; Ctrl-C stops)",
         flush=True,
     )
-    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+    if api_key is None and cfg.host not in ("127.0.0.1", "localhost", "::1"):
         print(
-            f"warning: listening on {args.host} without --api-key-env; anyone who can reach it can use it",
+            f"warning: listening on {cfg.host} without --api-key-env; anyone who can reach it can use it",
             flush=True,
         )
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=cfg.log_level))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled; stopping is the normal end

@@ -25,7 +25,7 @@ import re
 try:  # the parser of the re module (its name since Python 3.11)
     import re._parser as _sre_parser
 except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse as _sre_parser  # type: ignore[no-redef]
+    import sre_parse as _sre_parser
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any

@@ -49,6 +49,7 @@ ENTRY_POINT_GROUP = "rapo_echo.simulators"
 BUILTINS = {
     "reaction": "rapo_echo.simulators.reaction:ReactionSimulator",
     "hidden_preference": "rapo_echo.simulators.hidden_preference:HiddenPreferenceUser",
+    "sage": "rapo_echo.simulators.sage_reaction:SageReactionUser",
 }
 MARKER = "rapo_echo_simulator"  # the class attribute that declares a simulator plugin
 INJECTED = ("engine", "scale", "seed", "rng")  # constructor parameters the library fills in

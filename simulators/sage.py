@@ -398,8 +398,7 @@ def analysis_prompt(
         f"The character's emotion right now: {emotion:g}\n\n"
         "The conversation (the last line is the supporter's newest reply):\n"
         f"{fence.block('DIALOGUE', render_dialogue(history, **AS_USER))}\n\n"
-        "Think as the character, with their temperament and the reactions the background describes. "
-        + answer
+        "Think as the character, with their temperament and the reactions the background describes. " + answer
     )
     return [
         msg(
@@ -645,6 +644,30 @@ class SageSimulator:
             if reason is None or self.settings.closing_message:
                 speaking.append(d)
         self._speak(speaking)
+
+    def read_again(self, dialogues: Sequence[SageDialogue]) -> list[tuple[float, float | None] | None]:
+        """The emotion change of each dialogue's last read supporter reply, read once more by this
+        simulator (made with another seed: fresh prompt markers and sampling) from the dialogue as it
+        stood then; the dialogues are not changed. Per dialogue ``(the change read then, the change read
+        now or None when unreadable)``, or None for a dialogue with no reply read (one batched call)."""
+        asked: list[tuple[int, float, SageDialogue]] = []
+        for i, d in enumerate(dialogues):
+            entry = next((e for e in reversed(d.log) if e.get("delta") is not None), None)
+            if entry is None:
+                continue
+            t = int(entry["turn"])
+            replies = [k for k, m in enumerate(d.history) if m["role"] == "assistant"]
+            history = d.history[: replies[t - 1] + 1]
+            probe = SageDialogue(
+                d.id, d.profile, d.emotions[t - 1], d.fence_key, history=history, turns=t - 1
+            )
+            probe.log.append({"turn": t})
+            asked.append((i, float(entry["delta"]), probe))
+        out: list[tuple[float, float | None] | None] = [None] * len(dialogues)
+        again = self._analyse([p for _, _, p in asked]) if asked else []
+        for (i, first, _), second in zip(asked, again):
+            out[i] = (first, second)
+        return out
 
     def _analyse(self, dialogues: list[SageDialogue]) -> list[float | None]:
         """The emotion change of every dialogue's analysis (None: never parsed): the analysis's integer

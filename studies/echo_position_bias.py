@@ -42,7 +42,7 @@ def main() -> None:
                 "judge": args.judge,
                 "presentations": len(items),
                 "label_counts": dict(collections.Counter(v.label for v in verdicts)),
-                "mean_probs": {k: round(statistics.fmean(v.probs[k] for v in verdicts), 4) for k in labels},  # type: ignore[index]
+                "mean_probs": {k: round(statistics.fmean(v.probs[k] for v in verdicts), 4) for k in labels},  # type: ignore[index]  # log-prob verdicts have probs
             }
         )
     )

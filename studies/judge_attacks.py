@@ -180,7 +180,7 @@ def make_reward(kind: str, engine: Any, mode: str, seed: int, policy: dict[str, 
         from rapo_echo.rewards.judge import JudgeReward
 
         reward = JudgeReward(ctx, scale=5, use_logprobs=logprobs, show_profile=True, **policy)
-        reward.fence = lambda samples: Fence(rng=random.Random(seed))  # type: ignore[method-assign]
+        reward.fence = lambda samples: Fence(rng=random.Random(seed))  # type: ignore[method-assign]  # a fixed fence for the study
         return reward
     if kind == "humanlike":
         from rapo_echo.rewards.echo_n1 import HumanlikeReward

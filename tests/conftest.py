@@ -6,7 +6,14 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+# `make test` runs two pytest-xdist workers on CI's two cores: each worker (and the runs it starts, which
+# inherit the variable) computes on one torch thread, so that two workers never run four threads on two
+# cores (OpenMP's waiting threads then spin against each other).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # after OMP_NUM_THREADS
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -25,6 +25,7 @@ from typing import Any
 from rapo_echo import autosize
 from rapo_echo.algorithms import get as algorithm_class
 from rapo_echo.algorithms.base import RoleRequest
+from rapo_echo.data.files import locate
 from rapo_echo.errors import ConfigError
 from rapo_echo.models import ResolvedModel, load_tokenizer, resolve, resolve_dtype
 
@@ -78,12 +79,27 @@ def zero_stage_of(accelerate_config: str | Path) -> tuple[int, int | None]:
     return int(stage), processes
 
 
+def shipped_config(spec: str) -> Path | None:
+    """rapo-echo's copy of a recipe model's ``config.json`` (``rapo_echo/examples/OWNER--NAME.config.json``,
+    a few kB), so that a recipe's plan needs no Hub; None for any other model."""
+    from importlib import resources
+
+    if spec.count("/") != 1 or Path(spec).expanduser().exists():
+        return None
+    found = resources.files("rapo_echo.examples") / f"{spec.replace('/', '--')}.config.json"
+    return Path(str(found)) if found.is_file() else None
+
+
 def model_folder(spec: str) -> ResolvedModel:
-    """Where the model's ``config.json`` and tokenizer are: a folder needs no weights for a plan;
-    other specs resolve as for training (a hub id fetches only those files)."""
+    """Where the model's ``config.json`` and tokenizer are: a folder needs no weights for a plan; a recipe's
+    model has its config.json shipped (:func:`shipped_config`, no tokenizer read); other specs resolve as
+    for training (a hub id fetches only those files)."""
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return ResolvedModel(str(path), source=spec)
+    shipped = shipped_config(spec)
+    if shipped is not None:
+        return ResolvedModel(str(shipped), source=spec)
     return resolve(spec)
 
 
@@ -193,9 +209,11 @@ def describe_role(cfg: RunConfig, role: str) -> str:
 
 def make_plan(cfg: RunConfig, hw: Hardware) -> dict[str, Any]:
     """The plan as a dict (what ``--dry-run`` prints; tests read it)."""
+    locate(cfg.data.path)  # a data file that is not there stops the run at once: the plan says so too
     resolved = model_folder(cfg.model.name)
     config = model_config(resolved, cfg.model.trust_remote_code)
-    tokenizer = load_tokenizer(resolved, trust_remote_code=cfg.model.trust_remote_code)
+    shipped = resolved.path.endswith(".config.json")
+    tokenizer = None if shipped else load_tokenizer(resolved, trust_remote_code=cfg.model.trust_remote_code)
     shape = autosize.ModelShape.of(config)
     device = "cuda" if hw.device == "cuda" else "cpu"
     dtype = resolve_dtype(cfg.model.dtype, device, bf16_supported=hw.bf16)
@@ -219,6 +237,7 @@ def make_plan(cfg: RunConfig, hw: Hardware) -> dict[str, Any]:
         "model": {
             "spec": cfg.model.name,
             "folder": resolved.path,
+            "shipped_config": shipped,
             "architecture": (getattr(config, "architectures", None) or [config.model_type])[0],
             "parameters": shape.parameter_count(),
             "trainable": training.trainable_params,
@@ -226,7 +245,7 @@ def make_plan(cfg: RunConfig, hw: Hardware) -> dict[str, Any]:
             "dtype": dtype,
             "asked_dtype": cfg.model.dtype,
             "vocab": shape.vocab,
-            "tokenizer_vocab": len(tokenizer),
+            "tokenizer_vocab": None if tokenizer is None else len(tokenizer),
             "context": getattr(config, "max_position_embeddings", None),
         },
         "hardware": {
@@ -348,8 +367,10 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"rapo-echo plan: {plan['algo']}, {m['architecture']} from {m['folder']}",
         f"  parameters {m['parameters'] / 1e9:.2f}B, trainable {m['trainable'] / 1e9:.3f}B"
         f" ({'LoRA' if m['lora'] else 'full fine-tuning'}), dtype {m['dtype']} (asked {m['asked_dtype']}),"
-        f" vocab {m['vocab']} (tokenizer {m['tokenizer_vocab']}), context {m['context']}",
+        f" vocab {m['vocab']} (tokenizer {m['tokenizer_vocab'] or 'not read'}), context {m['context']}",
     ]
+    if m.get("shipped_config"):
+        lines.append(f"  config.json: rapo-echo's copy of {m['spec']}'s (no Hub; the tokenizer is not read)")
     if hw["device"] == "cuda":
         zero = f"ZeRO-{hw['zero_stage']}" if hw["zero_stage"] else "no ZeRO"
         lines.append(

@@ -126,7 +126,11 @@ def step_hooks(
         hooks.append(heldout)
     if cfg.monitor.enabled:
         monitor = RewardHackingMonitor(
-            cfg.monitor, cfg.rollout.max_new_tokens, run_dir=run_dir, warn=process_index == 0
+            cfg.monitor,
+            cfg.rollout.max_new_tokens,
+            run_dir=run_dir,
+            warn=process_index == 0,
+            stop_on_alarm=cfg.train.stop_on_alarm,
         )
         monitor.examples = heldout.examples if heldout is not None else None
         hooks.append(monitor)
@@ -460,7 +464,7 @@ class Run:
 
     def train_step(self) -> dict[str, float]:
         """One step: hooks, rollout, update, hooks. Returns the step's metrics."""
-        t_step = time.perf_counter()
+        t_step, cpu_step = time.perf_counter(), time.process_time()
         failed_before = failed_items(*self.remote_engines)
         step = self.step + 1
         rollout, hook_metrics = self._rollout(self._batch(), step)
@@ -469,6 +473,7 @@ class Run:
         self._check_items(items)
         update_metrics, skipped = self.learner.update(items, step, self.algorithm.loss, timings)
         timings["step"] = time.perf_counter() - t_step
+        timings["cpu_step"] = time.process_time() - cpu_step  # CPU seconds: the cost on a shared machine
         tokens = sum(len(s.completion_ids) for s in rollout.samples)
         judges = merge_metrics([*self.rewards.step_metrics(), *rollout.judge_metrics])  # position bias
         metrics = {**rollout.metrics, **hook_metrics, **judges, **update_metrics}

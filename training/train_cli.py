@@ -6,28 +6,65 @@ import argparse
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from rapo_echo.config import engine_settings, parse_reward_flag
+from pydantic import Field
+
+from rapo_echo.config import Flag, Strict, add_flags, engine_settings, parse_reward_flag, section_from_args
 from rapo_echo.errors import ConfigError
+from rapo_echo.stopping import EXIT_CODES  # a run stopped by a signal (after its checkpoint): resumable
 
 from .run_config import load_config
+
+
+class PlanSettings(Strict):
+    """`rapo-echo train`'s plan flags (the run's own keys are the sections above): `--dry-run` loads no
+    weights, prints the per-GPU plan of the run and trains nothing."""
+
+    dry_run: bool = Field(False, description="Print the plan of the run and exit.")
+    gpus: Annotated[int | None, Flag(metavar="N")] = Field(
+        None, ge=1, description="Processes / GPUs to plan for (unset: the accelerate config's, else 1)."
+    )
+    gpu_memory: Annotated[float | None, Flag(metavar="GB")] = Field(
+        None, gt=0, description="Memory of each GPU in GB (unset: 80)."
+    )
+    zero: Literal[0, 1, 2, 3] | None = Field(None, description="DeepSpeed ZeRO stage to plan for.")
+    accelerate_config: Annotated[str | None, Flag(metavar="YAML")] = Field(
+        None, description="Read the ZeRO stage (and process count) from this accelerate config."
+    )
+    bf16: Annotated[bool, Flag(off="--no-bf16")] = Field(
+        True, description="Plan for GPUs with bfloat16 (`--no-bf16`: pre-Ampere GPUs)."
+    )
+    plan_json: Annotated[str | None, Flag(metavar="FILE")] = Field(
+        None, description="Also write the plan as JSON."
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from rapo_echo.algorithms import names
 
-    known = "|".join(names())
     p = sub.add_parser(
         "train",
-        help=f"train a policy (--algo {known})",
+        help=f"train a policy (--algo {'|'.join(names())})",
         description="Train a dialogue policy. Precedence: algorithm defaults < --config < flags < --set.",
     )
+    add_run_flags(p, "run directory (default runs/ALGO-TIMESTAMP)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
+    add_flags(p, PlanSettings, config=False, title="plan (--dry-run: load no weights, print the plan)")
+    p.set_defaults(func=run)
+
+
+def add_run_flags(p: argparse.ArgumentParser, output: str) -> None:
+    """The flags of a run config (``train``, ``openrlhf``): ``--config``, ``--set`` and the keys with a
+    flag of their own; :func:`build_config` reads them."""
+    from rapo_echo.algorithms import names
+
     p.add_argument("--config", help="YAML run config (see configs/)")
     p.add_argument(
         "--algo",
         metavar="NAME",
-        help=f"algorithm: {known}, another registered one, or module:Class (overrides the config's algo)",
+        help=f"algorithm: {'|'.join(names())}, another registered one, or module:Class (overrides the "
+        "config's algo)",
     )
     p.add_argument("--model", help="policy model: default, a folder, a .gguf file or a hub id")
     p.add_argument(
@@ -44,21 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             f"a .gguf file, a hub id, or an http(s):// OpenAI-compatible endpoint (sets {role}.engine, "
             f"{role}.model, {role}.base_url; --set {role}.model=NAME names a served model)",
         )
-    p.add_argument("--output", help="run directory (default runs/ALGO-TIMESTAMP)")
+    p.add_argument("--output", help=output)
     p.add_argument("--max-steps", type=int, help="number of training steps")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
-    plan = p.add_argument_group("plan (--dry-run: load no weights, print the per-GPU plan, train nothing)")
-    plan.add_argument("--dry-run", action="store_true", help="print the plan of the run and exit")
-    plan.add_argument("--gpus", type=int, metavar="N", help="processes / GPUs to plan for (default 1)")
-    plan.add_argument("--gpu-memory", type=float, metavar="GB", help="memory of each GPU (default 80)")
-    plan.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage to plan for")
-    plan.add_argument(
-        "--accelerate-config", metavar="YAML", help="read the ZeRO stage (and process count) from this file"
-    )
-    plan.add_argument("--no-bf16", action="store_true", help="plan for GPUs without bfloat16 (pre-Ampere)")
-    plan.add_argument("--plan-json", metavar="FILE", help="also write the plan as JSON")
-    p.set_defaults(func=run)
 
 
 def build_config(args: argparse.Namespace):
@@ -118,28 +143,19 @@ def run_config_for(
     return cfg
 
 
-# Exit codes of a run stopped early by a signal (after its checkpoint): 128 + the signal's number, as
-# shells report a process killed by it, so scripts can tell "stopped, resumable" from "finished" (0);
-# a step hook that stopped the run (after its checkpoint) exits with HOOK_STOP_EXIT_CODE.
-STOPPED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
-HOOK_STOP_EXIT_CODE = 3
-
-
-def hardware(args: argparse.Namespace, cfg) -> object:
-    """The :class:`~rapo_echo.training.plan.Hardware` the flags and the config name."""
+def hardware(plan: PlanSettings, cfg) -> object:
+    """The :class:`~rapo_echo.training.plan.Hardware` the plan flags and the config name."""
     from .plan import Hardware, zero_stage_of
 
-    zero, processes, source = args.zero or 0, None, ""
-    if args.accelerate_config:
-        zero, processes = zero_stage_of(args.accelerate_config)
-        source = args.accelerate_config
-        zero = args.zero if args.zero is not None else zero
-    elif args.zero is not None:
+    zero, processes, source = plan.zero or 0, None, ""
+    if plan.accelerate_config:
+        zero, processes = zero_stage_of(plan.accelerate_config)
+        source = plan.accelerate_config
+        zero = plan.zero if plan.zero is not None else zero
+    elif plan.zero is not None:
         source = "--zero"
-    gpus = args.gpus or processes or 1
-    if gpus < 1 or (args.gpu_memory is not None and args.gpu_memory <= 0):
-        raise ConfigError("--gpus and --gpu-memory must be positive")
-    named = args.gpus or args.gpu_memory or args.zero is not None or args.accelerate_config
+    gpus = plan.gpus or processes or 1
+    named = plan.gpus or plan.gpu_memory or plan.zero is not None or plan.accelerate_config
     device = cfg.model.device
     if named or device.startswith("cuda"):
         device = "cuda"
@@ -149,20 +165,20 @@ def hardware(args: argparse.Namespace, cfg) -> object:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     else:
         device = "cpu"
-    memory = 80e9 if args.gpu_memory is None else args.gpu_memory * 1e9
-    return Hardware(device, gpus, int(memory), bf16=not args.no_bf16, zero_stage=zero, source=source)
+    memory = 80e9 if plan.gpu_memory is None else plan.gpu_memory * 1e9
+    return Hardware(device, gpus, int(memory), bf16=plan.bf16, zero_stage=zero, source=source)
 
 
-def dry_run(args: argparse.Namespace, cfg) -> int:
+def dry_run(plan: PlanSettings, cfg) -> int:
     """Print the plan (``rapo_echo.training.plan``); nothing is loaded but config.json and the tokenizer."""
     import json
 
     from .plan import format_plan, make_plan
 
-    plan = make_plan(cfg, hardware(args, cfg))
-    print(format_plan(plan))
-    if args.plan_json:
-        Path(args.plan_json).write_text(json.dumps(plan, indent=2) + "\n")
+    made = make_plan(cfg, hardware(plan, cfg))
+    print(format_plan(made))
+    if plan.plan_json:
+        Path(plan.plan_json).write_text(json.dumps(made, indent=2) + "\n")
     return 0
 
 
@@ -187,10 +203,9 @@ def train_with(cfg, *, resume: bool = False):
 
 def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    if args.dry_run:
-        return dry_run(args, cfg)
+    plan = section_from_args(PlanSettings, args, files=False)
+    if plan.dry_run:
+        return dry_run(plan, cfg)
     trainer = train_with(cfg, resume=bool(args.resume))
     print(f"run directory: {trainer.run_dir}")
-    if not trainer.stopped_by:
-        return 0
-    return STOPPED_EXIT_CODES.get(trainer.stopped_by, HOOK_STOP_EXIT_CODE)
+    return EXIT_CODES.get(trainer.stopped_by, 1) if trainer.stopped_by else 0

@@ -23,9 +23,20 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
-from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.base import (
+    Case,
+    Emit,
+    EvalSettings,
+    Record,
+    Roles,
+    make_record,
+    mean,
+    recheck_entry,
+    recheck_params,
+)
 from rapo_echo.benchmarks.epm.data import load_epm_cases
 from rapo_echo.benchmarks.epm.director import (
     ACTIONS,
@@ -38,6 +49,7 @@ from rapo_echo.benchmarks.epm.director import (
 from rapo_echo.benchmarks.epm.judge import EpmForm, EpmJudge
 from rapo_echo.benchmarks.epm.user import COMPANION, USER, PersonaCard, Turn, clean_user_reply, user_prompt
 from rapo_echo.benchmarks.epm.vectors import (
+    INDEX_GROUPS,
     INDEX_KEYS,
     EpmConfig,
     Point,
@@ -57,6 +69,7 @@ from rapo_echo.benchmarks.epm.vectors import (
     thresholds,
     verdict,
 )
+from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.engines.base import reply_texts
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.labels import judge_labels
@@ -81,6 +94,10 @@ class _Episode:
     log: list[dict[str, Any]] = field(default_factory=list)
     end: str | None = None  # why the dialogue ended
     verdict: TrajectoryVerdict | None = None
+    asked: tuple[list[Turn], list[Turn], dict[str, int]] | None = (
+        None  # the last MDEP: earlier, latest, levels
+    )
+    recheck: dict[str, Any] | None = None  # that MDEP asked again (info['judge_recheck'])
 
 
 def case_labels(p0: Sequence[float], cfg: EpmConfig) -> dict[str, Any]:
@@ -104,6 +121,27 @@ def case_metrics(points: Sequence[Point], turns: int, success: bool, cfg: EpmCon
         "alignment": q["alignment"],
         **case_indices(q, cfg),
     }
+
+
+def case_epmq(part: str) -> Any:
+    """A record's own EPM-Q or group score (``epmq``, ``outcome``, ...): :func:`epmq` of the case alone,
+    under the record's weights. EPM-Q is linear in the indices, so the mean over cases is the run's."""
+
+    def value(record: Record) -> float | None:
+        weights = record.get("info", {}).get("epmq_weights")
+        cfg = EpmConfig(weights=tuple(weights)) if weights else EpmConfig()
+        return epmq([record["metrics"]], cfg)[part]
+
+    return value
+
+
+# every summary figure that is a mean over cases, for its interval and spread (benchmarks/figures.py)
+EPM_FIGURES: dict[str, Figure] = {
+    "success_rate": Figure("success"),
+    **{part: Figure(case_epmq(part)) for part in ("epmq", *INDEX_GROUPS)},
+    **{k: Figure(k) for k in INDEX_KEYS},
+    "avg_turns": Figure("turns"),
+}
 
 
 def summarize_epm(records: Sequence[Record]) -> dict[str, Any]:
@@ -135,6 +173,20 @@ class Epm:
     name = "epm"
     roles = ("policy", "simulator", "judge")
     headline = (("success_rate", "EPM success"), ("epmq", "EPM-Q"))
+    figures = EPM_FIGURES
+    prompt_modules = (
+        "rapo_echo.benchmarks.epm.user",
+        "rapo_echo.benchmarks.epm.director",
+        "rapo_echo.benchmarks.epm.judge",
+    )
+
+    def card_details(self, settings: EvalSettings) -> dict[str, Any]:
+        """The card's episode (turn cap and every EPM constant) and the policy's system prompt."""
+        cfg = self.config(settings)
+        return {
+            "episode": {"max_turns": settings.max_turns or cfg.max_turns, "epm": cfg.model_dump(mode="json")},
+            "system_prompt": settings.system_prompt,
+        }
 
     def config(self, settings: EvalSettings) -> EpmConfig:
         return epm_config(settings.epm)
@@ -162,6 +214,15 @@ class Epm:
             retries=settings.judge_retries,
             rng=rng,
         )
+        again = EpmJudge(  # the recheck's own prompt markers and seed; the run's draws stay as they were
+            roles.judge,
+            recheck_params(settings.judge_params()),
+            use_logprobs=settings.judge_logprobs,
+            retries=settings.judge_retries,
+            rng=random.Random(f"recheck:{settings.seed}"),
+        )
+        flush = partial(self._flush, judge=again if settings.judge_recheck else None, cfg=cfg, emit=emit)
+        self._done: list[_Episode] = []
         episodes = [_Episode(c, c.data, {}) for c in cases]
         self._start(episodes, judge, cfg, emit)
         for turn in range(1, max_turns + 1):
@@ -187,9 +248,11 @@ class Epm:
             going = [e for e in active if e.end is None]
             if turn == max_turns:
                 for e in going:
-                    self._finish(e, "timeout", cfg, emit)
+                    self._finish(e, "timeout")
                 break
             self._direct(going, roles, settings, turn, cfg, rng, emit)
+            flush()
+        flush()
 
     def _start(self, episodes: list[_Episode], judge: EpmJudge, cfg: EpmConfig, emit: Emit) -> None:
         """P0 of each case: its own IEDR levels, or the judge's (one call for all that need it)."""
@@ -250,18 +313,19 @@ class Epm:
             earlier,
             [e.turns[-2 * k :] for e in active],
         )
-        for e, form in zip(active, forms):
+        for e, form, before in zip(active, forms, earlier):
             assert e.th is not None
             e.log[-1]["mdep"] = {"levels": form.levels, **_form_info(form)}
             if form.levels is None:
                 e.end = f"invalid: MDEP unparseable at turn {turn}"
                 emit(self._record(e, cfg, valid=False))
                 continue
+            e.asked = (list(before), e.turns[-2 * k :], form.levels)
             point = advance(e.points, step_vector(form.levels, cfg), turn, e.th, cfg, form.levels)
             e.log[-1]["v"] = list(point.v)
             e.verdict = verdict(e.points, turn, e.th, cfg)
             if e.verdict is not None:
-                self._finish(e, f"{e.verdict.outcome}: {e.verdict.reason}", cfg, emit)
+                self._finish(e, f"{e.verdict.outcome}: {e.verdict.reason}")
 
     def _direct(
         self,
@@ -301,7 +365,7 @@ class Epm:
             e.director.actions.append({"turn": turn, "asked": label, "action": action, **detail})
             e.log[-1]["director"] = action
             if action == "end":
-                self._finish(e, "director_end", cfg, emit)
+                self._finish(e, "director_end")
             else:
                 e.note = note
 
@@ -315,9 +379,30 @@ class Epm:
         )
 
     # ------------------------------------------------------------------ records
-    def _finish(self, e: _Episode, end: str, cfg: EpmConfig, emit: Emit) -> None:
+    def _finish(self, e: _Episode, end: str) -> None:
+        """End a valid case; its record is written at the next :meth:`_flush`."""
         e.end = end
-        emit(self._record(e, cfg, valid=True))
+        self._done.append(e)
+
+    def _flush(self, *, judge: EpmJudge | None, cfg: EpmConfig, emit: Emit) -> None:
+        """Write the cases finished since the last flush; with ``judge`` (a recheck), first ask each one's
+        last MDEP form again (one call for all): ``info['judge_recheck']``, the share of its six levels
+        given alike and their mean absolute difference."""
+        done, self._done = self._done, []
+        asked = [e for e in done if e.asked is not None]
+        if judge is not None and asked:
+            forms = judge.fill_mdep(
+                [e.card.card for e in asked],
+                [e.card.name for e in asked],
+                [e.asked[0] for e in asked],  # type: ignore[index]
+                [e.asked[1] for e in asked],  # type: ignore[index]
+            )
+            for e, form in zip(asked, forms):
+                first, second = e.asked[2], form.levels or {}  # type: ignore[index]
+                diffs = [abs(first[k] - second[k]) for k in first if k in second]
+                e.recheck = recheck_entry(first, second, diffs)
+        for e in done:
+            emit(self._record(e, cfg, valid=True))
 
     def _record(self, e: _Episode, cfg: EpmConfig, *, valid: bool) -> Record:
         turns = sum(who == COMPANION for who, _ in e.turns)
@@ -332,6 +417,8 @@ class Epm:
             "director_invalid": sum(a["asked"] is None for a in e.director.actions),
             "turn_log": e.log,
         }
+        if e.recheck is not None:
+            info["judge_recheck"] = e.recheck
         if e.points:
             info.update(case_labels(e.points[0].p, cfg))
             info["p0"] = list(e.points[0].p)

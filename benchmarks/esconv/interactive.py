@@ -20,9 +20,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
-from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.base import (
+    Case,
+    Emit,
+    EvalSettings,
+    Record,
+    Roles,
+    case_key,
+    make_record,
+    mean,
+    recheck_entry,
+    recheck_params,
+)
 from rapo_echo.benchmarks.esconv.data import EsconvConversation, read_esconv
 from rapo_echo.benchmarks.esconv.seeker import (
     CRITIC_LABELS,
@@ -34,6 +45,7 @@ from rapo_echo.benchmarks.esconv.seeker import (
     seeker_prompt,
     supporter_prompt,
 )
+from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.engines.base import reply_texts
 from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
@@ -77,6 +89,7 @@ class _Episode:
     rewards: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
     outcome: dict[str, Any] = field(default_factory=dict)  # the record's valid / success / turns once done
+    recheck: dict[str, Any] | None = None  # the critic's last verdict asked again (info['judge_recheck'])
 
 
 class EsconvInteractive:
@@ -86,6 +99,22 @@ class EsconvInteractive:
     default_data = DEFAULT_DATA
     roles = ("policy", "simulator", "judge")
     headline = (("success_rate", "ESConv SR"), ("avg_turns", "ESConv AT"))
+    figures: ClassVar[dict[str, Figure]] = {
+        "success_rate": Figure("success"),
+        "avg_turns": Figure("turns"),
+        "final_reward": Figure("final_reward"),
+    }
+    prompt_modules = ("rapo_echo.benchmarks.esconv.seeker",)
+
+    def card_details(self, settings: EvalSettings) -> dict[str, Any]:
+        """The card's episode (turn cap, success threshold) and the policy's system prompt."""
+        return {
+            "episode": {
+                "max_turns": settings.max_turns or DEFAULT_MAX_TURNS,
+                "success_above": SUCCESS_THRESHOLD,
+            },
+            "system_prompt": settings.system_prompt,
+        }
 
     def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
         convs = read_esconv(require_data(data, self.name))
@@ -99,7 +128,7 @@ class EsconvInteractive:
             raise ConfigError("the esconv benchmark needs a simulator and a judge engine")
         max_turns = settings.max_turns or DEFAULT_MAX_TURNS
         episodes = [
-            _Episode(c, c.data, [(SEEKER, c.data.profile.situation)], case_fence(c.id, settings.seed))
+            _Episode(c, c.data, [(SEEKER, c.data.profile.situation)], case_fence(case_key(c), settings.seed))
             for c in cases
         ]
 
@@ -125,6 +154,8 @@ class EsconvInteractive:
                 self._judge(answered, roles, settings, max_turns)
 
         def ended(batch: list[_Episode]) -> None:
+            if settings.judge_recheck:
+                self._recheck([e for e in batch if e.outcome.get("valid")], roles, settings)
             for e in batch:
                 emit(self._record(e, **e.outcome))
 
@@ -169,6 +200,28 @@ class EsconvInteractive:
                 e.done, e.outcome = True, {"valid": True, "success": success, "turns": turn}
 
     @staticmethod
+    def _recheck(done: list[_Episode], roles: Roles, settings: EvalSettings) -> None:
+        """The critic's last verdict of each finished case asked once more, on the same dialogue with a
+        fresh prompt marker and seed: does it answer alike? (``info['judge_recheck']``)"""
+        if not done:
+            return
+        assert roles.judge is not None
+        fences = [Fence.derived([case_key(e.case), "recheck"], salt=f"esconv:{settings.seed}") for e in done]
+        verdicts = judge_labels(
+            roles.judge,
+            [critic_prompt(e.conv.profile, e.turns, f) for e, f in zip(done, fences)],
+            CRITIC_LABELS,
+            [partial(_own_verdict, fence=f) for f in fences],
+            replace(recheck_params(settings.judge_params()), answer_format=CRITIC_FORMAT),
+            retries=settings.judge_retries,
+            logprobs=settings.judge_logprobs,
+        )
+        for e, v in zip(done, verdicts):
+            last = e.rewards[-1]
+            diffs = [abs(last["reward"] - v.value)] if v.value is not None else []
+            e.recheck = recheck_entry({"verdict": last["label"]}, {"verdict": v.label}, diffs)
+
+    @staticmethod
     def _fail(e: _Episode, why: str) -> None:
         """End a case whose request failed for good: invalid, counted."""
         turn = sum(who == SUPPORTER for who, _ in e.turns)
@@ -180,6 +233,8 @@ class EsconvInteractive:
         final = e.rewards[-1]["reward"]
         metrics = {"success": float(success), "turns": turns, "final_reward": final} if valid else {}
         info = {"profile": vars(e.conv.profile), "critic": e.rewards, "source": e.conv.meta.get("source")}
+        if e.recheck is not None:
+            info["judge_recheck"] = e.recheck
         return make_record(e.case, valid=valid, metrics=metrics, transcript=transcript, info=info)
 
     def summarize(self, records: Sequence[Record]) -> dict[str, Any]:

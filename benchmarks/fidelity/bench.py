@@ -29,10 +29,10 @@ from rapo_echo.benchmarks.fidelity.predictors import BASELINES, Predictor, build
 from rapo_echo.benchmarks.fidelity.stats import (
     TIE_CREDIT,
     RankedPoints,
-    bootstrap_ci,
     dot,
     pair_counts,
 )
+from rapo_echo.benchmarks.stats import bootstrap_ci
 from rapo_echo.engines.concurrency import calls_concurrently, together
 from rapo_echo.errors import ConfigError
 
@@ -50,6 +50,7 @@ class Fidelity:
     name = "fidelity"
     roles = ("simulator", "judge")
     headline = (("top_predictor", "fidelity: best predictor"), ("top_pairwise", "pairwise agreement"))
+    repeatable = False  # its figures carry their own intervals over dialogues
 
     def __init__(self, users: Sequence[str] = (), rewards: Sequence[str] = (), n_boot: int = N_BOOT) -> None:
         if len(set(users)) != len(users) or len(set(rewards)) != len(rewards):

@@ -93,7 +93,7 @@ def run_fidelity_check(cfg: RunConfig) -> dict[str, Any]:
     }
     summary = run_eval(
         bench,
-        Roles(policy=None, simulator=simulator, judge=judge),  # type: ignore[arg-type]
+        Roles(policy=None, simulator=simulator, judge=judge),  # type: ignore[arg-type]  # the fidelity check runs no policy
         settings,
         out,
         data=check.data,

@@ -3,19 +3,21 @@ need, and run them through the shared runner (resumable, batched, ``results.json
 
 from __future__ import annotations
 
-import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
-from rapo_echo.benchmarks.base import EvalSettings, Roles
+from rapo_echo.benchmarks.base import Roles
 from rapo_echo.benchmarks.fidelity.bench import Fidelity
 from rapo_echo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rapo_echo.benchmarks.eval_command import EvalCommand
 
 # rewards that score without an engine (everything else gets the --judge engine)
 ENGINE_FREE_REWARDS = ("length", "format", "question", "think_format")
 
 
-def needed_specs(args: argparse.Namespace) -> dict[str, str]:
+def needed_specs(args: EvalCommand) -> dict[str, str]:
     """Model spec per role the named predictors use (``policy`` is not a role here)."""
     specs: dict[str, str] = {}
     if args.user:
@@ -27,27 +29,23 @@ def needed_specs(args: argparse.Namespace) -> dict[str, str]:
     return specs
 
 
-def run_fidelity_command(
-    args: argparse.Namespace, settings: EvalSettings, engine_kwargs: dict[str, Any] | None = None
-) -> int:
-    """``eval --benchmark fidelity``; ``engine_kwargs``: the engine settings of the eval flags."""
+def run_fidelity_command(args: EvalCommand) -> int:
+    """``eval --benchmark fidelity``."""
     from rapo_echo.benchmarks.runner import run_eval
-    from rapo_echo.engines import engine_from_spec
+    from rapo_echo.engines import engines_for_roles
     from rapo_echo.rundir import check_writable
 
     if args.policy:
         raise ConfigError("fidelity: --policy is not used; name --user / --reward (see --help)")
-    benchmark = Fidelity(users=args.user, rewards=args.reward)
+    benchmark, settings = Fidelity(users=args.user, rewards=args.reward), args.settings()
     cases = benchmark.load_cases(args.data, settings)  # fail on bad data before loading any model
     check_writable(args.output)
     specs = needed_specs(args)
-    engines: dict[str, Any] = {}
-    for spec in dict.fromkeys(specs.values()):
-        engines[spec] = engine_from_spec(spec, **(engine_kwargs or {}))
+    engines = engines_for_roles(specs, **args.engine_args())
     roles = Roles(
         policy=None,  # type: ignore[arg-type]  # fidelity has no policy
-        simulator=engines.get(specs.get("simulator", "")),
-        judge=engines.get(specs.get("judge", "")),
+        simulator=engines.get("simulator"),
+        judge=engines.get("judge"),
     )
     if not cases:
         print("fidelity: no rated points")

@@ -134,7 +134,7 @@ def dialogue_points(d: Dialogue) -> list[RatedPoint]:
             following = messages[k + 1]["content"] if k + 1 < len(turns) else ""
             scenario = Scenario(
                 id=f"{d.id}-t{turn.first}",
-                messages=messages[:k],  # type: ignore[arg-type]
+                messages=messages[:k],  # type: ignore[arg-type]  # plain dicts of role and content
                 profile=dict(profile),
                 meta={"dialogue": d.id, "turn": turn.first, "file": d.file},
             )

@@ -203,7 +203,7 @@ class SagePredictor(Predictor):
                 profile=SageProfile.from_mapping(i.scenario.profile, i.scenario.id),
                 emotion=s.initial_emotion,
                 fence_key=i.scenario.id,
-                history=[dict(m) for m in i.scenario.messages],  # type: ignore[misc]
+                history=[dict(m) for m in i.scenario.messages],  # type: ignore[misc]  # plain dicts of role and content
                 emotions=[s.initial_emotion],
             )
             for i in items
@@ -235,7 +235,7 @@ class SagePredictor(Predictor):
                     d.profile,
                     history,
                     tier(d.emotion),
-                    last_feeling(d),  # type: ignore[arg-type]
+                    last_feeling(d),
                     self.simulator.fence(d, "reply"),
                     plain=True,
                 )
@@ -250,7 +250,7 @@ def _flipped(item: Item) -> Conversation:
     turns.append({"role": "user", "content": item.reply})
     if turns[0]["role"] == "assistant":
         turns.insert(0, {"role": "user", "content": "(The chat begins.)"})
-    return turns  # type: ignore[return-value]
+    return turns  # type: ignore[return-value]  # plain dicts of role and content
 
 
 # ---------------------------------------------------------------------------- rewards

@@ -1,9 +1,9 @@
 """Rank statistics of the fidelity benchmark: average ranks, Spearman's rho and Kendall's tau-b (through
-``scipy.stats``), within-dialogue pairwise agreement, and percentile bootstrap intervals that resample
-whole dialogues.
+``scipy.stats``) and within-dialogue pairwise agreement; their intervals resample whole dialogues with the
+benchmarks' one bootstrap (:func:`rapo_echo.benchmarks.stats.bootstrap_ci`).
 
 The bootstrap stays ours rather than ``scipy.stats.bootstrap``: a resample of dialogues may leave a
-statistic undefined (one rating level left), and such resamples are dropped here, while scipy's interval
+statistic undefined (one rating level left), and such resamples are dropped, while scipy's interval
 needs a value from every resample; ours also resamples group indices with the statistic evaluated on
 each, which keeps every seeded interval the benchmark has reported.
 
@@ -22,7 +22,7 @@ ties counts 0.5 (half agreeing), a pair the ratings tie is not a pair. A statist
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -189,32 +189,3 @@ def weighted_spearman(x: Sequence[float], y: Sequence[float], weights: Sequence[
 def weighted_kendall_tau_b(x: Sequence[float], y: Sequence[float], weights: Sequence[float]) -> float | None:
     """Kendall's tau-b of the points ``(x, y)`` each repeated ``weights`` times (:class:`RankedPoints`)."""
     return RankedPoints(x, y).kendall_tau_b(weights)
-
-
-def bootstrap_ci(
-    n_groups: int,
-    statistic: Callable[[np.ndarray], float | None],
-    *,
-    n_boot: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> tuple[float | None, float | None]:
-    """Percentile interval of ``statistic`` over ``n_boot`` resamples of the groups ``0..n_groups-1`` drawn
-    with replacement (seeded: the same seed gives the same interval). ``statistic`` takes a resample as
-    the weight vector of the groups (how many times each was drawn; all ones is the sample itself).
-    Resamples where the statistic is undefined are left out; None when fewer than half of them are
-    defined."""
-    if n_groups < 2 or n_boot < 1:
-        return None, None
-    rng = np.random.default_rng(seed)
-    values = []
-    for _ in range(n_boot):
-        weights = np.bincount(rng.integers(0, n_groups, size=n_groups), minlength=n_groups).astype(float)
-        value = statistic(weights)
-        if value is not None and math.isfinite(value):
-            values.append(value)
-    if len(values) < n_boot / 2:
-        return None, None
-    tail = (1 - level) / 2 * 100
-    lo, hi = np.percentile(values, [tail, 100 - tail])
-    return float(lo), float(hi)

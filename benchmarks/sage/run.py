@@ -24,20 +24,31 @@ simulator's ``planning``), so published leaderboard figures can be recomputed.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
-from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
-from rapo_echo.data.sage_profiles import load_profiles
+from rapo_echo.benchmarks.base import (
+    RECHECK_SEED_OFFSET,
+    Case,
+    Emit,
+    EvalSettings,
+    Record,
+    Roles,
+    case_key,
+    make_record,
+    mean,
+    recheck_entry,
+)
+from rapo_echo.benchmarks.figures import Figure
+from rapo_echo.benchmarks.sage.tracking import PROBE_FORMAT, PROBE_TOKENS, probe_prompt, tracking_metrics
+from rapo_echo.data.files import BUNDLED_PREFIX
+from rapo_echo.data.sage_profiles import BUNDLED_HARD_PROFILES, load_profiles
 from rapo_echo.engines.base import generate_texts, reply_texts
 from rapo_echo.engines.concurrency import calls_concurrently
-from rapo_echo.errors import ConfigError, DataError
+from rapo_echo.errors import ConfigError
+from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.turns import advance_together
-from rapo_echo.simulators.sage import PROMPT_VERSION, SageDialogue, SageSimulator, preset
+from rapo_echo.simulators.sage import CHANGE_OPTIONS, PROMPT_VERSION, SageDialogue, SageSimulator, preset
 from rapo_echo.types import Conversation, msg
 
 DEFAULT_MAX_TURNS = 10
@@ -65,12 +76,19 @@ def outcome(final_emotion: float, turns: int) -> dict[str, Any]:
     }
 
 
+def nearest_change(change: float) -> float:
+    """The change option (:data:`~rapo_echo.simulators.sage.CHANGE_OPTIONS`) nearest ``change``."""
+    return min(CHANGE_OPTIONS.values(), key=lambda option: abs(option - change))
+
+
 def summarize_outcomes(records: Sequence[Record]) -> dict[str, Any]:
-    """SAGE score (mean final emotion), success / failure counts and rates, mean turns, over valid records."""
+    """SAGE score (mean final emotion), success / failure counts and rates, mean turns, over valid records;
+    the emotional state tracking figures where the dialogues were probed (:mod:`.tracking`); and the
+    score per kind of seeker where the profiles name one (``style``)."""
     valid = [r["metrics"] for r in records if r.get("valid")]
     successes = int(sum(m["success"] for m in valid))
     failures = int(sum(m["failure"] for m in valid))
-    return {
+    out: dict[str, Any] = {
         "score": mean([m["final_emotion"] for m in valid]),
         "successes": successes,
         "failures": failures,
@@ -78,6 +96,19 @@ def summarize_outcomes(records: Sequence[Record]) -> dict[str, Any]:
         "failure_rate": failures / len(valid) if valid else None,
         "avg_turns": mean([m["turns"] for m in valid]),
     }
+    for key in ("tracking_error", "tracking_direction"):
+        values = [m[key] for m in valid if key in m]
+        if values:
+            out[key] = mean(values)
+    styles = sorted({r["info"].get("style") for r in records if r.get("valid") and r["info"].get("style")})
+    for style in styles:
+        mine = [
+            r["metrics"]["final_emotion"]
+            for r in records
+            if r.get("valid") and r["info"].get("style") == style
+        ]
+        out[f"score/{style}"] = mean(mine)
+    return out
 
 
 class Sage:
@@ -88,9 +119,51 @@ class Sage:
     headline = (("score", "SAGE score"), ("successes", "SAGE success"), ("failures", "SAGE failure"))
     # recorded in config.json, so a folder is only resumed under the same simulator prompts
     protocol: ClassVar[dict[str, str]] = {"simulator_prompts": PROMPT_VERSION, "simulator_preset": "sage"}
+    figures: ClassVar[dict[str, Figure]] = {
+        "score": Figure("final_emotion"),
+        "successes": Figure("success", count=True),
+        "failures": Figure("failure", count=True),
+        "success_rate": Figure("success"),
+        "failure_rate": Figure("failure"),
+        "avg_turns": Figure("turns"),
+        "tracking_error": Figure("tracking_error"),
+        "tracking_direction": Figure("tracking_direction"),
+    }
+    prompt_modules = ("rapo_echo.simulators.sage", "rapo_echo.benchmarks.sage.tracking")
+
+    def card_details(self, settings: EvalSettings) -> dict[str, Any]:
+        """The card's episode: turn cap, the simulated user's starting emotion and rules, the readout,
+        the profile set; the simulator's reply length; the policy's system prompt."""
+        sim = preset("sage")
+        return {
+            "episode": {
+                "max_turns": settings.max_turns or DEFAULT_MAX_TURNS,
+                "initial_emotion": sim.initial_emotion,
+                "max_delta": sim.max_delta,
+                "floor": sim.floor,
+                "emotion_readout": settings.emotion_readout,
+                "reply": settings.sage_reply,
+                "profiles": settings.profiles,
+            },
+            "simulator_max_new_tokens": settings.simulator_max_new_tokens or DEFAULT_SIMULATOR_TOKENS,
+            "system_prompt": self.system_prompt(settings),
+        }
+
+    @staticmethod
+    def system_prompt(settings: EvalSettings) -> str | None:
+        """The policy's system prompt: SAGE's kind (``--sage-system-prompt sage``) or ``--system-prompt``."""
+        return SAGE_POLICY_PROMPT if settings.sage_system_prompt == "sage" else settings.system_prompt
 
     def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
-        """One case per profile (``data``: RLVER / SAGE profile JSONL; default: our bundled English ones)."""
+        """One case per profile (``data``: RLVER / SAGE profile JSONL; default: our bundled English ones,
+        ``--profiles hard`` our hard-to-help seekers)."""
+        if settings.profiles == "hard":
+            if data is not None:
+                raise ConfigError(
+                    "sage: --profiles hard runs our bundled hard-to-help seekers; drop --data (or drop "
+                    "--profiles and pass a file of hard profiles with --data, adding --state-probe on)"
+                )
+            data = BUNDLED_PREFIX + BUNDLED_HARD_PROFILES
         return [Case(str(p.id), p, {"first_talk": bool(p.first_talk)}) for p in load_profiles(data)]
 
     def simulator(self, roles: Roles, settings: EvalSettings) -> SageSimulator:
@@ -115,14 +188,20 @@ class Sage:
 
     def run_batch(self, cases: Sequence[Case], roles: Roles, settings: EvalSettings, emit: Emit) -> None:
         sim = self.simulator(roles, settings)
-        dialogues = sim.start([c.data for c in cases], [c.id for c in cases])
+        dialogues = sim.start([c.data for c in cases], [c.id for c in cases], [case_key(c) for c in cases])
         by_id = {c.id: c for c in cases}
+        probes: dict[str, list[dict[str, Any]]] = {d.id: [] for d in dialogues}
         for d in dialogues:
             if d.done:
                 emit(self._record(by_id[d.id], d, last_reply=None))
         replies: dict[str, str] = {}
+        probing = settings.state_probe == "on" or (
+            settings.state_probe == "auto" and settings.profiles == "hard"
+        )
 
         def policy(batch: list[SageDialogue]) -> None:
+            if probing:
+                self._probe(batch, roles, settings, probes)
             prompts = [self._policy_prompt(settings, d) for d in batch]
             for d, text in zip(batch, reply_texts(roles.policy, prompts, settings.policy_params())):
                 if text is None:
@@ -141,12 +220,22 @@ class Sage:
             final = [d for d in batch if d.reason == "max_turns"]
             last: dict[str, str] = {}
             if final:
+                if probing:
+                    self._probe(final, roles, settings, probes)
                 texts = generate_texts(
                     roles.policy, [self._policy_prompt(settings, d) for d in final], settings.policy_params()
                 )
                 last = {d.id: t.strip() for d, t in zip(final, texts)}
+            rechecks = self._recheck(batch, roles, settings, sim) if settings.judge_recheck else {}
             for d in batch:
-                emit(self._record(by_id[d.id], d, last_reply=last.get(d.id)))
+                record = self._record(by_id[d.id], d, last_reply=last.get(d.id))
+                if probing:
+                    record["info"]["state_probe"] = probes[d.id]
+                    if record["valid"]:
+                        record["metrics"].update(tracking_metrics(probes[d.id]))
+                if d.id in rechecks:
+                    record["info"]["judge_recheck"] = rechecks[d.id]
+                emit(record)
 
         advance_together(
             dialogues,
@@ -158,8 +247,53 @@ class Sage:
         )
 
     @staticmethod
-    def _policy_prompt(settings: EvalSettings, d: SageDialogue) -> Conversation:
-        system = SAGE_POLICY_PROMPT if settings.sage_system_prompt == "sage" else settings.system_prompt
+    def _probe(
+        batch: list[SageDialogue],
+        roles: Roles,
+        settings: EvalSettings,
+        probes: dict[str, list[dict[str, Any]]],
+    ) -> None:
+        """Ask the policy how each user feels now (:mod:`.tracking`), beside the dialogue, and keep the
+        answer with the hidden emotion it is measured against."""
+        fences = [
+            Fence.derived([d.fence_key, str(d.turns)], salt=f"sage-probe:{settings.seed}") for d in batch
+        ]
+        params = dataclasses.replace(
+            settings.policy_params(), max_new_tokens=PROBE_TOKENS, answer_format=PROBE_FORMAT
+        )
+        prompts = [probe_prompt(d.history, f) for d, f in zip(batch, fences)]
+        answers = reply_texts(roles.policy, prompts, params)  # one try: a measurement, not a retry loop
+        for d, text in zip(batch, answers):
+            estimate = None if text is None else PROBE_FORMAT.parse(text)
+            probes[d.id].append({"turn": d.turns, "estimate": estimate, "hidden": d.emotion})
+
+    @staticmethod
+    def _recheck(
+        batch: list[SageDialogue], roles: Roles, settings: EvalSettings, sim: SageSimulator
+    ) -> dict[str, dict[str, Any]]:
+        """The simulated user's reading of each dialogue's last read reply, asked once more with a fresh
+        seed and prompt marker (the user's emotion is this benchmark's judgment): ``info['judge_recheck']``,
+        alike when both changes are nearest the same of SAGE's change options (-10, -5, 0, +5, +10: the
+        readings' own grain); ``read`` keeps the two changes as read."""
+        assert roles.simulator is not None
+        again = SageSimulator(roles.simulator, sim.settings, seed=sim.seed + RECHECK_SEED_OFFSET)
+        valid = [d for d in batch if not d.invalid]
+        out = {}
+        for d, read in zip(valid, again.read_again(valid)):
+            if read is not None:
+                first, second = read
+                diffs = [abs(first - second)] if second is not None else []
+                entry = recheck_entry(
+                    {"change": nearest_change(first)},
+                    {"change": None if second is None else nearest_change(second)},
+                    diffs,
+                )
+                out[d.id] = {**entry, "read": [first, second]}
+        return out
+
+    @classmethod
+    def _policy_prompt(cls, settings: EvalSettings, d: SageDialogue) -> Conversation:
+        system = cls.system_prompt(settings)
         head = [msg("system", system)] if system else []
         return head + list(d.history)
 
@@ -184,6 +318,7 @@ class Sage:
         turns = d.turns + (last_reply is not None)
         info = {
             "end_reason": d.reason,
+            "style": case.data.style,
             "emotions": d.emotions,
             "parse_failures": d.parse_failures,
             "first_talk": bool(case.data.first_talk),
@@ -195,152 +330,3 @@ class Sage:
 
     def summarize(self, records: Sequence[Record]) -> dict[str, Any]:
         return summarize_outcomes(records)
-
-
-# ---------------------------------------------------------------------------- released transcripts
-
-RESULT_SUFFIX = "_result.jsonl"
-
-
-def emotion_problem(value: Any) -> str | None:
-    """Why ``value`` is not an emotion on SAGE's 0-100 scale (missing, not a number, a boolean, NaN or
-    infinite, out of range), else None."""
-    if value is None:
-        return "emo_point is missing"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"emo_point {value!r} is not a number"
-    if not math.isfinite(value):
-        return f"emo_point {value!r} is not finite"
-    if not 0 <= value <= 100:
-        return f"emo_point {value!r} is outside SAGE's 0-100 scale"
-    return None
-
-
-def released_record(obj: Any, where: str, model: str) -> Record:
-    """One dialogue of SAGE's released result format as our record: the final ``emo_point`` is the
-    score; a dialogue whose ``emo_point`` is not a finite number in 0-100 is invalid (counted, named in
-    ``info['invalid']``, never read as 0)."""
-    if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
-    ident = obj.get("id")
-    if not isinstance(ident, str) or not ident:
-        raise DataError(f"{where}: id: missing or not a string; SAGE result lines have a string 'id'")
-    history = obj.get("history")
-    if not isinstance(history, list):
-        raise DataError(f"{where}: history: expected a list of messages, got {type(history).__name__}")
-    transcript = []
-    for i, m in enumerate(history):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise DataError(
-                f"{where}: history[{i}]: expected {{'role': 'user' | 'assistant', 'content': ...}}"
-            )
-        entry: dict[str, Any] = {"role": m["role"], "content": str(m.get("content", ""))}
-        if m["role"] == "user":
-            entry["emotion"] = m.get("emotion-point")
-            if isinstance(m.get("planning"), dict):
-                entry["inner"] = m["planning"]
-            if m.get("thinking"):
-                entry["thinking"] = m["thinking"]
-        transcript.append(entry)
-    final = obj.get("emo_point")
-    problem = emotion_problem(final)
-    valid = problem is None
-    user_points = [t["emotion"] for t in transcript if t["role"] == "user" and t.get("emotion") is not None]
-    info = {
-        "model": model,
-        "emo_state": obj.get("emo_state"),
-        "hidden_intention": obj.get("task"),
-        "emotions": user_points,
-        "source": where,
-    }
-    if problem:
-        info["invalid"] = problem
-    if valid and user_points and user_points[-1] != final:
-        info["mismatch"] = f"emo_point {final} but the last user turn has emotion-point {user_points[-1]}"
-    turns = sum(t["role"] == "assistant" for t in transcript)
-    metrics = outcome(float(final), turns) if valid else {}
-    return {"id": ident, "valid": valid, "metrics": metrics, "transcript": transcript, "info": info}
-
-
-def result_files(path: str | Path) -> list[Path]:
-    """``*_result.jsonl`` files under ``path`` (a folder, searched recursively), or ``path`` itself."""
-    p = Path(path)
-    if p.is_file():
-        return [p]
-    if not p.is_dir():
-        raise DataError(f"{p}: no such file or folder of SAGE result files")
-    files = sorted(p.rglob(f"*{RESULT_SUFFIX}"))
-    if not files:
-        raise DataError(f"{p}: holds no *{RESULT_SUFFIX} files (SAGE/dataset/<simulator>_based_simulator/)")
-    return files
-
-
-def model_name(path: Path) -> str:
-    """The policy model and simulator a result file belongs to, from SAGE's naming scheme."""
-    model = path.name[: -len(RESULT_SUFFIX)] if path.name.endswith(RESULT_SUFFIX) else path.stem
-    folder = path.parent.name
-    return f"{model} ({folder})" if folder.endswith("_based_simulator") else model
-
-
-def score_transcripts(path: str | Path, output: str | Path) -> list[dict[str, Any]]:
-    """Score every SAGE result file under ``path``; writes one eval folder per file under ``output``
-    (``results.jsonl``, ``config.json``, ``summary.json``, readable by ``rapo-echo report``) and returns
-    the summaries."""
-    from rapo_echo.benchmarks.results import CONFIG_FILE
-    from rapo_echo.benchmarks.runner import claim_output
-
-    out_root = Path(output)
-    files = result_files(path)
-    targets: dict[Path, tuple[Path, dict[str, Any]]] = {}
-    for f in files:
-        folder = out_root
-        if len(files) > 1:  # one folder per result file, at its path under the input folder (no two alike)
-            folder = out_root / f.relative_to(path).parent / f.stem
-        config = {
-            "benchmark": Sage.name,
-            "mode": "transcripts",
-            "models": {"policy": model_name(f), "simulator": f.parent.name},
-            "data": str(f),
-        }
-        targets[folder] = (f, config)
-    if len(files) > 1 and (out_root / CONFIG_FILE).exists():
-        raise ConfigError(
-            f"--output {out_root} holds an evaluation ({CONFIG_FILE}); choose an empty --output"
-        )
-    with claim_output(out_root, {folder: config for folder, (_, config) in targets.items()}):
-        return [_score_file(f, folder, config) for folder, (f, config) in targets.items()]
-
-
-def _score_file(f: Path, folder: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """Score one SAGE result file into ``folder``; its summary with the folder."""
-    from rapo_echo.benchmarks.results import CONFIG_FILE, RESULTS_FILE, SUMMARY_FILE, write_json_atomic
-    from rapo_echo.data.files import open_source, read_records
-
-    name = config["models"]["policy"]
-    records = [released_record(r.data, r.where, name) for r in read_records(open_source(f))]
-    ids = [r["id"] for r in records]
-    if len(set(ids)) != len(ids):
-        raise DataError(f"{f}: dialogue ids are not unique")
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(folder / CONFIG_FILE, config)
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    (folder / RESULTS_FILE).write_text(text, encoding="utf-8")
-    n_valid = sum(r["valid"] for r in records)
-    summary = {
-        "benchmark": Sage.name,
-        "mode": "transcripts",
-        "models": config["models"],
-        "data": str(f),
-        "n_cases": len(records),
-        "n_valid": n_valid,
-        "n_invalid": len(records) - n_valid,
-        "n_expected": len(records),
-        "complete": True,
-        "invalid_cases": {r["id"]: r["info"]["invalid"] for r in records if "invalid" in r["info"]},
-        "metrics": summarize_outcomes(records),
-        "headline": [list(h) for h in Sage.headline],
-        "mismatches": sum("mismatch" in r["info"] for r in records),
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    write_json_atomic(folder / SUMMARY_FILE, summary)
-    return {**summary, "output": str(folder)}

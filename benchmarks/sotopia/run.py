@@ -21,9 +21,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
-from rapo_echo.benchmarks.base import Case, Emit, EvalSettings, Record, Roles, make_record, mean
+from rapo_echo.benchmarks.base import (
+    Case,
+    Emit,
+    EvalSettings,
+    Record,
+    Roles,
+    case_key,
+    make_record,
+    mean,
+    recheck_entry,
+    recheck_params,
+)
+from rapo_echo.benchmarks.figures import Figure
 from rapo_echo.benchmarks.sotopia.agent import (
     ACTION_FORMAT,
     AgentTurn,
@@ -92,6 +104,23 @@ class Sotopia:
     name = "sotopia"
     roles = ("policy", "simulator", "judge")
     headline = (("goal", "SOTOPIA goal"), ("overall", "SOTOPIA overall"), ("hard/goal", "SOTOPIA-hard goal"))
+    figures: ClassVar[dict[str, Figure]] = {
+        **{d: Figure(d) for d in (*DIMENSIONS, "overall")},
+        "hard/goal": Figure("goal", where=lambda r: bool(r["info"].get("hard"))),
+        "hard/overall": Figure("overall", where=lambda r: bool(r["info"].get("hard"))),
+    }
+    prompt_modules = ("rapo_echo.benchmarks.sotopia.agent", "rapo_echo.benchmarks.sotopia.evaluator")
+
+    def card_details(self, settings: EvalSettings) -> dict[str, Any]:
+        """The card's episode (turn cap, subset, scorer and its model) and the policy's system prompt."""
+        episode: dict[str, Any] = {
+            "max_turns": settings.max_turns or DEFAULT_MAX_TURNS,
+            "subset": settings.subset,
+            "scorer": settings.sotopia_scorer,
+        }
+        if settings.sotopia_scorer == "sotopia":
+            episode["scorer_model"] = settings.sotopia_model
+        return {"episode": episode, "system_prompt": None}
 
     def load_cases(self, data: str | None, settings: EvalSettings) -> list[Case]:
         pairs = list(enumerate(load_sotopia(data)))  # ids keep the index in the file, also for --subset hard
@@ -116,7 +145,8 @@ class Sotopia:
             )
         max_turns = settings.max_turns or DEFAULT_MAX_TURNS
         episodes = [
-            _Episode(c, c.data, c.meta["policy_agent"], agent_fence(c.id, settings.seed)) for c in cases
+            _Episode(c, c.data, c.meta["policy_agent"], agent_fence(case_key(c), settings.seed))
+            for c in cases
         ]
         for turn in range(max_turns):
             actor = turn % 2
@@ -171,15 +201,20 @@ class Sotopia:
         episodes = [e for e in episodes if not e.failed]
         if not episodes:
             return
+        rechecks: dict[str, dict[str, Any]] = {}
         if settings.sotopia_scorer == "sotopia":
             verdicts = self._official(episodes, settings)
         else:
             verdicts = self._ours(episodes, roles, settings)
+            if settings.judge_recheck:
+                rechecks = self._recheck(episodes, verdicts, roles, settings)
         for e, (scores, raw, attempts) in zip(episodes, verdicts):
             metrics: dict[str, Any] = {}
             if scores is not None:
                 metrics = {**scores, "overall": overall(scores), "turns": len(e.history)}
             info = {**self._info(e, raw, attempts), "scorer": settings.sotopia_scorer}
+            if e.case.id in rechecks:
+                info["judge_recheck"] = rechecks[e.case.id]
             emit(
                 make_record(
                     e.case,
@@ -190,25 +225,57 @@ class Sotopia:
                 )
             )
 
+    def _recheck(
+        self,
+        episodes: list[_Episode],
+        verdicts: list[tuple[dict[str, float] | None, dict[str, Any], int]],
+        roles: Roles,
+        settings: EvalSettings,
+    ) -> dict[str, dict[str, Any]]:
+        """Every dimension of each scored episode asked once more, with a fresh prompt marker and seed:
+        ``info['judge_recheck']`` per case id (the share of the seven scores given alike, their mean
+        absolute difference)."""
+        scored = [(e, v[0]) for e, v in zip(episodes, verdicts) if v[0] is not None]
+        if not scored:
+            return {}
+        fences = [
+            Fence.derived([case_key(e.case), "recheck"], salt=f"sotopia:{settings.seed}") for e, _ in scored
+        ]
+        again = self._ours([e for e, _ in scored], roles, settings, fences=fences, partial_scores=True)
+        out = {}
+        for (e, first), (second, _, _) in zip(scored, again):
+            second = second or {}
+            diffs = [abs(first[d] - second[d]) for d in first if d in second]
+            out[e.case.id] = recheck_entry(first, second, diffs)
+        return out
+
     @staticmethod
     def _ours(
-        episodes: list[_Episode], roles: Roles, settings: EvalSettings
+        episodes: list[_Episode],
+        roles: Roles,
+        settings: EvalSettings,
+        *,
+        fences: list[Fence] | None = None,
+        partial_scores: bool = False,
     ) -> list[tuple[dict[str, float] | None, dict[str, Any], int]]:
         """Our evaluator: per dimension one batched call over the episodes, declaring that dimension's
         answer (its score range), the dimensions together on a served judge (one round); an episode's scores
-        are None when any dimension stays unreadable. The raw answers are kept per dimension."""
+        are None when any dimension stays unreadable (``partial_scores``: the readable ones). The raw
+        answers are kept per dimension. ``fences`` (a recheck): other prompt markers, and another seed."""
         assert roles.judge is not None
+        marks = fences or [e.fence for e in episodes]
+        params = settings.judge_params() if fences is None else recheck_params(settings.judge_params())
 
         def dimension(d: str) -> Any:
             prompts = [
-                evaluator_prompt(e.pair.env, e.pair.agents, e.history, e.policy_agent, d, e.fence)
-                for e in episodes
+                evaluator_prompt(e.pair.env, e.pair.agents, e.history, e.policy_agent, d, f)
+                for e, f in zip(episodes, marks)
             ]
             return generate_parsed(
                 roles.judge,
                 prompts,
-                [_own_answer(d, e.fence) for e in episodes],
-                settings.judge_params(),
+                [_own_answer(d, f) for f in marks],
+                params,
                 max_retries=settings.judge_retries,
                 answer_format=dimension_format(d),
             )
@@ -230,7 +297,8 @@ class Sotopia:
             )
             raw = {"text": readable, "answers": {d: a.raw for d, a in answers.items()}}
             attempts = max(a.attempts for a in answers.values())
-            out.append((scores if len(scores) == len(DIMENSIONS) else None, raw, attempts))
+            complete = partial_scores or len(scores) == len(DIMENSIONS)
+            out.append((scores if complete else None, raw, attempts))
         return out
 
     @staticmethod

@@ -35,10 +35,13 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from rapo_echo.autosize import CPU_MICRO_BATCH
+from rapo_echo.config import Flag, Strict
 from rapo_echo.errors import ConfigError
 from rapo_echo.training.run_config import RunConfig
 
@@ -47,24 +50,30 @@ from .export import AGENT_FILE, PROMPTS_FILE, REWARD_FILE, as_config
 
 ESTIMATORS = {"grpo": "group_norm", "dr_grpo": "dr_grpo", "rloo": "rloo"}
 POLICY_LOSSES = {"clip": "ppo", "gspo": "gspo"}
+KL_ESTIMATORS = {"k1": "k1", "k2": "k2", "k3": "k3"}
 AGGREGATIONS = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean"}
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
-@dataclass(frozen=True)
-class ClusterSpec:
-    """Where OpenRLHF runs. With ``colocate`` (OpenRLHF's hybrid engine) actor, reference and vLLM
-    share every GPU (``vllm_engines x vllm_tensor_parallel`` must equal ``nodes x gpus_per_node``);
-    otherwise ``vllm_engines`` needs GPUs of its own."""
+class ClusterSpec(Strict):
+    """Where OpenRLHF runs. With `colocate` (OpenRLHF's hybrid engine) actor, reference and vLLM share
+    every GPU (`vllm_engines x vllm_tensor_parallel` must equal `nodes x gpus_per_node`); otherwise
+    `vllm_engines` needs GPUs of its own."""
 
-    nodes: int = 1
-    gpus_per_node: int = 8
-    vllm_engines: int | None = None
-    vllm_tensor_parallel: int = 1
-    vllm_gpu_memory_utilization: float = 0.5
-    colocate: bool = True
-    zero_stage: int = 2
-    address: str = "http://127.0.0.1:8265"
+    nodes: int = Field(1, ge=1, description="Nodes of the Ray cluster.")
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node.")
+    vllm_engines: int | None = Field(
+        None, ge=1, description="vLLM engines (unset: one per GPU group of `vllm_tensor_parallel`)."
+    )
+    vllm_tensor_parallel: Annotated[int, Flag("--vllm-tp")] = Field(
+        1, ge=1, description="vLLM tensor-parallel size."
+    )
+    vllm_gpu_memory_utilization: Annotated[float, Flag("--vllm-memory")] = Field(
+        0.5, gt=0.0, le=1.0, description="vLLM's gpu_memory_utilization."
+    )
+    colocate: bool = Field(True, description="vLLM on the training GPUs (the hybrid engine), or its own.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="DeepSpeed ZeRO stage.")
+    address: str = Field("http://127.0.0.1:8265", description="Ray dashboard address.")
 
     @property
     def world(self) -> int:
@@ -78,9 +87,9 @@ class ClusterSpec:
 
 
 def _eps_defaults(policy_loss: str) -> tuple[float, float]:
-    from rapo_echo.algorithms.core import POLICY_LOSSES as LOSS_FUNCTIONS
+    from rapo_echo.algorithms.registries import POLICY_LOSSES as LOSS_FUNCTIONS
 
-    params = inspect.signature(LOSS_FUNCTIONS[policy_loss]).parameters
+    params = inspect.signature(LOSS_FUNCTIONS.get(policy_loss, "loss.policy_loss")).parameters
     return float(params["eps_low"].default), float(params["eps_high"].default)
 
 
@@ -97,10 +106,12 @@ def _check(cfg: RunConfig, cluster: ClusterSpec) -> None:
         )
     if cfg.rollout.top_k:
         raise ConfigError("rollout.top_k: OpenRLHF 0.11 has no top-k flag; set rollout.top_k: 0")
-    if cfg.loss.agg not in AGGREGATIONS:
-        raise ConfigError(
-            f"loss.agg: {cfg.loss.agg!r} has no OpenRLHF equivalent; use one of {', '.join(AGGREGATIONS)}"
-        )
+    ours = {"advantage": ESTIMATORS, "policy_loss": POLICY_LOSSES, "kl_estimator": KL_ESTIMATORS}
+    for key, known in {**ours, "agg": AGGREGATIONS}.items():  # a plugin formula has none either
+        value = getattr(cfg.loss, key)
+        if value not in known:
+            allowed = ", ".join(known)
+            raise ConfigError(f"loss.{key}: {value!r} has no OpenRLHF equivalent; use one of {allowed}")
     if cfg.model.lora.enabled:
         raise ConfigError(
             "model.lora.enabled: OpenRLHF 0.11 cannot sync LoRA weights into its vLLM engines (it broadcasts "
@@ -308,7 +319,7 @@ def launch_command(
         "--ckpt.save_hf",
     ]  # fmt: skip
     if lo.beta > 0:
-        args += ["--algo.kl.use_loss", "--algo.kl.estimator", lo.kl_estimator]
+        args += ["--algo.kl.use_loss", "--algo.kl.estimator", KL_ESTIMATORS[lo.kl_estimator]]
         args += ["--ref.num_nodes", str(cluster.nodes), "--ref.num_gpus_per_node", str(cluster.gpus_per_node)]
     if lo.entropy_coef > 0:
         args += ["--actor.entropy_coef", f"{lo.entropy_coef:g}"]

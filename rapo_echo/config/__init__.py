@@ -1,15 +1,28 @@
 """Typed configuration: the shared sections of a run's config, YAML loading with ``file:line`` errors,
-``--set`` overrides, refusing and scrubbing secrets, and the Markdown reference of a schema.
+``--set`` overrides, every command's flags generated from its section (:mod:`rapo_echo.config.flags`),
+refusing and scrubbing secrets, and the Markdown reference of a schema.
 
 This is the lowest layer: it imports no other part of the library but its base utilities. Each
 algorithm declares its own section beside its code, and the run config that composes them, with
 ``load_config``, lives in :mod:`rapo_echo.training.run_config`.
 """
 
-from rapo_echo.config.base import Autocast, AutoLR, AutoSize, Dtype, LogprobMode, ScenarioFormat, Strict
+from rapo_echo.config.base import (
+    Autocast,
+    AutoLR,
+    AutoSize,
+    Device,
+    Dtype,
+    LogprobMode,
+    OptionalText,
+    ScenarioFormat,
+    Strict,
+)
 from rapo_echo.config.data import DataConfig, SelectionConfig
 from rapo_echo.config.engine import SAMPLING_KEYS, EngineConfig, engine_settings
 from rapo_echo.config.fidelity import FidelityCheckConfig
+from rapo_echo.config.flags import Flag, add_flags, section_from_args
+from rapo_echo.config.judge import GroupJudgeConfig
 from rapo_echo.config.loader import ConfigTree
 from rapo_echo.config.logs import LoggingConfig
 from rapo_echo.config.messages import format_validation_error
@@ -44,15 +57,19 @@ __all__ = [
     "Autocast",
     "ConfigTree",
     "DataConfig",
+    "Device",
     "Dtype",
     "EngineConfig",
     "FidelityCheckConfig",
+    "Flag",
+    "GroupJudgeConfig",
     "LoggingConfig",
     "LogprobMode",
     "LoraConfig",
     "MinGainCheck",
     "ModelConfig",
     "MonitorConfig",
+    "OptionalText",
     "PersonaConfig",
     "PluginCheck",
     "RewardSpec",
@@ -65,6 +82,7 @@ __all__ = [
     "TrainConfig",
     "ValidationConfig",
     "VarietyFloorCheck",
+    "add_flags",
     "check_device",
     "check_yaml_nodes",
     "deep_merge",
@@ -76,6 +94,7 @@ __all__ = [
     "parse_reward_flag",
     "read_yaml",
     "redacted",
+    "section_from_args",
     "set_path",
     "url_secret",
 ]

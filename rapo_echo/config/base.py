@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, PlainValidator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainValidator
 
 
 class Strict(BaseModel):
@@ -41,3 +42,17 @@ Autocast = Literal["auto", "none", "bfloat16", "float16"]
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 LogprobMode = Literal["auto", "always", "never"]
 ScenarioFormat = Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage"]
+
+# A text where an empty one means none (``--system-prompt ''``: no system prompt).
+OptionalText = Annotated[str | None, BeforeValidator(lambda v: None if v == "" else v)]
+
+
+def _device(value: str) -> str:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
+        raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
+    return value
+
+
+# Where a local model runs: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` (whether this machine has it
+# is checked where the model loads: rapo_echo.config.check_device).
+Device = Annotated[str, AfterValidator(_device)]

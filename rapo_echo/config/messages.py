@@ -7,6 +7,7 @@ import difflib
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from rapo_echo.config.trl_names import trl_hint
 
@@ -24,7 +25,7 @@ def where(sources: Sources, key: str | tuple[str, ...]) -> str:
     return ""
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: ErrorDetails) -> str:
     msg = err["msg"]
     ctx = err.get("ctx") or {}
     if err["type"] == "extra_forbidden":
@@ -73,7 +74,7 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
     out = []
     for err in exc.errors():
         loc = _real_keys(tree, tuple(str(x) for x in err["loc"]))
-        key = ".".join(loc) or "(top level)"
+        key = ".".join(loc)
         value = _lookup(tree, loc)
         shown = "(missing)" if value is _MISSING else repr(value)
         hint = _describe(err)
@@ -83,10 +84,16 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
             if loc[-1] in renamed:
                 hint = f"no longer a key; write it as {renamed[loc[-1]].format(value=shown)}"
             else:
-                meant = trl_hint(loc[-1], shown) or did_you_mean(root, loc)
+                given = None if value is _MISSING else value
+                run_config = {"train", "rollout"} <= set(root.model_fields)  # TRL names: a run config only
+                trl = trl_hint(loc[-1], given, where(sources, loc)) if run_config else None
+                meant = trl or did_you_mean(root, loc)
                 hint += f"; {meant}" if meant else ""
                 if parent is not None:
                     hint += f"; allowed keys here: {', '.join(parent.model_fields)}"
+        if not loc:  # a check of the whole section: its own message (the whole tree is no help)
+            out.append(hint)
+            continue
         out.append(f"{where(sources, loc)}{key}: got {shown}; {hint}")
     return "invalid config:\n  " + "\n  ".join(dict.fromkeys(out))
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator
 
-from rapo_echo.config.base import Dtype, Strict
+from rapo_echo.config.base import Device, Dtype, Strict
 from rapo_echo.errors import ConfigError
 
 # The attention implementations transformers knows by name (a hub kernel ``org/name`` is also accepted).
@@ -41,7 +40,7 @@ class ModelConfig(Strict):
         description="Weights' dtype (`auto`: bfloat16 on a CUDA GPU that has it, else float32; TF32 matmuls"
         " for float32 on CUDA). 16-bit full fine-tuning keeps float32 master weights.",
     )
-    device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
+    device: Device = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
     trust_remote_code: bool = Field(False, description="Allow the model's own code from its repository.")
     attn_implementation: str | None = Field(
         None, description="transformers attention implementation (e.g. `sdpa`; None: its default)."
@@ -60,13 +59,6 @@ class ModelConfig(Strict):
             f"unknown attention implementation; use one of {', '.join(ATTN_IMPLEMENTATIONS)}, a hub kernel "
             "id (org/name), or leave it out for transformers' default"
         )
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v):
-            raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
-        return v
 
 
 def check_device(device: str, key: str, where: str = "") -> None:

@@ -25,9 +25,10 @@ class HeldoutConfig(Strict):
 
 
 class MonitorConfig(Strict):
-    """Reward-hacking monitor (rapo_echo/monitor.py): flags Echo-N1's failure signatures per step.
-    Baselines are the means of the first ``baseline_steps`` steps; "recent" is the mean of the last
-    ``window`` steps."""
+    """Reward-hacking monitor (rapo_echo/monitor.py): flags Echo-N1's failure signatures and the alarms of a
+    run going bad (rapo_echo/alarms.py) per step. Baselines are the means of the first ``baseline_steps``
+    steps; "recent" is the mean of the last ``window`` steps; trends are taken over the last
+    ``trend_window`` steps."""
 
     enabled: bool = Field(True, description="Log `monitor/<signature>` flags and warn once per signature.")
     baseline_steps: int = Field(3, ge=1, description="Steps whose means are the baseline.")
@@ -66,3 +67,46 @@ class MonitorConfig(Strict):
         le=1.0,
         description="judge_addressed: at least this share of replies address the judge (docs/judges.md).",
     )
+    reference_kl: bool = Field(
+        False,
+        description="Keep the reference and log `kl` (to it, on the policy's tokens) even with `loss.beta` 0,"
+        " for kl_drift (one more no-grad forward per step).",
+    )
+    reward_key: str = Field(
+        "auto",
+        description="The reward kl_drift and reward_oscillates read (`auto`: `sim/emotion_delta` where"
+        " logged, else `reward/mean`); its per-step spread is the same key with `_std` (or `/std` for"
+        " `/mean`).",
+    )
+    trend_window: int = Field(
+        20, ge=3, description="kl_drift, reward_oscillates: steps a trend is taken over."
+    )
+    distinct_frac: float = Field(
+        0.5, gt=0.0, lt=1.0, description="replies_converge: recent Distinct-2 <= this x the baseline ..."
+    )
+    top_share_max: float = Field(
+        0.75,
+        gt=0.0,
+        le=1.0,
+        description="... or a group's most frequent reply makes up at least this share of it (recent mean).",
+    )
+    kl_min: float = Field(0.05, ge=0.0, description="kl_drift: the recent mean KL is at least this ...")
+    kl_t_grow: float = Field(3.0, gt=0.0, description="... rising with a slope t statistic >= this ...")
+    kl_follow_z: float = Field(
+        3.0,
+        description="... while the reward's recent mean stands less than this many standard errors above its"
+        " baseline.",
+    )
+    entropy_rise: float = Field(
+        1.3, gt=1.0, description="entropy_blowup: recent entropy >= this x the baseline."
+    )
+    sd_ratio_max: float = Field(
+        3.0, gt=0.0, description="sd_dominates: recent `sd/pg_ratio` >= this (SD pulls this x GRPO's pull)."
+    )
+    oscillation_ratio: float = Field(
+        2.0,
+        gt=0.0,
+        description="reward_oscillates: the step means' std >= this x their sampling error (the per-step "
+        "spread / sqrt(valid)) ...",
+    )
+    oscillation_t_max: float = Field(2.0, gt=0.0, description="... while the slope's |t| stays below this.")

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from rapo_echo.config.flags import fields_in_order, flag_names
 from rapo_echo.config.messages import models_in
 
 
@@ -79,7 +80,7 @@ def _allowed(info: FieldInfo) -> str:
 def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "(required)"
-    value = info.default_factory() if info.default_factory is not None else info.default
+    value = info.get_default(call_default_factory=True, validated_data={})
     if value is PydanticUndefined:
         return "(required)"
     if isinstance(value, BaseModel):
@@ -98,30 +99,60 @@ def _anchor(model: type[BaseModel]) -> str:
     return model.__name__.lower()
 
 
-def _section_table(model: type[BaseModel], paths: list[str]) -> list[str]:
-    where = ", ".join(f"`{p}`" for p in paths if p) or "top level"
-    out = [f"## {model.__name__}", "", f"At: {where}.", ""]
+def _section_table(model: type[BaseModel], paths: list[str], command: str | None = None) -> list[str]:
+    """A section's table; a ``command``'s names each key's flag too."""
+    if command is None:
+        where = ", ".join(f"`{p}`" for p in paths if p) or "top level"
+        out = [f"## {model.__name__}", "", f"At: {where}.", ""]
+    else:
+        out = [f"## rapo-echo {command}", ""]
     doc = " ".join((model.__doc__ or "").split()).replace("``", "`")
     if doc:
         out += [doc, ""]
     out += ["| key | type | default | allowed | description |", "| --- | --- | --- | --- | --- |"]
-    for key, info in model.model_fields.items():
+    for key, info in (fields_in_order(model) if command else model.model_fields).items():
         subs = models_in(info.annotation)
         desc = info.description or ""
         if subs:
             desc += " See " + ", ".join(f"[{m.__name__}](#{_anchor(m)})" for m in subs) + "."
-        row = [f"`{key}`", _type_name(info.annotation), _default(info), _allowed(info), desc.strip()]
+        flags = " / ".join(f"`{f}`" for f in flag_names(key, info))
+        name = f"`{key}`" + (f" ({flags})" if command and not subs else "")
+        row = [name, _type_name(info.annotation), _default(info), _allowed(info), desc.strip()]
         out.append("| " + " | ".join(_cell(c) for c in row) + " |")
     out.append("")
+    return out
+
+
+def commands_markdown(commands: dict[str, type[BaseModel]]) -> list[str]:
+    """The settings of each command but ``train`` (name -> its section): one table each, with flags, then
+    the sections nested in it."""
+    out = [
+        "# Commands",
+        "",
+        "Every other command reads one section the same way: its flags are generated from it, `--config "
+        "FILE` reads its keys from a YAML file and `--set key=value` sets any of them (precedence, lowest "
+        "first: the defaults below, the file, the flags, `--set`); errors name the file and line, the flag "
+        "or the `--set`.",
+        "",
+    ]
+    listed: set[type[BaseModel]] = set()
+    for name, section in commands.items():
+        out += _section_table(section, [], command=name)
+        for model, paths in list(config_sections(section).items())[1:]:
+            if model not in listed:
+                listed.add(model)
+                out += _section_table(model, paths)
     return out
 
 
 def reference_markdown(
     root: type[BaseModel],
     algorithms: dict[str, tuple[type[BaseModel] | None, dict[str, Any]]] | None = None,
+    commands: dict[str, type[BaseModel]] | None = None,
 ) -> str:
     """The reference page of ``root`` (the sections every run has), then for each algorithm (name ->
-    its own section class or None, its defaults overlay) its section's classes and its defaults."""
+    its own section class or None, its defaults overlay) its section's classes and its defaults, then
+    each other command's settings (:func:`commands_markdown`)."""
     sections = config_sections(root)
     out = [
         "# Config reference",
@@ -153,4 +184,5 @@ def reference_markdown(
             out += _section_table(model, sections[model])
         text = yaml.safe_dump(defaults, sort_keys=False, allow_unicode=True, width=100).rstrip()
         out += [f"## Defaults of `--algo {name}`", "", "```yaml", text, "```", ""]
+    out += commands_markdown(commands) if commands else []
     return "\n".join(out).rstrip() + "\n"

@@ -64,3 +64,15 @@ class TrainConfig(Strict):
         "sequence whole).",
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    stop_on_alarm: bool = Field(
+        False,
+        description="End the run cleanly (checkpoint, resumable) at the first step a monitor signature fires"
+        " (docs/monitor.md).",
+    )
+
+    @property
+    def micro_batch(self) -> int:
+        """``micro_batch_size`` as the Learner sized it (``auto`` is resolved before the first rollout)."""
+        if isinstance(self.micro_batch_size, str):
+            raise RuntimeError("train.micro_batch_size: 'auto' is read before the Learner sized it")
+        return self.micro_batch_size

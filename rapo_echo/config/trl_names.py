@@ -89,9 +89,11 @@ TRL_KEYS: dict[str, tuple[str | None, str]] = {
 }
 
 
-def trl_hint(name: str, value: str | None = None) -> str | None:
-    """What TRL's ``name`` is here (``None`` when ``name`` is not one of TRL's); ``value`` (as shown in the
-    message) is carried over where it means the same."""
+def trl_hint(name: str, value: object = None, source: str = "") -> str | None:
+    """What TRL's ``name`` is here (``None`` when ``name`` is not one of TRL's); ``value`` (the value given)
+    is carried over where it means the same, written the way the key was given (``source``, as the
+    config loader records it): ``--set key=value`` for ``--set``, ``overrides={'key': value}`` for the
+    Python API's overrides, ``key: value`` for a file."""
     if name not in TRL_KEYS:
         return None
     ours, how = TRL_KEYS[name]
@@ -99,4 +101,22 @@ def trl_hint(name: str, value: str | None = None) -> str | None:
         return f"TRL's {name} has {how}"
     if how:
         return f"TRL's {name} is {ours} here ({how})"
-    return f"TRL's {name} is {ours} here" + (f" (write {ours}: {value})" if value is not None else "")
+    write = f" (write {written(ours, value, source)})" if value is not None else ""
+    return f"TRL's {name} is {ours} here{write}"
+
+
+def written(key: str, value: object, source: str) -> str:
+    """``key`` set to ``value`` in the form its ``source`` uses (a ``--set`` flag, the Python API's
+    ``overrides`` mapping, or a YAML file)."""
+    if source.startswith("--set"):
+        return f"--set {key}={yaml_scalar(value)}"
+    if source.startswith("overrides["):
+        return f"overrides={{{key!r}: {value!r}}}"
+    return f"{key}: {yaml_scalar(value)}"
+
+
+def yaml_scalar(value: object) -> str:
+    """``value`` as YAML writes it on one line (``true``, ``1e-05``, ``[1, 2]``)."""
+    import yaml
+
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()

@@ -190,7 +190,7 @@ def _profile_scenarios(src: Source, columns: Mapping[str, str] | None) -> list[S
         ident = profile.id or f"{src.stem}-{i + 1}"
         messages = [{"role": "user", "content": profile.first_talk}] if profile.first_talk else []
         meta = {"file": src.name, "format": "sage", "where": record.where}
-        out.append(Scenario(ident, messages, profile=dict(row), meta=meta))  # type: ignore[arg-type]
+        out.append(Scenario(ident, messages, profile=dict(row), meta=meta))  # type: ignore[arg-type]  # plain dicts of role and content
     if len({s.id for s in out}) != len(out):
         raise DataError(f"{src.name}: profile ids are not unique")
     return out

@@ -260,7 +260,7 @@ def dialogue_scenarios(dialogue: Dialogue, selection: SelectionConfig) -> list[S
         out.append(
             Scenario(
                 id=f"{dialogue.id}-{turn.first}",
-                messages=context,  # type: ignore[arg-type]
+                messages=context,  # type: ignore[arg-type]  # plain dicts of role and content
                 profile=dict(dialogue.profile),
                 reference=turn.content,
                 meta=meta,

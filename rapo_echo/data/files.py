@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rapo_echo.errors import DataError
+from rapo_echo.rundir import SUMMARY_FILE
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -77,9 +78,11 @@ def bundled_file(name: str) -> Traversable:
 
 
 def bundled_names() -> list[str]:
-    """Names of the JSON / JSONL files shipped in ``rapo_echo/examples``."""
+    """Names of the JSON / JSONL data files shipped in ``rapo_echo/examples`` (not the model configs,
+    ``*.config.json``, a plan reads)."""
     folder = resources.files("rapo_echo") / "examples"
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(JSON_SUFFIXES))
+    names = [p.name for p in folder.iterdir() if p.name.endswith(JSON_SUFFIXES)]
+    return sorted(n for n in names if not n.endswith(".config.json"))
 
 
 class LongInteger(float):
@@ -130,20 +133,35 @@ def open_source(
 ) -> Source:
     """Open a data source (``None`` = the bundled English scenarios, ``bundled:NAME`` = a bundled file).
     ``split`` and ``subset`` apply to Hub datasets and saved ``DatasetDict`` folders."""
-    spec = BUNDLED_PREFIX + BUNDLED_SCENARIOS if path is None else os.fspath(path)
-    if spec.startswith(BUNDLED_PREFIX):
+    kind, spec = locate(path)
+    if kind == "bundled":
         name = spec[len(BUNDLED_PREFIX) :]
         res = bundled_file(name)
         real = str(res) if Path(str(res)).is_file() else None
         return Source(str(res), res.read_text(encoding="utf-8"), Path(name).stem, real)
     p = Path(spec)
-    if p.is_dir():
+    if kind == "folder":
         return _saved_dataset(p, split)
-    if p.is_file():
+    if kind == "file":
         builder = TABLE_BUILDERS.get(p.suffix.lower())
         if builder is not None:
             return _table_file(p, builder)
         return _text_file(p)
+    return _hub_dataset(spec, split, subset)
+
+
+def locate(path: str | os.PathLike[str] | None) -> tuple[str, str]:
+    """What a data source is, without reading it: ``(kind, spec)``, kind ``bundled``, ``folder``, ``file``
+    or ``hub``; a :class:`DataError` for a local file that is not there (a plan checks it this way)."""
+    spec = BUNDLED_PREFIX + BUNDLED_SCENARIOS if path is None else os.fspath(path)
+    if spec.startswith(BUNDLED_PREFIX):
+        bundled_file(spec[len(BUNDLED_PREFIX) :])  # an unknown bundled name is refused here too
+        return "bundled", spec
+    p = Path(spec)
+    if p.is_dir():
+        return "folder", spec
+    if p.is_file():
+        return "file", spec
     if p.suffix.lower() in (*JSON_SUFFIXES, *TABLE_BUILDERS) or not _HUB_ID.match(spec):
         raise DataError(f"{p}: data file not found; a data source is {SOURCES_HELP}")
     if spec.lower() in _loader_names():
@@ -152,7 +170,7 @@ def open_source(
             "would read every matching file under the working folder); give a file (e.g. "
             f"data.{spec.lower()}) or a Hub id (owner/name); a data source is {SOURCES_HELP}"
         )
-    return _hub_dataset(spec, split, subset)
+    return "hub", spec
 
 
 def _loader_names() -> frozenset[str]:
@@ -278,11 +296,40 @@ def _renamed(record: Record, columns: Mapping[str, str]) -> Record:
     return Record(record.where, renamed)
 
 
+def made_by(path: str | None) -> str:
+    """Which data command wrote ``path`` and what it reported, where its folder's summary says so (``data``
+    commands write ``summary.json`` beside their dataset), for the message of an empty file; else ''."""
+    if path is None:
+        return ""
+    summary = Path(path).parent / SUMMARY_FILE
+    try:
+        data = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    dataset = data.get("dataset") if isinstance(data, dict) else None
+    if not isinstance(dataset, dict) or dataset.get("file") != Path(path).name or not data.get("command"):
+        return ""
+    if data.get("complete") is False:  # stopped (a signal, a breaker) or with contexts left to run
+        why = f"{data['stopped']}; " if data.get("stopped") else ""
+        return (
+            f". The stage that wrote it, `rapo-echo data {data['command']}` did not finish ({why}"
+            f"{data.get('n_done', 0)} of {data.get('n_contexts', '?')} contexts done; {summary}): "
+            "run the same command again to finish it"
+        )
+    figures = data.get("figures") if isinstance(data.get("figures"), dict) else {}
+    counts = ", ".join(f"{k} {v}" for k, v in figures.items() if isinstance(v, (int, float)))
+    return (
+        f". The stage that wrote it, `rapo-echo data {data['command']}`, made {dataset.get('rows', 0)} rows"
+        + (f" ({counts})" if counts else "")
+        + f"; {summary} has its figures, and its last message the switches that would give it rows"
+    )
+
+
 def _read_records(src: Source, limit: int | None) -> list[Record]:
     text = src.text or ""
     start = _WS.match(text).end()
     if start == len(text):
-        raise DataError(f"{src.name}: the file is empty; expected JSON or JSONL records")
+        raise DataError(f"{src.name}: the file is empty; expected JSON or JSONL records{made_by(src.path)}")
     first = text[start]
     if first == "[":
         return _json_list(src, text, start, limit)

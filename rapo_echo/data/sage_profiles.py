@@ -14,6 +14,7 @@ from typing import Any
 from rapo_echo.data.files import BUNDLED_PREFIX, open_source, read_records
 from rapo_echo.errors import DataError
 from rapo_echo.text import is_blank
+from rapo_echo.types import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class SageProfile:
     first_talk: str | None = None
     goal: str = GOAL
     id: str | None = None
+    style: str = ""  # what kind of seeker (the hard-to-help profiles: withdrawn, hostile, ...); "" for none
 
     def __post_init__(self) -> None:
         # A first talk of only spaces or newlines would open the dialogue with an empty message: fall
@@ -60,7 +62,17 @@ class SageProfile:
             users = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
             first = first or (users[-1] if users else None)
             data = {**data["profile"], **({"first_talk": first} if first else {})}
-        for key in ("player", "persona", "scene", "situation", "background", "task", "need", "first_talk"):
+        for key in (
+            "player",
+            "persona",
+            "scene",
+            "situation",
+            "background",
+            "task",
+            "need",
+            "first_talk",
+            "style",
+        ):
             if data.get(key) is not None and not isinstance(data[key], str):
                 raise DataError(f"{where}: {key}: got {type(data[key]).__name__}; expected a string")
         persona = data.get("player") or data.get("persona")
@@ -81,7 +93,17 @@ class SageProfile:
             first_talk=str(first) if first else None,
             goal=str(data.get("goal") or GOAL),
             id=str(ident) if ident is not None else None,
+            style=str(data.get("style") or ""),
         )
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario) -> SageProfile:
+        """The simulated user of a scenario: a SAGE / RLVER profile row (the ``sage`` data format), or one
+        of our scenarios (its profile, the last user message as the first talk)."""
+        if scenario.meta.get("format") == "sage":
+            return cls.from_mapping({**scenario.profile, "id": scenario.id}, scenario.id)
+        data = {"id": scenario.id, "profile": scenario.profile, "messages": scenario.messages}
+        return cls.from_mapping(data, scenario.id)
 
     @classmethod
     def from_label(cls, label: Any, where: str = "label") -> SageProfile:
@@ -95,6 +117,7 @@ class SageProfile:
 
 
 BUNDLED_PROFILES = "sage_profiles_en.jsonl"
+BUNDLED_HARD_PROFILES = "sage_hard_profiles_en.jsonl"  # hard-to-help seekers (docs/reading-results.md)
 
 
 def load_profiles(path: str | os.PathLike[str] | None = None) -> list[SageProfile]:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ChatEngine",
     "engine_from_spec",
+    "engines_for_roles",
     "failed_items",
     "generate_texts",
     "make_engine",
@@ -107,9 +108,20 @@ def failed_items(*engines: Any) -> int:
     return sum(int(getattr(e, "failed_items", 0) or 0) for e in seen.values())
 
 
-def engine_from_spec(spec: str, **kw: Any) -> ChatEngine:
+def engine_from_spec(spec: str, *, role: str = "cli", **kw: Any) -> ChatEngine:
     """An engine from a command-line spec: an ``http(s)://`` URL is an OpenAI-compatible endpoint,
-    anything else a model spec (``default``, folder, ``.gguf``, hub id) for the ``hf`` engine."""
+    anything else a model spec (``default``, folder, ``.gguf``, hub id) for the ``hf`` engine. ``role``
+    names it (``judge:hf``: its progress bars say ``judging``; roles sharing it are joined by ``+``)."""
     from rapo_echo.config import EngineConfig, engine_settings
 
-    return make_engine(EngineConfig(**{**engine_settings(spec), **kw}), role="cli")
+    return make_engine(EngineConfig(**{**engine_settings(spec), **kw}), role=role)
+
+
+def engines_for_roles(specs: dict[str, str], **kw: Any) -> dict[str, ChatEngine]:
+    """The engine of each role (role -> model spec): one engine per spec, shared by the roles that name it
+    and named by them (``simulator+judge:hf``), so its progress bars say what it is doing."""
+    roles_of: dict[str, list[str]] = {}
+    for role, spec in specs.items():
+        roles_of.setdefault(spec, []).append(role)
+    built = {spec: engine_from_spec(spec, role="+".join(roles), **kw) for spec, roles in roles_of.items()}
+    return {role: built[spec] for role, spec in specs.items()}

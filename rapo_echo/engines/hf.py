@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +123,19 @@ class _Row:
     logprobs: list[float]
     finish_reason: str | None = None
     error: str | None = None  # the answer format's grammar gave up (finish reason GRAMMAR_FAILED)
+
+
+class _Ticks:
+    """Moves a chunk's progress bar as its replies finish, and notes the decode step (``token 37/128``)."""
+
+    def __init__(self, bar: progress.Task, max_new_tokens: int) -> None:
+        self.bar, self.max_new_tokens, self.shown = bar, max_new_tokens, 0
+
+    def __call__(self, step: int, finished: int) -> None:
+        if finished > self.shown:
+            self.bar.update(finished - self.shown)
+            self.shown = finished
+        self.bar.note(refresh=False, token=f"{step}/{self.max_new_tokens}")
 
 
 def _mark_grammar_failures(rows: Sequence[_Row], constraint: TokenConstraint | None) -> None:
@@ -346,10 +359,11 @@ class HFEngine:
         with progress.task(label(self.name, "generate"), total=replies, unit="reply") as bar:
             for start in range(0, len(prompt_ids), per_chunk):
                 chunk = [list(p) for p in prompt_ids[start : start + per_chunk]]
-                rows = self._decode_batch(chunk, params, generator)
+                ticks = _Ticks(bar, params.max_new_tokens)
+                rows = self._decode_batch(chunk, params, generator, ticks)
                 for row in rows:
                     out[start + row.prompt_index].append(self._finish(row, params))
-                bar.update(len(rows))
+                ticks(params.max_new_tokens, len(rows))
         return out
 
     def _finish(self, row: _Row, params: SamplingParams) -> Generation:
@@ -373,13 +387,20 @@ class HFEngine:
         return stack
 
     def _decode_batch(
-        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        ticks: Callable[[int, int], None] | None = None,
     ) -> list[_Row]:
+        """The rows of a chunk; ``ticks(step, finished)`` hears the decode step and how many rows have
+        finished (every step; with the static loop, every few steps, where it reads that anyway)."""
         if self.decode_mode != "dynamic":
-            return self._decode_static(prompts, params, generator)
+            return self._decode_static(prompts, params, generator, ticks=ticks)
         rows: list[_Row] = []
-        for _ in self._decode_steps(prompts, params, generator, rows):
-            pass
+        for step, _ in enumerate(self._decode_steps(prompts, params, generator, rows), 1):
+            if ticks is not None:
+                ticks(step, sum(r.finish_reason is not None for r in rows))
         return rows
 
     def _prefill_rows(
@@ -401,6 +422,7 @@ class HFEngine:
         params: SamplingParams,
         generator: torch.Generator | None,
         length: int | None = None,
+        ticks: Callable[[int, int], None] | None = None,
     ) -> list[_Row]:
         """The decode loop on static buffers (:class:`StaticDecoder`); ``length`` only sizes them."""
         assert self._static is not None
@@ -432,6 +454,7 @@ class HFEngine:
                 pad_id=self.pad_id,
                 stop_hit=stop_hit,
                 length=length,
+                on_check=ticks,
             )
         for row, ids, lps, stop in zip(rows, tokens, logprobs, stopped):
             row.tokens, row.logprobs = ids, lps

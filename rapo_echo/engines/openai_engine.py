@@ -585,6 +585,25 @@ class OpenAIEngine:
         assert self._model is not None
         return self._model
 
+    def served_identity(self) -> dict[str, Any]:
+        """The served model as the server reports it (a benchmark card's record): the fields of its
+        ``GET /models`` entry that name it (``id``, ``root``, ``parent``, ``owned_by``,
+        ``max_model_len``; not ``created``, which changes per start) and ``server_version`` from
+        ``GET /version`` (vLLM answers it; None where the server has none). Asked once, then kept."""
+        model = self.model
+        with self._setup_lock:
+            if self._models_body is None:
+                self._list_models()
+            if self._version_body is None and self.base_url.endswith("/v1"):
+                self._ask_version()
+        data = (self._models_body or {}).get("data")
+        cards = [c for c in data if isinstance(c, dict)] if isinstance(data, list) else []
+        card = next((c for c in cards if c.get("id") == model), {"id": model})
+        fields = ("id", "root", "parent", "owned_by", "max_model_len")
+        out: dict[str, Any] = {k: card[k] for k in fields if card.get(k) is not None}
+        out["server_version"] = (self._version_body or {}).get("version")
+        return out
+
     @property
     def supports_logprobs(self) -> bool:
         """Whether the server returns log-probs (probes once with a 1-token request while unknown, in the
@@ -876,7 +895,7 @@ class OpenAIEngine:
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise self._fail(f"POST {url}", f"malformed logprobs: {json.dumps(choice)[:200]}") from exc
             ids = [_TOKEN_ID.fullmatch(str(e.get("token", ""))) for e in entries]
-            token_ids = [int(m.group(1)) for m in ids] if ids and all(ids) else []  # type: ignore[union-attr]
+            token_ids = [int(m.group(1)) for m in ids] if ids and all(ids) else []  # type: ignore[union-attr]  # all(ids): every match is found
             if logprobs is not None:
                 self._supports_logprobs = True
             finish = choice.get("finish_reason") or "stop"

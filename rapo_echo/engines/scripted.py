@@ -65,7 +65,7 @@ class ScriptedEngine:
         rules = [tuple(r) for r in script.get("rules", [])]
         return cls(
             replies=script.get("replies"),
-            rules=rules,  # type: ignore[arg-type]
+            rules=rules,
             default=script.get("default", "I hear you."),
             structured=bool(script.get("structured", True)),
         )

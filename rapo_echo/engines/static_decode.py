@@ -226,11 +226,13 @@ class StaticDecoder:
         pad_id: int,
         stop_hit: Callable[[int, list[int]], bool] | None = None,
         length: int | None = None,
+        on_check: Callable[[int, int], None] | None = None,
     ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
         """Sample up to ``max_new_tokens`` per row after a prefill (``prefix`` cache, its ``mask`` and
         ``positions``, the ``logits`` of its last position). Returns per row the token ids, their
         log-probs and whether it stopped (EOS, or ``stop_hit(row, tokens)``) rather than ran out.
-        ``length`` sizes the buffers when it exceeds the prompt width + ``max_new_tokens`` (warm-up)."""
+        ``length`` sizes the buffers when it exceeds the prompt width + ``max_new_tokens`` (warm-up).
+        ``on_check(step, finished)`` hears how many rows have finished where the loop reads it anyway."""
         rows, width = mask.shape
         dev = logits.device
         buf = self.buffers(rows, max(length or 0, width + max_new_tokens), prefix.layers[0].keys)
@@ -258,8 +260,12 @@ class StaticDecoder:
             done = done | hit
             if t == max_new_tokens - 1:
                 break
-            if (stop_hit is not None or t % CHECK_EVERY == CHECK_EVERY - 1) and bool(done.all()):
-                break
+            if stop_hit is not None or t % CHECK_EVERY == CHECK_EVERY - 1:
+                finished = int(done.sum())
+                if on_check is not None:
+                    on_check(t + 1, finished)
+                if finished == rows:
+                    break
             buf.ids[:rows, 0] = tok
             buf.mask[:, width + t] = 1
             buf.position.add_(1)

@@ -155,12 +155,12 @@ def weighted_means(
         values = [row.get(prefix + "n"), *(row.get(prefix + key) for key in keys)]
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
             continue
-        count = float(values[0])  # type: ignore[arg-type]
+        count = float(values[0])  # type: ignore[arg-type]  # checked numbers above
         if count <= 0:
             continue
         n += count
         for key, value in zip(keys, values[1:]):
-            sums[key] += float(value) * count  # type: ignore[arg-type]
+            sums[key] += float(value) * count  # type: ignore[arg-type]  # checked numbers above
     return (n, {key: total / n for key, total in sums.items()}) if n else None
 
 

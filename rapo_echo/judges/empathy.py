@@ -130,7 +130,7 @@ def combine_presentations(values: Sequence[float | None]) -> float | None:
     """Mean over the presentations (both orders, or the one shown); None if any is invalid."""
     if not values or any(v is None for v in values):
         return None
-    return sum(values) / len(values)  # type: ignore[arg-type]
+    return sum(values) / len(values)  # type: ignore[arg-type]  # no None: checked above
 
 
 def process_factor(verdict: Verdict, axis: str | None) -> float | None:
@@ -251,7 +251,7 @@ class EmpathyJudge:
         out: list[NeedAnalysis | None] = []
         for i in range(len(scenarios)):
             lines = [p.value for p in parsed[3 * i : 3 * i + 3]]
-            out.append(None if any(v is None for v in lines) else NeedAnalysis(*lines))  # type: ignore[arg-type]
+            out.append(None if any(v is None for v in lines) else NeedAnalysis(*lines))  # type: ignore[arg-type]  # no None: checked above
         self.stats["analyses"] += len(out)
         self.stats["analyses_invalid"] += sum(1 for a in out if a is None)
         return out
@@ -307,12 +307,12 @@ class EmpathyJudge:
         for (j, _, suspect), v in zip(asides, decided[len(shown) :]):
             full = verdicts[j]
             verdicts[j] = lower_verdict(full, v, suspect, self.labels)
-            if j < measured and full.valid and v.valid:  # type: ignore[union-attr]
+            if j < measured and full.valid and v.valid:  # type: ignore[union-attr]  # every verdict is filled by now
                 for side in [side for side, lowered in zip("AB", suspect) if lowered]:
                     self.screen.lowered(
                         side_outcome(full, side, self.labels), side_outcome(v, side, self.labels)
                     )
-        out: list[Verdict] = verdicts  # type: ignore[assignment]
+        out: list[Verdict] = verdicts  # type: ignore[assignment]  # every verdict is filled by now
         counted = out[:measured]
         self.stats["comparisons"] += len(counted)
         self.stats["comparisons_invalid"] += sum(1 for v in counted if not v.valid)

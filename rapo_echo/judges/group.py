@@ -8,7 +8,7 @@ random order drawn from ``rng``; results are mapped back to the caller's order.
 * Log-prob mode: one ``choice_logprobs`` call for all groups (and both passes) reads P(best) over the
   group's labels right after the prefix ``... helped the person most is Reply``; the options are the
   labels with a leading space (``" A"``, ``" B"``, ...), single tokens in common BPE vocabularies.
-  How the ranks come out of those probabilities is ``ties`` (:data:`TIE_RULES`):
+  How the ranks come out of those probabilities is ``ties`` (``rapo.judge.ties``):
 
   - ``chained``: rank by P(best); neighbours closer than ``tie_eps`` tie, chained, so one block can
     span many times ``tie_eps`` (the rule before the study in docs/algorithms/rapo.md);
@@ -54,20 +54,20 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from rapo_echo.config import GroupJudgeConfig
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judges.bias import PositionBias, check_orders, first_rank_share
+from rapo_echo.judges.bias import PositionBias, first_rank_share
 from rapo_echo.llm.addressing import addresses_judge, set_aside
 from rapo_echo.llm.answers import (
     Parsed,
     answer_words,
-    check_logprobs_mode,
     describe_engine,
     generate_parsed,
     wants_logprobs,
 )
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, JudgeScreen
+from rapo_echo.llm.judge_screen import JudgeScreen
 from rapo_echo.llm.labels import usable_probabilities
 from rapo_echo.llm.ranks import average_ranks
 from rapo_echo.llm.reaction import Reaction, render_profile
@@ -77,7 +77,6 @@ from rapo_echo.types import Conversation, SamplingParams, Scenario, msg
 
 log = logging.getLogger(__name__)
 LABELS = string.ascii_uppercase
-TIE_RULES = ("chained", "leader", "none", "sequential", "pairwise")
 BEST_PREFIX = "The reply that helped the person most is Reply"
 CRITIQUE_PREFIX = "The person's reaction shows"  # starts the critique: keeps small judges on task
 CRITIQUE_STOP = ("\n\n",)  # a critique is one short paragraph
@@ -213,48 +212,18 @@ class GroupJudge:
     def __init__(
         self,
         engine: ChatEngine,
+        cfg: GroupJudgeConfig | None = None,
         *,
-        use_logprobs: str = "auto",
-        max_retries: int = 2,
-        reverse_pass: bool = False,
-        shuffle: bool = True,
-        orders: str = "both",
-        auto_probe: int = 32,
-        auto_threshold: float = 0.6,
-        tie_eps: float = 0.02,
-        ties: str = "chained",
-        max_new_tokens: int = 384,
-        critique_tokens: int = 96,
-        show_profile: bool = True,
         rng: random.Random | None = None,
-        addressed: str = DEFAULT_POLICY,
-        addressed_context: str = DEFAULT_CONTEXT_POLICY,
+        **settings: Any,
     ) -> None:
-        check_logprobs_mode("GroupJudge", use_logprobs)
-        self.screen = JudgeScreen(addressed, addressed_context, owner="GroupJudge")
-        if max_retries < 0 or tie_eps < 0:
-            raise ValueError(
-                f"GroupJudge: max_retries and tie_eps must be >= 0, got {max_retries}, {tie_eps}"
-            )
-        if max_new_tokens < 1 or critique_tokens < 1:
-            raise ValueError("GroupJudge: max_new_tokens and critique_tokens must be >= 1")
-        check_orders("GroupJudge", orders, auto_probe, auto_threshold)
-        if ties not in TIE_RULES:
-            raise ValueError(f"GroupJudge: ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
+        """``cfg``: the judge's section (e.g. RAPO's ``rapo.judge``), taken whole; ``settings``: fields of
+        :class:`~rapo_echo.config.GroupJudgeConfig` given one by one (over ``cfg``'s)."""
+        given = cfg.model_dump(include=set(GroupJudgeConfig.model_fields)) if cfg is not None else {}
+        self.cfg = GroupJudgeConfig.model_validate({**given, **settings})
+        self.screen = JudgeScreen(self.cfg.addressed, self.cfg.addressed_context, owner="GroupJudge")
         self.engine = engine
-        self.use_logprobs = use_logprobs
-        self.max_retries = max_retries
-        self.reverse_pass = reverse_pass
-        self.shuffle = shuffle
-        self.orders = orders
-        self.auto_probe = auto_probe
-        self.auto_threshold = auto_threshold
         self.position_bias = PositionBias()
-        self.tie_eps = tie_eps
-        self.ties = ties
-        self.max_new_tokens = max_new_tokens
-        self.critique_tokens = critique_tokens
-        self.show_profile = show_profile
         self.rng = rng if rng is not None else random.Random(0)
         self.stats: Counter[str] = Counter()
         self._fence: Fence | None = None
@@ -269,7 +238,7 @@ class GroupJudge:
         return self._fence
 
     def _context(self, scenario: Scenario, fence: Fence) -> str:
-        profile = render_profile(scenario.profile, strip_addressed=False) if self.show_profile else ""
+        profile = render_profile(scenario.profile, strip_addressed=False) if self.cfg.show_profile else ""
         about = (
             "What we know about the person (hidden from the supporter):\n"
             + fence.block("PROFILE", profile)
@@ -396,11 +365,11 @@ class GroupJudge:
         screened = [self._screen_group(sc, group) for sc, group in zip(scenarios, groups)]
         todo = [k for k, (_, kept, _, bad, _) in enumerate(screened) if not bad and kept]
         lowered = [k for k in todo if screened[k][4] is not None]  # under `lower`: judged set aside too
-        shown_scenarios = [screened[k][0] for k in todo] + [screened[k][4][0] for k in lowered]  # type: ignore[index]
-        shown_groups = [screened[k][2] for k in todo] + [screened[k][4][1] for k in lowered]  # type: ignore[index]
+        shown_scenarios = [screened[k][0] for k in todo] + [screened[k][4][0] for k in lowered]  # type: ignore[index]  # screened[k][4] is not None for k in lowered
+        shown_groups = [screened[k][2] for k in todo] + [screened[k][4][1] for k in lowered]  # type: ignore[index]  # screened[k][4] is not None for k in lowered
         self._fence = Fence(rng=self.rng)
         passes = self._presentation_orders(shown_groups)
-        text_mode = not wants_logprobs(self.engine, self.use_logprobs)
+        text_mode = not wants_logprobs(self.engine, self.cfg.use_logprobs)
         judged_shown = (
             self._rank_text(shown_scenarios, shown_groups, passes)
             if text_mode
@@ -408,7 +377,7 @@ class GroupJudge:
         )
         by_group = dict(zip(todo, judged_shown))
         for k, aside in zip(lowered, judged_shown[len(todo) :]):
-            by_group[k] = self._lower(by_group[k], aside, screened[k][4][2])  # type: ignore[index]
+            by_group[k] = self._lower(by_group[k], aside, screened[k][4][2])  # type: ignore[index]  # screened[k][4] is not None for k in lowered
         judged = [
             self._expand(len(group), screened[k][1], screened[k][3], by_group.get(k))
             for k, group in enumerate(groups)
@@ -475,8 +444,8 @@ class GroupJudge:
                 self.screen.counts["lowered"] += 1
             ranks.append(max(full.ranks[i], aside.ranks[i]) if lowered else aside.ranks[i])
             if both:
-                mine = aside.scores[i]  # type: ignore[index]
-                scores.append(min(full.scores[i], mine) if lowered else mine)  # type: ignore[index]
+                mine = aside.scores[i]  # type: ignore[index]  # both: each side has scores
+                scores.append(min(full.scores[i], mine) if lowered else mine)  # type: ignore[index]  # both: each side has scores
         return replace(full, ranks=ranks, scores=scores if both else None, raw=[*full.raw, *aside.raw])
 
     def _screen_reaction(self, reaction: Reaction | None) -> tuple[Reaction | None, bool]:
@@ -502,11 +471,11 @@ class GroupJudge:
         ranks = [floor_rank] * size
         scores: list[float] | None = [0.0] * size
         for pos, i in enumerate(kept):
-            ranks[i] = shown.ranks[pos]  # type: ignore[union-attr,index]
-            if shown.scores is None:  # type: ignore[union-attr]
+            ranks[i] = shown.ranks[pos]  # type: ignore[union-attr,index]  # shown is set when kept
+            if shown.scores is None:  # type: ignore[union-attr]  # shown is set when kept
                 scores = None
             elif scores is not None:
-                scores[i] = shown.scores[pos]  # type: ignore[union-attr]
+                scores[i] = shown.scores[pos]  # type: ignore[union-attr]  # shown is set when kept
         raw, attempts = (shown.raw, shown.attempts) if shown is not None else ([], 0)
         return GroupJudgement(ranks, [None] * size, scores, True, raw, attempts)
 
@@ -515,14 +484,15 @@ class GroupJudge:
         ``shuffle``), or under ``orders`` ``both`` (or ``auto`` while biased) its G cyclic shifts, a
         balanced set in which every candidate is shown once in every position; ``reverse_pass`` adds each
         order reversed."""
-        every = self.position_bias.both_orders(self.orders, self.auto_probe, self.auto_threshold)
+        every = self.position_bias.both_orders(self.cfg.orders, self.cfg.auto_probe, self.cfg.auto_threshold)
         out = []
         for group in groups:
             order = list(range(len(group)))
-            if self.shuffle:
+            if self.cfg.shuffle:
                 self.rng.shuffle(order)
             shown = balanced_orders(order) if every else [order]
-            out.append([o for base in shown for o in ([base, base[::-1]] if self.reverse_pass else [base])])
+            both = self.cfg.reverse_pass
+            out.append([o for base in shown for o in ([base, base[::-1]] if both else [base])])
         return out
 
     def _tally(self, ranks: Sequence[float], order: Sequence[int]) -> None:
@@ -546,13 +516,13 @@ class GroupJudge:
     ) -> list[GroupJudgement]:
         many = [k for k in range(len(groups)) if len(groups[k]) > 1]
         found: dict[int, tuple[list[float], list[float]] | None]
-        if self.ties == "pairwise":
+        if self.cfg.ties == "pairwise":
             found = self._pairwise(scenarios, groups, many)
         else:
             jobs = [(k, order) for k in many for order in passes[k]]
             rank_sets, score_sets = (
                 self._sequential(scenarios, groups, jobs)
-                if self.ties == "sequential"
+                if self.cfg.ties == "sequential"
                 else self._p_best(scenarios, groups, jobs)
             )
             found = {}
@@ -623,7 +593,7 @@ class GroupJudge:
             for pos, i in enumerate(order):
                 scores[i] = shown[pos]
             score_sets.setdefault(k, []).append(scores)
-            ranks = ranks_from_p_best(scores, self.ties, self.tie_eps)
+            ranks = ranks_from_p_best(scores, self.cfg.ties, self.cfg.tie_eps)
             rank_sets.setdefault(k, []).append(ranks)
             self._tally(ranks, order)
         return rank_sets, score_sets
@@ -719,8 +689,8 @@ class GroupJudge:
                         self.engine,
                         [prompts[n] for n in idx],
                         [parsers[n] for n in idx],
-                        SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0),
-                        max_retries=self.max_retries,
+                        SamplingParams(max_new_tokens=self.cfg.max_new_tokens, temperature=0.0),
+                        max_retries=self.cfg.max_retries,
                         answer_format=ranking_format(size),
                     ),
                 ):
@@ -778,8 +748,8 @@ class GroupJudge:
             self.engine,
             prompts,
             lambda text: clean_critique(fence.own_words(CRITIQUE_FORMAT.parse(text) or "")),
-            SamplingParams(max_new_tokens=self.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
-            max_retries=self.max_retries,
+            SamplingParams(max_new_tokens=self.cfg.critique_tokens, temperature=0.0, stop=CRITIQUE_STOP),
+            max_retries=self.cfg.max_retries,
             answer_format=CRITIQUE_FORMAT,
         )
         self._count_calls("critique", parsed)

@@ -143,15 +143,15 @@ class HumanlikeJudge:
             fence=fence,
         )
         for (i, _, _), v in zip(shown, verdicts):
-            out[i] = HumanlikeScore(label_probability(v, HUMAN), v, out[i].screened)  # type: ignore[union-attr]
+            out[i] = HumanlikeScore(label_probability(v, HUMAN), v, out[i].screened)  # type: ignore[union-attr]  # every index is filled by now
         for (i, _, _), v in zip(asides, verdicts[len(shown) :]):
             full = out[i]
-            p_human = self.screen.lowered(full.p_human, label_probability(v, HUMAN))  # type: ignore[union-attr]
-            verdict = full.verdict if p_human == full.p_human else v  # type: ignore[union-attr]
+            p_human = self.screen.lowered(full.p_human, label_probability(v, HUMAN))  # type: ignore[union-attr]  # every index is filled by now
+            verdict = full.verdict if p_human == full.p_human else v  # type: ignore[union-attr]  # every index is filled by now
             out[i] = HumanlikeScore(
                 p_human, verdict, {**full.screened, "aside_p_human": label_probability(v, HUMAN)}
-            )  # type: ignore[union-attr]
-        result: list[HumanlikeScore] = out  # type: ignore[assignment]
+            )
+        result: list[HumanlikeScore] = out  # type: ignore[assignment]  # every index is filled by now
         self.stats["judged"] += len(result)
         self.stats["invalid"] += sum(1 for s in result if s.p_human is None)
         return result

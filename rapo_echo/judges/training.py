@@ -16,16 +16,17 @@ import json
 import logging
 import math
 import random
-import re
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from rapo_echo import progress
+from rapo_echo.config import Device, Flag, Strict, add_flags, section_from_args
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.training_data import (
     NEGATIVES,
@@ -43,30 +44,38 @@ log = logging.getLogger(__name__)
 REPORT = "judge_training.json"
 
 
-@dataclass
-class JudgeTrainingConfig:
-    """Settings of one judge-training run (the CLI flags)."""
+class JudgeTrainingConfig(Strict):
+    """`rapo-echo train-judge`: one judge-training run."""
 
-    data: list[str]
-    output: str
-    model: str = "default"
-    eval_data: list[str] = field(default_factory=list)
-    eval_fraction: float = 0.25
-    task: str | None = None  # the task of rows without one
-    lora: bool = True
-    lora_r: int = 16
-    lr: float = 2e-4
-    epochs: int = 3
-    max_steps: int | None = None
-    batch_size: int = 8
-    micro_batch_size: int = 2
-    negatives: tuple[str, ...] = NEGATIVES
-    reasoning: bool = True
-    context_aware: bool = True
-    seed: int = 0
-    max_tokens: int = 1024
-    eval_tokens: int = 48
-    device: str = "auto"
+    data: Annotated[list[str], Flag(metavar="FILE")] = Field(
+        min_length=1, description="Examples (JSONL); repeatable."
+    )
+    output: str = Field(description="Folder for the trained judge (must not exist or be empty).")
+    model: str = Field("default", description="The judge to start from (a model spec).")
+    eval_data: Annotated[list[str], Flag(metavar="FILE")] = Field(
+        default_factory=list, description="Held-out examples (unset: a split of `data`); repeatable."
+    )
+    eval_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="Held-out share of each task.")
+    task: Literal[TASKS] | None = Field(None, description="The task of rows that name none.")  # type: ignore[valid-type]  # TASKS is a tuple of names
+    lora: Annotated[bool, Flag(off="--full")] = Field(True, description="LoRA (`--full`: full fine-tuning).")
+    lora_r: int = Field(16, ge=1, description="LoRA rank.")
+    lr: float = Field(2e-4, gt=0.0, le=1.0, description="Learning rate (AdamW).")
+    epochs: int = Field(3, ge=1, description="Passes over the examples.")
+    max_steps: int | None = Field(None, ge=1, description="Optimizer steps (overrides `epochs`).")
+    batch_size: int = Field(8, ge=1, description="Sequences per optimizer step.")
+    micro_batch_size: int = Field(2, ge=1, description="Sequences per forward (memory).")
+    negatives: Annotated[list[Literal[NEGATIVES]], Flag(sep=",")] = Field(  # type: ignore[valid-type]  # NEGATIVES is a tuple of names
+        default_factory=lambda: list(NEGATIVES),
+        description="Humanlike negatives: shuffle,swap (`none`: no negatives).",
+    )
+    reasoning: bool = Field(True, description="Train the Reasoning: line before the verdict.")
+    context_aware: Annotated[bool, Flag(off="--context-free")] = Field(
+        True, description="Train a context-aware humanlike judge (`--context-free`: without the context)."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the split, the negatives and the order.")
+    max_tokens: int = Field(1024, ge=1, description="Skip examples longer than this.")
+    eval_tokens: int = Field(48, ge=1, description="Tokens of a held-out verdict.")
+    device: Device = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
 
 
 def accuracy(
@@ -103,22 +112,13 @@ def train_judge(cfg: JudgeTrainingConfig) -> dict[str, Any]:
 
 
 def check_settings(cfg: JudgeTrainingConfig) -> None:
-    """Refuse settings that would fail or train nothing, before any model loads: a learning rate that is
-    not a finite number in (0, 1], a device that is unknown or absent here, an unknown task."""
+    """Refuse a device absent here before any model loads (the section checks the rest)."""
     from rapo_echo.config import check_device
 
-    if not (isinstance(cfg.lr, (int, float)) and math.isfinite(cfg.lr) and 0 < cfg.lr <= 1):
-        raise ConfigError(
-            f"--lr: got {cfg.lr}; give a learning rate greater than 0 and at most 1 (e.g. 2e-4)"
-        )
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", cfg.device):
-        raise ConfigError(f"--device: got {cfg.device!r}; use auto, cpu, cuda, cuda:N or mps")
     try:
         check_device(cfg.device, "--device")
     except ConfigError as exc:
         raise ConfigError(str(exc).removeprefix("invalid config:\n  ")) from None
-    if cfg.task is not None and cfg.task not in TASKS:
-        raise ConfigError(f"--task: got {cfg.task!r}; expected one of {', '.join(TASKS)}")
 
 
 def claim_output(out: Path) -> DirLock:
@@ -172,24 +172,19 @@ def _train_judge(cfg: JudgeTrainingConfig, out: Path) -> dict[str, Any]:
         need_reference=False,
         device=None if cfg.device == "auto" else cfg.device,
     )
-    engine = policy.engine
     t0 = time.perf_counter()
-    with progress.task("held-out accuracy before training"):
-        before = (
-            accuracy(engine, held_pairs, reasoning=cfg.reasoning, max_new_tokens=cfg.eval_tokens)
-            if held_pairs
-            else {}
-        )
+
+    def held_out(when: str) -> dict[str, Any]:
+        with progress.task(f"held-out accuracy {when} training"):
+            kw = {"reasoning": cfg.reasoning, "max_new_tokens": cfg.eval_tokens}
+            return accuracy(policy.engine, held_pairs, **kw) if held_pairs else {}
+
+    before = held_out("before")
     encoded, skipped = _encode(policy, train_pairs, cfg.max_tokens)
     if not encoded:
         raise ConfigError(f"no training example fits --max-tokens {cfg.max_tokens}")
     losses = _sft(policy, encoded, cfg)
-    with progress.task("held-out accuracy after training"):
-        after = (
-            accuracy(engine, held_pairs, reasoning=cfg.reasoning, max_new_tokens=cfg.eval_tokens)
-            if held_pairs
-            else {}
-        )
+    after = held_out("after")
     report = {
         "model": cfg.model,
         "examples": {"train": len(train), "held_out": len(held), "duplicates_removed": removed},
@@ -205,7 +200,7 @@ def _train_judge(cfg: JudgeTrainingConfig, out: Path) -> dict[str, Any]:
         "loss": {"first": losses[0], "last": losses[-1]} if losses else None,
         "held_out_accuracy": {"before": before, "after": after},
         "seconds": round(time.perf_counter() - t0, 1),
-        "config": {k: v for k, v in asdict(cfg).items() if k != "output"},
+        "config": cfg.model_dump(exclude={"output"}),
     }
     staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -293,81 +288,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fine-tune a humanlike / empathy judge on reasoning + verdict examples (JSONL)",
         description="Supervised fine-tuning of a generative judge; held-out accuracy before and after.",
     )
-    p.add_argument(
-        "--data", action="append", required=True, metavar="FILE", help="examples (JSONL); repeatable"
-    )
-    p.add_argument(
-        "--eval-data",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="held-out examples (default: a split of --data)",
-    )
-    p.add_argument(
-        "--eval-fraction", type=float, default=0.25, help="held-out share of each task (default 0.25)"
-    )
-    p.add_argument("--task", choices=TASKS, help="task of rows that name none")
-    p.add_argument("--model", default="default", help="the judge to start from (a model spec)")
-    p.add_argument(
-        "--output", required=True, help="folder for the trained judge (must not exist or be empty)"
-    )
-    p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
-    p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
-    p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per forward (memory)")
-    p.add_argument(
-        "--negatives", default=",".join(NEGATIVES), help="humanlike negatives: shuffle,swap or none"
-    )
-    p.add_argument(
-        "--no-reasoning", action="store_true", help="train verdict lines only (no Reasoning: line)"
-    )
-    p.add_argument("--context-free", action="store_true", help="train a context-free humanlike judge")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=1024, help="skip examples longer than this")
-    p.add_argument("--device", default="auto")
+    add_flags(p, JudgeTrainingConfig)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    kinds = (
-        ()
-        if args.negatives.strip() == "none"
-        else tuple(k.strip() for k in args.negatives.split(",") if k.strip())
-    )
-    bad = [k for k in kinds if k not in NEGATIVES]
-    if bad:
-        raise ConfigError(f"--negatives: got {bad[0]!r}; expected shuffle, swap, both (shuffle,swap) or none")
-    for name in ("epochs", "batch_size", "micro_batch_size", "lora_r", "max_tokens"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise ConfigError("--max-steps: must be >= 1")
-    if not 0 < args.eval_fraction < 1:
-        raise ConfigError("--eval-fraction: must be between 0 and 1")
-    cfg = JudgeTrainingConfig(
-        data=args.data,
-        output=args.output,
-        model=args.model,
-        eval_data=args.eval_data,
-        eval_fraction=args.eval_fraction,
-        task=args.task,
-        lora=not args.full,
-        lora_r=args.lora_r,
-        lr=args.lr,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
-        micro_batch_size=args.micro_batch_size,
-        negatives=kinds,
-        reasoning=not args.no_reasoning,
-        context_aware=not args.context_free,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-        device=args.device,
-    )
+    cfg = section_from_args(JudgeTrainingConfig, args)
     progress.enable()
     report = train_judge(cfg)
     acc = report["held_out_accuracy"]

@@ -97,18 +97,18 @@ def parse_example(record: Record, default_task: str | None = None) -> JudgeExamp
         )
     messages = _dialogue(obj, where)
     reply = get_str(obj, "reply", where)
-    if is_blank(reply):  # type: ignore[union-attr]
+    if is_blank(reply):
         raise DataError(f"{where}: reply: empty; expected the reply to judge")
     labels = HUMANLIKE_LABELS if task == "humanlike" else EMPATHY_LABELS
     raw = get_str(obj, "label", where)
-    label = next((x for x in labels if x.lower() == raw.strip().lower()), None)  # type: ignore[union-attr]
+    label = next((x for x in labels if x.lower() == raw.strip().lower()), None)  # type: ignore[union-attr]  # get_str is required here: a str
     if label is None:
         raise DataError(f"{where}: label: got {raw!r}; expected one of {', '.join(labels)}")
     reasoning = get_str(obj, "reasoning", where, required=False)
-    example = JudgeExample(task, messages, reply, label, where, reasoning or None)  # type: ignore[arg-type]
+    example = JudgeExample(task, messages, reply, label, where, reasoning or None)  # type: ignore[arg-type]  # task and label checked above
     if task == "empathy":
         example.reference = get_str(obj, "reference", where)
-        if is_blank(example.reference):  # type: ignore[union-attr]
+        if is_blank(example.reference):
             raise DataError(f"{where}: reference: empty; expected the reference reply")
         example.needs = _needs(obj.get("needs"), where)
         if not messages:
@@ -120,7 +120,7 @@ def _dialogue(obj: dict, where: str) -> list[Message]:
     if obj.get("messages") is not None and obj.get("opening") is not None:
         raise DataError(f"{where}: messages / opening: got both; expected at most one of them")
     if obj.get("opening") is not None:
-        return [msg("user", get_str(obj, "opening", where))]  # type: ignore[arg-type]
+        return [msg("user", get_str(obj, "opening", where))]  # type: ignore[arg-type]  # get_str is required here: a str
     value = obj.get("messages")
     if value is None:
         return []
@@ -139,7 +139,7 @@ def _dialogue(obj: dict, where: str) -> list[Message]:
                 "the user and assistant turns, so it would be dropped without a word: remove it, or put "
                 "its text into a neighbouring turn"
             )
-        out.append(msg(role, get_str(m, "content", where, path=f"messages[{i}].")))  # type: ignore[arg-type]
+        out.append(msg(role, get_str(m, "content", where, path=f"messages[{i}].")))  # type: ignore[arg-type]  # get_str is required here: a str
     return out
 
 
@@ -229,11 +229,11 @@ def pairs(
             f"{example.where}: reasoning: missing; needed for training with reasoning (or --no-reasoning)"
         )
     if example.task == "humanlike":
-        judge = HumanlikeJudge(None, context_aware=context_aware, reasoning=reasoning)  # type: ignore[arg-type]
+        judge = HumanlikeJudge(None, context_aware=context_aware, reasoning=reasoning)  # type: ignore[arg-type]  # prompts only: no engine is called
         prompt = judge.prompt(example.messages, example.reply, fence)
         target = answer_text(example.label, why)
         return [JudgePair("humanlike", prompt, target, example.label, HUMANLIKE_LABELS, example.origin)]
-    judge = EmpathyJudge(None, reasoning=reasoning)  # type: ignore[arg-type]
+    judge = EmpathyJudge(None, reasoning=reasoning)  # type: ignore[arg-type,assignment]  # prompts only, no engine; the other judge kind
     scenario = Scenario("example", example.messages)
     out = []
     for reply_first in (True, False):
@@ -247,7 +247,7 @@ def pairs(
         text = (
             why.replace("{reply}", names["reply"]).replace("{reference}", names["reference"]) if why else None
         )
-        prompt = judge.compare_prompt(scenario, example.needs, a, b, fence)  # type: ignore[arg-type]
+        prompt = judge.compare_prompt(scenario, example.needs, a, b, fence)
         out.append(JudgePair("empathy", prompt, answer_text(gold, text), gold, judge.labels, example.origin))
     if example.needs is not None:
         for axis in AXES:

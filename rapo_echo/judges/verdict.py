@@ -214,4 +214,4 @@ def expected(verdict: Verdict, values: Mapping[str, float]) -> float | None:
         return None
     if verdict.probs is not None:
         return sum(p * values[label] for label, p in verdict.probs.items())
-    return values[verdict.label]  # type: ignore[index]
+    return values[verdict.label]  # type: ignore[index]  # a valid verdict has a label

@@ -201,7 +201,7 @@ class JudgeScreen:
             text, found = self.context_text(m.get("content", ""), count)
             hit = hit or found
             out.append({**m, "content": text} if found else m)
-        return out, hit  # type: ignore[return-value]
+        return out, hit
 
     def aside_messages(self, messages: Conversation) -> Conversation:
         """A dialogue with each turn's suspect spans set aside (a turn left empty is dropped)."""
@@ -211,7 +211,7 @@ class JudgeScreen:
             if text != m.get("content", "") and not str(text).strip():
                 continue
             out.append({**m, "content": text})
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # messages keep their TypedDict keys
 
     def mapping(self, values: Mapping[str, Any], count: bool = True) -> tuple[dict[str, Any], bool]:
         """A profile (or meta) with each text value screened as context."""

@@ -218,4 +218,4 @@ class RewardSet:
                     s.info.setdefault(reward.name, {}).update(out.info)
         for s in samples:
             parts = [(s.rewards.get(r.name), w) for r, w in self.rewards]
-            s.reward = None if any(v is None for v, _ in parts) else sum(v * w for v, w in parts)  # type: ignore[operator]
+            s.reward = None if any(v is None for v, _ in parts) else sum(v * w for v, w in parts)  # type: ignore[operator,misc]  # no None: checked in the same expression

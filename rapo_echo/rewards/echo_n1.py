@@ -514,7 +514,7 @@ class EchoN1Reward:
                 parts = (e.score, h.score)
                 score = None
                 if None not in parts:
-                    score = self.weights["empathy"] * e.score + self.weights["humanlike"] * h.score  # type: ignore[operator]
+                    score = self.weights["empathy"] * e.score + self.weights["humanlike"] * h.score  # type: ignore[operator]  # no None: checked above
                 out.append(
                     RewardOutput(
                         score,

@@ -149,10 +149,10 @@ class JudgeReward:
             out[i] = o
         for (i, _), o in zip(asides, judged[len(shown) :]):
             full = out[i]
-            score = self.screen.lowered(full.score, o.score)  # type: ignore[union-attr]
-            full.info.update(aside_score=o.score)  # type: ignore[union-attr]
-            out[i] = RewardOutput(score, info=full.info)  # type: ignore[union-attr]
-        return out  # type: ignore[return-value]
+            score = self.screen.lowered(full.score, o.score)  # type: ignore[union-attr]  # every index is filled by now
+            full.info.update(aside_score=o.score)  # type: ignore[union-attr]  # every index is filled by now
+            out[i] = RewardOutput(score, info=full.info)  # type: ignore[union-attr]  # every index is filled by now
+        return out  # type: ignore[return-value]  # every index is filled by now
 
     def _judge(self, samples: Sequence[Sample]) -> list[RewardOutput]:
         """The model's scores of ``samples`` (already screened)."""

@@ -130,7 +130,7 @@ class PersonaInference(StepHook):
                 if any(v is None for v in values):
                     self.stats["invalid"] += 1
                 else:
-                    self.cache[key] = PersonaSummary(*values)  # type: ignore[arg-type]
+                    self.cache[key] = PersonaSummary(*values)  # type: ignore[arg-type]  # no None: checked above
         return [self.cache.get(key) for key in keys]
 
     def before_rollout(self, scenarios: Sequence[Scenario], step: int) -> dict[str, float]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.benchmarks.epm.recompute import recompute
-from rapo_echo.benchmarks.sage.run import score_transcripts
+from rapo_echo.benchmarks.sage.transcripts import score_transcripts
 from rapo_echo.errors import ConfigError
 from rapo_echo.rundir import DirLock
 from tests.unit.benchmarks.test_epm_bench import synthetic_results

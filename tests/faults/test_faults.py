@@ -41,6 +41,7 @@ class FaultyServer:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.requests = 0
+        self.answered = 0  # trickled answers sent whole (the client waited for all of it)
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
         self.stop = threading.Event()
@@ -83,6 +84,7 @@ class FaultyServer:
                     if self.stop.wait(0.02):
                         return
                     conn.sendall(REPLY[i : i + 1])
+                self.answered += 1
             elif self.mode == "500":
                 body = b'{"error": {"message": "engine overloaded"}}'
                 conn.sendall(
@@ -127,14 +129,11 @@ def engine(url: str) -> OpenAIEngine:
 )
 def test_openai_engine_against_a_faulty_server(faulty: FaultyServer, needle: str, requests: int) -> None:
     eng = engine(faulty.url)
-    t0 = time.monotonic()
     with pytest.raises(EndpointError, match=needle) as exc:
         eng.generate([USER], SamplingParams(max_new_tokens=8))
-    elapsed = time.monotonic() - t0
     assert faulty.url in str(exc.value) and faulty.requests == requests
-    # two attempts of at most 0.5 s each (a trickled answer takes 8 s per attempt without the deadline);
-    # the margin is for a busy machine
-    assert elapsed < 2 * 0.5 + 2.0, elapsed
+    # each attempt was cut at its deadline: none waited for the whole trickled answer (8 s per attempt)
+    assert faulty.answered == 0
 
 
 def test_a_trickling_server_is_cut_at_the_deadline() -> None:
@@ -144,7 +143,8 @@ def test_a_trickling_server_is_cut_at_the_deadline() -> None:
         t0 = time.monotonic()
         with pytest.raises(EndpointError, match="timed out after 1 s"):
             eng.generate([USER], SamplingParams(max_new_tokens=8))
-        assert 0.9 < time.monotonic() - t0 < 3.0  # the answer alone takes 8 s to trickle in
+        # not before the deadline, and before the answer (8 s to trickle in) was whole
+        assert time.monotonic() - t0 >= 0.9 and server.answered == 0
     finally:
         server.close()
 
@@ -278,10 +278,12 @@ def test_serve_cancels_a_request_whose_client_hung_up(smol_tokenizer) -> None:
         # the abandoned reply (50k tokens, minutes) was cancelled, so the model lock is free again
         res = httpx.post(url, json={"messages": USER, "max_tokens": 1}, timeout=30)
         assert res.status_code == 200
-        time.sleep(0.3)
-        n = forwards["n"]
-        time.sleep(0.5)
-        assert forwards["n"] == n  # nothing runs any more
+        # nothing runs any more: the forward count settles (the 50k-token reply would run for minutes)
+        deadline, n = time.monotonic() + 120, -1
+        while forwards["n"] != n and time.monotonic() < deadline:
+            n = forwards["n"]
+            time.sleep(1.0)
+        assert forwards["n"] == n
     finally:
         server.should_exit = True
         thread.join(10)

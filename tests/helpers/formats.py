@@ -12,7 +12,7 @@ def record_formats(engine: Any) -> list[AnswerFormat | None]:
     seen: list[AnswerFormat | None] = []
     inner = engine.generate
 
-    def generate(prompts, params):  # type: ignore[no-untyped-def]
+    def generate(prompts, params):
         seen.append(params.answer_format)
         return inner(prompts, params)
 

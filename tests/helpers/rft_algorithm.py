@@ -61,10 +61,10 @@ class RFT(Algorithm):
         for i, s in enumerate(samples):  # the first of the best valid replies of each group
             if not (s.valid and s.completion_ids):
                 continue
-            if s.group not in best or s.reward > samples[best[s.group]].reward:  # type: ignore[operator]
+            if s.group not in best or s.reward > samples[best[s.group]].reward:  # type: ignore[operator]  # valid samples only
                 best[s.group] = i
         floor = self.cfg.rft.min_reward
-        kept = [i for i in best.values() if floor is None or samples[i].reward >= floor]  # type: ignore[operator]
+        kept = [i for i in best.values() if floor is None or samples[i].reward >= floor]
         items = [
             TrainItem(s.prompt_ids, s.completion_ids, kind=BEST, group=s.group, sample=i)
             for i, s in ((i, samples[i]) for i in kept)
@@ -73,7 +73,7 @@ class RFT(Algorithm):
             samples[i].info["rft_kept"] = True
         metrics = reward_stats(samples, self.ctx.rewards.names)
         metrics["rft/kept"] = float(len(items))
-        rewards = [float(samples[i].reward) for i in kept]  # type: ignore[arg-type]
+        rewards = [float(samples[i].reward) for i in kept]  # type: ignore[arg-type]  # valid samples only
         metrics["rft/best_reward"] = statistics.fmean(rewards) if rewards else float("nan")
         return Rollout(samples, items, metrics, {"generate": seconds})
 

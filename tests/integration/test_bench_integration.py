@@ -180,3 +180,35 @@ def test_three_benchmarks_from_the_cli_against_an_endpoint_and_resume(endpoint, 
     assert lines[:2] == first and len(lines) == 3
     html_path, _ = build_report([tmp_path], tmp_path / "report")
     assert endpoint in html_path.read_text()
+
+
+def test_hard_seekers_through_sage_on_the_embedded_model(smol_engine, tmp_path):
+    """Our hard-to-help seekers (--profiles hard) with the state probe, the user's reading asked again and
+    two repeats: every record says what kind of seeker it was and carries its probes."""
+    settings = EvalSettings(
+        max_turns=2,
+        max_new_tokens=6,
+        simulator_max_new_tokens=12,
+        judge_retries=0,
+        batch_size=4,
+        profiles="hard",
+        repeats=2,
+    )
+    roles = Roles(smol_engine, smol_engine)
+    summary = run_eval(
+        get_benchmark("sage"), roles, settings, tmp_path / "hard", limit=1, models={"policy": "default"}
+    )
+    records = read_records(tmp_path / "hard" / "results.jsonl")
+    assert len(records) == 2 and summary["repeats"] == 2 and summary["complete"]
+    assert {r["info"]["style"] for r in records} == {"withdrawn"}  # the first profile
+    for r in records:
+        probes = r["info"]["state_probe"]
+        assert probes and all(p["hidden"] == 40.0 for p in probes[:1])  # the hidden emotion starts at 40
+        assert all(p["estimate"] is None or 0 <= p["estimate"] <= 100 for p in probes)
+        if r["valid"] and any(p["estimate"] is not None for p in probes):
+            assert r["metrics"]["tracking_error"] >= 0
+    card = summary["card"]["instrument"]
+    assert card["episode"]["profiles"] == "hard" and card["episode"]["initial_emotion"] == 40.0
+    assert card["simulator"]["model_type"] == "llama" and len(card["simulator"]["weights_sha256"]) == 64
+    if summary["n_valid"]:
+        assert "score" in summary["figures"] and len(summary["figures"]["score"]["repeats"]) == 2

@@ -109,8 +109,8 @@ def test_export_merges_writes_a_card_and_loads(lora_run: Path, tmp_path: Path) -
     assert "| step | reward/mean |" in card and "save_optimizer: false" in card  # results and the config
     plain = export.export_run(lora_run / "checkpoints" / "step-1", tmp_path / "out" / "adapter")
     cfg = json.loads((plain / "adapter_config.json").read_text())
-    # relative to the export folder now
-    assert cfg["base_model_name_or_path"] == os.path.relpath(lora_run.parent.parent / "tiny", plain)
+    # by its absolute path now: peft reads a relative one against the working folder
+    assert cfg["base_model_name_or_path"] == str((lora_run.parent.parent / "tiny").resolve())
     base = AutoModelForCausalLM.from_pretrained(lora_run.parent.parent / "tiny")
     assert isinstance(PeftModel.from_pretrained(base, plain), PeftModel)
     assert "library_name: peft" in (plain / "README.md").read_text()

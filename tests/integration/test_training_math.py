@@ -236,9 +236,9 @@ def _teacher_prompts(trainer: Run) -> tuple[list, list[str]]:
         seen.extend(list(p) for p in prompts)
         return real(prompts, completions)
 
-    policy.batch = batch  # type: ignore[method-assign]
+    policy.batch = batch  # type: ignore[method-assign,assignment]  # a recording seam
     rollout = trainer.algorithm.rollout(trainer._batch(), 0)
-    policy.batch = real  # type: ignore[method-assign]
+    policy.batch = real  # type: ignore[method-assign]  # the seam undone
     return rollout.samples, [policy.tokenizer.decode(p) for p in seen]
 
 
@@ -320,7 +320,7 @@ def test_gspo_weighs_sequences_equally_by_default() -> None:
     logp = torch.full((2, 10), -1.0, requires_grad=True)
     mb = MicroBatch(
         [], None, mask, logp.detach().clone(), None, torch.tensor([-1.0, 1.0]), torch.ones(2), [PG, PG]
-    )  # type: ignore[arg-type]
+    )
     totals = {PG: {"tokens": 12.0, "seqs": 2.0}}
     for agg, expected in (("auto", 0.0), ("token-mean", 2 / 3)):
         cfg = load_config(overrides=["loss.policy_loss=gspo", f"loss.agg={agg}", "loss.beta=0"])
@@ -507,7 +507,7 @@ def test_a_reply_whose_reaction_failed_is_masked_not_ranked(tiny_folder: Path) -
 
     algo, _, sim, jud = make_rapo(tiny_folder, "rapo.simulator.max_retries=0", "rapo.sd.enabled=false")
     base = sim.fn
-    sim.fn = lambda prompt: "" if base(prompt) == "reaction to good" else base(prompt)  # type: ignore[misc]
+    sim.fn = lambda prompt: "" if base(prompt) == "reaction to good" else base(prompt)  # type: ignore[misc]  # a scripted reply function swapped in
     sim.structured = False  # an empty answer is what a server without structured output can send
     out = algo.rollout(SCENARIOS[:1], 0)
     s = out.samples
@@ -590,9 +590,9 @@ def test_sd_losses_distil_the_temperature_one_distribution(tmp_path: Path, tiny_
     )
     policy = trainer.policy
     teacher_batches, real = [], policy.batch
-    policy.batch = lambda p, c: teacher_batches.append(real(p, c)) or teacher_batches[-1]  # type: ignore[method-assign]
+    policy.batch = lambda p, c: teacher_batches.append(real(p, c)) or teacher_batches[-1]  # type: ignore[method-assign,assignment,misc,func-returns-value]  # a recording seam
     items = trainer.algorithm.rollout(trainer._batch(), 0).items
-    policy.batch = real  # type: ignore[method-assign]
+    policy.batch = real  # type: ignore[method-assign]  # the seam undone
     sd = [it for it in items if it.kind == SD]
     if loss == "token_kl":
         (batch,) = teacher_batches

@@ -108,7 +108,7 @@ def test_grpo_trains_on_vllm_samples_and_a_skipped_sync_is_caught(
     assert isinstance(engine, VLLMEngine) and engine.llm is vllm_engine.llm
     loads: list[int] = []
     load = engine.load_weights
-    engine.load_weights = lambda tensors: loads.append(load(tensors)) or loads[-1]  # type: ignore[method-assign]
+    engine.load_weights = lambda tensors: loads.append(load(tensors)) or loads[-1]  # type: ignore[method-assign]  # a recording seam on vLLM's engine
     trainer.train()
     n_params = len(list(trainer.policy.lm.named_parameters()))
     assert loads == [n_params, n_params]  # after each of the two updates, every tensor
@@ -122,7 +122,7 @@ def test_grpo_trains_on_vllm_samples_and_a_skipped_sync_is_caught(
     trainer.train_step()
     stale = sync_gap(engine, trainer.policy.lm)
     assert stale > STALE_MIN
-    engine.load_weights = load  # type: ignore[method-assign]
+    engine.load_weights = load  # type: ignore[method-assign]  # a recording seam on vLLM's engine
     trainer.learner.sync_generator()
     print(f"sync gap: synced {synced:.2e}, one update unsynced {stale:.2e}")
     assert sync_gap(engine, trainer.policy.lm) < SYNCED_TOL
@@ -164,7 +164,7 @@ def test_rapo_with_lora_syncs_merged_weights_without_touching_the_base(
         sent.append(names)
         return load((names.append(n) or (n, t)) for n, t in tensors)
 
-    engine.load_weights = record  # type: ignore[method-assign]
+    engine.load_weights = record  # type: ignore[method-assign]  # a recording seam on vLLM's engine
     trainer.train()
     assert len(sent) == 2
     assert not any("lora" in n or "base_layer" in n or "base_model" in n for n in sent[0])

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rapo_echo import progress
 from rapo_echo.atomic import replace_dir
 from rapo_echo.checkpoint import rng_state, set_rng_state
 from rapo_echo.data import load_scenarios
@@ -166,11 +167,27 @@ class Validator:
         """Whether ``validation.jsonl`` already holds a validation of ``step``."""
         return any(isinstance(r, dict) and r.get("step") == step for _, r in read_jsonl(self.file))
 
+    def cost(self, step: int) -> str:
+        """What a validation costs, said before it starts (the one before step 1 runs before any training):
+        the policy's greedy replies, and the scoring calls on top."""
+        when = "before step 1" if step == 0 else f"after step {step}"
+        n, turns = len(self.scenarios), self.turns
+        return (
+            f"{when}: {n * turns} greedy replies ({n} held-out scenarios x {turns} turn{'s' * (turns > 1)}) "
+            f"of up to {self.max_new_tokens} tokens, each then scored by the run's simulator or judge"
+        )
+
     def run(self, step: int) -> dict[str, float]:
         """Validate the policy as it is after ``step`` steps; record it (its per-scenario scores too)
         and, with ``keep_best``, save its weights to ``best/`` when it replaces the best so far (see the
         module doc); returns the metrics, with the paired ``val/gain`` and ``val/gain_se`` over the best."""
-        with random_state_kept(self.algorithm), torch.no_grad():
+        log.info("validation %s", self.cost(step))
+        replies = len(self.scenarios) * self.turns  # the bar stays open while they run: theirs nest under it
+        with (
+            progress.task(f"validation ({replies} replies)", unit="set"),
+            random_state_kept(self.algorithm),
+            torch.no_grad(),
+        ):
             result = self.algorithm.validate(self.scenarios, self.max_new_tokens, self.turns)
         self.policy.take_truncations()  # validation prompts are not the run's
         metrics, scores = dict(result.metrics), list(result.scores)

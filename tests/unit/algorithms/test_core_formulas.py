@@ -10,10 +10,7 @@ import torch
 
 from rapo_echo.algorithms import core
 from rapo_echo.algorithms.core import (
-    ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
     aggregate,
     clip_policy_loss,
     count_tokens_and_seqs,
@@ -26,6 +23,14 @@ from rapo_echo.algorithms.core import (
     masked_mean,
     rloo_advantages,
 )
+from rapo_echo.algorithms.registries import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    aggregation_of,
+    policy_loss,
+)
+from rapo_echo.errors import ConfigError
 
 F64 = torch.float64
 
@@ -105,23 +110,23 @@ def test_rloo_advantages():
     close(rloo_advantages(*example_b()), [2, 7.5, -2, 0, 0, 0, -1.5, -6])
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("name", ADVANTAGE_ESTIMATORS.names(builtin=True))
 def test_advantages_equal_rewards_are_exactly_zero(name):
     # 0.1 has no exact binary form: in float64 (0.1+0.1+0.1)/3 - 0.1 = 1.4e-17, not 0. The result must
     # still be exactly 0 (no signal; with eps = 0 grpo would otherwise give +-1), also with the invalid
     # NaN sample in the group.
     rewards = t([0.1, 0.1, 0.1, float("nan")])
     valid = torch.tensor([True, True, True, False])
-    adv = ADVANTAGE_ESTIMATORS[name](rewards, torch.tensor([3, 3, 3, 3]), valid, eps=0.0)
+    adv = ADVANTAGE_ESTIMATORS.get(name, "test")(rewards, torch.tensor([3, 3, 3, 3]), valid, eps=0.0)
     assert torch.equal(adv, torch.zeros(4, dtype=F64))
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("name", ADVANTAGE_ESTIMATORS.names(builtin=True))
 def test_advantages_group_order_does_not_matter(name):
     # permuting the samples permutes the advantages (groups need not be contiguous)
     rewards, groups, valid = example_b()
     perm = torch.tensor([7, 2, 4, 0, 6, 1, 5, 3])
-    fn = ADVANTAGE_ESTIMATORS[name]
+    fn = ADVANTAGE_ESTIMATORS.get(name, "test")
     close(fn(rewards[perm], groups[perm], valid[perm]), fn(rewards, groups, valid)[perm], atol=1e-6)
 
 
@@ -286,10 +291,10 @@ def test_kl_estimators_expectation_equals_exact_kl():
         close((p * fn(lp, lq)).sum(), 0.14384103622589042)
 
 
-@pytest.mark.parametrize("name", sorted(KL_ESTIMATORS))
+@pytest.mark.parametrize("name", KL_ESTIMATORS.names(builtin=True))
 def test_kl_zero_when_equal(name):
     x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0), dtype=F64)
-    assert torch.equal(KL_ESTIMATORS[name](x, x.clone()), torch.zeros(3, 5, dtype=F64))
+    assert torch.equal(KL_ESTIMATORS.get(name, "test")(x, x.clone()), torch.zeros(3, 5, dtype=F64))
 
 
 def test_kl_k3_nonnegative_and_finite_on_extremes():
@@ -386,22 +391,39 @@ def test_aggregate_bad_input():
 
 
 def test_registries_and_unknown_names():
-    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo"}
-    assert set(POLICY_LOSSES) == {"clip", "gspo"}
-    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    """The built-ins are rapo-echo's own entry points, each the function of core.py it names."""
+    builtins = {
+        ADVANTAGE_ESTIMATORS: {
+            "grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages
+        },
+        POLICY_LOSSES: {"clip": clip_policy_loss, "gspo": gspo_policy_loss},
+        KL_ESTIMATORS: {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3},
+    }
+    for registry, functions in builtins.items():
+        assert registry.names(builtin=True) == sorted(functions)
+        assert all(registry.get(name, "test") is fn for name, fn in functions.items())
     assert set(AGGREGATIONS) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
-    assert core.get(POLICY_LOSSES, "gspo", "policy loss") is gspo_policy_loss
-    with pytest.raises(KeyError) as info:
-        core.get(ADVANTAGE_ESTIMATORS, "ppo", "advantage estimator")
-    assert str(info.value) == "unknown advantage estimator 'ppo'; allowed: dr_grpo, grpo, rloo"
+    assert core.get(AGGREGATIONS, "token-mean", "aggregation mode") is core.agg_token_mean
+    with pytest.raises(ConfigError) as info:
+        ADVANTAGE_ESTIMATORS.get("ppo", "loss.advantage")
+    unknown = "loss.advantage: unknown advantage estimator 'ppo'; known: dr_grpo, grpo, rloo"
+    assert str(info.value).startswith(unknown)
+
+
+def test_policy_losses_declare_their_aggregation():
+    assert aggregation_of(gspo_policy_loss) == "seq-mean-token-mean"
+    assert aggregation_of(clip_policy_loss) == "token-mean"
+    with pytest.raises(ValueError, match="aggregation is one of"):
+        policy_loss(aggregation="mean")
 
 
 def test_config_choices_match_the_registries():
     from rapo_echo.algorithms.loss_config import LossConfig
 
     fields = LossConfig.model_fields
-    assert set(typing.get_args(fields["kl_estimator"].annotation)) == set(KL_ESTIMATORS)
     assert set(typing.get_args(fields["agg"].annotation)) == {"auto", *AGGREGATIONS}
     assert LossConfig(advantage="rloo", policy_loss="gspo").advantage == "rloo"
-    with pytest.raises(ValueError, match="allowed: dr_grpo, grpo, rloo"):
-        LossConfig(advantage="ppo")
+    assert LossConfig(policy_loss="gspo").agg == "seq-mean-token-mean"
+    for key in ("advantage", "policy_loss", "kl_estimator"):
+        with pytest.raises(ValueError, match=f"{key}\n.*unknown .*'nonesuch'; known: "):
+            LossConfig(**{key: "nonesuch"})

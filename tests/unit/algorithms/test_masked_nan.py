@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rapo_echo.algorithms.core import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate, masked_whiten
+from rapo_echo.algorithms.core import AGGREGATIONS, aggregate, masked_whiten
+from rapo_echo.algorithms.registries import KL_ESTIMATORS, POLICY_LOSSES
 
 F64 = torch.float64
 MASK = torch.tensor([[True, True, False, False], [True, False, True, False]])
@@ -38,10 +39,10 @@ def check(fn, clean_logp: torch.Tensor, dirty_logp: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
 @pytest.mark.parametrize("poison", POISONS)
-@pytest.mark.parametrize("name", sorted(KL_ESTIMATORS))
+@pytest.mark.parametrize("name", KL_ESTIMATORS.names(builtin=True))
 @pytest.mark.parametrize("where", ["logp", "ref_logp", "both"])
 def test_kl_estimators_with_poison_under_the_mask(name, poison, mode, where):
-    est = KL_ESTIMATORS[name]
+    est = KL_ESTIMATORS.get(name, "test")
     ref_clean = OTHER
     ref = poisoned(OTHER, poison) if where in ("ref_logp", "both") else OTHER
     dirty = poisoned(LOGP, poison) if where in ("logp", "both") else LOGP
@@ -53,18 +54,18 @@ def test_kl_estimators_with_poison_under_the_mask(name, poison, mode, where):
     assert torch.equal(kl[~MASK], torch.zeros_like(kl[~MASK]))
 
 
-@pytest.mark.parametrize("name", sorted(KL_ESTIMATORS))
+@pytest.mark.parametrize("name", KL_ESTIMATORS.names(builtin=True))
 def test_kl_estimators_with_a_mask_keep_the_unmasked_values_bit_for_bit(name):
-    est = KL_ESTIMATORS[name]
+    est = KL_ESTIMATORS.get(name, "test")
     assert torch.equal(est(LOGP, OTHER, mask=MASK)[MASK], est(LOGP, OTHER)[MASK])
     assert torch.equal(est(LOGP, OTHER, mask=torch.ones_like(MASK)), est(LOGP, OTHER))
 
 
 @pytest.mark.parametrize("poison", POISONS)
-@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+@pytest.mark.parametrize("name", POLICY_LOSSES.names(builtin=True))
 @pytest.mark.parametrize("where", ["logp", "old_logp", "advantages"])
 def test_policy_losses_with_poison_under_the_mask(name, poison, where):
-    loss_fn = POLICY_LOSSES[name]
+    loss_fn = POLICY_LOSSES.get(name, "test")
     old = poisoned(OTHER, poison) if where == "old_logp" else OTHER
     dirty = poisoned(LOGP, poison) if where == "logp" else LOGP
     if name == "clip":  # per-token advantages (PPO with GAE) can hold padding too

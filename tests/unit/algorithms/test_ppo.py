@@ -76,7 +76,7 @@ def test_the_loss_by_hand(tiny_folder: Path) -> None:
         RETURNS: torch.tensor([[1.0, 1.0]]),
     }
     old_logp, zero = logp.detach().clone(), torch.zeros(1)
-    mb = MicroBatch([], None, mask, old_logp, None, zero, torch.ones(1), [PG], fields)  # type: ignore[arg-type]
+    mb = MicroBatch([], None, mask, old_logp, None, zero, torch.ones(1), [PG], fields)  # type: ignore[arg-type]  # a hand-made micro-batch: no ids needed
     totals = {PG: {"tokens": 2.0, "seqs": 1.0}}
     loss, metrics = algo.loss(mb, TokenScores(logp, torch.zeros_like(logp), values), totals)
     assert metrics["loss/pg"].item() == pytest.approx(0.0, abs=1e-7)

@@ -19,6 +19,7 @@ from rapo_echo.checkpoint import check_heads
 from rapo_echo.config import Strict, dump_config
 from rapo_echo.errors import ConfigError
 from rapo_echo.training.run_config import load_config
+from tests.helpers.installed import two_packages_claim
 
 
 class ShoutConfig(Strict):
@@ -39,7 +40,7 @@ class Unfinished(Algorithm):
 
     name = "unfinished"
 
-    def rollout(self, scenarios, step):  # type: ignore[override]
+    def rollout(self, scenarios, step):
         raise NotImplementedError
 
 
@@ -65,14 +66,22 @@ def test_only_declared_algorithms_are_used() -> None:
 
 
 def test_a_name_two_packages_claim_is_refused(monkeypatch) -> None:
-    def ep(value: str, dist: str) -> SimpleNamespace:
-        return SimpleNamespace(name="twice", value=value, dist=SimpleNamespace(name=dist), load=lambda: GRPO)
-
-    found = [ep("a.x:One", "pkg-a"), ep("b.y:Two", "pkg-b")]
-    monkeypatch.setattr(algorithms, "entry_points", lambda group: found)
+    two_packages_claim("twice", monkeypatch)
     twice = r"'twice' is registered twice: a.x:One \(pkg-a\), b.y:Two \(pkg-b\)"
     with pytest.raises(ConfigError, match=twice):
         algorithms.get("twice")
+
+
+def test_a_hook_reads_its_own_section_typed() -> None:
+    from rapo_echo.algorithms.rapo_config import RapoConfig
+    from rapo_echo.algorithms.rlver_config import RlverConfig
+
+    cfg = load_config(algo="rlver", overrides=["rlver.estimator=ppo"])
+    assert cfg.section("rlver", RlverConfig).estimator == "ppo"
+    with pytest.raises(TypeError, match=r"\(algo: rlver\) has no 'rapo' section of RapoConfig"):
+        cfg.section("rapo", RapoConfig)
+    with pytest.raises(TypeError, match=r"has no 'train' section of RlverConfig"):  # another kind
+        cfg.section("train", RlverConfig)
 
 
 def test_a_saved_config_holds_the_chosen_algorithms_section_only(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ through the trainer (value head checkpointed and restored) and the CLI on the em
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -450,3 +451,77 @@ def test_split_thinking_and_the_format_reward():
     sc = Scenario("s", [])
     outs = reward([Sample(sc, 0, [1], [2], None, text) for text in ["<think>a</think> b", "b"]])
     assert [o.score for o in outs] == [1.0, 0.0] and outs[1].critique
+
+
+# ---------------------------------------------------------------------------- per-turn rewards
+
+
+def test_per_turn_rewards_give_each_turn_its_advantage(policy):
+    """A user who warms up (+10) at a question and cools (-10) otherwise, starting at 10 (the dialogue
+    ends at 0): dialogue A asks, asks, then does not (3 turns: 10 -> 20 -> 30 -> 20); B does not ask and
+    ends after one turn (10 -> 0). Per-turn rewards: A +.1, +.1, -.1; B -.1. Returns-to-go: A .1, 0, -.1;
+    B -.1. Advantages (leave-one-out, an ended dialogue counts 0): A .1 - (-.1) = .2, 0 - 0, -.1 - 0;
+    B -.1 - .1 = -.2. Each policy token carries its turn's advantage, the user's tokens 0."""
+    replies = iter(["Tell me more?", "ok", "Why?", "ok"])
+    policy.rollout_engine = TokenScript(policy.tokenizer, lambda prompt: next(replies))
+
+    def sim(prompt):
+        text = prompt_text(prompt)
+        if "emotion right now" in text:
+            newest = re.findall(r"Supporter: (.*)", text)[-1]
+            return sage_analysis(10 if "?" in newest else -10)
+        return "Response: hm, go on"
+
+    sets = ["rlver.simulator.max_turns=3", "rlver.simulator.initial_emotion=10", "rlver.reward=per_turn"]
+    algo = make_algo(policy, ScriptedEngine(fn=sim), *sets)
+    out = algo.rollout([scenario("A")], step=0)
+    a, b = out.extra["episodes"]
+    assert [len(a.turns), len(b.turns)] == [3, 1] and b.dialogue.reason == "emotion_low"
+    assert [s.info["turn_advantages"] for s in out.samples] == [
+        pytest.approx([0.2, 0.0, -0.1]),
+        pytest.approx([-0.2]),
+    ]
+    row_a, row_b = out.items
+    per_token = row_a.fields["turn_advantages"]
+    expected = [adv for t, adv in zip(a.turns, [0.2, 0.0, -0.1]) for _ in t.ids]
+    assert [v for v, m in zip(per_token, a.mask) if m] == pytest.approx(expected)
+    assert all(v == 0.0 for v, m in zip(per_token, a.mask) if not m)
+    assert row_b.fields["turn_advantages"] == pytest.approx([-0.2] * len(b.turns[0].ids))
+    assert out.samples[0].reward == pytest.approx(0.2) and out.samples[1].reward == 0.0  # still the final
+    with pytest.raises(Exception, match="per_turn is GRPO's"):
+        load_config(algo="rlver", overrides=["rlver.reward=per_turn", "rlver.estimator=ppo"])
+
+
+def test_per_turn_rewards_train_two_steps(tmp_path, tiny_folder):
+    from rapo_echo.training.run import Run
+
+    run = tmp_path / "run"
+    Run(rlver_cfg(tiny_folder, run, "rlver.reward=per_turn", "train.max_steps=2")).train()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["items"] == 4 and r["updates"] == 1 for r in rows)
+    assert all(math.isfinite(r["loss/total"]) for r in rows)
+
+
+@pytest.mark.integration
+def test_cli_trains_per_turn_rewards_on_the_embedded_model(tmp_path, smol_path):
+    """``rlver.reward: per_turn`` trains 2 steps of the embedded model (LoRA, few tokens)."""
+    from rapo_echo.cli import main
+
+    run = tmp_path / "per_turn"
+    args = ["train", "--algo", "rlver", "--model", smol_path, "--output", str(run), "--max-steps", "2"]
+    sets = [
+        "simulator.engine=scripted",
+        f"simulator.script={SIM_SCRIPT}",
+        "rollout.batch_size=1",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rlver.simulator.max_turns=2",
+        "rlver.reward=per_turn",
+        "model.lora.enabled=true",
+        *QUIET,
+    ]
+    assert main(args + [x for s in sets for x in ("--set", s)]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(
+        r["rlver/turns"] == 2 and r["updates"] == 1 for r in rows
+    )

@@ -91,13 +91,35 @@ def test_rows_are_the_references_and_only_their_tokens_carry_the_loss(
     assert loss.item() == pytest.approx(2 * total / n, rel=1e-4)
 
 
-def test_long_replies_are_cut_at_max_new_tokens(tmp_path: Path, tiny_folder: Path) -> None:
-    algo = make_sft(tmp_path, tiny_folder, ROWS, "rollout.max_new_tokens=3", "sft.end_of_turn=false")
+def test_long_rows_are_cut_at_sft_max_length_and_said(tmp_path: Path, tiny_folder: Path, caplog) -> None:
+    """SFT's targets were cut at the sampling key rollout.max_new_tokens, silently (issue 49, item 9)."""
+    sets = ("rollout.max_new_tokens=3", "sft.end_of_turn=false")
+    algo = make_sft(tmp_path, tiny_folder, ROWS, *sets)  # sft.max_length 1024: nothing is cut
     out = algo.rollout(load_scenarios(tmp_path / "sft.jsonl"), step=0)
     tok = algo.ctx.policy.tokenizer
-    assert [len(it.completion_ids) for it in out.items] == [3, 3] and out.metrics["sft/cut"] == 2.0
-    assert out.items[0].completion_ids == tok("That sounds hard.", add_special_tokens=False)["input_ids"][:3]
+    whole = tok("That sounds hard.", add_special_tokens=False)["input_ids"]
+    assert out.items[0].completion_ids == whole and out.metrics["sft/cut"] == 0.0
+    prompt = len(out.items[0].prompt_ids)
+    algo = make_sft(tmp_path, tiny_folder, ROWS, *sets, f"sft.max_length={prompt + 3}")
+    with caplog.at_level("WARNING", logger="rapo_echo.algorithms.sft"):
+        out = algo.rollout(load_scenarios(tmp_path / "sft.jsonl"), step=0)
+        algo.rollout(load_scenarios(tmp_path / "sft.jsonl"), step=1)
+    assert out.items[0].completion_ids == whole[:3] and out.metrics["sft/cut"] == 2.0
+    second = out.items[1]  # a longer prompt leaves less room (one reply token at least)
+    assert len(second.completion_ids) == max(1, prompt + 3 - len(second.prompt_ids))
     assert [s.finish_reason for s in out.samples] == ["length", "length"]
+    said = [r.getMessage() for r in caplog.records]
+    expected = f"2 of 2 reference replies of step 0 were cut to fit sft.max_length={prompt + 3}"
+    assert len(said) == 1 and expected in said[0]
+
+
+def test_the_memory_plan_sizes_sft_rows_by_max_length(tmp_path: Path) -> None:
+    from rapo_echo.autosize import workload_of
+
+    cfg = load_config(algo="sft", overrides=["rollout.max_prompt_tokens=512", "sft.max_length=2048"])
+    assert (workload_of(cfg).prompt_tokens, workload_of(cfg).new_tokens) == (512, 1536)
+    grpo = load_config(algo="grpo", overrides=["rollout.max_new_tokens=64"])
+    assert workload_of(grpo).new_tokens == 64
 
 
 def test_a_row_without_a_reference_is_named(tmp_path: Path, tiny_folder: Path) -> None:

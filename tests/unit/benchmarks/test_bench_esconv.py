@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from pathlib import Path
 
 import pytest
@@ -264,9 +265,12 @@ def test_success_failure_and_average_turns_by_hand():
     assert by_id["c0"]["metrics"] == {"success": 1.0, "turns": 1, "final_reward": 1.0}
     assert by_id["c1"]["metrics"] == {"success": 1.0, "turns": 3, "final_reward": 1.0}
     assert by_id["c2"]["metrics"] == {"success": 0.0, "turns": 3, "final_reward": -1.0}
-    # one call per role per turn, covering the active cases: 3, then 2, then 2
-    for engine in (policy, seeker, judge):
+    # one call per role per turn, covering the active cases: 3, then 2, then 2; the critic's last verdict
+    # of each finished case is asked again once its batch ends (c0 after turn 1, c1 and c2 after turn 3)
+    for engine in (policy, seeker):
         assert [len(c["prompts"]) for c in engine.calls] == [3, 2, 2]
+    assert [len(c["prompts"]) for c in judge.calls] == [3, 1, 2, 2, 2]
+    assert all(r["info"]["judge_recheck"]["agree"] == 1.0 for r in records)  # a critic that reads the turn
     # SR = 2/3; AT = (1 + 3 + 3) / 3 = 7/3 (a failed case counts max_turns)
     summary = EsconvInteractive().summarize(records)
     assert summary["success_rate"] == pytest.approx(2 / 3) and summary["avg_turns"] == pytest.approx(7 / 3)
@@ -310,7 +314,8 @@ def test_the_critic_declares_its_four_labels():
         EvalSettings(max_turns=2),
         lambda r: None,
     )
-    assert seen == [CRITIC_FORMAT, CRITIC_FORMAT] and CRITIC_FORMAT.choices == (
+    # two turns, then the last verdict asked again: every call declares the four labels
+    assert seen == [CRITIC_FORMAT, CRITIC_FORMAT, CRITIC_FORMAT] and CRITIC_FORMAT.choices == (
         "worse",
         "same",
         "better",
@@ -349,3 +354,24 @@ def test_reference_run_is_one_batched_call_and_summary_matches_the_metrics(tmp_p
         ["I am so sorry to hear that.", "What happened next?"], ["I am sorry to hear that.", "What happened?"]
     )
     assert records[0]["info"]["reply"] == "I am so sorry to hear that."
+
+
+def test_the_critic_is_asked_its_last_question_again_and_its_agreement_recorded():
+    def marker_critic(prompt):  # answers from the prompt marker alone: a judge that is noise
+        text = prompt_text(prompt)
+        return ("solved", "worse")[zlib.crc32(text.encode()) % 2]
+
+    records, _, _, judge = run_interactive(make_cases(6), marker_critic, EvalSettings(max_turns=1))
+    rechecks = [r["info"]["judge_recheck"] for r in records]
+    assert all(set(c) == {"agree", "abs_diff", "first", "again"} for c in rechecks)
+    assert all(c["first"]["verdict"] == r["info"]["critic"][-1]["label"] for c, r in zip(rechecks, records))
+    assert {c["agree"] for c in rechecks} == {0.0, 1.0}  # the marker changed the answer of some cases
+    for c in rechecks:
+        assert c["abs_diff"] == (0.0 if c["agree"] else 2.0)  # solved 1 against worse -1
+    asked = [prompt_text(p) for p in judge.calls[-1]["prompts"]]
+    first = [prompt_text(p) for p in judge.calls[0]["prompts"]]
+    assert asked != first and [a.count("Therapist:") for a in asked] == [f.count("Therapist:") for f in first]
+    _, _, _, quiet = run_interactive(
+        make_cases(2), marker_critic, EvalSettings(max_turns=1, judge_recheck=False)
+    )
+    assert len(quiet.calls) == 1

@@ -120,12 +120,15 @@ def test_discover_and_comparison_table(results):
     assert "ESConv SR" in header and "SOTOPIA goal" in header and "sotopia valid/n" in header
     by_policy = {row[0]: dict(zip(header, row)) for row in rows}
     assert set(by_policy) == {"policy-a", "policy-b"}
-    assert by_policy["policy-a"]["ESConv SR"] == "1.000" and by_policy["policy-b"]["ESConv SR"] == "0.000"
-    assert by_policy["policy-a"]["ESConv AT"] == "1.000" and by_policy["policy-b"]["ESConv AT"] == "2.000"
-    assert (
-        by_policy["policy-a"]["SOTOPIA goal"] == "7.000" and by_policy["policy-b"]["SOTOPIA goal"] == "1.000"
-    )
+    # each figure with its 95% interval over cases (every case alike here: the interval closes on the mean)
+    assert by_policy["policy-a"]["ESConv SR"] == "1.000 [1.000, 1.000]"
+    assert by_policy["policy-b"]["ESConv SR"] == "0.000 [0.000, 0.000]"
+    assert by_policy["policy-a"]["ESConv AT"] == "1.000 [1.000, 1.000]"
+    assert by_policy["policy-b"]["ESConv AT"] == "2.000 [2.000, 2.000]"
+    assert by_policy["policy-a"]["SOTOPIA goal"].startswith("7.000 [")
+    assert by_policy["policy-b"]["SOTOPIA goal"].startswith("1.000 [")
     assert by_policy["policy-a"]["sotopia valid/n"] == "4/4"
+    assert by_policy["policy-a"]["BLEU-1"].count("[") == 0  # a corpus figure: no interval over cases
     md = markdown_table(header, rows)
     assert md.startswith("| policy | ESConv SR |") and md.count("\n") == 4
 
@@ -140,7 +143,9 @@ def test_report_page_is_self_contained_and_escaped(results, tmp_path):
     # sotopia dims, esconv (a rate and a turn count: two charts), esconv-ref, training curves
     assert page.count('src="data:image/png;base64,') >= 5
     assert 'alt="esconv rate (0-1)"' in page and 'alt="esconv turns"' in page
-    assert page.count("<details>") == 6 * 2 and "Transcripts (2 of 4)" in page
+    # per evaluation its benchmark card, then two transcripts
+    assert page.count("<summary>benchmark card</summary>") == 6
+    assert page.count("<details>") == 6 * 3 and "Transcripts (2 of 4)" in page
     assert "critic: turn 1: 1.000 (solved)" in page and "evaluator: believability: 8" in page
     md = md_path.read_text()
     # one comparison table per benchmark, each under its name
@@ -320,18 +325,45 @@ def test_paired_comparison_against_the_first_folder_or_the_named_baseline(result
     _, rows = paired_table(evals)
     # ESConv only (SOTOPIA and the reference benchmark have no per-case success); policy-a's critic said
     # "solved" on all three cases, policy-b's only "better" (0.5, not above the threshold)
-    assert [r[:8] for r in rows] == [
-        ["esconv", "policy-b", "policy-a", "3", "3 (1.000)", "0 (0.000)", "0", "3"]
+    sr = [r for r in rows if r[3] == "ESConv SR"]
+    assert sr == [
+        ["esconv", "policy-b", "policy-a", "ESConv SR", "3", "1.000", "0.000", "-1.000 [-1.000, -1.000]"]
+        + ["0.250", "exact McNemar: 0 only policy, 3 only baseline"]
     ]
-    assert rows[0][8:] == ["-1.000 [-1.000, -1.000]", "0.250"]
+    # every other figure too: ESConv's turns and final reward, SOTOPIA's dimensions (Wilcoxon); esconv-ref's
+    # corpus scores have no per-case figure
+    figures = {(r[0], r[3]) for r in rows}
+    assert ("esconv", "ESConv AT") in figures and ("sotopia", "SOTOPIA goal") in figures
+    assert not any(r[0] == "esconv-ref" for r in rows)
+    goal = next(r for r in rows if r[3] == "SOTOPIA goal")
+    assert goal[5:7] == ["7.000", "1.000"] and goal[9] == "Wilcoxon signed-rank"
     _, rows = paired_table(evals, baseline="policy-b")
-    assert [r[1:3] + r[6:8] for r in rows] == [["policy-a", "policy-b", "3", "0"]]
+    assert [r[1:3] + r[9:] for r in rows if r[3] == "ESConv SR"] == [
+        ["policy-a", "policy-b", "exact McNemar: 3 only policy, 0 only baseline"]
+    ]
     assert paired_table(evals, baseline=str(results / "policy-b-esconv"))[1][0][1] == "policy-a"
     with pytest.raises(DataError, match="--baseline nobody"):
         paired_table(evals, baseline="nobody")
     html_path, md_path = build_report([results], tmp_path / "rep", baseline="policy-a")
     assert "<h2>Paired comparison</h2>" in html_path.read_text()
-    assert "exact McNemar" in md_path.read_text()
+    assert "exact McNemar" in md_path.read_text() and "Wilcoxon signed-rank" in md_path.read_text()
+
+
+def test_a_zero_rate_is_drawn_on_a_zero_to_one_axis():
+    """An ESConv success rate of 0 was drawn on a -0.04..0.04 axis: the panel looked empty (issue 49)."""
+    from rapo_echo.benchmarks.plots import bars_figure, metric_unit, pyplot
+
+    fig = bars_figure("esconv", ["success rate"], {"policy": [0.0]}, ylabel=metric_unit("success_rate"))
+    ax = fig.axes[0]
+    assert ax.get_ylim() == (0.0, 1.0)
+    assert [t.get_text() for t in ax.texts] == ["0"]  # the bar says its value
+    pyplot().close(fig)
+    zeros = bars_figure("sage", ["score"], {"a": [0.0], "b": [0.0]}, ylabel="score")
+    assert zeros.axes[0].get_ylim() == (0.0, 1.0)
+    pyplot().close(zeros)
+    scores = bars_figure("sage", ["score"], {"a": [30.0], "b": [None]}, ylabel="score")
+    assert scores.axes[0].get_ylim()[1] > 30  # any other scale stays matplotlib's
+    pyplot().close(scores)
 
 
 def test_short_curves_have_markers_and_every_panel_a_legend():

@@ -273,7 +273,7 @@ def test_esconv_without_data_runs_on_the_bundled_set(tmp_path, fake_engines, cap
         assert args.func(args) == 0
         config = json.loads((out / "config.json").read_text())
         assert config["data"] == "bundled:esconv_style_en.json"
-    assert "no --data, so the bundled bundled:esconv_style_en.json" in caplog.text
+    assert "no data given, so the bundled bundled:esconv_style_en.json" in caplog.text
 
 
 def test_eval_cli_errors_before_loading_models(tmp_path, fake_engines):
@@ -307,7 +307,7 @@ def test_eval_cli_errors_before_loading_models(tmp_path, fake_engines):
             str(tmp_path / "x"),
         ]
     )
-    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
+    with pytest.raises(ConfigError, match="flag --batch-size: batch_size: got 0; Input should be greater"):
         args.func(args)
     assert fake_engines == {}
 

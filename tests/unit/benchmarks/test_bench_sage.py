@@ -14,7 +14,7 @@ import pytest
 from rapo_echo.benchmarks.base import EvalSettings, Roles
 from rapo_echo.benchmarks.results import read_records
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
-from rapo_echo.benchmarks.sage.run import released_record, score_transcripts
+from rapo_echo.benchmarks.sage.transcripts import released_record, score_transcripts
 from rapo_echo.cli import main
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError

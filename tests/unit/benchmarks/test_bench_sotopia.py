@@ -298,9 +298,13 @@ def test_round_robin_with_policy_in_both_positions_and_batched_calls():
     assert first["transcript"][0]["role"] == "Maya Okafor (policy)"
     assert second["transcript"][0]["role"] == "Maya Okafor (partner)"
     assert first["info"]["end"] == "max turns" and first["info"]["turns"] == 4
-    # one evaluator call per dimension for both episodes, which ended at the same turn
-    assert len(judge.calls) == 7 and all(len(c["prompts"]) == 2 for c in judge.calls)
-    assert [asked_dimension(c["prompts"][0]) for c in judge.calls] == list(DIMENSIONS)
+    # one evaluator call per dimension for both episodes, which ended at the same turn; then every
+    # dimension asked again (the judge's self-agreement), with another prompt marker
+    assert len(judge.calls) == 14 and all(len(c["prompts"]) == 2 for c in judge.calls)
+    assert [asked_dimension(c["prompts"][0]) for c in judge.calls] == list(DIMENSIONS) * 2
+    assert prompt_text(judge.calls[0]["prompts"][0]) != prompt_text(judge.calls[7]["prompts"][0])
+    recheck = first["info"]["judge_recheck"]
+    assert recheck["agree"] == 1.0 and recheck["abs_diff"] == 0.0 and recheck["again"]["goal"] == 7.0
     assert first["info"]["scorer"] == "ours" and first["info"]["evaluator_answers"]["goal"].endswith("7}")
     # believability 8, relationship 2, knowledge 5, secret -1, social_rules 0, financial -3, goal 7:
     # sum 18 -> overall 18/7
@@ -346,7 +350,8 @@ def test_invalid_evaluator_is_retried_then_the_case_is_invalid():
     assert first["info"]["evaluator_answers"]["goal"] == "no scores here"
     assert second["valid"] is True and second["info"]["evaluator_attempts"] == 1
     goal_calls = [c for c in judge.calls if asked_dimension(c["prompts"][0]) == "goal"]
-    assert [len(c["prompts"]) for c in goal_calls] == [2, 1, 1]
+    assert [len(c["prompts"]) for c in goal_calls] == [2, 1, 1, 1]  # the last: the scored case's recheck
+    assert "judge_recheck" not in first["info"] and second["info"]["judge_recheck"]["agree"] == 1.0
     summary = bench.summarize(records)
     assert summary["goal"] == 7.0 and summary["hard/goal"] is None and summary["n_hard"] == 0
     assert summary["scorer/ours"] == 1 and summary["scorer/sotopia"] == 0

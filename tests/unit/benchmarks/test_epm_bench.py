@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,31 @@ def test_success_when_the_rule_first_holds(tmp_path):
     assert summary["metrics"]["epmq"] == pytest.approx(
         epmq([{k: rr["metrics"][k] for k in INDEX_KEYS} for rr in records], EpmConfig())["epmq"]
     )
+
+
+def test_the_last_mdep_form_is_asked_again_for_the_judges_self_agreement(tmp_path):
+    seen = set()
+
+    def judge_mdep(text):  # a judge that rates a question it has seen before (markers aside) the other way
+        question = re.sub(r"[0-9A-F]{8}", "", text)
+        again = question in seen
+        seen.add(question)
+        return BAD if again else GOOD
+
+    summary, records = run(tmp_path, engines(mdep=judge_mdep), settings(min_turns=3))
+    for r in records:
+        assert r["info"]["end"] == "success: positional"
+        recheck = r["info"]["judge_recheck"]
+        assert recheck["first"] == r["info"]["turn_log"][-1]["mdep"]["levels"] and len(recheck["first"]) == 6
+        # progress 2 / regress 0 first, progress 0 / regress -2 again: no level alike, each 2 apart
+        assert recheck["agree"] == 0.0 and recheck["abs_diff"] == 2.0
+    assert summary["figures"]["judge/rechecks"]["mean"] == 2.0
+    assert summary["metrics"]["judge/self_agreement"] == 0.0
+    _, steady = run(tmp_path, engines(), settings(min_turns=3), name="steady")
+    assert all(r["info"]["judge_recheck"]["agree"] == 1.0 for r in steady)  # a judge that reads the text
+    quiet = settings(min_turns=3).model_copy(update={"judge_recheck": False})
+    _, records = run(tmp_path, engines(), quiet, name="quiet")
+    assert all("judge_recheck" not in r["info"] for r in records)
 
 
 def test_directional_collapse_ends_the_dialogue_as_a_failure(tmp_path):

@@ -151,7 +151,7 @@ def run(tmp_path, engine, **kw):
     settings = EvalSettings(batch_size=2, judge_retries=0)
     summary = run_eval(
         bench, Roles(policy=None, simulator=engine), settings, tmp_path / "out", data=data, **kw
-    )  # type: ignore[arg-type]
+    )
     return summary
 
 
@@ -271,7 +271,7 @@ def test_on_a_served_engine_every_predictor_and_point_goes_out_at_once(tmp_path)
     with FakeAPI(ServedAPI(gate=rv)) as api:
         engine = OpenAIEngine(api.url, api_key_env=None)
         bench = Fidelity(users=["reaction", "sage"], rewards=["humanlike"], n_boot=20)
-        roles = Roles(policy=None, simulator=engine, judge=engine)  # type: ignore[arg-type]
+        roles = Roles(policy=None, simulator=engine, judge=engine)
         summary = run_eval(bench, roles, EvalSettings(), tmp_path / "out", data=three_conversations(tmp_path))
     assert rv.peak == 36  # one wave: all six points in one batch, the predictors together
     chats = [s for s in api.posts() if prompt_of(s) != "Hi"]

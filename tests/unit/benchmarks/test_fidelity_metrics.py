@@ -11,7 +11,6 @@ import pytest
 from rapo_echo.benchmarks.fidelity.predictors import Baseline, question_share
 from rapo_echo.benchmarks.fidelity.stats import (
     ascending_ranks,
-    bootstrap_ci,
     kendall_tau_b,
     pair_counts,
     pairwise_agreement,
@@ -19,6 +18,7 @@ from rapo_echo.benchmarks.fidelity.stats import (
     weighted_kendall_tau_b,
     weighted_spearman,
 )
+from rapo_echo.benchmarks.stats import bootstrap_ci
 
 RATINGS = [1, 2, 3, 4, 5, 3, 2]
 

@@ -42,7 +42,7 @@ def test_a_huge_survey_score_is_a_field_error_too(tmp_path) -> None:
 
 def run(tmp_path, data: str):
     bench = Fidelity(rewards=["question"], n_boot=20)
-    roles = Roles(policy=None)  # type: ignore[arg-type]
+    roles = Roles(policy=None)  # type: ignore[arg-type]  # no policy is used
     return run_eval(bench, roles, EvalSettings(batch_size=4), tmp_path / "out", data=data)
 
 

@@ -43,15 +43,16 @@ def test_ours_is_a_switch_and_recorded(tmp_path: Path) -> None:
 
 
 def test_the_cli_flag(tmp_path: Path) -> None:
-    from rapo_echo.benchmarks.cli import settings_from_args
+    from rapo_echo.benchmarks.eval_command import EvalCommand
     from rapo_echo.cli import build_parser
+    from rapo_echo.config import section_from_args
 
-    args = build_parser().parse_args(["eval", "--benchmark", "sage", "--policy", "x", "--output", "o"])
-    assert settings_from_args(args).sage_system_prompt == "sage"
-    args = build_parser().parse_args(
-        ["eval", "--benchmark", "sage", "--policy", "x", "--output", "o", "--sage-system-prompt", "ours"]
-    )
-    assert settings_from_args(args).sage_system_prompt == "ours"
+    def settings(*flags: str) -> EvalSettings:
+        argv = ["eval", "--benchmark", "sage", "--policy", "x", "--output", "o", *flags]
+        return section_from_args(EvalCommand, build_parser().parse_args(argv)).settings()
+
+    assert settings().sage_system_prompt == "sage"
+    assert settings("--sage-system-prompt", "ours").sage_system_prompt == "ours"
     with pytest.raises(SystemExit):
         build_parser().parse_args(
             ["eval", "--benchmark", "sage", "--output", "o", "--sage-system-prompt", "x"]

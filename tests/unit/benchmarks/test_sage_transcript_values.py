@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.benchmarks.report import fmt
-from rapo_echo.benchmarks.sage.run import score_transcripts
+from rapo_echo.benchmarks.sage.transcripts import score_transcripts
 
 
 def line(ident: str, final: object, *, drop: bool = False) -> str:

@@ -59,7 +59,7 @@ def test_literal_choices_listed() -> None:
 
 
 def test_registry_checked_names() -> None:
-    with pytest.raises(ConfigError, match="loss.advantage.*allowed: dr_grpo, grpo, rloo"):
+    with pytest.raises(ConfigError, match="loss.advantage.*known: dr_grpo, grpo, rloo"):
         load_config(overrides=["loss.advantage=ppo"])
     with pytest.raises(ConfigError, match="algo"):
         load_config(algo="nope")
@@ -128,3 +128,12 @@ def test_cli_exits_2_on_bad_config(tmp_path: Path) -> None:
     )
     assert res.returncode == 2
     assert "train.lr" in res.stderr and "'zero'" in res.stderr
+
+
+def test_micro_batch_is_read_once_sized() -> None:
+    train = load_config().train
+    assert train.micro_batch_size == "auto"
+    with pytest.raises(RuntimeError, match="'auto' is read before the Learner sized it"):
+        _ = train.micro_batch
+    train.micro_batch_size = 4  # as the Learner sizes it
+    assert train.micro_batch == 4

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rapo_echo.cli import main
 from rapo_echo.config.reference import config_sections
-from rapo_echo.training.config_cli import reference
+from rapo_echo.training.config_cli import command_sections, reference
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "config.md"
@@ -26,14 +26,27 @@ def test_every_config_key_has_a_description() -> None:
     from rapo_echo.algorithms import get, names
     from rapo_echo.training.run_config import run_config_class
 
+    roots = [run_config_class(get(name)) for name in names(builtin=True)] + list(command_sections().values())
     missing = [
         f"{model.__name__}.{key}"
-        for name in names(builtin=True)
-        for model in config_sections(run_config_class(get(name)))
+        for root in roots
+        for model in config_sections(root)
         for key, info in model.model_fields.items()
         if not info.description
     ]
     assert missing == []
+
+
+def test_every_command_but_train_and_config_has_its_section_in_the_reference() -> None:
+    """The settings of every command are generated into the reference (issue 45)."""
+    commands = set(command_sections())
+    expected = {"chat", "data critique-rewrite", "data hard-prompts", "data references", "data synthesize"}
+    expected |= {"eval", "export", "openrlhf export", "openrlhf launch", "report", "serve", "train-judge"}
+    expected |= {"train"}  # its plan flags (the run's keys are the sections above them)
+    assert expected <= commands, expected - commands
+    text = reference()
+    for name in commands:
+        assert f"## rapo-echo {name}\n" in text
 
 
 def test_the_command_writes_the_reference(tmp_path: Path, capsys) -> None:

@@ -24,10 +24,10 @@ def message(**kw) -> str:
     [
         (
             "num_generations=8",
-            "TRL's num_generations is rollout.group_size here (write rollout.group_size: 8)",
+            "TRL's num_generations is rollout.group_size here (write --set rollout.group_size=8)",
         ),
         ("max_completion_length=64", "TRL's max_completion_length is rollout.max_new_tokens here"),
-        ("learning_rate=1e-5", "TRL's learning_rate is train.lr here (write train.lr: 1e-05)"),
+        ("learning_rate=1e-5", "TRL's learning_rate is train.lr here (write --set train.lr=1.0e-05)"),
         ("bf16=true", "TRL's bf16 is model.dtype here (true: bfloat16"),
         ("loss_type=dapo", "TRL's loss_type is loss.agg here (dapo / bnpo: token-mean"),
         ("report_to=wandb", "TRL's report_to is logging here (logging.wandb: true"),
@@ -49,6 +49,15 @@ def test_trl_name_in_a_file_names_its_line(tmp_path: Path) -> None:
     p.write_text("algo: grpo\nnum_generations: 8\n")
     msg = message(path=p)
     assert f"{p}:2: num_generations: got 8; unknown key; TRL's num_generations is rollout.group_size" in msg
+    assert "(write rollout.group_size: 8)" in msg  # the form the file uses
+
+
+def test_trl_name_answered_in_the_form_it_was_given() -> None:
+    """A `--set` gets a `--set`, the Python API's overrides get an overrides mapping (issue 49, item 8)."""
+    assert "(write --set rollout.group_size=4)" in message(overrides=["num_generations=4"])
+    msg = message(overrides={"num_generations": 4, "seed": 3})
+    assert "(write overrides={'rollout.group_size': 4})" in msg
+    assert "(write overrides={'train.seed': 3})" in msg
 
 
 def test_did_you_mean_our_own_keys() -> None:

@@ -75,6 +75,63 @@ def test_interrupted_run_resumes_without_redoing(tmp_path: Path) -> None:
     assert third.chunks == []
 
 
+def test_progress_is_written_as_lines_without_a_terminal(tmp_path: Path, capsys) -> None:
+    """``data synthesize`` printed nothing after "2 to run" in a log: the bar showed only on a terminal
+    (issue 49, item 5)."""
+    run_pipeline(Fake(), contexts(5), tmp_path / "out", config(), batch_size=2, progress=True)
+    lines = [x for x in capsys.readouterr().err.splitlines() if "progress:" in x]
+    assert [x.split("progress: ")[1].split(" [")[0] for x in lines] == [
+        "fake 2/5 context",
+        "fake 4/5 context",
+        "fake 5/5 context",
+        "fake 5/5 context",  # and when it ends
+    ]
+
+
+def test_sigterm_says_what_was_saved_and_how_to_resume(tmp_path: Path) -> None:
+    """SIGTERM ended a data command with exit 143 and no message (issue 49, item 5)."""
+    from rapo_echo.stopping import Stopped
+
+    class Terminated(Fake):
+        def run_chunk(self, chunk):
+            if len(self.chunks) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)  # as a job scheduler sends it
+            return super().run_chunk(chunk)
+
+    out = tmp_path / "out"
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped) as stopped:
+        run(Terminated(), contexts(5), out)
+    assert stopped.value.exit_code == 143 and signal.getsignal(signal.SIGTERM) is before
+    said = str(stopped.value)
+    assert said.startswith("fake: stopped by SIGTERM: 2 of 5 contexts are saved in ")
+    assert "run the same command again to resume" in said
+    assert json.loads((out / "summary.json").read_text())["n_done"] == 2
+    again = Fake()
+    assert run(again, contexts(5), out)["complete"] and again.chunks == [["c2", "c3"], ["c4"]]
+
+
+def test_a_run_that_writes_no_rows_says_so_with_the_switches(tmp_path: Path) -> None:
+    """critique-rewrite exited 0 with 0 pairs, its summary reading not_empathy 1, no_pair 1 (issue 49,
+    item 6): the command's last line says it wrote nothing, why, and what would change it."""
+    from rapo_echo.datagen.critique_rewrite import CritiqueRewrite
+    from rapo_echo.datagen.runner import empty_note
+
+    class Nothing(Fake):
+        name, dataset_file = "critique-rewrite", "pairs.jsonl"
+        when_empty = staticmethod(CritiqueRewrite.when_empty)
+
+        def export(self, items):
+            return [], {"status": {"not_empathy": 1, "no_pair": 1}}
+
+    summary = run(Nothing(), contexts(2), tmp_path / "out")
+    note = empty_note(Nothing(), summary)
+    head = "critique-rewrite: 0 rows written to pairs.jsonl from 2 contexts (not_empathy 1, no_pair 1)"
+    assert note.startswith(head), note
+    assert "--select all" in note and "--golden-min 1 --low-max 5 --rewrite-max 5 --min-gap 0" in note
+    assert empty_note(Fake(), run(Fake(), contexts(2), tmp_path / "rows")) is None
+
+
 def test_killed_process_resumes(tmp_path: Path) -> None:
     """kill -9 in the middle of the second chunk: the first chunk's records survive (fsynced), the lock
     dies with the process, and a rerun does only the rest."""

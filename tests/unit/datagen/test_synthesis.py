@@ -66,7 +66,7 @@ def _run(settings: SynthesisSettings, n: int = 3, user=None):
 
 
 def test_director_switch_end_and_lockstep() -> None:
-    settings = SynthesisSettings(stages=("2:neutral", "7:intense"), director_every=3)
+    settings = SynthesisSettings(stages=["2:neutral", "7:intense"], director_every=3)
     contexts, pipe, companion, user, director = _run(settings)
     records = pipe.run_chunk(contexts)
     assert [(r["stage"], r["exchanges"], r["ended_by"]) for r in records] == [
@@ -88,8 +88,40 @@ def test_director_switch_end_and_lockstep() -> None:
     assert [d for d in directions if d] == [f"{SWITCH_NOTE} their new job", END_NOTE]
 
 
+class Budgets(ScriptedEngine):
+    """A scripted engine that also notes each call's token budget."""
+
+    def __init__(self, inner: ScriptedEngine) -> None:
+        super().__init__(fn=inner.reply, structured=inner.structured)
+        self.budgets: list[int] = []
+
+    def generate(self, prompts, params):
+        self.budgets.append(params.max_new_tokens)
+        return super().generate(prompts, params)
+
+
+def test_each_size_flag_bounds_what_it_names(caplog) -> None:
+    """``--user-tokens`` bounded the director's new topic too, and nothing said the profile (with the
+    opening) has its own, larger budget (issue 49, item 5)."""
+    settings = SynthesisSettings(
+        stages=["7:intense"], director_every=3, user_tokens=16, profile_tokens=40, max_new_tokens=24
+    )
+    contexts = load_contexts(None, limit=2)
+    user, director = Budgets(user_engine()), Budgets(director_engine())
+    replies = itertools.count()
+    companion = Budgets(ScriptedEngine(fn=lambda prompt: f"reply {next(replies)}"))
+    with caplog.at_level("INFO", logger="rapo_echo.datagen.synthesis"):
+        pipe = Synthesis(companion, user, director, settings, {sc.id: i for i, sc in enumerate(contexts)})
+    pipe.run_chunk(contexts)
+    assert user.budgets[0] == 40 and set(user.budgets[1:]) == {16}  # the profile, then the person's lines
+    assert set(companion.budgets) == {24}
+    assert director.budgets and 16 not in director.budgets  # the topic has its own small budget
+    assert "a profile of up to 40 tokens (--profile-tokens; it holds the person's opening)" in caplog.text
+    assert "a message of the person of up to 16 (--user-tokens)" in caplog.text
+
+
 def test_rows_follow_the_curriculum(tmp_path: Path) -> None:
-    settings = SynthesisSettings(stages=("2:neutral", "3:mild"), director_every=5)
+    settings = SynthesisSettings(stages=["2:neutral", "3:mild"], director_every=5)
     contexts, pipe, *_ = _run(settings, n=4)
     config = data_config("synthesize", {}, None, "auto", {}, protocol())
     summary = run_pipeline(pipe, contexts, tmp_path / "out", config, batch_size=3, progress=False)
@@ -103,7 +135,7 @@ def test_rows_follow_the_curriculum(tmp_path: Path) -> None:
 
 def test_unreadable_profile_gives_no_row() -> None:
     bad = ScriptedEngine(fn=lambda prompt: "I would rather not", structured=False)
-    contexts, pipe, *_ = _run(SynthesisSettings(stages=("2:neutral",), max_retries=0), n=1, user=bad)
+    contexts, pipe, *_ = _run(SynthesisSettings(stages=["2:neutral"], max_retries=0), n=1, user=bad)
     record = pipe.run_chunk(contexts)[0]
     assert (record["ended_by"], record["valid"], record["messages"]) == ("profile_invalid", False, [])
     assert pipe.export([(contexts[0], record)])[0] == []

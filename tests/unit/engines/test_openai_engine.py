@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import socket
-import time
 
 import pytest
 
@@ -162,12 +161,9 @@ def test_batch_requests_run_concurrently_and_keep_order():
     prompts = [[{"role": "user", "content": str(i)}] for i in range(6)]
     with FakeAPI(respond) as api:
         engine = OpenAIEngine(api.url, model="m", max_concurrency=3, **FAST)
-        start = time.perf_counter()
         out = engine.generate(prompts, SamplingParams())
-        elapsed = time.perf_counter() - start
     assert [gens[0].text for gens in out] == [f"echo {i}" for i in range(6)]
     assert api.max_in_flight == 3  # bounded by max_concurrency, and actually concurrent
-    assert elapsed < 1.5  # 6 x 0.3 s one after the other would take 1.8 s; 3 at a time about 0.6 s
 
 
 # ---------------------------------------------------------------------- reliability
@@ -236,10 +232,9 @@ def test_connection_refused_names_the_endpoint():
 def test_timeouts_are_retried_then_reported():
     with FakeAPI(lambda s, i: Reply(body=completion("late"), delay=1.0)) as api:
         engine = OpenAIEngine(api.url, model="m", timeout_s=0.2, max_retries=1, **FAST)
-        start = time.perf_counter()
+        # an attempt that waited for the late answer (1 s) would have it, and nothing would be raised
         with pytest.raises(EngineError, match=r"timed out after 0\.2 s .*2 attempts"):
             engine.generate([USER], SamplingParams())
-        assert time.perf_counter() - start < 0.9
     assert len(api.seen) == 2
 
 

@@ -1,5 +1,7 @@
 """The progress display: nested bars with counts, remote calls done / in flight / failed from any thread,
-engines reporting through the one sink, and nothing shown until it is enabled."""
+engines reporting through the one sink (the ``hf`` engine per reply as it finishes), bars that redraw
+while a call runs, lines instead of bars where there is no terminal, and nothing shown until it is
+enabled."""
 
 from __future__ import annotations
 
@@ -14,9 +16,22 @@ from rapo_echo.engines.openai_engine import EndpointError, OpenAIEngine
 from rapo_echo.types import SamplingParams
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 @pytest.fixture
 def shown():
-    out = io.StringIO()
+    out = Terminal()
+    progress.enable(True, file=out)
+    yield out
+    progress.enable(False)
+
+
+@pytest.fixture
+def logged():
+    out = io.StringIO()  # not a terminal: a log file, a pipe
     progress.enable(True, file=out)
     yield out
     progress.enable(False)
@@ -48,6 +63,21 @@ def test_labels_name_the_stage_of_a_role() -> None:
     assert progress.label("simulator:hf", "generate") == "simulation (simulator:hf)"
     assert progress.label("judge:policy-base", "generate") == "judging (judge:policy-base)"
     assert progress.label("cli:hf", "generate") == "cli:hf: generate"
+    assert progress.label("simulator+judge:hf", "generate") == "simulation or judging (simulator+judge:hf)"
+
+
+def test_eval_names_each_engine_by_the_roles_it_plays() -> None:
+    """``rapo-echo eval``'s bars said ``cli:hf: generate`` (issue 49, item 13): no role."""
+    from rapo_echo.benchmarks.cli import build_roles
+
+    served = {"policy": "http://127.0.0.1:9/v1", "simulator": "http://127.0.0.1:8/v1"}
+    kw = {"model": "m"}  # a named model: no request to the (absent) servers
+    roles = build_roles(("policy", "simulator", "judge"), {**served, "judge": served["simulator"]}, **kw)
+    assert roles.policy.name == "policy:openai"
+    assert roles.simulator is roles.judge and roles.judge.name == "simulator+judge:openai"
+    specs = {"policy": served["policy"], "simulator": "x", "judge": "policy"}
+    shared = build_roles(("policy", "judge"), specs, **kw)
+    assert shared.judge is shared.policy and shared.policy.name == "policy+judge:openai"
 
 
 def test_openai_engine_reports_done_in_flight_and_failed(monkeypatch) -> None:
@@ -79,16 +109,21 @@ def test_openai_engine_reports_done_in_flight_and_failed(monkeypatch) -> None:
     assert seen[-1] == (0, 0, 1, 1)
 
 
-def test_hf_engine_reports_replies_per_decoded_chunk(monkeypatch, smol_tokenizer) -> None:
+@pytest.mark.parametrize("loop", ["dynamic", "static"])
+def test_hf_engine_reports_each_reply_as_it_finishes(loop: str, monkeypatch, smol_tokenizer) -> None:
     from rapo_echo.engines.hf import HFEngine
     from tests.conftest import make_tiny_model
 
     opened: list[tuple[str, int | None]] = []
     updates: list[int] = []
+    notes: list[str] = []
 
     class Bar(progress.Task):
         def update(self, n: int = 1) -> None:
             updates.append(n)
+
+        def note(self, refresh: bool = True, **values) -> None:
+            notes.append(values["token"])
 
     @contextmanager
     def task(desc, total=None, unit="it", initial=0):
@@ -96,11 +131,41 @@ def test_hf_engine_reports_replies_per_decoded_chunk(monkeypatch, smol_tokenizer
         yield Bar()
 
     monkeypatch.setattr(progress, "task", task)
-    engine = HFEngine(make_tiny_model(smol_tokenizer), smol_tokenizer, name="policy", max_batch_size=4)
+    engine = HFEngine(
+        make_tiny_model(smol_tokenizer), smol_tokenizer, name="policy", max_batch_size=4, decode_loop=loop
+    )
+    engine.eos_ids = set(range(len(smol_tokenizer) // 2))  # about half the tokens end a reply
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8]]
-    engine.generate_ids(prompts, SamplingParams(max_new_tokens=2, n=2, temperature=1.0, seed=0))
+    gens = engine.generate_ids(prompts, SamplingParams(max_new_tokens=12, n=2, temperature=1.0, seed=0))
     assert opened == [("generation (policy)", 6)]
-    assert updates == [4, 2]  # two prompts (4 replies) per chunk of max_batch_size 4, then the last
+    lengths = sorted({len(g.token_ids) for row in gens for g in row})
+    assert len(lengths) > 1  # the replies ended at different steps
+    assert sum(updates) == 6
+    if loop == "dynamic":  # counted as they end, every step
+        assert len(updates) > 2 and notes[:2] == ["1/12", "2/12"]
+    else:  # where the static loop reads how many have ended anyway: every 8 steps
+        assert "8/12" in notes
+
+
+def test_bars_redraw_while_nothing_moves(shown: Terminal) -> None:
+    with progress.task("simulation (simulator:hf)", total=4, unit="reply"):
+        before = len(shown.getvalue())
+        progress.beat()
+        assert len(shown.getvalue()) > before  # the elapsed time is drawn again
+
+
+def test_without_a_terminal_lines_say_where_every_bar_stands(logged: io.StringIO) -> None:
+    with progress.task("rapo", total=2, unit="step") as steps:
+        with progress.task(progress.label("policy:hf", "generate"), total=32, unit="reply") as gen:
+            gen.update(12)
+            progress.beat(now=10**9)  # LINE_EVERY_S has passed
+            progress.beat(now=10**9)  # and not again since
+        steps.update(1)
+    lines = logged.getvalue().splitlines()
+    assert "\r" not in logged.getvalue()
+    assert len(lines) == 3, lines  # the beat, the outer bar's move, its close
+    assert lines[0].endswith("progress: rapo 0/2 step [0:00] | generation (policy:hf) 12/32 reply [0:00]")
+    assert "progress: rapo 1/2 step [0:00]" in lines[1]
 
 
 def test_third_party_chatter_is_quiet_unless_verbose(monkeypatch) -> None:
@@ -119,3 +184,26 @@ def test_third_party_chatter_is_quiet_unless_verbose(monkeypatch) -> None:
             warnings.warn_explicit("old API", FutureWarning, "x.py", 1, module="transformers.modeling_utils")
             warnings.warn_explicit("ours", UserWarning, "y.py", 1, module="rapo_echo.training.learner")
         assert [str(w.message) for w in caught] == ["ours"]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_deepspeed_says_nothing_about_the_cpu_unless_verbose(verbose: bool) -> None:
+    """DeepSpeed's logger sets its own level and handler when it loads; its 'Setting accelerator to CPU'
+    followed every CPU run (issue 49, item 13)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    code = (
+        "from rapo_echo.progress import quiet_third_party\n"
+        f"quiet_third_party(verbose={verbose})\n"
+        "from deepspeed.accelerator import get_accelerator\n"
+        "print(get_accelerator().device_name())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    said = done.stdout + done.stderr
+    if "cuda" in done.stdout:
+        pytest.skip("a GPU answers: DeepSpeed has nothing to say about the CPU")
+    assert ("Setting accelerator to CPU" in said) == verbose, said

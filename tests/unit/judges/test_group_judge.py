@@ -254,7 +254,7 @@ def test_pairwise_scores_by_hand():
 
 
 def test_unknown_tie_rule_is_refused():
-    with pytest.raises(ValueError, match="ties must be one of"):
+    with pytest.raises(ValueError, match=r"ties\n  Input should be 'chained', 'leader'"):
         GroupJudge(ScriptedEngine(), ties="borda")
 
 
@@ -576,5 +576,5 @@ def test_random_orders_one_pass_and_auto_drops_to_one_order_for_an_unbiased_judg
     for _ in range(2):
         biased.rank([scenario()], [group("x", "y", "z")], with_critiques=False)
     assert [len(c["prompts"]) for c in biased.engine.calls] == [3, 3]  # biased: keeps every order
-    with pytest.raises(ValueError, match="orders must be one of"):
+    with pytest.raises(ValueError, match=r"orders\n  Input should be 'both', 'random' or 'auto'"):
         GroupJudge(ScriptedEngine(), orders="sometimes")

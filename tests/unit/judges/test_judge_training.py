@@ -32,7 +32,7 @@ def test_bundled_example_sets_load() -> None:
     assert sum(e.label == "human" for e in hum) == 12
     assert len(emp) == 8 and {e.label for e in emp} == {"win", "tie", "loss"}
     assert all(e.reasoning and e.needs is not None for e in emp)
-    assert all("{reply}" in e.reasoning and "{reference}" in e.reasoning for e in emp)  # type: ignore[operator]
+    assert all("{reply}" in e.reasoning and "{reference}" in e.reasoning for e in emp)  # type: ignore[operator]  # these examples have reasoning
 
 
 @pytest.mark.parametrize(
@@ -68,6 +68,51 @@ def test_bad_rows_name_file_line_and_field(tmp_path: Path, row: str, error: str)
     path = write(tmp_path, [good, row])
     with pytest.raises(DataError, match=r"ex\.jsonl" + error):
         load_examples([path])
+
+
+def test_an_empty_file_names_the_data_stage_that_wrote_it(tmp_path: Path) -> None:
+    """critique-rewrite exited 0 with 0 pairs and train-judge said only "the file is empty" (issue 49,
+    item 6): the error names the stage that wrote the file, its figures and its summary."""
+    folder = tmp_path / "judge-data"
+    folder.mkdir()
+    (folder / "pairs.jsonl").write_text("")
+    summary = {
+        "command": "critique-rewrite",
+        "dataset": {"file": "pairs.jsonl", "rows": 0},
+        "figures": {"not_empathy": 1, "no_pair": 1, "note": "text is left out"},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(DataError) as exc:
+        load_examples([folder / "pairs.jsonl"])
+    said = str(exc.value)
+    assert f"{folder / 'pairs.jsonl'}: the file is empty" in said
+    assert "`rapo-echo data critique-rewrite`, made 0 rows (not_empathy 1, no_pair 1)" in said
+    assert str(folder / "summary.json") in said
+    (tmp_path / "other.jsonl").write_text("")  # a file no data command wrote: the plain message
+    with pytest.raises(DataError, match=r"other.jsonl: the file is empty; expected JSON or JSONL records$"):
+        load_examples([tmp_path / "other.jsonl"])
+
+
+def test_an_empty_file_of_a_stopped_stage_says_it_stopped(tmp_path: Path) -> None:
+    """A critique-rewrite stopped by Ctrl-C leaves an empty pairs.jsonl; train-judge said the stage "made 0
+    rows" and pointed at switches, as if it had finished (the newcomer's walk, issue 49)."""
+    (tmp_path / "pairs.jsonl").write_text("")
+    summary = {
+        "command": "critique-rewrite",
+        "n_contexts": 4,
+        "n_done": 1,
+        "complete": False,
+        "stopped": "stopped by SIGINT",
+        "dataset": {"file": "pairs.jsonl", "rows": 0},
+        "figures": {"pairs": 0},
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(DataError) as exc:
+        load_examples([tmp_path / "pairs.jsonl"])
+    said = str(exc.value)
+    stage = "`rapo-echo data critique-rewrite` did not finish"
+    assert f"{stage} (stopped by SIGINT; 1 of 4 contexts done; " in said
+    assert "run the same command again to finish it" in said and "switches" not in said
 
 
 def test_default_task_and_case_insensitive_labels(tmp_path: Path) -> None:
@@ -127,7 +172,7 @@ def test_pairs_teach_the_judges_own_prompts_and_answers() -> None:
     assert [n.task for n in needs] == ["empathy_needs"] * 3 and needs[0].prompt[-1] == msg(
         "assistant", "Cognitive need:"
     )
-    assert needs[0].target == " " + emp.needs.cognitive  # type: ignore[union-attr]
+    assert needs[0].target == " " + emp.needs.cognitive  # type: ignore[union-attr]  # an empathy example has needs
     loss = load_examples([EMPATHY])[1]
     assert [p.gold for p in pairs(loss, reasoning=False, context_aware=True, rng=rng)[:2]] == ["B", "A"]
 
@@ -166,7 +211,7 @@ def test_accuracy_reads_verdicts_like_the_rewards() -> None:
         item("humanlike", "As an AI", "human", ("human", "AI")),
         item("humanlike", "ok", "AI", ("human", "AI")),
         item("empathy", "pick B", "B", ("A", "B", "tie")),
-        item("empathy_needs", "no gold", None, ()),  # type: ignore[arg-type]
+        item("empathy_needs", "no gold", None, ()),  # type: ignore[arg-type]  # the bad input under test
     ]
 
     def fn(prompt, options):
@@ -217,7 +262,7 @@ def test_train_judge_end_to_end(tmp_path: Path, smol_path: str, capsys: pytest.C
     # the folder is a judge model that --judge / judge.model accept
     engine = HFEngine.from_spec(resolve(str(out)).path, device="cpu")
     [score] = HumanlikeJudge(engine).score([([msg("user", "hi")], "hey you")])
-    assert 0.0 <= score.p_human <= 1.0  # type: ignore[operator]
-    with pytest.raises(SystemExit):
-        main(["train-judge", "--output", str(tmp_path / "x")])  # --data is required
+    assert 0.0 <= score.p_human <= 1.0  # type: ignore[operator]  # a valid score
+    assert main(["train-judge", "--output", str(tmp_path / "x")]) == 2  # --data is required
+    assert "--data: required" in capsys.readouterr().err
     assert main(argv) == 2  # the output folder is not empty: refused, nothing overwritten

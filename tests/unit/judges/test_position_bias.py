@@ -86,7 +86,7 @@ def test_report_table_shows_each_runs_bias() -> None:
         ),
         SimpleNamespace(path=Path("run_b"), rows=[{"step": 1, "reward/mean": 0.5}]),
     ]
-    header, rows = judge_bias_table(runs)  # type: ignore[misc]
+    header, rows = judge_bias_table(runs)  # type: ignore[misc]  # a table of two parts
     assert header[0] == "run" and rows == [["run_a", "0.900 (chance 0.500, n 10)", "+0.250 (n 8)"]]
     assert judge_bias_table(runs[1:]) is None
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rapo_echo.cli import main
 from rapo_echo.data import bundled_file
 from rapo_echo.errors import ConfigError
 from rapo_echo.judges.training import JudgeTrainingConfig, train_judge
@@ -29,15 +30,36 @@ def cfg(tmp_path: Path, **kw: object) -> JudgeTrainingConfig:
     return JudgeTrainingConfig(data=[HUMANLIKE], output=str(kw.pop("output", tmp_path / "judge")), **kw)
 
 
-@pytest.mark.parametrize("lr", [-1.0, 0.0, float("nan"), float("inf"), 5.0])
-def test_a_bad_learning_rate_is_refused(tmp_path: Path, lr: float) -> None:
-    with pytest.raises(ConfigError, match=r"--lr: got .*greater than 0 and at most 1"):
-        train_judge(cfg(tmp_path, lr=lr))
+def train_judge_cli(tmp_path: Path, *flags: str) -> str:
+    """The command's error output (it must exit 2, having made no output folder)."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["train-judge", "--data", HUMANLIKE, "--output", str(tmp_path / "judge"), *flags]) == 2
+    assert not (tmp_path / "judge").exists()
+    return err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("lr", "why"),
+    [
+        ("-1", "greater than 0"),
+        ("0", "greater than 0"),
+        ("nan", "only finite numbers"),
+        ("inf", "only finite numbers"),
+        ("5", "less than or equal to 1"),
+    ],
+)
+def test_a_bad_learning_rate_is_refused(tmp_path: Path, lr: str, why: str) -> None:
+    err = train_judge_cli(tmp_path, "--lr", lr)
+    assert f"flag --lr: lr: got {float(lr)}; " in err and why in err
 
 
 def test_an_unknown_or_absent_device_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match=r"--device: got 'tpu'; use auto, cpu, cuda"):
-        train_judge(cfg(tmp_path, device="tpu"))
+    err = train_judge_cli(tmp_path, "--device", "tpu")
+    assert "flag --device: device: got 'tpu'; must be auto, cpu, cuda, cuda:N or mps" in err
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -78,3 +100,16 @@ def test_an_output_in_use_or_not_empty_is_refused(tmp_path: Path) -> None:
     (tmp_path / "judge" / "weights.bin").write_text("x")
     with pytest.raises(ConfigError, match=r"--output .*judge is not empty \(weights\.bin\)"):
         train_judge(cfg(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("given", "kinds"), [("none", []), ("shuffle,swap", ["shuffle", "swap"]), ("swap", ["swap"])]
+)
+def test_the_negatives_flag(tmp_path: Path, given: str, kinds: list[str]) -> None:
+    from rapo_echo.cli import build_parser
+    from rapo_echo.config import section_from_args
+
+    argv = ["train-judge", "--data", HUMANLIKE, "--output", str(tmp_path), "--negatives", given, "--full"]
+    cfg = section_from_args(JudgeTrainingConfig, build_parser().parse_args(argv))
+    assert cfg.negatives == kinds and cfg.lora is False
+    assert "expected one of shuffle, swap" in train_judge_cli(tmp_path, "--negatives", "shuffle,both")

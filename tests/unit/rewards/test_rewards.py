@@ -103,7 +103,7 @@ def test_nonfinite_scores_count_as_invalid() -> None:
     assert rw.as_output(math.nan, "r").score is None
     assert rw.as_output(RewardOutput(math.inf), "r").score is None
     with pytest.raises(TypeError):
-        rw.as_output("high", "r")  # type: ignore[arg-type]
+        rw.as_output("high", "r")  # type: ignore[arg-type]  # the refusal under test
 
 
 def test_judge_reward_from_label_probabilities() -> None:

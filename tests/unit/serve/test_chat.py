@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from rapo_echo import chat
+from rapo_echo.config import section_from_args
 from rapo_echo.engines.openai_engine import OpenAIEngine
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError, EngineError
@@ -41,7 +42,7 @@ def feed(*lines: str):
         except StopIteration:
             raise EOFError from None
 
-    input_fn.prompts = prompts  # type: ignore[attr-defined]
+    input_fn.prompts = prompts  # type: ignore[attr-defined]  # the fake input records its prompts
     return input_fn
 
 
@@ -144,7 +145,8 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_register_chat_subcommand():
     args = parse("chat")
     assert args.func is chat.run
-    assert (args.model, args.system, args.max_new_tokens, args.temperature, args.top_p) == (
+    cfg = section_from_args(chat.ChatConfig, args)
+    assert (cfg.model, cfg.system, cfg.max_new_tokens, cfg.temperature, cfg.top_p) == (
         "default",
         None,
         256,
@@ -164,7 +166,8 @@ def test_register_chat_subcommand():
         "--top-p",
         "0.5",
     )
-    assert chat.sampling_from_args(args) == SamplingParams(max_new_tokens=9, temperature=0.0, top_p=0.5)
+    cfg = section_from_args(chat.ChatConfig, args)
+    assert cfg.sampling() == SamplingParams(max_new_tokens=9, temperature=0.0, top_p=0.5)
 
 
 def test_run_with_a_url_uses_the_openai_engine(monkeypatch):
@@ -187,8 +190,9 @@ def test_run_with_a_url_uses_the_openai_engine(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--top-p", "1.5"), ("--max-new-tokens", "0"), ("--temperature", "-1")]
+    ("flag", "value"),
+    [("--top-p", "1.5"), ("--max-new-tokens", "0"), ("--temperature", "-1"), ("--temperature", "nan")],
 )
 def test_bad_sampling_flags_name_the_flag(flag, value):
-    with pytest.raises(ConfigError, match=flag):
+    with pytest.raises(ConfigError, match=f"flag {flag}: "):
         chat.run(parse("chat", "--model", "http://127.0.0.1:9/v1", flag, value))

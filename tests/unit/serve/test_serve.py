@@ -28,6 +28,7 @@ import torch
 
 from rapo_echo import serve
 from rapo_echo.chat import repl
+from rapo_echo.config import section_from_args
 from rapo_echo.engines.hf import HFEngine
 from rapo_echo.engines.openai_engine import OpenAIEngine, option_logprob
 from rapo_echo.engines.scripted import ScriptedEngine
@@ -402,19 +403,22 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_register_serve_subcommand():
     args = parse("serve", "--model", "runs/x", "--port", "0", "--served-name", "pol")
     assert args.func is serve.run
-    assert (args.model, args.host, args.port, args.served_name) == ("runs/x", "127.0.0.1", 0, "pol")
-    assert (args.api_key_env, args.dtype, args.device) == (None, "float32", "auto")
-    assert parse("serve").model == "default"
+    cfg = section_from_args(serve.ServeConfig, args)
+    assert (cfg.model, cfg.host, cfg.port, cfg.served_name) == ("runs/x", "127.0.0.1", 0, "pol")
+    assert (cfg.api_key_env, cfg.dtype, cfg.device) == (None, "float32", "auto")
+    assert section_from_args(serve.ServeConfig, parse("serve")).model == "default"
 
 
 def test_run_rejects_bad_flags_before_loading(monkeypatch):
     monkeypatch.delenv("RAPO_ECHO_UNSET_KEY", raising=False)
     with pytest.raises(ConfigError, match="RAPO_ECHO_UNSET_KEY is not set"):
         serve.run(parse("serve", "--model", "/nonexistent", "--api-key-env", "RAPO_ECHO_UNSET_KEY"))
-    with pytest.raises(ConfigError, match="--port: got 70000"):
+    with pytest.raises(ConfigError, match="flag --port: port: got 70000; Input should be less than"):
         serve.run(parse("serve", "--model", "/nonexistent", "--port", "70000"))
-    with pytest.raises(ConfigError, match="--device"):
+    with pytest.raises(ConfigError, match="flag --device: device: got 'gpu0'"):
         serve.run(parse("serve", "--model", "/nonexistent", "--device", "gpu0"))
+    with pytest.raises(ConfigError, match="flag --max-body-mb: max_body_mb: got nan"):
+        serve.run(parse("serve", "--model", "/nonexistent", "--max-body-mb", "nan"))
 
 
 def test_bind_socket_reports_a_busy_port():

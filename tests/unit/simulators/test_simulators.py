@@ -88,7 +88,7 @@ def test_checked_reactions_mark_none_and_out_of_range_invalid() -> None:
     with pytest.raises(ValueError, match="returned 1 reactions for 2 replies"):
         checked_reactions([None], 2, scale=1.0, name="mine")
     with pytest.raises(TypeError, match="returned str for reply 0; expected Reaction or None"):
-        checked_reactions(["happy"], 1, scale=1.0)  # type: ignore[list-item]
+        checked_reactions(["happy"], 1, scale=1.0)  # type: ignore[list-item]  # the refusal under test
 
 
 def sample(text: str) -> Sample:

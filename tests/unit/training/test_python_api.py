@@ -49,9 +49,42 @@ def test_bad_overrides_are_refused_naming_the_key(overrides: dict, named: str) -
     assert named in str(err.value)
 
 
+def asks_something(prompts, completions, **columns):
+    """A TRL-style reward function, at the top level of an importable module."""
+    return [1.0 if "?" in c[0]["content"] else 0.0 for c in completions]
+
+
+def test_what_a_trl_user_passes_is_taken(tmp_path: Path, monkeypatch) -> None:
+    """A ``datasets.Dataset`` and a reward function were refused ("Input should be a valid string", "...
+    a valid dictionary or instance of RewardSpec"; issue 49, item 4): the dataset is saved in the cache and
+    named by its folder, the function by its import path, so config.yaml can hold them."""
+    from datasets import Dataset
+
+    from rapo_echo.data import scenarios_from_config
+    from rapo_echo.rewards import RewardContext, RewardSet
+    from rapo_echo.training.api import config_values
+
+    monkeypatch.setenv("RAPO_ECHO_CACHE", str(tmp_path / "cache"))
+    rows = [{"prompt": [{"role": "user", "content": f"I failed test {i}."}]} for i in range(3)]
+    given = {"data.path": Dataset.from_list(rows), "rewards": [asks_something, {"name": "length"}]}
+    overrides = {k: config_values(v, f"overrides[{k!r}]", k) for k, v in given.items()}
+    folder = Path(overrides["data.path"])
+    assert folder.parent == tmp_path / "cache" / "datasets" and (folder / "dataset_info.json").is_file()
+    assert overrides["rewards"][0] == {"name": f"{__name__}:asks_something"}
+    cfg = rapo_echo.load_config(overrides=overrides)
+    read = [s.messages[0]["content"] for s in scenarios_from_config(cfg.data)]
+    assert read == [r["prompt"][0]["content"] for r in rows]
+    assert RewardSet.from_specs(cfg.rewards, RewardContext()).names == ["asks_something", "length"]
+    again = config_values(Dataset.from_list(rows), "x", "data.path")
+    assert again == str(folder)  # saved once, by its fingerprint
+    with pytest.raises(ConfigError, match=r"overrides\['rewards'\]\[0\]: .*<lambda> cannot be named"):
+        rapo_echo.train(output=tmp_path / "run", overrides={"rewards": [lambda prompts, completions: [0.0]]})
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_refuses_bad_settings_before_loading_anything(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="overrides must be a mapping"):
-        rapo_echo.train(overrides=["rollout.group_size=4"])  # type: ignore[arg-type]
+        rapo_echo.train(overrides=["rollout.group_size=4"])
     with pytest.raises(ConfigError, match="resume=True continues output"):
         rapo_echo.train(resume=True)
     with pytest.raises(ConfigError, match="no config.yaml there"):
@@ -93,6 +126,18 @@ def test_evaluate_runs_a_benchmark_on_an_engine_object(tmp_path: Path) -> None:
         "esconv-ref", policy=policy, data=esconv_file(tmp_path), output=out, batch_size=2
     )
     assert again["metrics"] == summary["metrics"] and sum(len(c["prompts"]) for c in policy.calls) == 3
+
+
+def test_evaluate_falls_back_to_the_bundled_data_as_eval_does(tmp_path: Path, caplog) -> None:
+    """``rapo_echo.evaluate("esconv", ...)`` failed where ``rapo-echo eval`` read its bundled set (issue 49,
+    item 3)."""
+    out = tmp_path / "eval"
+    with caplog.at_level("WARNING"):
+        policy = ScriptedEngine(default="I hear you.")
+        summary = rapo_echo.evaluate("esconv-ref", policy=policy, output=out, limit=2)
+    assert summary["n_cases"] == 2 and summary["complete"]
+    assert json.loads((out / "config.json").read_text())["data"] == "bundled:esconv_style_en.json"
+    assert "no data given, so the bundled bundled:esconv_style_en.json" in caplog.text
 
 
 def test_evaluate_refuses_unknown_settings_and_benchmarks(tmp_path: Path) -> None:

@@ -62,6 +62,24 @@ def test_recipe_plan_matches_its_stated_memory(recipe: Path, tmp_path, smol_path
     assert stated == pytest.approx(plan["total_bytes"] / 1e9, abs=0.05), capsys.readouterr().out
 
 
+def test_a_recipe_plans_offline_from_its_shipped_config(capsys) -> None:
+    """``--dry-run`` on a recipe retried the Hub five times, then failed, on a machine without it (issue 49,
+    item 7): the recipes' model config ships with rapo-echo (HF_HUB_OFFLINE=1 here, tests/conftest.py)."""
+    recipe = ROOT / "configs" / "recipes" / "qwen7b_rapo_1gpu_lora.yaml"
+    assert main(["train", "--config", str(recipe), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "config.json: rapo-echo's copy of Qwen/Qwen2.5-7B-Instruct's" in out
+    assert "(tokenizer not read)" in out
+
+
+def test_the_dry_run_checks_that_the_data_file_is_there(tmp_path, capsys) -> None:
+    """The real run failed on a missing data.path in 5 s; the dry run said nothing of it (issue 49)."""
+    recipe = ROOT / "configs" / "recipes" / "qwen7b_rapo_1gpu_lora.yaml"
+    missing = tmp_path / "ESConv.json"
+    assert main(["train", "--config", str(recipe), "--dry-run", "--set", f"data.path={missing}"]) == 1
+    assert f"{missing}: data file not found" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipes_run_the_held_out_judge_on_a_served_role(recipe: Path) -> None:
     cfg = load_config(recipe, check_devices=False)

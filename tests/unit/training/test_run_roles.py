@@ -38,10 +38,16 @@ def test_needs_refuses_an_unknown_role() -> None:
 
 @pytest.mark.parametrize(
     ("stopped_by", "code"),
-    [("", 0), ("SIGTERM", 143), ("SIGINT", 130), ("short_replies: step 2 reached", 3)],
+    [
+        ("", 0),
+        ("SIGTERM", 143),
+        ("SIGINT", 130),
+        ("short_replies: step 2 reached", 1),
+        ("monitor: alarm kl_drift", 1),
+    ],
 )
 def test_the_exit_code_says_how_the_run_ended(monkeypatch, tmp_path, stopped_by: str, code: int) -> None:
-    """Finished: 0; stopped by a signal: 128 + its number; stopped by a step hook: 3 (all resumable)."""
+    """Finished: 0; by a signal: 128 + its number; by a step hook or an alarm: 1 (all resumable)."""
     from types import SimpleNamespace
 
     from rapo_echo.training import train_cli

@@ -102,6 +102,28 @@ def test_grpo_validates_by_its_rewards(tiny_folder: Path, tmp_path: Path) -> Non
     assert result.replies == [["How are you?"], ["ok then yes"]]
 
 
+def test_a_validation_says_up_front_what_it_costs(tiny_folder: Path, tmp_path: Path, caplog) -> None:
+    """The validation before step 1 sat at 0/47 for minutes with nothing said of its size (issue 49,
+    item 1): it says how many greedy replies it draws before it starts."""
+    from rapo_echo.training.validation import HeldOut, Validator
+
+    cfg = cfg_for(tiny_folder, tmp_path / "r", "validation.max_new_tokens=5")
+    policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
+    policy.engine = ByScenario(policy.engine, {"gran": "How are you?", "job": "ok then yes"})
+    algo = GRPO(cfg, AlgoContext(policy, RewardSet.from_specs(cfg.rewards, None), None, None))
+    held_out = [Scenario("a", [msg("user", "My gran died.")]), Scenario("b", [msg("user", "I lost my job.")])]
+    validator = Validator(cfg, HeldOut(held_out, {}), algo, policy, tmp_path)
+    with caplog.at_level("INFO", logger="rapo_echo.training.validation"):
+        validator.run(0)
+        validator.run(3)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("validation ")]
+    assert said[0] == (
+        "validation before step 1: 2 greedy replies (2 held-out scenarios x 1 turn) of up to 5 tokens, each "
+        "then scored by the run's simulator or judge"
+    )
+    assert any(m.startswith("validation after step 3: 2 greedy replies") for m in said)
+
+
 def test_validation_config_errors() -> None:
     with pytest.raises(ConfigError, match="keep_best needs validation.data"):
         load_config(overrides=["validation.keep_best=true"])
@@ -248,6 +270,18 @@ def test_report_shows_the_held_out_scores_and_the_kept_step(tmp_path: Path) -> N
             "4",
         ]
     ]
+
+
+def test_report_of_a_stopped_run_says_final_is_not_written_yet(tmp_path: Path) -> None:
+    """An interrupted keep_best run has best/best.json but no final/: the report said "keep_best off"
+    (issue 49, item 13)."""
+    from rapo_echo.benchmarks.training_report import kept_step
+
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "best.json").write_text(json.dumps({"step": 0, "key": "val/reward", "value": 0.1}))
+    assert kept_step(tmp_path) == "no final/ yet (the run stopped before its end); the best so far is step 0"
+    (tmp_path / "final").mkdir()
+    assert kept_step(tmp_path) == "last (keep_best off)"
 
 
 def test_paired_gain_by_hand() -> None:

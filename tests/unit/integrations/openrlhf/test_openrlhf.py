@@ -31,6 +31,7 @@ from tests.helpers.answers import sage_analysis, sage_reply
 
 ROOT = Path(__file__).resolve().parents[4]
 HAS_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
+PLUGIN = "tests.helpers.plugin_estimators:minmax_advantages"  # a third-party advantage estimator
 needs_openrlhf = pytest.mark.skipif(
     not HAS_OPENRLHF,
     reason="openrlhf is not installed (to run: pip install --no-deps openrlhf==0.11.2 aiohttp pylatexenc)",
@@ -382,6 +383,8 @@ def test_launch_command_maps_the_run(tmp_path, smol_path, bundle):
         ({"algo": "rapo"}, {}, "cannot run on OpenRLHF"),
         ({"rollout.top_k": 20}, {}, "top-k"),
         ({"loss.agg": "seq-mean-token-sum-norm"}, {}, "no OpenRLHF equivalent"),
+        # a plugin formula: OpenRLHF has only its own
+        ({"loss.advantage": PLUGIN}, {}, "loss.advantage: .*minmax_advantages' has no OpenRLHF equivalent"),
         ({"model.lora.enabled": True}, {}, "LoRA"),
         ({"rollout.group_size": 1}, {}, "at least 2"),
         ({"train.micro_batch_size": 8}, {"gpus_per_node": 8}, "multiple of"),
