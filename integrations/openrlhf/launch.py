@@ -216,6 +216,49 @@ def micro_batch_for(cfg: RunConfig, samples: int, train_batch: int, gpus: int) -
     )
 
 
+def _sizes(
+    cfg: RunConfig, cluster: ClusterSpec, bundle: Path, agent: bool, max_len: int | None
+) -> tuple[int, int, int, int]:
+    """OpenRLHF's train batch, micro-batch, episodes and max length for the run (see launch_command)."""
+    ro, tr = cfg.rollout, cfg.train
+    samples = ro.batch_size * ro.group_size
+    if samples % tr.mini_batches:
+        raise ConfigError(
+            f"train.mini_batches: {tr.mini_batches} does not divide rollout.batch_size x group_size "
+            f"({samples})"
+        )
+    train_batch = samples // tr.mini_batches
+    micro = micro_batch_for(cfg, samples, train_batch, cluster.world)
+    rows = count_rows(bundle / PROMPTS_FILE)
+    episodes = max(1, math.ceil(tr.max_steps * ro.batch_size / rows))
+    if max_len is None:
+        max_len = ro.max_prompt_tokens + ro.max_new_tokens
+        if agent:
+            settings = json.loads((bundle / "rlver_agent.json").read_text()).get("sage", {})
+            max_len = ro.max_prompt_tokens + 2 * ro.max_new_tokens * int(settings.get("max_turns", 10))
+    return train_batch, micro, episodes, max_len
+
+
+def _optional_flags(cfg: RunConfig, cluster: ClusterSpec, out: str) -> list[str]:
+    """The flags a setting turns on: the KL loss and its reference, entropy, colocation, gradient
+    checkpointing, the attention kernel, TensorBoard."""
+    lo, args = cfg.loss, []
+    if lo.beta > 0:
+        args += ["--algo.kl.use_loss", "--algo.kl.estimator", KL_ESTIMATORS[lo.kl_estimator]]
+        args += ["--ref.num_nodes", str(cluster.nodes), "--ref.num_gpus_per_node", str(cluster.gpus_per_node)]
+    if lo.entropy_coef > 0:
+        args += ["--actor.entropy_coef", f"{lo.entropy_coef:g}"]
+    if cluster.colocate:
+        args += ["--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
+    if cfg.model.gradient_checkpointing:
+        args.append("--actor.gradient_checkpointing_enable")
+    if cfg.model.attn_implementation:
+        args += ["--ds.attn_implementation", cfg.model.attn_implementation]
+    if cfg.logging.tensorboard:
+        args += ["--logger.tensorboard_dir", str(Path(out) / "tensorboard")]
+    return args
+
+
 def launch_command(
     config: RunConfig | str | Path,
     bundle_dir: str | Path,
@@ -249,21 +292,7 @@ def launch_command(
         if not (bundle / name).is_file():
             raise ConfigError(f"{bundle / name} is missing; run 'rapo-echo openrlhf export' first")
     ro, tr, lo = cfg.rollout, cfg.train, cfg.loss
-    samples = ro.batch_size * ro.group_size
-    if samples % tr.mini_batches:
-        raise ConfigError(
-            f"train.mini_batches: {tr.mini_batches} does not divide rollout.batch_size x group_size "
-            f"({samples})"
-        )
-    train_batch = samples // tr.mini_batches
-    micro = micro_batch_for(cfg, samples, train_batch, cluster.world)
-    rows = count_rows(bundle / PROMPTS_FILE)
-    episodes = max(1, math.ceil(tr.max_steps * ro.batch_size / rows))
-    if max_len is None:
-        max_len = ro.max_prompt_tokens + ro.max_new_tokens
-        if agent:
-            settings = json.loads((bundle / "rlver_agent.json").read_text()).get("sage", {})
-            max_len = ro.max_prompt_tokens + 2 * ro.max_new_tokens * int(settings.get("max_turns", 10))
+    train_batch, micro, episodes, max_len = _sizes(cfg, cluster, bundle, agent, max_len)
     out = save_path or str(Path(cfg.output or "runs/openrlhf").resolve() / "openrlhf")
     eps_low, eps_high = _eps_defaults(lo.policy_loss)
     eps_low = lo.eps_low if lo.eps_low is not None else eps_low
@@ -318,19 +347,7 @@ def launch_command(
         "--ckpt.max_num", str(tr.keep_checkpoints),
         "--ckpt.save_hf",
     ]  # fmt: skip
-    if lo.beta > 0:
-        args += ["--algo.kl.use_loss", "--algo.kl.estimator", KL_ESTIMATORS[lo.kl_estimator]]
-        args += ["--ref.num_nodes", str(cluster.nodes), "--ref.num_gpus_per_node", str(cluster.gpus_per_node)]
-    if lo.entropy_coef > 0:
-        args += ["--actor.entropy_coef", f"{lo.entropy_coef:g}"]
-    if cluster.colocate:
-        args += ["--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
-    if cfg.model.gradient_checkpointing:
-        args.append("--actor.gradient_checkpointing_enable")
-    if cfg.model.attn_implementation:
-        args += ["--ds.attn_implementation", cfg.model.attn_implementation]
-    if cfg.logging.tensorboard:
-        args += ["--logger.tensorboard_dir", str(Path(out) / "tensorboard")]
+    args += _optional_flags(cfg, cluster, out)
     args += ["--train.agent_func_path", entry] if agent else ["--reward.remote_url", entry]
     runtime_env = json.dumps({"working_dir": str(bundle)})
     return [

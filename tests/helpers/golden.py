@@ -125,16 +125,24 @@ def _numbers(row: dict) -> dict:
 
 
 def _norm(files: list[Path], base: dict | None = None) -> float:
-    """L2 norm of every tensor in ``files`` (minus ``base``'s tensor of the same name, where given)."""
+    """L2 norm of every tensor in ``files`` (minus ``base``'s tensor of the same name, where given), summed
+    on one thread: a parallel sum's order follows the thread count, and the recording process (2 threads)
+    and the test (one a worker) must give the same last bit."""
+    import torch
     from safetensors.torch import load_file
 
-    total = 0.0
-    for f in files:
-        for name, t in load_file(str(f)).items():
-            t = t.double()
-            if base is not None and name in base:
-                t = t - base[name].double()
-            total += float((t * t).sum())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        total = 0.0
+        for f in files:
+            for name, t in load_file(str(f)).items():
+                t = t.double()
+                if base is not None and name in base:
+                    t = t - base[name].double()
+                total += float((t * t).sum())
+    finally:
+        torch.set_num_threads(threads)
     return math.sqrt(total)
 
 
