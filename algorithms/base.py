@@ -1,26 +1,31 @@
 """The Algorithm interface: what an algorithm declares, what it hands the Learner, what it gets back.
 
 An algorithm owns its rollout (sample, score, and the rows to train on) and its loss (one micro-batch's
-share of it). The Learner (:mod:`.learner`) owns what every algorithm shares -- the optimizer and its
+share of it). The run (``training/run.py``) builds what it declares it uses and holds the loop; the
+Learner (``training/learner.py``) owns the update every algorithm shares -- the optimizer and its
 schedule, reference and old log-probs, micro-batches normalised exactly by their mini-batch's totals,
-the update, distribution, checkpoints and resume -- and knows an algorithm only through this module:
+the update, distribution, checkpoints and resume. Both know an algorithm only through this module:
 
 * :class:`Needs`, returned by :meth:`Algorithm.needs` from the config before anything is built: the
   kinds of training rows with their loss normalisers (:class:`LossKind`), whether a reference is kept,
-  whether the policy carries a value head, the per-token fields the rows carry, and what the config
-  must give (reward plugins, a group size);
+  whether the policy carries a value head, the per-token fields the rows carry, the served roles it
+  calls, and what the config must give (reward plugins, a group size);
 * :class:`TrainItem` (one row), :class:`Rollout` (a step's rows, samples and metrics) going to the
   Learner, and :class:`MicroBatch` with :class:`~rapo_echo.policy.TokenScores` (the training forward)
-  coming back to :meth:`Algorithm.loss`.
+  coming back to :meth:`Algorithm.loss`;
+* :class:`RoleRequest`: the requests it sends the served roles each step (:meth:`Algorithm.requests`,
+  for ``--dry-run``'s plan).
 
-The hooks, in the order the Learner calls them: ``config`` (the algorithm's section, a class
-attribute) and :meth:`~Algorithm.defaults` when the config loads; :meth:`~Algorithm.needs` before the
-policy is built; :meth:`~Algorithm.check_resume` before anything loads on ``--resume``; the constructor;
-:meth:`~Algorithm.rollout` once per step; :meth:`~Algorithm.loss` once per micro-batch;
-:meth:`~Algorithm.validate` after checkpoints (with ``validation.data``); :meth:`~Algorithm.state_dict` /
-:meth:`~Algorithm.load_state_dict` with every checkpoint. Class attributes ``name``, ``progress_keys``,
-``validation_key`` and ``validation_dialogues`` describe it; :meth:`~Algorithm.negative_rules` serves the
-``rule_floor`` validation check.
+The hooks, in the order they are called: ``config`` (the algorithm's section, a class attribute) and
+:meth:`~Algorithm.defaults` when the config loads, :meth:`~Algorithm.check_plugins` after it;
+:meth:`~Algorithm.requests` by ``--dry-run``; :meth:`~Algorithm.needs` before the policy is built;
+:meth:`~Algorithm.check_resume` before anything loads on ``--resume``; the constructor;
+:meth:`~Algorithm.step_hooks` once after it; :meth:`~Algorithm.rollout` once per step;
+:meth:`~Algorithm.loss` once per micro-batch; :meth:`~Algorithm.validate` after checkpoints (with
+``validation.data``); :meth:`~Algorithm.state_dict` / :meth:`~Algorithm.load_state_dict` with every
+checkpoint. Class attributes ``name``, ``progress_keys``, ``validation_key``, ``validation_dialogues`` and
+``dialogue_prompts`` describe it; :meth:`~Algorithm.negative_rules` serves the ``rule_floor`` validation
+check. docs/architecture.md has the table.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
     from rapo_echo.engines.base import ChatEngine
     from rapo_echo.policy import Policy, TokenBatch, TokenScores
     from rapo_echo.rewards import RewardSet
+    from rapo_echo.step_hooks import StepHook
 
     from .run_sections import RunConfig
 
@@ -65,10 +71,21 @@ PG = LossKind("pg")  # an on-policy sample trained with the policy-gradient loss
 
 Totals = dict[LossKind, dict[str, float]]  # kind -> {"tokens": ..., "seqs": ...} over the mini-batch
 
+ROLES = ("simulator", "judge")  # the roles besides the policy, each on the engine its config section names
+
+
+class RoleRequest(NamedTuple):
+    """A kind of request an algorithm sends a served role each step, for ``--dry-run``'s plan: the role
+    (one of :data:`ROLES`), what it asks, and how many first tries per step per process (None: unknown)."""
+
+    role: str
+    what: str
+    per_process: int | None
+
 
 @dataclass(frozen=True)
 class Needs:
-    """What an algorithm needs from the Learner and from the config, decided from the config alone.
+    """What an algorithm needs from the run, the Learner and the config, decided from the config alone.
 
     * ``kinds``: the kinds of rows its items may have; each gets its own totals in :meth:`Algorithm.loss`.
     * ``reference``: keep a reference (LoRA: the adapter off; full fine-tuning: a frozen copy) and fill
@@ -83,6 +100,8 @@ class Needs:
     * ``entropy_grad``: the loss takes a gradient through the entropy (an entropy bonus).
     * ``rewards``: it learns only from the reward plugins, so the config must name one with a weight.
     * ``min_group_size``: the smallest ``rollout.group_size`` it learns from.
+    * ``roles``: the served roles it calls itself (:data:`ROLES`); the run builds only these, and those
+      its reward plugins and step hooks use: SFT calls none, so an SFT run builds no simulator or judge.
     """
 
     kinds: tuple[LossKind, ...] = (PG,)
@@ -93,6 +112,7 @@ class Needs:
     entropy_grad: bool = False
     rewards: bool = False
     min_group_size: int = 2
+    roles: tuple[str, ...] = ROLES
 
     def __post_init__(self) -> None:
         names = [k.name for k in self.kinds]
@@ -102,6 +122,8 @@ class Needs:
             raise ValueError(f"Needs.gather: {self.gather!r} is not one of the declared fields {self.fields}")
         if self.min_group_size < 1:
             raise ValueError(f"Needs.min_group_size: at least 1, got {self.min_group_size}")
+        if not set(self.roles) <= set(ROLES):
+            raise ValueError(f"Needs.roles: each one of {ROLES}, got {self.roles}")
 
 
 @dataclass
@@ -116,7 +138,7 @@ class TrainItem:
     prompt_ids: list[int]
     completion_ids: list[int]
     advantage: float = 0.0
-    old_logprobs: list[float] | None = None  # filled by the Learner (see Learner._fill_old)
+    old_logprobs: list[float] | None = None  # filled by the Learner (see Learner.fill_old)
     ref_logprobs: list[float] | None = None
     kind: LossKind = PG
     group: int = 0
@@ -239,6 +261,12 @@ class Algorithm(abc.ABC):
         return None
 
     @classmethod
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest] | None:
+        """The requests it sends the simulator and the judge each step (its rewards' are the plan's own),
+        for ``--dry-run``; ``[]``: none; None (the default): not declared, and the plan says so."""
+        return None
+
+    @classmethod
     def check_resume(cls, cfg: RunConfig, checkpoint: Path) -> None:
         """Refuse (a ``ConfigError`` naming the setting) a checkpoint this configuration cannot continue,
         before anything loads; the Learner itself refuses a value head that comes or goes."""
@@ -264,6 +292,11 @@ class Algorithm(abc.ABC):
         including :attr:`validation_key`, and that key's score per scenario; ``turns`` > 1 (only where
         :attr:`validation_dialogues`): each scenario is played on for that many replies."""
         raise NotImplementedError(f"{self.name} has no validation score")
+
+    def step_hooks(self) -> list[StepHook]:
+        """Step hooks it runs around each step (:mod:`rapo_echo.step_hooks`), after the config's and
+        before the reward-hacking monitor; asked once, after the constructor."""
+        return []
 
     def negative_rules(self) -> list[str] | None:
         """The negative rules of the simulated person this algorithm trains against, where they are known

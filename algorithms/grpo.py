@@ -20,7 +20,7 @@ import torch
 from rapo_echo.types import Sample, SamplingParams, Scenario, ValidationResult
 from rapo_echo.variety import distinct_n
 
-from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem
 from .core import aggregate
 from .registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 
@@ -274,7 +274,11 @@ class GRPO(Algorithm):
     @classmethod
     def needs(cls, cfg: RunConfig) -> Needs:
         # Its only learning signal is the configured rewards: an empty list (or every weight 0) trains on 0.
-        return policy_gradient_needs(cfg, rewards=True)
+        return policy_gradient_needs(cfg, rewards=True, roles=())
+
+    @classmethod
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
+        return []  # its rewards' requests only (the plan counts them)
 
     def sample_group(self, scenarios: list[Scenario]) -> tuple[list[Sample], float]:
         """This step's groups of replies (:func:`sample_replies`) and the seconds they took."""

@@ -25,7 +25,7 @@ import torch
 from rapo_echo.policy import pad_left_aligned
 from rapo_echo.types import Scenario, ValidationResult
 
-from .base import PG, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem, pad_rows
+from .base import PG, Algorithm, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem, pad_rows
 from .core import aggregate, gae_advantages, masked_whiten, value_loss
 from .grpo import (
     advantage_stats,
@@ -128,7 +128,11 @@ class PPO(Algorithm):
     @classmethod
     def needs(cls, cfg: RunConfig) -> Needs:
         # Its only learning signal is the configured rewards.
-        return value_needs(cfg, rewards=True)
+        return value_needs(cfg, rewards=True, roles=())
+
+    @classmethod
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
+        return []  # its rewards' requests only (the plan counts them)
 
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
         samples, t_gen = sample_replies(self.ctx.policy, self.cfg, scenarios)

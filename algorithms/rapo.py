@@ -29,7 +29,7 @@ from rapo_echo.simulators.base import build_simulator, checked_reactions, resolv
 from rapo_echo.text import is_blank
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, ValidationResult, msg
 
-from .base import PG, AlgoContext, LossKind, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .base import PG, AlgoContext, LossKind, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem
 from .grpo import (
     GRPO,
     advantage_stats,
@@ -253,7 +253,8 @@ class RAPO(GRPO):
     def needs(cls, cfg: RunConfig) -> Needs:
         """Its judge's group ranks are the reward (plugins are optional extras); self-distillation adds
         the SD rows, and ``token_kl`` the teacher's top-k on them."""
-        sd = cfg.section("rapo", RapoConfig).sd
+        rc = cfg.section("rapo", RapoConfig)
+        sd = rc.sd
         token_kl = sd.enabled and sd.loss == "token_kl"
         guarded = sd.enabled and needs_reference(sd)
         needs = policy_gradient_needs(
@@ -261,8 +262,38 @@ class RAPO(GRPO):
             kinds=(PG, SD) if sd.enabled else (PG,),
             fields=((TEACHER_IDS, TEACHER_LOGP) if token_kl else ()) + ((SD_REF_LOGP,) if guarded else ()),
             gather=TEACHER_IDS if token_kl else None,
+            roles=("simulator", "judge") if rc.judge.kind == "model" else ("simulator",),
         )
         return replace(needs, reference=True) if guarded else needs
+
+    @classmethod
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
+        """The reaction simulator's reactions, the model judge's group ranks and critiques; a simulator
+        plugin's calls are unknown."""
+        rc, r = cfg.section("rapo", RapoConfig), cfg.rollout
+        b, n = r.batch_size, r.batch_size * r.group_size
+        out: list[RoleRequest] = []
+        if rc.simulator.name == "reaction":
+            thought = rc.simulator.with_thought
+            what = "RAPO reactions (reply + thought)" if thought else "RAPO reactions"
+            out.append(RoleRequest("simulator", what, n * (2 if thought else 1)))
+        elif rc.simulator.name != "hidden_preference":
+            out.append(
+                RoleRequest("simulator", f"{rc.simulator.name}: a plugin simulator (not modelled)", None)
+            )
+        if rc.judge.kind == "model":
+            orders = 2 if rc.judge.orders == "both" else 1
+            passes = 2 if rc.judge.reverse_pass else 1
+            out.append(
+                RoleRequest(
+                    "judge", f"RAPO group ranks ({orders} orders x {passes} passes)", b * orders * passes
+                )
+            )
+            if rc.sd.enabled and rc.sd.loss != "token_kl":
+                out.append(
+                    RoleRequest("judge", "RAPO critiques of the replies to correct (about half)", n // 2)
+                )
+        return out
 
     @classmethod
     def check_plugins(cls, cfg: RunConfig, at: Callable[[str], str]) -> None:

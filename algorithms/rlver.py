@@ -39,17 +39,28 @@ import torch
 from einops import rearrange
 
 from rapo_echo.chat_template import ChatMarkers
-from rapo_echo.checkpoint import load_trainer_state
+from rapo_echo.checkpoint import VALUE_HEAD_FILE, load_trainer_state
 from rapo_echo.data.sage_profiles import SageProfile
 from rapo_echo.engines.concurrency import calls_concurrently
 from rapo_echo.errors import ConfigError
 from rapo_echo.llm.turns import advance_together
-from rapo_echo.policy import VALUE_HEAD_FILE, pad_left_aligned
+from rapo_echo.policy import pad_left_aligned
 from rapo_echo.prompting import THINK_CLOSE, split_thinking
 from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, final_reward, preset
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
-from .base import PG, AlgoContext, Algorithm, MicroBatch, Needs, Rollout, Totals, TrainItem, pad_rows
+from .base import (
+    PG,
+    AlgoContext,
+    Algorithm,
+    MicroBatch,
+    Needs,
+    RoleRequest,
+    Rollout,
+    Totals,
+    TrainItem,
+    pad_rows,
+)
 from .grpo import advantage_stats, group_advantages, pg_loss, policy_gradient_needs, reward_stats
 from .ppo import OLD_VALUES, estimate, fill_old_values, ppo_loss, set_value_fields, value_needs
 from .rlver_config import RLVER_SYSTEM_PROMPT, RlverConfig
@@ -136,9 +147,21 @@ class RLVER(Algorithm):
         baseline (a group of 1 is fine), and GAE's per-token fields."""
         rc = cfg.section("rlver", RlverConfig)
         if rc.estimator == "ppo":
-            return value_needs(cfg)
+            return value_needs(cfg, roles=("simulator",))
         per_turn = rc.reward == "per_turn" and not rc.thinking  # thinking: a row per turn
-        return policy_gradient_needs(cfg, fields=(TURN_ADVANTAGES,) if per_turn else ())
+        return policy_gradient_needs(cfg, fields=(TURN_ADVANTAGES,) if per_turn else (), roles=("simulator",))
+
+    @classmethod
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
+        """The simulated user's turns: a reply and an emotion per turn of each dialogue still running."""
+        n = cfg.rollout.batch_size * cfg.rollout.group_size
+        sim = cfg.section("rlver", RlverConfig).simulator
+        turns = sim.max_turns or preset(sim.preset).max_turns
+        return [
+            RoleRequest(
+                "simulator", f"RLVER user turns (<= {turns} per dialogue, reply + emotion)", n * turns * 2
+            )
+        ]
 
     @classmethod
     def check_resume(cls, cfg: RunConfig, ckpt: Path) -> None:

@@ -31,7 +31,7 @@ from rapo_echo.errors import DataError
 from rapo_echo.text import is_blank
 from rapo_echo.types import Sample, Scenario
 
-from .base import AlgoContext, Algorithm, LossKind, MicroBatch, Needs, Rollout, Totals, TrainItem
+from .base import AlgoContext, Algorithm, LossKind, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem
 
 if TYPE_CHECKING:
     from rapo_echo.policy import TokenScores
@@ -102,8 +102,12 @@ class SFT(Algorithm):
 
     @classmethod
     def needs(cls, cfg: RunConfig) -> Needs:
-        # Its own rows only; no reference model, no rewards, no group.
-        return Needs(kinds=(REPLY,), min_group_size=1)
+        # Its own rows only; no reference model, no rewards, no group, no simulator or judge.
+        return Needs(kinds=(REPLY,), min_group_size=1, roles=())
+
+    @classmethod
+    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
+        return []  # it samples nothing and asks no one
 
     def __init__(self, cfg: RunConfig, ctx: AlgoContext) -> None:
         super().__init__(cfg, ctx)

@@ -63,21 +63,10 @@ def workload_reward(prompts, completions, **columns):
     return [w.score_text(c[0]["content"]) for c in completions]
 
 
-def run_ours(args: argparse.Namespace) -> dict:
-    """One timed run of our trainer on the workload, in this process."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
-
+def workload_overrides(args: argparse.Namespace, w: Any, tmp: Path, data: Path) -> list[str]:
+    """The run config's overrides of the workload (``--set`` not included)."""
     from rapo_echo.models import resolve
-    from rapo_echo.training.learner import Learner  # absolute: this file also runs as a script
-    from rapo_echo.training.run_config import load_config
 
-    w = workload()
-    tmp = Path(tempfile.mkdtemp(prefix="rapo-bench-"))
-    data = tmp / "workload.jsonl"
-    data.write_text(
-        "".join(json.dumps({"id": f"w{i}", "messages": p}) + "\n" for i, p in enumerate(w.prompts()))
-    )
     model = args.model or str(resolve("default").path)
     overrides = [
         f"model.name={model}",
@@ -116,9 +105,47 @@ def run_ours(args: argparse.Namespace) -> dict:
     if args.algo == "rlver":
         overrides = [o for o in overrides if not o.startswith(("data.path=", "rollout.system_prompt="))]
         overrides += RLVER_OVERRIDES
+    return overrides
+
+
+def gpu_figures(args: argparse.Namespace, trainer: Any, w: Any, generate_s: list[float]) -> dict[str, Any]:
+    """Peak GPU memory, the device, and the rollout's decode against the memory-bandwidth limit."""
+    import torch
+
+    from rapo_echo.perf.bench_decode import decode_bytes, measured_bandwidth
+
+    gpu: dict[str, Any] = {}
+    gpu["peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    gpu["peak_gpu_reserved_mb"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+    gpu["gpu"] = torch.cuda.get_device_name(args.device)
+    lm = trainer.policy.lm
+    width = max(len(trainer.policy.prompt_ids(s)) for s in trainer.scenarios)
+    rows = w.NUM_PROMPTS * w.GROUP_SIZE
+    need = decode_bytes(lm, rows, width, w.MAX_COMPLETION_TOKENS, next(lm.parameters()).element_size())
+    limit = need / measured_bandwidth(args.device)
+    gpu["generate_bandwidth_limit_s"] = round(limit, 4)
+    gpu["generate_vs_bandwidth_limit"] = round(statistics.median(generate_s) / limit, 2)
+    return gpu
+
+
+def run_ours(args: argparse.Namespace) -> dict:
+    """One timed run of our trainer on the workload, in this process."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    from rapo_echo.training.run import Run  # absolute: this file also runs as a script
+    from rapo_echo.training.run_config import load_config
+
+    w = workload()
+    tmp = Path(tempfile.mkdtemp(prefix="rapo-bench-"))
+    data = tmp / "workload.jsonl"
+    data.write_text(
+        "".join(json.dumps({"id": f"w{i}", "messages": p}) + "\n" for i, p in enumerate(w.prompts()))
+    )
+    overrides = workload_overrides(args, w, tmp, data)
     cfg = load_config(algo=args.algo, overrides=overrides + args.set)
     t_load = time.perf_counter()
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     trainer.open_logs()
     load_s = time.perf_counter() - t_load
     steps, per_stage, tokens = [], {s: [] for s in STAGES}, 0
@@ -150,20 +177,7 @@ def run_ours(args: argparse.Namespace) -> dict:
         for k in RLVER_METRICS if args.algo == "rlver" else ():
             extra.setdefault(k, []).append(m.get(k, float("nan")))
     total = time.perf_counter() - t_all
-    gpu: dict[str, Any] = {}
-    if cuda:
-        from rapo_echo.perf.bench_decode import decode_bytes, measured_bandwidth
-
-        gpu["peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-        gpu["peak_gpu_reserved_mb"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
-        gpu["gpu"] = torch.cuda.get_device_name(args.device)
-        lm = trainer.policy.lm
-        width = max(len(trainer.policy.prompt_ids(s)) for s in trainer.scenarios)
-        rows = w.NUM_PROMPTS * w.GROUP_SIZE
-        need = decode_bytes(lm, rows, width, w.MAX_COMPLETION_TOKENS, next(lm.parameters()).element_size())
-        limit = need / measured_bandwidth(args.device)
-        gpu["generate_bandwidth_limit_s"] = round(limit, 4)
-        gpu["generate_vs_bandwidth_limit"] = round(statistics.median(per_stage["generate"]) / limit, 2)
+    gpu = gpu_figures(args, trainer, w, per_stage["generate"]) if cuda else {}
     return {
         "bench": f"rapo_echo_{args.algo}"
         + ("_lora" if args.lora else "")
@@ -192,7 +206,7 @@ def run_ours(args: argparse.Namespace) -> dict:
             "gradient_checkpointing": args.gradient_checkpointing,
             "micro_batch_size": trainer.cfg.train.micro_batch_size,
             "rollout_max_batch_size": trainer.cfg.rollout.max_batch_size,
-            "asked": trainer.resolved["asked"],
+            "asked": trainer.learner.resolved["asked"],
             "decode_loop": trainer.policy.engine.decode_mode,
             "workload": str(Path(w.__file__).parent),
             "steps": args.steps or w.NUM_STEPS,

@@ -17,8 +17,11 @@ from are written to the run directory (``config.yaml``, ``resolved.json``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 REFERENCE_PARAMS = 135_000_000
 FULL_LR_AT_REFERENCE = 1e-4
@@ -70,3 +73,16 @@ def lr_record(asked: Any, used: float, params: int | None, lora: bool) -> dict[s
             f"{REFERENCE_PARAMS:d} / params))" + (f" * {LORA_FACTOR:g} (LoRA)" if lora else ""),
         }
     return record
+
+
+def resolve_lr(train: Any, lora: bool, model: Any) -> dict[str, Any]:
+    """Replace ``train.lr: auto`` by the rate for ``model``'s size (in place); what ``resolved.json``
+    says about it (:func:`lr_record`)."""
+    if train.lr != "auto":
+        return lr_record(train.lr, train.lr, None, lora)
+    params = base_parameter_count(model.named_parameters())
+    train.lr = auto_lr(params, lora)
+    log.info(
+        "auto learning rate: train.lr=%g (%d parameters, %s)", train.lr, params, "LoRA" if lora else "full"
+    )
+    return lr_record("auto", train.lr, params, lora)

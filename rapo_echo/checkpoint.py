@@ -19,6 +19,8 @@ from rapo_echo.atomic import replace_dir
 from rapo_echo.errors import ConfigError, RapoEchoError
 from rapo_echo.jsonl import write_failure
 
+VALUE_HEAD_FILE = "value_head.safetensors"  # a policy's value head, beside its weights in model/
+
 log = logging.getLogger(__name__)
 
 
@@ -293,3 +295,19 @@ def read_weights(path: Path) -> dict[str, Any]:
             else "no earlier checkpoint exists: start the run again in a new --output"
         )
         raise CheckpointError(f"{path} cannot be read ({exc}): the file is damaged; {way}") from None
+
+
+def check_heads(checkpoint: Path, value_head: bool) -> None:
+    """Refuse, before anything loads, a checkpoint whose heads differ from this run's (``value_head``: it
+    trains one): its optimizer state holds a value head this run has none for, or the reverse (older
+    checkpoints: the file tells)."""
+    recorded = load_trainer_state(checkpoint).get("value_head")
+    had = bool(recorded) if recorded is not None else (checkpoint / "model" / VALUE_HEAD_FILE).is_file()
+    if had == value_head:
+        return
+    held = "holds a value head" if had else "holds no value head"
+    wants = "trains one" if value_head else "trains none"
+    raise ConfigError(
+        f"--resume: the checkpoint {checkpoint} {held} and this run {wants}, so its optimizer state does not "
+        "fit; resume with the settings it was written with, or start a new run in another --output"
+    )

@@ -286,3 +286,34 @@ def inference_engine(accelerator: Any, module: Any) -> Any:
     engine, *_ = deepspeed.initialize(model=module, config=config)
     engine.eval()
     return engine
+
+
+def mean_over_processes(
+    metrics: dict[str, float], accelerator: Any, counts: Sequence[str] = ()
+) -> dict[str, float]:
+    """Each metric averaged over the processes (a collective): ``*/max`` and ``*/min`` keys stay
+    extremes, the ``counts`` add up, non-finite values are left out; adds ``world``."""
+    world = accelerator.num_processes
+    if world == 1:
+        return {**metrics, "world": 1.0}
+    import math
+    from collections import defaultdict
+
+    from accelerate.utils import gather_object
+
+    merged: dict[str, list[float]] = defaultdict(list)
+    for part in gather_object([metrics]):
+        for k, v in part.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                merged[k].append(float(v))
+    out = {k: sum(v) / len(v) for k, v in merged.items()}
+    for k, v in merged.items():
+        if k.endswith("/max"):
+            out[k] = max(v)
+        elif k.endswith("/min"):
+            out[k] = min(v)
+    for k in counts:
+        if k in merged:
+            out[k] = sum(merged[k])
+    out["world"] = float(world)
+    return out

@@ -38,6 +38,13 @@ look at and up to two of the step's replies that show it; it is also appended to
 ``alarms.jsonl`` and kept in :attr:`RewardHackingMonitor.fired` (``train.stop_on_alarm`` stops the run
 on it). The flags keep being logged every step. After ``--resume`` the history is read back from the
 run's ``metrics.jsonl``.
+
+It is a step hook (:mod:`rapo_echo.step_hooks`) that a run turns on with ``monitor.enabled`` and calls
+last after each step; with ``stop_on_alarm`` (``train.stop_on_alarm``) an alarm's step asks the run to
+stop (``stopped_by``: ``monitor: alarm <names>``). It stays in the core, beside the judges, rather than
+in ``training/``: the benchmark reports (``benchmarks/``, a layer below ``training/``) read its flags
+(:func:`flagged_steps`), and it needs nothing of the loop but the metrics and replies the hook interface
+hands it.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from typing import Any
 
 from rapo_echo import alarms
 from rapo_echo.llm.addressing import addresses_judge, imitates_answer
+from rapo_echo.step_hooks import HookResult, StepHook
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +139,22 @@ def example_replies(name: str, samples: Sequence[Any]) -> list[str]:
     return out
 
 
-class RewardHackingMonitor:
-    """Feed it every step's metrics (and replies) through :meth:`update`."""
+class RewardHackingMonitor(StepHook):
+    """Feed it every step's metrics (and replies) through :meth:`update` (a run does, as a step hook)."""
+
+    name = "monitor"
 
     def __init__(
-        self, cfg: Any, max_new_tokens: int, *, run_dir: str | Path | None = None, warn: bool = True
+        self,
+        cfg: Any,
+        max_new_tokens: int,
+        *,
+        run_dir: str | Path | None = None,
+        warn: bool = True,
+        stop_on_alarm: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.stop_on_alarm = stop_on_alarm  # an alarm's step asks the run to stop (train.stop_on_alarm)
         self.max_new_tokens = max_new_tokens
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.metrics_file = self.run_dir / "metrics.jsonl" if self.run_dir is not None else None
@@ -177,6 +194,15 @@ class RewardHackingMonitor:
         if self.cfg.reward_key != "auto":
             return self.cfg.reward_key
         return next((k for k in AUTO_REWARD_KEYS if k in self.history[-1]), AUTO_REWARD_KEYS[-1])
+
+    def after_step(self, step: int, metrics: dict[str, float], samples: Sequence[Any]) -> HookResult:
+        """The step hook: this step's reply shares and ``monitor/*`` flags, added to its metrics; with
+        ``stop_on_alarm``, the alarms first raised at this step stop the run (after its checkpoint)."""
+        out = self.update(step, metrics, samples)
+        stop = (
+            "alarm " + ", ".join(a["alarm"] for a in self.fired) if self.stop_on_alarm and self.fired else ""
+        )
+        return HookResult({k: v for k, v in out.items() if k not in metrics}, stop=stop)
 
     def update(self, step: int, metrics: dict[str, float], samples: Sequence[Any] = ()) -> dict[str, float]:
         """``metrics`` with the ``monitor/*`` flags of this step added (unchanged when disabled)."""

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from rapo_echo.autosize import CPU_ROLLOUT_BATCH
-from rapo_echo.checkpoint import read_weights
+from rapo_echo.checkpoint import VALUE_HEAD_FILE, read_weights
 from rapo_echo.config import ModelConfig, RolloutConfig
 from rapo_echo.distributed import (
     full_parameters,
@@ -138,9 +138,6 @@ def pad_left_aligned(values: Sequence[Sequence[float]], n_targets: int) -> torch
         if len(v):
             out[i, : len(v)] = torch.tensor(list(v), dtype=torch.float32)
     return out
-
-
-VALUE_HEAD_FILE = "value_head.safetensors"
 
 
 class TokenScores(NamedTuple):

@@ -145,10 +145,10 @@ def metric_per_step(rows: Sequence[dict[str, Any]], key: str) -> list[float | No
 
 def train_one(cfg: RunConfig) -> float:
     """Train one run in this process; returns its wall seconds."""
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     t0 = time.perf_counter()
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     trainer.train()
     del trainer
     gc.collect()

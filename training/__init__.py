@@ -1,6 +1,8 @@
 """The training loop and the run (``rapo_echo.training``), above the algorithms it drives.
 
-* :mod:`.learner` -- the Learner: roles, rewards, the update engine and the step loop of every algorithm.
+* :mod:`.run` -- the run: the roles, rewards, step hooks, validator and logs, and the step loop of every
+  algorithm.
+* :mod:`.learner` -- the Learner: the update engine (optimizer, log-probs, micro-batches, checkpoints).
 * :mod:`.run_config` -- a run's config read from YAML and ``--set`` (the sections live in
   :mod:`rapo_echo.algorithms.run_sections`), with the chosen algorithm's own section.
 * :mod:`.run_log` -- the run directory's metrics, samples and summary.

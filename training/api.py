@@ -32,7 +32,8 @@ from .train_cli import run_config_for, train_with
 @dataclass
 class TrainResult:
     """What :func:`train` returns: the run directory, the steps done, the last step's metrics (the last
-    line of ``metrics.jsonl``), the config the run used, and the signal's name if one stopped it early."""
+    line of ``metrics.jsonl``), the config the run used, and why it stopped early, if it did (a signal's
+    name, or a step hook's reason)."""
 
     run_dir: Path
     step: int
@@ -68,14 +69,14 @@ def train(
     if isinstance(config, Mapping):
         config = config_values(config, "config", "")
     cfg = run_config_for(config, algo=algo, output=output, resume=run_dir, overrides=overrides)
-    learner = train_with(cfg, resume=run_dir is not None)
-    final = learner.run_dir / "final"
+    run = train_with(cfg, resume=run_dir is not None)
+    final = run.run_dir / "final"
     return TrainResult(
-        run_dir=learner.run_dir,
-        step=learner.step,
-        metrics=_last_metrics(learner.run_dir / "metrics.jsonl"),
+        run_dir=run.run_dir,
+        step=run.step,
+        metrics=_last_metrics(run.run_dir / "metrics.jsonl"),
         config=cfg,
-        stopped_by=learner.stopped_by,
+        stopped_by=run.stopped_by,
         final_model=final if final.is_dir() else None,
     )
 

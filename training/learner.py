@@ -1,67 +1,49 @@
-"""The Learner: the training loop every algorithm shares (docs/architecture.md, "One training step").
+"""The Learner: the update engine every algorithm shares (docs/architecture.md, "One training step").
 
-scenarios -> ``algorithm.rollout`` -> reference / old log-probs -> micro-batched loss -> optimizer
-step through ``accelerate`` -> metrics, samples, periodic atomic checkpoint. Resuming restores the
-weights, optimizer, scheduler, RNG states and data position, so the run continues as if never
-stopped. SIGINT/SIGTERM finish the current step, checkpoint and exit.
+Given a step's training rows it fills reference and old log-probs, splits them into micro-batches
+normalised exactly by their mini-batch's totals, runs the algorithm's loss on each and steps the
+optimizer and schedule through ``accelerate`` (DDP or DeepSpeed), clipping the gradients; it saves and
+restores the weights, optimizer and scheduler with a checkpoint. The run (:mod:`.run`) builds the
+policy, the roles, the rewards and the algorithm, and holds the loop around it.
 
-It knows no algorithm by name: what an algorithm needs from it is declared in :class:`.base.Needs`
-(loss kinds and their normalisers, a reference, a value head, per-token fields), read once from the
-config before the policy is built.
+It knows no algorithm by name: what an algorithm needs from it is declared in
+:class:`~rapo_echo.algorithms.base.Needs` (loss kinds and their normalisers, a reference, a value head,
+per-token fields), and the loss comes in as a function of a micro-batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import os
 import random
-import shutil
-import signal
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from rapo_echo.algorithms import get as algorithm_class
-from rapo_echo.algorithms.base import (
-    AlgoContext,
-    Algorithm,
-    MicroBatch,
-    Needs,
-    Rollout,
-    Totals,
-    TrainItem,
-    pad_rows,
-    totals_of,
-)
-from rapo_echo.atomic import remove_leftovers, replace_dir, staging_for
-from rapo_echo.auto_lr import auto_lr, base_parameter_count, lr_record
+from rapo_echo.algorithms.base import MicroBatch, Needs, Totals, TrainItem, pad_rows, totals_of
+from rapo_echo.auto_lr import resolve_lr
 from rapo_echo.autosize import as_record, resolve_batch_sizes
 from rapo_echo.checkpoint import (
     commit,
     latest_checkpoint,
-    load_rng,
     load_torch,
     load_trainer_state,
-    resume_batch_size,
     rng_state,
     save_checkpoint,
-    saved_processes,
     staging_dir,
     staging_path,
     write_state_files,
 )
-from rapo_echo.data import ScenarioStream, scenarios_from_config
 from rapo_echo.distributed import (
     accelerator_kwargs,
     configure_deepspeed,
     deepspeed_mixed_precision,
-    end_process_group,
     gathered_one_at_a_time,
     import_group_capturing_modules,
     is_deepspeed,
@@ -69,29 +51,29 @@ from rapo_echo.distributed import (
     zero_layout,
     zero_stage,
 )
-from rapo_echo.engines import failed_items, make_engine
-from rapo_echo.engines.openai_engine import EndpointError
-from rapo_echo.engines.shared import role_engine
 from rapo_echo.errors import ConfigError, RapoEchoError
-from rapo_echo.judges.bias import merge_metrics
-from rapo_echo.judges.heldout import HeldoutJudge
 from rapo_echo.master_weights import make_optimizer
-from rapo_echo.models import autocast_dtype, portable_name
-from rapo_echo.monitor import RewardHackingMonitor
-from rapo_echo.policy import VALUE_HEAD_FILE, Policy, TokenScores, pad_left_aligned
-from rapo_echo.rewards import RewardContext, RewardSet
-from rapo_echo.rewards.persona import PersonaInference
-from rapo_echo.rundir import check_run_dir, lock_run_dir
+from rapo_echo.policy import Policy, TokenScores, pad_left_aligned
 
-from .run_config import RunConfig, resolve_plugins
-from .run_log import RunLog
-from .validation import BEST_FILE, Validator, validation_scenarios
+if TYPE_CHECKING:
+    from rapo_echo.algorithms.run_sections import RunConfig
 
 log = logging.getLogger(__name__)
+
+# what the algorithm computes on one micro-batch: its share of the loss and additive metrics
+LossFn = Callable[[MicroBatch, TokenScores, Totals], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 class TrainingError(RapoEchoError):
     """The run cannot go on (e.g. repeated non-finite losses); the last checkpoint is kept."""
+
+
+def start_processes(device: str) -> Any:
+    """The run's ``accelerate.Accelerator`` (its process group, when launched with several)."""
+    from accelerate import Accelerator
+
+    import_group_capturing_modules()  # before Accelerator creates the process group
+    return Accelerator(**accelerator_kwargs(device))
 
 
 def seed_everything(seed: int) -> None:
@@ -100,7 +82,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def lr_lambda(kind: str, warmup: int, total: int):
+def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
     """Multiplier of the base learning rate at optimizer step ``s`` (linear warm-up, then the schedule)."""
 
     def f(s: int) -> float:
@@ -123,150 +105,47 @@ def length_grouped(items: list[TrainItem], size: int) -> list[list[TrainItem]]:
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-class _StopFlag:
-    """Set by SIGINT/SIGTERM: the step in flight finishes, then the run checkpoints and exits.
-    A second SIGINT stops at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signal_name = ""
-        self._old: dict[int, Any] = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not in the main thread
-                pass
-
-    def restore(self) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-        log.warning("%s received: finishing this step, then checkpointing and stopping", self.signal_name)
-
-
 class Learner:
-    """Runs one training run described by a :class:`RunConfig` into ``cfg.output``: owns the policy, the
-    optimizer and schedule, the update and the run's state; the algorithm owns its rollout and loss."""
+    """Updates ``policy`` from training rows (see the module doc): the optimizer and schedule, the
+    wrapped scorer, the update, clipping, checkpoints and the collectives between processes.
+    ``roles``: the engines of the run's other roles (under ZeRO-3 a rollout gathers the weights they
+    read)."""
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False) -> None:
-        if not cfg.output:
-            raise ConfigError("output: a run directory is needed (--output RUN_DIR)")
-        self.cfg = cfg
-        self.run_dir = Path(cfg.output)
-        self.resume = resume
-        self.stop = _StopFlag()
-        from accelerate import Accelerator
-
-        import_group_capturing_modules()  # before Accelerator creates the process group
-        self.accelerator = Accelerator(**accelerator_kwargs(cfg.model.device))
-        self.is_main = self.accelerator.is_main_process
-        if self.is_main:  # a bad --output fails now, not after the model has loaded
-            check_run_dir(self.run_dir, resume=resume)
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
-        seed_everything(cfg.train.seed + self.accelerator.process_index)
-        self.algo_cls: type[Algorithm] = algorithm_class(cfg.algo)
-        self.needs: Needs = self.algo_cls.needs(cfg)
-        ckpt = latest_checkpoint(self.run_dir) if resume else None
-        if ckpt is not None:  # before any model loads or file changes
-            self.algo_cls.check_resume(cfg, ckpt)
-            check_heads(ckpt, self.needs)
-            self._fit_processes(ckpt)
-        # Plugins and data are validated before any model is loaded.
-        resolve_plugins(cfg)
-        self.scenarios = scenarios_from_config(cfg.data)
-        if not self.scenarios:
-            raise ConfigError(f"data.path: {cfg.data.path or 'bundled examples'} holds no scenarios")
-        self.stream = ScenarioStream(self.scenarios, seed=cfg.train.seed, shuffle=cfg.data.shuffle)
-        held_out = validation_scenarios(cfg, self.algo_cls)
-        self.policy = Policy(
-            cfg.model,
-            cfg.rollout,
-            need_reference=self.needs.reference,
-            device=str(self.accelerator.device),
-            shared_prompt_forward=cfg.train.shared_prompt_forward,
-        )
-        self.policy.base_name = portable_name(cfg.model.name, self.run_dir)
-        if self.needs.value_head:  # before the optimizer: it trains with the model
-            self.policy.add_value_head()
-        self.resolved: dict[str, Any] = {}
-        self._resolve_lr()
-        if cfg.rollout.engine == "vllm":
-            from rapo_echo.engines.vllm_engine import VLLMEngine
-
-            acc = self.accelerator  # in-process, on this rank's device (vllm_sync.rollout_llm_kwargs)
-            self.policy.rollout_engine = VLLMEngine.for_rollout(
-                cfg,
-                self.policy.resolved.path,
-                rank=acc.process_index,
-                local_rank=acc.local_process_index,
-                world_size=acc.num_processes,
-            )
-        self._shared_engines: dict[Any, Any] = {}  # one engine per endpoint for the roles that share it
-        simulator = self._role("simulator")
-        judge = self._role("judge")
-        self.remote_engines = (simulator, judge)
-        self.rewards = RewardSet.from_specs(
-            cfg.rewards, RewardContext(self.policy.engine, simulator, judge, self.run_dir)
-        )
-        roles = {"simulator": simulator, "judge": judge}
-        self.persona = PersonaInference.from_config(cfg.persona, roles) if cfg.persona.enabled else None
-        self.monitor = RewardHackingMonitor(
-            cfg.monitor, cfg.rollout.max_new_tokens, run_dir=self.run_dir, warn=self.is_main
-        )
-        held = cfg.monitor.heldout
-        seed = cfg.train.seed + self.accelerator.process_index
-        self.heldout = HeldoutJudge.from_config(held, roles, seed=seed) if held.enabled else None
-        if self.heldout is not None:  # the replies that show a reward_divergence, for its warning
-            self.monitor.examples = self.heldout.examples
-        context = AlgoContext(self.policy, self.rewards, simulator, judge)
-        self.algorithm: Algorithm = self.algo_cls(cfg, context)
-        params = self.policy.trainable_parameters()
+    def __init__(
+        self,
+        cfg: RunConfig,
+        policy: Policy,
+        needs: Needs,
+        accelerator: Any,
+        run_dir: Path,
+        roles: Sequence[Any] = (),
+    ) -> None:
+        self.cfg, self.policy, self.needs = cfg, policy, needs
+        self.accelerator, self.run_dir = accelerator, run_dir
+        self.is_main = accelerator.is_main_process
+        # what the ``auto`` settings became (``resolved.json``)
+        self.resolved = {"train.lr": resolve_lr(cfg.train, cfg.model.lora.enabled, policy.lm)}
+        params = policy.trainable_parameters()
         if not params:
             raise ConfigError("model: nothing to train (no parameter requires gradients)")
         t = cfg.train
-        self.optimizer = make_optimizer(  # float32 master weights for 16-bit weights (audit D6)
-            params, t, deepspeed_mixed_precision=deepspeed_mixed_precision(self.accelerator)
+        optimizer = make_optimizer(  # float32 master weights for 16-bit weights (audit D6)
+            params, t, deepspeed_mixed_precision=deepspeed_mixed_precision(accelerator)
         )
         updates_per_step = t.inner_epochs * t.mini_batches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.scheduler, t.warmup_steps, t.max_steps * updates_per_step)
+            optimizer, lr_lambda(t.scheduler, t.warmup_steps, t.max_steps * updates_per_step)
         )
-        configure_deepspeed(self.accelerator, t.micro_batch_size, t.max_grad_norm)
-        self.deepspeed = is_deepspeed(self.accelerator)
-        if held_out is not None and self.deepspeed:
-            raise ConfigError(
-                "validation.data: validation runs on one process and is not supported under DeepSpeed yet; "
-                "remove validation.data or train without DeepSpeed"
-            )
-        self.validator = (
-            Validator(cfg, held_out, self.algorithm, self.policy, self.run_dir)
-            if held_out is not None
-            else None
-        )
+        configure_deepspeed(accelerator, t.micro_batch_size, t.max_grad_norm)
+        self.deepspeed = is_deepspeed(accelerator)
         # The scheduler is not handed to accelerate: its wrapper would step it once per process.
-        self.scorer, self.optimizer = self.accelerator.prepare(self.policy.scorer, self.optimizer)
+        self.scorer, self.optimizer = accelerator.prepare(policy.scorer, optimizer)
         if self.deepspeed:  # ZeRO-3 head gathers, the reference held by DeepSpeed (audit D2, D4)
-            self.policy.attach_deepspeed(self.accelerator, self.scorer, roles=(simulator, judge))
+            policy.attach_deepspeed(accelerator, self.scorer, roles=[r for r in roles if r is not None])
         self._resolve_batch_sizes()  # after prepare: measures the model as it trains (audit D5)
-        with self.policy.generation_view():
-            self._warm_up_decode()
-        self.step = 0
         self.nonfinite_in_a_row = 0
-        self.invalid_in_a_row = 0
-        self.stopped_by = ""  # the signal that stopped the run early, if any
-        self.best_step: int | None = None  # keep_best: the step final/ comes from, when not the last
-        self.warned_truncation = False
-        self.logs = RunLog(cfg, self.run_dir, self.accelerator, resume)
 
-    # ------------------------------------------------------------------ setup helpers
+    # ------------------------------------------------------------------ setup
     def _resolve_batch_sizes(self) -> None:
         """Replace ``auto`` batch sizes by values for this device and model (the smallest over the
         processes, so every rank micro-batches alike); kept for ``resolved.json``."""
@@ -301,80 +180,81 @@ class Learner:
                 sizes.rollout_max_batch_size,
             )
 
-    def _resolve_lr(self) -> None:
-        """Replace ``train.lr: auto`` by the rate for this model's size (``rapo_echo.auto_lr``)."""
-        t, lora = self.cfg.train, self.cfg.model.lora.enabled
-        params = None
-        if t.lr == "auto":
-            params = base_parameter_count(self.policy.lm.named_parameters())
-            asked, t.lr = "auto", auto_lr(params, lora)
-            log.info(
-                "auto learning rate: train.lr=%g (%d parameters, %s)",
-                t.lr,
-                params,
-                "LoRA" if lora else "full",
-            )
-        else:
-            asked = t.lr
-        self.resolved["train.lr"] = lr_record(asked, t.lr, params, lora)
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
 
-    def _warm_up_decode(self) -> None:
-        """Pin the static decode's shape (one rollout chunk: its rows, the longest prompt plus the
-        reply) and allocate (and compile) it before the first step, so a run compiles once and the
-        first generation is not slower than the rest."""
-        engine = self.policy.engine
-        if engine.decode_mode == "dynamic" or self.policy.rollout_engine is not None:
-            return
-        rows, length = self.policy.rollout_decode_shape(
-            self.scenarios, dialogue_prompts=self.algo_cls.dialogue_prompts
-        )
-        t0 = time.perf_counter()
-        engine.pin_decode_shape(rows, length)
-        log.info(
-            "decode warm-up (%s, %d rows x %d positions): %.1f s",
-            engine.decode_mode,
-            rows,
-            length,
-            time.perf_counter() - t0,
-        )
-
-    def _role(self, role: str) -> Any:
-        cfg = getattr(self.cfg, role)
-        if cfg.engine == "policy":
-            autocast = autocast_dtype(cfg.autocast, str(self.policy.device))
-            return role_engine(self.policy, role, cfg.max_batch_size, autocast)
-        return make_engine(cfg, role=role, shared=self._shared_engines)
-
-    def open_logs(self) -> None:
-        """Write the run's config and what its ``auto`` settings became; open the metric sinks."""
-        self.logs.open(self.resolved)
-
-    def _sync_generator(self) -> None:
+    def sync_generator(self) -> None:
         """Push the policy's weights into a separate sampler (vLLM), if there is one."""
         if self.policy.rollout_engine is not None:
             self.policy.rollout_engine.sync_from(self.policy.lm)
 
-    def _fit_processes(self, ckpt: Path) -> None:
-        """A checkpoint written by another process count: keep its global batch (rescaling the
-        per-process ``rollout.batch_size``) or refuse (:func:`rapo_echo.checkpoint.resume_batch_size`)."""
-        state = load_trainer_state(ckpt)
-        batch, note = resume_batch_size(
-            saved_processes=saved_processes(ckpt, state),
-            saved_batch=int(state.get("batch_size", self.cfg.rollout.batch_size)),
-            processes=self.accelerator.num_processes,
-            batch=self.cfg.rollout.batch_size,
-            deepspeed=is_deepspeed(self.accelerator),
-        )
-        self.cfg.rollout.batch_size = batch
-        if note and self.is_main:
-            log.warning("--resume %s: %s", self.run_dir, note)
+    # ------------------------------------------------------------------ checkpoints
+    def state(self) -> dict[str, Any]:
+        """The engine's part of a checkpoint's trainer state."""
+        return {
+            "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            "value_head": self.needs.value_head,
+            "processes": self.accelerator.num_processes,  # a resume with another count keeps the global batch
+        }
 
-    def _restore(self) -> None:
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
-            raise RapoEchoError(
-                f"--resume {self.run_dir}: no checkpoint found under {self.run_dir / 'checkpoints'}"
+    def save_checkpoint(self, step: int, trainer_state: dict[str, Any]) -> Path | None:
+        """Checkpoint step ``step`` atomically (every rank calls it): the weights, optimizer, scheduler,
+        every rank's RNG state and ``trainer_state`` (the run's, with :meth:`state`); its path on the
+        main process."""
+        self.accelerator.wait_for_everyone()
+        self._check_replicas()
+        states = (
+            self.accelerator.gather_for_metrics([rng_state()], use_gather_object=True)
+            if self.accelerator.num_processes > 1
+            else [rng_state()]
+        )
+        trainer_state = {**trainer_state, **self.state()}
+        if self.deepspeed:
+            return self._deepspeed_checkpoint(step, trainer_state, dict(enumerate(states)))
+        if not self.is_main:
+            return None
+        path = save_checkpoint(
+            self.run_dir,
+            step,
+            save_model=lambda folder: self.policy.save(folder, merged=False),
+            optimizer=self.optimizer if self.cfg.train.save_optimizer else None,
+            scheduler=self.scheduler,
+            trainer_state=trainer_state,
+            keep=self.cfg.train.keep_checkpoints,
+            rank_rng=dict(enumerate(states)),
+        )
+        log.info("checkpoint: %s", path)
+        return path
+
+    def _deepspeed_checkpoint(
+        self, step: int, trainer_state: dict[str, Any], rank_rng: dict[int, dict[str, Any]]
+    ) -> Path | None:
+        """Under DeepSpeed every rank saves its engine shard (``accelerate/``, DeepSpeed's own sharded
+        checkpoint via accelerate's save_state, frozen weights left out); under LoRA rank 0 also
+        writes the adapter in PEFT format (``model/``), gathered alone. A full fine-tuning checkpoint
+        is the shards only: no 16-bit copy of the whole model is gathered (audit D7; DeepSpeed's
+        ``zero_to_fp32.py`` in ``accelerate/`` rebuilds one)."""
+        if self.is_main:
+            staging_dir(self.run_dir, step)
+        self.accelerator.wait_for_everyone()
+        tmp = staging_path(self.run_dir, step)
+        self.accelerator.save_state(str(tmp / "accelerate"), exclude_frozen_parameters=True)
+        if self.policy.is_lora:
+            self.save_gathered(tmp / "model")
+        self.accelerator.wait_for_everyone()  # every rank's files are written before rank 0 commits
+        path = None
+        if self.is_main:
+            write_state_files(
+                tmp, step, trainer_state=trainer_state, rank_rng=rank_rng, scheduler=self.scheduler
             )
+            path = commit(tmp, self.run_dir, step, self.cfg.train.keep_checkpoints)
+            log.info("checkpoint: %s", path)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def restore(self, ckpt: Path) -> dict[str, Any]:
+        """Load the weights, optimizer and scheduler of ``ckpt``; returns its trainer state."""
         state = load_trainer_state(ckpt)
         if self.deepspeed:  # a LoRA checkpoint holds no frozen weights: the base comes from model.name
             self.accelerator.load_state(str(ckpt / "accelerate"), load_module_strict=not self.policy.is_lora)
@@ -385,188 +265,18 @@ class Learner:
             else:  # written with train.save_optimizer: false
                 log.warning("%s holds no optimizer state: AdamW's moments start again from zero", ckpt)
         self.scheduler.load_state_dict(load_torch(ckpt / "scheduler.pt"))
-        self.stream.load_state_dict(state["data"])
-        self.algorithm.load_state_dict(state.get("algorithm", {}))
-        self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
-        self.invalid_in_a_row = int(state.get("invalid_in_a_row", 0))
-        load_rng(ckpt, self.accelerator.process_index, seed=self.cfg.train.seed, step=self.step)
-        self._sync_generator()
-        log.info("resumed %s from %s (step %d)", self.run_dir, ckpt, self.step)
-        if self.is_main:
-            for path in remove_leftovers(self.run_dir):  # of a final/ whose writing was killed
-                log.info("removed %s, left by an interrupted write", path)
-        self.logs.resumed_at(self.step)  # lines written after that checkpoint are recomputed
-        if self.is_main and self.validator is not None:
-            self.validator.resumed_at(self.step)
+        return state
 
-    def _trainer_state(self) -> dict[str, Any]:
-        return {
-            "algorithm": self.algorithm.state_dict(),
-            "data": self.stream.state_dict(),
-            "nonfinite_in_a_row": self.nonfinite_in_a_row,
-            "invalid_in_a_row": self.invalid_in_a_row,
-            "algo": self.cfg.algo,
-            "value_head": self.needs.value_head,
-            "processes": self.accelerator.num_processes,  # a resume with another count keeps the global
-            "batch_size": self.cfg.rollout.batch_size,  # batch, processes x batch_size (_fit_processes)
-        }
-
-    def _checkpoint(self) -> Path | None:
-        self.accelerator.wait_for_everyone()
-        self._check_replicas()
-        states = (
-            self.accelerator.gather_for_metrics([rng_state()], use_gather_object=True)
-            if self.accelerator.num_processes > 1
-            else [rng_state()]
-        )
+    def save_model(self, folder: Path) -> None:
+        """The model in Hugging Face format into ``folder``: merged under LoRA (plain transformers loads
+        it) by the main process; under DeepSpeed the gathered weights (every rank calls it)."""
         if self.deepspeed:
-            return self._deepspeed_checkpoint(dict(enumerate(states)))
-        if not self.is_main:
-            return None
-        path = save_checkpoint(
-            self.run_dir,
-            self.step,
-            save_model=lambda folder: self.policy.save(folder, merged=False),
-            optimizer=self.optimizer if self.cfg.train.save_optimizer else None,
-            scheduler=self.scheduler,
-            trainer_state=self._trainer_state(),
-            keep=self.cfg.train.keep_checkpoints,
-            rank_rng=dict(enumerate(states)),
-        )
-        log.info("checkpoint: %s", path)
-        return path
-
-    def _deepspeed_checkpoint(self, rank_rng: dict[int, dict[str, Any]]) -> Path | None:
-        """Under DeepSpeed every rank saves its engine shard (``accelerate/``, DeepSpeed's own sharded
-        checkpoint via accelerate's save_state, frozen weights left out); under LoRA rank 0 also
-        writes the adapter in PEFT format (``model/``), gathered alone. A full fine-tuning checkpoint
-        is the shards only: no 16-bit copy of the whole model is gathered (audit D7; DeepSpeed's
-        ``zero_to_fp32.py`` in ``accelerate/`` rebuilds one)."""
-        if self.is_main:
-            staging_dir(self.run_dir, self.step)
-        self.accelerator.wait_for_everyone()
-        tmp = staging_path(self.run_dir, self.step)
-        self.accelerator.save_state(str(tmp / "accelerate"), exclude_frozen_parameters=True)
-        if self.policy.is_lora:
-            self._save_gathered(tmp / "model")
-        self.accelerator.wait_for_everyone()  # every rank's files are written before rank 0 commits
-        path = None
-        if self.is_main:
-            write_state_files(
-                tmp,
-                self.step,
-                trainer_state=self._trainer_state(),
-                rank_rng=rank_rng,
-                scheduler=self.scheduler,
-            )
-            path = commit(tmp, self.run_dir, self.step, self.cfg.train.keep_checkpoints)
-            log.info("checkpoint: %s", path)
-        self.accelerator.wait_for_everyone()
-        return path
-
-    # ------------------------------------------------------------------ the loop
-    def train(self) -> Path:
-        """Run to ``train.max_steps`` (or until stopped, see ``stopped_by``); returns the run directory.
-        The run directory is locked meanwhile."""
-        lock = lock_run_dir(self.run_dir, resume=self.resume) if self.is_main else None
-        try:
-            return self._train()
-        finally:
-            if lock is not None:
-                lock.release()
-
-    def _train(self) -> Path:
-        if self.resume:
-            self._restore()
-        self.open_logs()
-        self.stop.install()
-        bar = self.logs.progress(self.step)
-        try:
-            if self.validator is not None and not self.validator.has(self.step):
-                self._validate()  # the base, or the checkpoint a stopped run resumes from
-            while self.step < self.cfg.train.max_steps:
-                try:
-                    metrics = self.train_step()
-                except EndpointError as exc:  # a whole stage failed: the endpoint is down
-                    raise TrainingError(
-                        f"step {self.step + 1}: {exc}. The step is lost; last checkpoint: "
-                        f"{latest_checkpoint(self.run_dir) or 'none yet'} (resume with: rapo-echo train "
-                        f"--resume {self.run_dir})"
-                    ) from exc
-                self.step += 1
-                self.logs.step(self.step, metrics)
-                self._check_valid(metrics)
-                if self.cfg.train.stop_on_alarm and self.monitor.fired:  # checkpoint, then stop below
-                    self.stop.requested = True
-                    self.stop.signal_name = "alarm " + ", ".join(a["alarm"] for a in self.monitor.fired)
-                if bar is not None:
-                    bar.update(1)
-                    keys = self.algorithm.progress_keys
-                    bar.note(**{k: f"{metrics.get(k, float('nan')):.3f}" for k in keys})
-                done = self.step >= self.cfg.train.max_steps
-                if self.step % self.cfg.train.save_every == 0 or done or self.stop.requested:
-                    self._checkpoint()
-                    if done or not self.stop.requested:  # a stopped run validates when resumed
-                        self._validate()
-                if self.stop.requested and not done:
-                    self.stopped_by = self.stop.signal_name
-                    log.warning(
-                        "stopped by %s after step %d; resume with: rapo-echo train --resume %s",
-                        self.stop.signal_name,
-                        self.step,
-                        self.run_dir,
-                    )
-                    return self.run_dir
-            self._save_final()
-        finally:
-            self.stop.restore()
-            if bar is not None:
-                bar.close()
-            self.logs.close()
-        return self.run_dir
-
-    def _check_valid(self, metrics: dict[str, float]) -> None:
-        """Stop after ``train.max_invalid_steps`` steps in a row without one valid sample (a judge that
-        never scores): such steps train nothing, and the run would end "successfully" unchanged."""
-        self.invalid_in_a_row = self.invalid_in_a_row + 1 if metrics.get("valid", 1.0) == 0 else 0
-        limit = self.cfg.train.max_invalid_steps
-        if self.invalid_in_a_row >= limit:
-            ckpt = latest_checkpoint(self.run_dir)
-            raise TrainingError(
-                f"{self.invalid_in_a_row} steps in a row (up to step {self.step}) without a single valid "
-                f"sample: every reward came back invalid, so nothing was trained (train.max_invalid_steps = "
-                f"{limit}). Check the reward plugins and the judge / simulator endpoints (their warnings "
-                f"above say why). Last checkpoint: {ckpt or 'none yet'}."
-            )
-
-    def _validate(self) -> None:
-        """Held-out validation of the current weights (main process only; see training/validation)."""
-        if self.validator is None or not self.is_main:
-            return
-        self.logs.scalars(self.step, self.validator.run(self.step))
-
-    def _save_final(self) -> None:
-        """The final model in Hugging Face format: merged under LoRA (plain transformers loads it);
-        under DeepSpeed the gathered weights (an adapter folder under LoRA). With
-        ``validation.keep_best`` it is the best-validated model (``final/best.json`` says which step).
-        Written beside ``final/`` and renamed into place whole: a crash never leaves half a model there."""
-        final = self.run_dir / "final"
-        staged = staging_for(final) if self.is_main else final
-        if self.deepspeed:
-            self._save_gathered(staged)
+            self.save_gathered(folder)
         elif self.is_main:
-            best = self.validator.restore_best(self.step) if self.validator is not None else None
-            self.policy.save(staged, merged=True)
-            if self.validator is not None and self.validator.keep_best:
-                shutil.copy2(self.validator.best_dir / BEST_FILE, staged / BEST_FILE)
-            if best is not None:
-                self.best_step = best
-        if self.is_main:
-            replace_dir(staged, final)
-            log.info("final model: %s", final)
+            self.policy.save(folder, merged=True)
 
-    def _save_gathered(self, folder: Path) -> None:
+    def save_gathered(self, folder: Path) -> None:
         """Under DeepSpeed: gather the weights on every rank (ZeRO-3 partitions them) and save them in
         Hugging Face format on rank 0 (an adapter folder under LoRA, whose trainable weights alone are
         gathered, one at a time)."""
@@ -579,106 +289,6 @@ class Learner:
             lm_state = {k[len("lm.") :]: v for k, v in full.items() if k.startswith("lm.")}
             head = {k[len("value_head.") :]: v for k, v in full.items() if k.startswith("value_head.")}
             self.policy.save(folder, merged=False, state_dict=lm_state, value_state=head or None)
-
-    def _batch(self) -> list:
-        n, world, rank = (
-            self.cfg.rollout.batch_size,
-            self.accelerator.num_processes,
-            self.accelerator.process_index,
-        )
-        batch = self.stream.next_batch(n * world)
-        return batch[rank * n : (rank + 1) * n]
-
-    def _judge_metrics(self, rollout: Rollout) -> dict[str, float]:
-        """This step's position bias of the comparing judges (``judge/position_bias/*``): the rewards'
-        judges and the algorithm's own (``Rollout.judge_metrics``), merged by decision count."""
-        return merge_metrics([*self.rewards.step_metrics(), *rollout.judge_metrics])
-
-    def _check_items(self, items: list[TrainItem]) -> None:
-        """Every item is of a kind and carries only fields its algorithm declared (:class:`.base.Needs`)."""
-        for it in items:
-            if it.kind not in self.needs.kinds or not set(it.fields) <= set(self.needs.fields):
-                raise TypeError(
-                    f"{self.algo_cls.__name__}.rollout gave an item of kind {it.kind.name!r} with fields "
-                    f"{sorted(it.fields)}; its needs() declare kinds {[k.name for k in self.needs.kinds]} "
-                    f"and fields {list(self.needs.fields)}"
-                )
-
-    def train_step(self) -> dict[str, float]:
-        """One step: rollout, scoring passes, updates. Returns the step's metrics."""
-        t_step, cpu_step = time.perf_counter(), time.process_time()
-        failed_before = failed_items(*self.remote_engines)
-        scenarios = self._batch()
-        with self.policy.generation_view():  # ZeRO-3: gathered once, no collectives inside (audit D1)
-            persona_metrics: dict[str, float] = {}
-            if self.persona is not None:  # inferred persona summaries into the scenarios' meta
-                self.persona.annotate(scenarios)
-                persona_metrics = self.persona.step_metrics()  # persona/inferred, persona/invalid
-            rollout = self.algorithm.rollout(scenarios, self.step)
-        if self.policy.rollout_engine is not None:
-            self.policy.rollout_engine.sleep()  # vLLM's memory is free for training (where it can sleep)
-        timings = dict(rollout.timings)
-        items = rollout.items
-        self._check_items(items)
-        t0 = time.perf_counter()
-        self._fill_reference(items)
-        timings["ref_logprobs"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        gap = _LogprobGap()
-        measured = self._fill_old(items, gap)
-        timings["old_logprobs"] = time.perf_counter() - t0
-        update_metrics, skipped = self._update(items, timings, None if measured else gap)
-        t0 = time.perf_counter()
-        self._sync_generator()
-        timings["weight_sync"] = time.perf_counter() - t0
-        timings["step"] = time.perf_counter() - t_step
-        timings["cpu_step"] = time.process_time() - cpu_step  # CPU seconds: the cost on a shared machine
-        tokens = sum(len(s.completion_ids) for s in rollout.samples)
-        metrics = {**rollout.metrics, **persona_metrics, **self._judge_metrics(rollout), **update_metrics}
-        metrics.update(gap.metrics())
-        metrics.update({f"time/{k}": v for k, v in timings.items()})
-        metrics["tokens_per_s"] = tokens / timings["step"] if timings["step"] > 0 else 0.0
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
-        metrics["nonfinite_skipped"] = float(skipped)
-        metrics["items"] = float(len(items))
-        metrics["valid"] = float(sum(1 for s in rollout.samples if s.valid))
-        metrics["remote/failed"] = float(failed_items(*self.remote_engines) - failed_before)
-        metrics["prompt_truncated"] = float(self.policy.take_truncations())
-        if metrics["prompt_truncated"] and not self.warned_truncation:
-            self.warned_truncation = True
-            log.warning(
-                "prompts longer than rollout.max_prompt_tokens=%d are cut (oldest turns first, the system "
-                "prompt kept); metric prompt_truncated counts them",
-                self.cfg.rollout.max_prompt_tokens,
-            )
-        if self.heldout is not None:  # heldout/*: a judge the policy never trains on, on a sample
-            metrics.update(self.heldout.step(self.step + 1, rollout.samples))
-        self.logs.samples(self.step + 1, rollout)
-        return self.monitor.update(self.step + 1, self._mean_over_processes(metrics), rollout.samples)
-
-    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average each metric over the processes (rollout metrics are per rank); adds ``world``."""
-        world = self.accelerator.num_processes
-        if world == 1:
-            return {**metrics, "world": 1.0}
-        from accelerate.utils import gather_object
-
-        merged: dict[str, list[float]] = defaultdict(list)
-        for part in gather_object([metrics]):
-            for k, v in part.items():
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    merged[k].append(float(v))
-        out = {k: sum(v) / len(v) for k, v in merged.items()}
-        for k, v in merged.items():  # extremes stay extremes
-            if k.endswith("/max"):
-                out[k] = max(v)
-            elif k.endswith("/min"):
-                out[k] = min(v)
-        for k in ("invalid", "items", "truncated", "valid", "prompt_truncated"):  # counts add up over ranks
-            if k in merged:
-                out[k] = sum(merged[k])
-        out["world"] = float(world)
-        return out
 
     def _check_replicas(self) -> None:
         """Under DDP every rank must hold the same weights; a mismatch means gradients were not synced."""
@@ -693,7 +303,29 @@ class Learner:
                 "gradient synchronisation failed"
             )
 
-    def _scoring_batches(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
+    # ------------------------------------------------------------------ one step's update
+    def update(
+        self, items: list[TrainItem], step: int, loss: LossFn, timings: dict[str, float]
+    ) -> tuple[dict[str, float], int]:
+        """Learn from step ``step``'s rows: reference and old log-probs, then inner epochs x
+        mini-batches of optimizer updates with ``loss``, then the weights pushed to a separate sampler.
+        Returns the averaged metrics (the sampler gap's among them) and the updates skipped as
+        non-finite; adds the stages' seconds to ``timings``."""
+        t0 = time.perf_counter()
+        self._fill_reference(items)
+        timings["ref_logprobs"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        gap = LogprobGap()
+        measured = self.fill_old(items, gap)
+        timings["old_logprobs"] = time.perf_counter() - t0
+        metrics, skipped = self._updates(items, step, loss, timings, None if measured else gap)
+        metrics.update(gap.metrics())
+        t0 = time.perf_counter()
+        self.sync_generator()
+        timings["weight_sync"] = time.perf_counter() - t0
+        return metrics, skipped
+
+    def scoring_batches(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
         for mb in length_grouped(items, self.cfg.train.micro_batch_size):
             masks = [it.loss_mask for it in mb]
             yield mb, self.policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb], masks)
@@ -702,10 +334,10 @@ class Learner:
         """Micro-batches for a no-grad scoring pass. Under ZeRO-3 each forward gathers the partitioned
         parameters (a collective), so every rank runs as many forwards as the busiest one (empty
         ``[]`` micro-batches of an idle batch on the others); every rank must call this."""
-        micro = list(self._scoring_batches(items))
+        micro = list(self.scoring_batches(items))
         n = len(micro)
         if zero_stage(self.accelerator) == 3:
-            n = int(self._all_reduce([float(n)], "max")[0])
+            n = int(self.all_reduce([float(n)], "max")[0])
         for j in range(n):
             yield micro[j] if j < len(micro) else ([], self._idle_batch())
 
@@ -735,12 +367,12 @@ class Learner:
             and self.policy.dtype == torch.float32
         )
 
-    def _fill_old(self, items: list[TrainItem], gap: _LogprobGap) -> bool:
+    def fill_old(self, items: list[TrainItem], gap: LogprobGap) -> bool:
         """Old log-probs where the training forward cannot give them (several mini-batches or inner
         epochs): the sampler's where they match (:meth:`_sampler_matches`), else one no-grad pass of
         the current policy, which also measures the sampler gap. Returns whether it measured it."""
         if self._on_policy():
-            return False  # taken from the training forward itself (see _accumulate)
+            return False  # taken from the training forward itself (see accumulate)
         pg = [it for it in items if it.kind.policy_gradient]
         matches = self._sampler_matches()
         for it in pg:
@@ -802,7 +434,7 @@ class Learner:
             with_values=self.needs.value_head,
         )
 
-    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+    def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         """``values`` reduced over the processes (``sum``, ``max`` or ``min``). A collective: every rank
         calls it the same number of times, whatever its own items are."""
         if self.accelerator.num_processes == 1:
@@ -814,15 +446,20 @@ class Learner:
         dist.all_reduce(t, op=ops[op])
         return t.tolist()
 
-    def _global_totals(self, items: list[TrainItem]) -> Totals:
+    def global_totals(self, items: list[TrainItem]) -> Totals:
         """Token and sequence counts of each declared kind in the mini-batch, summed over the processes
         (a collective): the normalisers of each kind's loss."""
         kinds = self.needs.kinds
-        flat = self._all_reduce([totals_of(items, k)[f] for k in kinds for f in ("tokens", "seqs")])
+        flat = self.all_reduce([totals_of(items, k)[f] for k in kinds for f in ("tokens", "seqs")])
         return {k: {"tokens": flat[2 * i], "seqs": flat[2 * i + 1]} for i, k in enumerate(kinds)}
 
-    def _update(
-        self, items: list[TrainItem], timings: dict[str, float], gap: _LogprobGap | None
+    def _updates(
+        self,
+        items: list[TrainItem],
+        step: int,
+        loss: LossFn,
+        timings: dict[str, float],
+        gap: LogprobGap | None,
     ) -> tuple[dict[str, float], int]:
         """Inner epochs x mini-batches of optimizer updates; returns averaged metrics and skips.
         ``gap`` (if given) is measured in the forwards of the first update, which run on the weights
@@ -842,14 +479,14 @@ class Learner:
             if t.inner_epochs > 1 or t.mini_batches > 1:
                 random.shuffle(order)
             for mini in (order[i :: t.mini_batches] for i in range(t.mini_batches)):
-                micro = list(self._scoring_batches(mini))
-                totals = self._global_totals(mini)
+                micro = list(self.scoring_batches(mini))
+                totals = self.global_totals(mini)
                 if sum(t["tokens"] for t in totals.values()) == 0:
                     continue  # nothing to train on, on any rank
-                n_micro = int(self._all_reduce([float(len(micro))], "max")[0])
-                finite, step_metrics = self._accumulate(micro, totals, clock, gap, n_micro)
+                n_micro = int(self.all_reduce([float(len(micro))], "max")[0])
+                finite, step_metrics = self.accumulate(micro, totals, clock, loss, gap, n_micro, step)
                 gap = None
-                finite = self._all_reduce([float(finite)], "min")[0] > 0
+                finite = self.all_reduce([float(finite)], "min")[0] > 0
                 t0 = time.perf_counter()
                 grad_norm = self._clip() if finite else None
                 finite = finite and (grad_norm is None or math.isfinite(grad_norm))
@@ -864,33 +501,38 @@ class Learner:
                         sums["grad_norm"] += grad_norm
                 else:
                     skipped += 1
-                    self.nonfinite_in_a_row += 1
-                    log.warning(
-                        "step %d: non-finite loss or gradient, update skipped (%d in a row)",
-                        self.step + 1,
-                        self.nonfinite_in_a_row,
-                    )
+                    self._skipped(step)
                 self.optimizer.zero_grad(set_to_none=True)
                 clock["optimizer"] += time.perf_counter() - t0
-                if self.nonfinite_in_a_row >= t.max_nonfinite:
-                    ckpt = latest_checkpoint(self.run_dir)
-                    raise TrainingError(
-                        f"{self.nonfinite_in_a_row} non-finite losses/gradients in a row at step "
-                        f"{self.step + 1}; stopping. Last checkpoint: {ckpt or 'none yet'}. "
-                        "Lower train.lr or check the rewards."
-                    )
         timings.update(clock)
         metrics = {k: v / max(1, updates) for k, v in sums.items()}
         metrics["updates"] = float(updates)
         return metrics, skipped
 
-    def _accumulate(
+    def _skipped(self, step: int) -> None:
+        """Count a skipped non-finite update; stop after ``train.max_nonfinite`` in a row."""
+        self.nonfinite_in_a_row += 1
+        log.warning(
+            "step %d: non-finite loss or gradient, update skipped (%d in a row)",
+            step,
+            self.nonfinite_in_a_row,
+        )
+        if self.nonfinite_in_a_row >= self.cfg.train.max_nonfinite:
+            ckpt = latest_checkpoint(self.run_dir)
+            raise TrainingError(
+                f"{self.nonfinite_in_a_row} non-finite losses/gradients in a row at step {step}; stopping. "
+                f"Last checkpoint: {ckpt or 'none yet'}. Lower train.lr or check the rewards."
+            )
+
+    def accumulate(
         self,
         micro: list[tuple[list[TrainItem], Any]],
         totals: Totals,
         clock: dict[str, float],
-        gap: _LogprobGap | None = None,
+        loss: LossFn,
+        gap: LogprobGap | None = None,
         n_micro: int | None = None,
+        step: int = 0,
     ) -> tuple[bool, dict[str, float]]:
         """Forward and backward ``n_micro`` micro-batches of one optimizer step (this rank's, then
         zero-loss ones; gradients sync on the last); returns whether every loss was finite, and the
@@ -910,7 +552,9 @@ class Learner:
                 continue  # DDP needs only the last (synced) backward; ZeRO-3 needs every forward
             if self.deepspeed:
                 mark_last_micro_batch(self.accelerator, last)
-            sync = _nullcontext() if last or self.deepspeed else self.accelerator.no_sync(self.scorer)
+            sync = (
+                contextlib.nullcontext() if last or self.deepspeed else self.accelerator.no_sync(self.scorer)
+            )
             with sync, self.policy.training_mode():  # the one forward with dropout (see Policy)
                 t0 = time.perf_counter()
                 if not real:
@@ -923,23 +567,21 @@ class Learner:
                     mb.old_logp = out.logp.detach()
                 if gap is not None:
                     gap.add(mb.items, out.logp, mb.mask)
-                loss, metrics = self.algorithm.loss(mb, out, totals)
+                value, metrics = loss(mb, out, totals)
                 t1 = time.perf_counter()
                 clock["policy_forward"] += t1 - t0
-                if not torch.isfinite(loss):
+                if not torch.isfinite(value):
                     if self.deepspeed:  # the engine keeps what earlier micro-batches accumulated
-                        raise TrainingError(
-                            f"step {self.step + 1}: non-finite loss under DeepSpeed; stopping"
-                        )
+                        raise TrainingError(f"step {step}: non-finite loss under DeepSpeed; stopping")
                     finite = False
                     if last:  # the synced backward still has to happen (no second forward: under DDP
                         # a forward after a synced one broadcasts buffers, which the others would not)
-                        self.accelerator.backward(loss * 0.0)
+                        self.accelerator.backward(value * 0.0)
                     continue
                 # Losses are normalised by global totals; DDP averages gradients over ranks, so scale back.
-                self.accelerator.backward(loss * world)
+                self.accelerator.backward(value * world)
                 clock["backward"] += time.perf_counter() - t1
-            step_metrics["loss/total"] += float(loss.detach())
+            step_metrics["loss/total"] += float(value.detach())
             for k, v in metrics.items():
                 step_metrics[k] += float(v)
         return finite, step_metrics
@@ -968,7 +610,7 @@ class Learner:
         return float(self.accelerator.clip_grad_norm_(params, self.cfg.train.max_grad_norm))
 
 
-class _LogprobGap:
+class LogprobGap:
     """``|sampler log-prob - training-forward log-prob|`` over the policy-gradient tokens scored with
     the weights that sampled them: the signal that catches a sampler whose numerics or weights differ
     from the trained model (bf16 decode vs full forward, stale weights in a vLLM copy)."""
@@ -1000,38 +642,3 @@ class _LogprobGap:
             "train/sampler_logprob_gap/mean": self.total / self.tokens,
             "train/sampler_logprob_gap/max": self.max,
         }
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def check_heads(checkpoint: Path, needs: Needs) -> None:
-    """Refuse, before anything loads, a checkpoint whose heads differ from this run's: its optimizer state
-    holds a value head this run has none for, or the reverse (older checkpoints: the file tells)."""
-    recorded = load_trainer_state(checkpoint).get("value_head")
-    had = bool(recorded) if recorded is not None else (checkpoint / "model" / VALUE_HEAD_FILE).is_file()
-    if had == needs.value_head:
-        return
-    held = "holds a value head" if had else "holds no value head"
-    wants = "trains one" if needs.value_head else "trains none"
-    raise ConfigError(
-        f"--resume: the checkpoint {checkpoint} {held} and this run {wants}, so its optimizer state does not "
-        "fit; resume with the settings it was written with, or start a new run in another --output"
-    )
-
-
-def run_training(cfg: RunConfig, *, resume: bool = False) -> Learner:
-    """Build a :class:`Learner` and run it; returns it (``run_dir``; ``stopped_by`` a signal's name
-    when one stopped the run early)."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        learner = Learner(cfg, resume=resume)
-        learner.train()
-    finally:
-        end_process_group()
-    return learner

@@ -10,8 +10,9 @@ the card's size in place of the free memory the trainer measures (less :data:`~r
 CUDA_CONTEXT_BYTES` and the loaded weights).
 
 Requests per step are first tries per process (a retry of an unreadable answer adds one; cached need
-analyses, references and personas are asked once per scenario), from the algorithm's and the built-in
-rewards' structure; a plugin reward is listed as unknown.
+analyses, references and personas are asked once per scenario): the algorithm's own, as it declares them
+(:meth:`Algorithm.requests <rapo_echo.algorithms.base.Algorithm.requests>`; the plan says so when it
+declares none), and the built-in rewards' from their structure; a plugin reward is listed as unknown.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rapo_echo import autosize
+from rapo_echo.algorithms import get as algorithm_class
+from rapo_echo.algorithms.base import RoleRequest
 from rapo_echo.data.files import locate
 from rapo_echo.errors import ConfigError
 from rapo_echo.models import ResolvedModel, load_tokenizer, resolve, resolve_dtype
@@ -140,67 +143,57 @@ def training_of(cfg: RunConfig, shape: autosize.ModelShape, dtype: str, hw: Hard
     )
 
 
-def _reward_requests(cfg: RunConfig, n: int, b: int) -> list[tuple[str, str, int | None]]:
-    """(role, what, requests) of the rewards, ``n`` replies of ``b`` scenarios a step."""
-    out: list[tuple[str, str, int | None]] = []
+def _reward_requests(cfg: RunConfig, n: int, b: int) -> list[RoleRequest]:
+    """The requests of the rewards, ``n`` replies of ``b`` scenarios a step."""
+    out: list[RoleRequest] = []
     for spec in cfg.rewards:
         args = spec.args or {}
         if spec.name == "judge":
-            out.append(("judge", "judge reward: one rating per reply", n))
+            out.append(RoleRequest("judge", "judge reward: one rating per reply", n))
         if spec.name in ("humanlike", "echo_n1"):  # echo_n1 route: one of the two per reply; both counted
-            out.append(("judge", f"{spec.name}: humanlike verdict per reply", n))
+            out.append(RoleRequest("judge", f"{spec.name}: humanlike verdict per reply", n))
         if spec.name in ("empathy", "echo_n1"):
             emp = args.get("empathy", {}) if spec.name == "echo_n1" else args
             orders = 2 if emp.get("order", "both") == "both" else 1
-            out.append(("judge", f"{spec.name}: empathy comparisons ({orders} orders)", n * orders))
-            out.append(("judge", f"{spec.name}: injection probe", int(emp.get("injection_probe", 8))))
+            out.append(
+                RoleRequest("judge", f"{spec.name}: empathy comparisons ({orders} orders)", n * orders)
+            )
+            out.append(
+                RoleRequest("judge", f"{spec.name}: injection probe", int(emp.get("injection_probe", 8)))
+            )
             if emp.get("needs", True):
-                out.append(("judge", f"{spec.name}: need analysis (first sight of a scenario)", b))
+                out.append(RoleRequest("judge", f"{spec.name}: need analysis (first sight of a scenario)", b))
             ref_role = emp.get("reference_model", "judge")
             if ref_role in ("judge", "simulator") and emp.get("reference", "auto") != "scenario":
-                out.append((ref_role, f"{spec.name}: reference reply (first sight, cached)", b))
+                out.append(RoleRequest(ref_role, f"{spec.name}: reference reply (first sight, cached)", b))
         if spec.name == "emotion":
-            out.append(("simulator", "emotion reward: one reaction per reply", n))
+            out.append(RoleRequest("simulator", "emotion reward: one reaction per reply", n))
         if spec.name not in ("judge", "humanlike", "empathy", "echo_n1", "emotion", "length", "format"):
-            out.append(("?", f"{spec.name}: a plugin (not modelled)", None))
+            out.append(RoleRequest("?", f"{spec.name}: a plugin (not modelled)", None))
     return out
 
 
-def role_requests(cfg: RunConfig) -> list[tuple[str, str, int | None]]:
-    """(role, what, requests per step per process) of the algorithm and its rewards."""
+def role_requests(cfg: RunConfig) -> list[RoleRequest]:
+    """The requests per step per process of the algorithm (:meth:`Algorithm.requests`; none when it
+    declares none), its rewards and persona inference."""
     r = cfg.rollout
     b, n = r.batch_size, r.batch_size * r.group_size
-    out: list[tuple[str, str, int | None]] = []
-    if cfg.algo == "rapo":
-        rc = cfg.rapo
-        if rc.simulator.name == "reaction":
-            thought = 2 if rc.simulator.with_thought else 1
-            out.append(
-                (
-                    "simulator",
-                    "RAPO reactions (reply + thought)" if thought == 2 else "RAPO reactions",
-                    n * thought,
-                )
-            )
-        if rc.judge.kind == "model":
-            orders = 2 if rc.judge.orders == "both" else 1
-            passes = 2 if rc.judge.reverse_pass else 1
-            out.append(
-                ("judge", f"RAPO group ranks ({orders} orders x {passes} passes)", b * orders * passes)
-            )
-            if rc.sd.enabled and rc.sd.loss != "token_kl":
-                out.append(("judge", "RAPO critiques of the replies to correct (about half)", n // 2))
-    elif cfg.algo == "rlver":
-        from rapo_echo.simulators.sage import preset
-
-        turns = cfg.rlver.simulator.max_turns or preset(cfg.rlver.simulator.preset).max_turns
-        out.append(
-            ("simulator", f"RLVER user turns (<= {turns} per dialogue, reply + emotion)", n * turns * 2)
-        )
+    out = list(algorithm_class(cfg.algo).requests(cfg) or [])
     out += _reward_requests(cfg, n, b)
     if cfg.persona.enabled:
-        out.append((cfg.persona.engine, "persona inference (first sight of a scenario)", b))
+        out.append(RoleRequest(cfg.persona.engine, "persona inference (first sight of a scenario)", b))
     return out
+
+
+def undeclared_requests(cfg: RunConfig) -> str:
+    """A note when the algorithm declares no requests (:meth:`Algorithm.requests` gives None): its own
+    calls to the simulator and the judge are then missing from the plan."""
+    if algorithm_class(cfg.algo).requests(cfg) is not None:
+        return ""
+    return (
+        f"the algorithm {cfg.algo!r} declares no requests of its own (Algorithm.requests): any calls it "
+        "makes to the simulator or the judge are not counted below"
+    )
 
 
 def describe_role(cfg: RunConfig, role: str) -> str:
@@ -227,72 +220,18 @@ def make_plan(cfg: RunConfig, hw: Hardware) -> dict[str, Any]:
     if dtype == "auto":
         dtype = "float32"
     training = training_of(cfg, shape, dtype, hw)
+    sizes = _sizes(cfg, hw, shape, training, dtype)
     r, t = cfg.rollout, cfg.train
-    workload = autosize.workload_of(cfg)
-    vllm = (
-        int(r.vllm_gpu_memory_utilization * hw.memory_bytes) if r.engine == "vllm" and device == "cuda" else 0
-    )
-    state = autosize.state_bytes(training, vllm)
-    problems: list[str] = []
-    context = autosize.CUDA_CONTEXT_BYTES if device == "cuda" else 0
-    free = hw.memory_bytes - context - state["weights"] - state["reference"]
-    if device == "cuda":
-        micro, rows, basis = autosize.gpu_batch_sizes(
-            free_bytes=max(0, free), shape=shape, training=training, workload=workload, vllm_bytes=vllm
-        )
-    else:
-        micro, rows = autosize.CPU_MICRO_BATCH, autosize.CPU_ROLLOUT_BATCH
-        basis = {}
-    micro = micro if t.micro_batch_size == "auto" else t.micro_batch_size
-    rows = rows if r.max_batch_size == "auto" else r.max_batch_size
-    act_bytes = ELEMENT_BYTES[dtype]
-    seq = autosize.sequence_bytes(shape, workload, act_bytes)
-    row = autosize.row_bytes(shape, workload, act_bytes)
-    decode_rows = min(r.batch_size, max(1, rows // r.group_size)) * r.group_size
-    memory = {
-        **state,
-        "cuda_context": context,
-        "activations": micro * seq + autosize.logit_bytes(shape),
-        "rollout_kv": decode_rows * row,
-    }
-    total = sum(memory.values())
-    if device == "cuda":
-        fixed = sum(state.values()) + context
-        gathered = state.get("gathered", 0)
-        if gathered and fixed - gathered <= hw.memory_bytes < fixed:
-            problems.append(
-                f"under ZeRO-3 each rank gathers the whole model for the rollout ({gathered / GB:.1f} GB on "
-                f"top of its {(fixed - gathered) / GB:.1f} GB shard and state), which exceeds "
-                f"{hw.memory_bytes / GB:.0f} GB per GPU: GPUs with more memory, or a model that one GPU holds"
-            )
-        elif fixed > hw.memory_bytes:
-            problems.append(
-                f"the model state alone ({fixed / GB:.1f} GB: weights, reference, gradients, optimizer) "
-                f"exceeds {hw.memory_bytes / GB:.0f} GB per GPU: use LoRA (model.lora.enabled), ZeRO-3 or "
-                "more GPUs"
-            )
-        elif basis and not basis["fits"]:
-            problems.append(
-                "not even micro-batch 1 and 8 decoding rows fit beside the model state: shorten "
-                "rollout.max_prompt_tokens / max_new_tokens, turn on model.gradient_checkpointing, or use "
-                "LoRA"
-            )
-        if total > hw.memory_bytes:
-            problems.append(
-                f"the planned total ({total / GB:.1f} GB) exceeds {hw.memory_bytes / GB:.0f} GB per GPU "
-                "with the sizes given; let them be auto or lower them"
-            )
-        for role in ("simulator", "judge"):
-            e = getattr(cfg, role)
-            if e.engine in ("hf", "vllm"):
-                problems.append(
-                    f"{role}.engine {e.engine} loads {e.model} on every training GPU beside the policy (not "
-                    "counted above); a large role belongs on 'vllm serve' (engine: openai)"
-                )
     requests = [
-        {"role": role, "served_by": describe_role(cfg, role), "what": what, "per_process": count}
-        for role, what, count in role_requests(cfg)
+        {
+            "role": q.role,
+            "served_by": describe_role(cfg, q.role),
+            "what": q.what,
+            "per_process": q.per_process,
+        }
+        for q in role_requests(cfg)
     ]
+    problems = _problems(cfg, hw, sizes) if device == "cuda" else []
     return {
         "algo": cfg.algo,
         "model": {
@@ -317,25 +256,108 @@ def make_plan(cfg: RunConfig, hw: Hardware) -> dict[str, Any]:
             "source": hw.source,
             "fp32_masters": training.masters,
         },
-        "memory_bytes": memory,
-        "total_bytes": total,
+        "memory_bytes": sizes["memory"],
+        "total_bytes": sizes["total"],
         "batch": {
-            "train.micro_batch_size": micro,
-            "rollout.max_batch_size": rows,
+            "train.micro_batch_size": sizes["micro"],
+            "rollout.max_batch_size": sizes["rows"],
             "asked": {
                 "train.micro_batch_size": t.micro_batch_size,
                 "rollout.max_batch_size": r.max_batch_size,
             },
-            "decode_rows": decode_rows,
-            "tokens_per_sequence": round(workload.train_tokens_per_sequence, 1),
+            "decode_rows": sizes["decode_rows"],
+            "tokens_per_sequence": round(sizes["workload"].train_tokens_per_sequence, 1),
             "replies_per_step_per_process": r.batch_size * r.group_size,
             "replies_per_step": r.batch_size * r.group_size * hw.gpus,
         },
-        "basis": basis,
+        "basis": sizes["basis"],
         "requests": requests,
+        "requests_note": undeclared_requests(cfg),
         "problems": problems,
         "fits": not problems,
     }
+
+
+def _sizes(
+    cfg: RunConfig, hw: Hardware, shape: autosize.ModelShape, training: autosize.Training, dtype: str
+) -> dict[str, Any]:
+    """The batch sizes ``auto`` would pick on ``hw`` (or the ones set) and the memory per process they
+    give: ``micro``, ``rows``, ``basis`` (on CUDA, how they were found), ``decode_rows``, ``workload``,
+    ``state`` (the model state's bytes), ``memory`` (every part) and ``total``."""
+    r, t = cfg.rollout, cfg.train
+    cuda = hw.device == "cuda"
+    workload = autosize.workload_of(cfg)
+    vllm = int(r.vllm_gpu_memory_utilization * hw.memory_bytes) if r.engine == "vllm" and cuda else 0
+    state = autosize.state_bytes(training, vllm)
+    context = autosize.CUDA_CONTEXT_BYTES if cuda else 0
+    free = hw.memory_bytes - context - state["weights"] - state["reference"]
+    if cuda:
+        micro, rows, basis = autosize.gpu_batch_sizes(
+            free_bytes=max(0, free), shape=shape, training=training, workload=workload, vllm_bytes=vllm
+        )
+    else:
+        micro, rows = autosize.CPU_MICRO_BATCH, autosize.CPU_ROLLOUT_BATCH
+        basis = {}
+    micro = micro if t.micro_batch_size == "auto" else t.micro_batch_size
+    rows = rows if r.max_batch_size == "auto" else r.max_batch_size
+    act_bytes = ELEMENT_BYTES[dtype]
+    decode_rows = min(r.batch_size, max(1, rows // r.group_size)) * r.group_size
+    memory = {
+        **state,
+        "cuda_context": context,
+        "activations": micro * autosize.sequence_bytes(shape, workload, act_bytes)
+        + autosize.logit_bytes(shape),
+        "rollout_kv": decode_rows * autosize.row_bytes(shape, workload, act_bytes),
+    }
+    return {
+        "micro": micro,
+        "rows": rows,
+        "basis": basis,
+        "decode_rows": decode_rows,
+        "workload": workload,
+        "state": state,
+        "memory": memory,
+        "total": sum(memory.values()),
+    }
+
+
+def _problems(cfg: RunConfig, hw: Hardware, sizes: dict[str, Any]) -> list[str]:
+    """What will not fit on ``hw``'s GPUs (or is worth a check) with these sizes."""
+    problems: list[str] = []
+    state, basis, total = sizes["state"], sizes["basis"], sizes["total"]
+    fixed = sum(state.values()) + autosize.CUDA_CONTEXT_BYTES
+    gathered = state.get("gathered", 0)
+    if gathered and fixed - gathered <= hw.memory_bytes < fixed:
+        problems.append(
+            f"under ZeRO-3 each rank gathers the whole model for the rollout ({gathered / GB:.1f} GB on "
+            f"top of its {(fixed - gathered) / GB:.1f} GB shard and state), which exceeds "
+            f"{hw.memory_bytes / GB:.0f} GB per GPU: GPUs with more memory, or a model that one GPU holds"
+        )
+    elif fixed > hw.memory_bytes:
+        problems.append(
+            f"the model state alone ({fixed / GB:.1f} GB: weights, reference, gradients, optimizer) "
+            f"exceeds {hw.memory_bytes / GB:.0f} GB per GPU: use LoRA (model.lora.enabled), ZeRO-3 or "
+            "more GPUs"
+        )
+    elif basis and not basis["fits"]:
+        problems.append(
+            "not even micro-batch 1 and 8 decoding rows fit beside the model state: shorten "
+            "rollout.max_prompt_tokens / max_new_tokens, turn on model.gradient_checkpointing, or use "
+            "LoRA"
+        )
+    if total > hw.memory_bytes:
+        problems.append(
+            f"the planned total ({total / GB:.1f} GB) exceeds {hw.memory_bytes / GB:.0f} GB per GPU "
+            "with the sizes given; let them be auto or lower them"
+        )
+    for role in ("simulator", "judge"):
+        e = getattr(cfg, role)
+        if e.engine in ("hf", "vllm"):
+            problems.append(
+                f"{role}.engine {e.engine} loads {e.model} on every training GPU beside the policy (not "
+                "counted above); a large role belongs on 'vllm serve' (engine: openai)"
+            )
+    return problems
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -388,6 +410,8 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(
         f"per step: {b['replies_per_step_per_process']} replies per process, {b['replies_per_step']} in all"
     )
+    if plan["requests_note"]:
+        lines.append(f"note: {plan['requests_note']}")
     if plan["requests"]:
         lines.append("requests per step (first tries; per process, x processes in all):")
         for q in plan["requests"]:

@@ -1,7 +1,7 @@
 """What a run writes as it goes (docs/run-directory.md): its resolved config, ``metrics.jsonl`` (one
-line per step), ``samples.jsonl`` (every ``logging.samples_every`` steps), TensorBoard and Weights & Biases,
-and the progress bar. A write that fails (a full disk) names the way on: free space, then resume from the
-last checkpoint.
+line per step), ``samples.jsonl`` (every ``logging.samples_every`` steps), the step hooks' records
+(``hooks/<name>.jsonl``), TensorBoard and Weights & Biases, and the progress bar. A write that fails (a
+full disk) names the way on: free space, then resume from the last checkpoint.
 
 The main process writes. Each process samples its own contexts, so ``samples.jsonl`` gathers the records
 of every rank (each with its ``rank``) onto the main process; the gather is a collective, so every rank
@@ -45,6 +45,7 @@ class RunLog:
         self.resume = resume
         self.metrics_file = run_dir / "metrics.jsonl"
         self.samples_file = run_dir / "samples.jsonl"
+        self.hooks_dir = run_dir / "hooks"  # a step hook's records: hooks/<name>.jsonl
         self.tb: Any = None
         self.wandb: WandbLog | None = None
 
@@ -67,7 +68,7 @@ class RunLog:
     def resumed_at(self, step: int) -> None:
         """Drop the lines written after the checkpoint a run resumes from (they will be written again)."""
         if self.is_main:
-            for f in (self.metrics_file, self.samples_file):
+            for f in (self.metrics_file, self.samples_file, *sorted(self.hooks_dir.glob("*.jsonl"))):
                 keep_jsonl(f, lambda r: not isinstance(r, dict) or r.get("step", 0) <= step)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
@@ -100,6 +101,15 @@ class RunLog:
         append_jsonl(self.samples_file, records, fix=self._write_fix())
         if self.wandb is not None:
             self.wandb.samples(records, step)
+
+    def records(self, name: str, step: int, rows: Sequence[dict[str, Any]]) -> None:
+        """A step hook's records of step ``step`` into ``hooks/<name>.jsonl``, each with the step."""
+        if not (self.is_main and rows):
+            return
+        self.hooks_dir.mkdir(exist_ok=True)
+        append_jsonl(
+            self.hooks_dir / f"{name}.jsonl", [{"step": step, **r} for r in rows], fix=self._write_fix()
+        )
 
     def progress(self, initial: int) -> progress.Task | None:
         """The run's bar over its steps (None: off, or not the main process); engine calls nest their own

@@ -184,8 +184,8 @@ def dry_run(plan: PlanSettings, cfg) -> int:
 
 def train_with(cfg, *, resume: bool = False):
     """Run the training ``cfg`` describes (with its fidelity check first, when configured); returns the
-    :class:`~rapo_echo.training.learner.Learner` (``run_dir``, ``stopped_by``)."""
-    from .learner import run_training
+    :class:`~rapo_echo.training.run.Run` (``run_dir``, ``stopped_by``)."""
+    from .run import run_training
 
     check = None
     if cfg.fidelity is not None:  # once per run, cached by simulator / judge spec (docs/fidelity.md)

@@ -10,9 +10,9 @@ from rapo_echo.config.base import Strict
 
 
 class PersonaConfig(Strict):
-    """Persona inference (simulators/persona.py): a summary of the person (traits, needs, preferred
-    style) inferred once per scenario, shown to the judges (fenced) and, with ``to_policy``, appended to
-    the policy's system prompt."""
+    """Persona inference (rapo_echo/rewards/persona.py, a step hook): a summary of the person (traits,
+    needs, preferred style) inferred once per scenario, shown to the judges (fenced) and, with
+    ``to_policy``, appended to the policy's system prompt."""
 
     enabled: bool = Field(False, description="Infer a persona for each scenario before the rollout.")
     engine: Literal["simulator", "judge"] = Field("simulator", description="The role whose engine infers it.")

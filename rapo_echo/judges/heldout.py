@@ -33,6 +33,7 @@ from rapo_echo.llm.answers import check_logprobs_mode, wants_logprobs
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.judge_screen import JudgeScreen
+from rapo_echo.step_hooks import StepHook
 from rapo_echo.types import Conversation, Scenario, msg
 
 PREFIX = "heldout/"
@@ -58,8 +59,11 @@ def concordance(train: Sequence[float], heldout: Sequence[float]) -> float | Non
     return agree / total if total else None
 
 
-class HeldoutJudge:
-    """Scores a sample of each step's replies with a question the policy is never trained on."""
+class HeldoutJudge(StepHook):
+    """Scores a sample of each step's replies with a question the policy is never trained on; a step hook
+    (:mod:`rapo_echo.step_hooks`) that the run turns on with ``monitor.heldout.enabled``."""
+
+    name = "heldout"
 
     def __init__(
         self,
@@ -159,6 +163,10 @@ class HeldoutJudge:
         )
         self.gaps = self.gaps[: self.keep]
         return out
+
+    def after_rollout(self, samples: Sequence[Any], step: int) -> dict[str, float]:
+        """The step hook's call: :meth:`step` on this process's samples, right after their rewards."""
+        return self.step(step, samples)
 
     def examples(self) -> list[str]:
         """The replies with the largest training-minus-held-out gap of the last :data:`RECENT_STEPS` steps,

@@ -13,7 +13,8 @@ next step).
 
 It annotates scenarios rather than simulating a user, and it lives beside the other per-scenario
 annotation the Echo-N1 rewards read (:mod:`.references`, whose cache key it shares): above the judges and
-the simulators, so it may use either, and imported by the trainer.
+the simulators, so it may use either. A run turns it on with ``persona.enabled``, as a step hook
+(:mod:`rapo_echo.step_hooks`) that annotates each step's scenarios before the rollout.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.prompting import PERSONA_KEY, PERSONA_PROMPT_KEY
 from rapo_echo.rewards.references import scenario_key
+from rapo_echo.step_hooks import StepHook
 from rapo_echo.types import Conversation, Scenario, msg
 
 FIELDS = {
@@ -58,8 +60,10 @@ class PersonaSummary:
         return "\n".join(f"{label}: {getattr(self, key)}" for key, label in FIELDS.items())
 
 
-class PersonaInference:
+class PersonaInference(StepHook):
     """Infers persona summaries with ``engine``, cached per scenario and dialogue."""
+
+    name = "persona"
 
     def __init__(
         self,
@@ -129,9 +133,14 @@ class PersonaInference:
                     self.cache[key] = PersonaSummary(*values)  # type: ignore[arg-type]  # no None: checked above
         return [self.cache.get(key) for key in keys]
 
+    def before_rollout(self, scenarios: Sequence[Scenario], step: int) -> dict[str, float]:
+        """The step hook: annotate this step's scenarios; their :meth:`step_metrics`."""
+        self.annotate(scenarios)
+        return self.step_metrics()
+
     def step_metrics(self) -> dict[str, float]:
         """Dialogues inferred and failed (a field unparseable after retries) since the last call: the
-        trainer logs them every step as ``persona/inferred`` and ``persona/invalid``."""
+        run logs them every step as ``persona/inferred`` and ``persona/invalid``."""
         out = {f"persona/{k}": float(self.stats[k] - self._reported[k]) for k in ("inferred", "invalid")}
         self._reported = Counter(self.stats)
         return out

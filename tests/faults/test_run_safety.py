@@ -11,7 +11,8 @@ import pytest
 
 from rapo_echo.checkpoint import latest_checkpoint
 from rapo_echo.errors import ConfigError
-from rapo_echo.training.learner import Learner, TrainingError
+from rapo_echo.training.learner import TrainingError
+from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 from rapo_echo.training.train_cli import build_config
 from tests.helpers.plugin_rewards import NeedsKey
@@ -48,7 +49,7 @@ def test_resume_survives_torn_lines_and_takes_secrets_from_the_environment(
         "rollout.max_prompt_tokens=40",
         "rollout.system_prompt='Be kind.'",
     )
-    Learner(cfg).train()
+    Run(cfg).train()
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sum(m["prompt_truncated"] for m in metrics) > 0  # the bundled dialogues exceed 40 tokens
     (run / "final").rename(tmp_path / "final-unused")
@@ -60,7 +61,7 @@ def test_resume_survives_torn_lines_and_takes_secrets_from_the_environment(
     args.max_steps, args.set = 3, []
     resumed = build_config(args)
     assert resumed.rewards[0].args == {"key_env": "RAPO_TEST_REWARD_KEY"}
-    Learner(resumed, resume=True).train()
+    Run(resumed, resume=True).train()
     assert steps(run / "metrics.jsonl") == [1, 2, 3]
     assert sorted(set(steps(run / "samples.jsonl"))) == [1, 2, 3]
     assert NeedsKey.seen == ["rk-live-0123456789"] * 2  # the live key both times, never "***"
@@ -79,7 +80,7 @@ def test_a_judge_that_never_scores_stops_the_run(tmp_path: Path, tiny_folder: Pa
     with pytest.raises(
         TrainingError, match=r"2 steps in a row \(up to step 2\) without a single valid sample"
     ):
-        Learner(cfg).train()
+        Run(cfg).train()
     assert latest_checkpoint(run) == run / "checkpoints" / "step-1"  # kept; no final/ pretending success
     assert not (run / "final").exists() and steps(run / "metrics.jsonl") == [1, 2]
 
@@ -90,7 +91,7 @@ def test_a_run_directory_in_use_or_unwritable_is_refused_before_the_model_loads(
     run = tmp_path / "run"
     no_model = str(tmp_path / "no-such-model")  # loading it would fail with another message
     with DirLock(run), pytest.raises(ConfigError, match=r"run is in use by process \d+"):
-        Learner(cfg_for(Path(no_model), run, "train.max_steps=1"))
+        Run(cfg_for(Path(no_model), run, "train.max_steps=1"))
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"file/run: cannot write there"):
-        Learner(cfg_for(Path(no_model), tmp_path / "file" / "run", "train.max_steps=1"))
+        Run(cfg_for(Path(no_model), tmp_path / "file" / "run", "train.max_steps=1"))

@@ -18,7 +18,7 @@ from typing import Any
 
 from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.distributed import gathered_one_at_a_time
-from rapo_echo.training.learner import Learner
+from rapo_echo.training.run import Run
 from rapo_echo.types import Sample, SamplingParams, Scenario
 
 FIELDS = ("group", "prompt_ids", "completion_ids", "logprobs", "text", "finish_reason")
@@ -42,7 +42,7 @@ def install_recorder(folder: Path, extra_decode_rank: int | None = None) -> None
     group's), as a rank whose replies end later does -- unequal numbers of decode forwards across
     ranks, which must not matter (no collective may run while generating)."""
     rank = int(os.environ.get("RANK", "0"))
-    rollout, sample_group, save_final = GRPO.rollout, GRPO.sample_group, Learner._save_final
+    rollout, sample_group, save_final = GRPO.rollout, GRPO.sample_group, Run._save_final
 
     def rollout_at(self: GRPO, scenarios: list[Scenario], step: int) -> Any:
         self.probe_step = step + 1
@@ -58,7 +58,7 @@ def install_recorder(folder: Path, extra_decode_rank: int | None = None) -> None
         record_file(folder, self.probe_step, rank).write_text(json.dumps(rows))
         return samples, seconds
 
-    def final_with_weights(self: Learner) -> None:
+    def final_with_weights(self: Run) -> None:
         from safetensors.torch import save_file
 
         save_final(self)
@@ -66,7 +66,7 @@ def install_recorder(folder: Path, extra_decode_rank: int | None = None) -> None
         weights = {n: t.detach().float().cpu().contiguous() for n, t in gathered_one_at_a_time(trainable)}
         save_file(weights, str(weights_file(folder, rank)))
 
-    GRPO.rollout, GRPO.sample_group, Learner._save_final = rollout_at, recorded, final_with_weights
+    GRPO.rollout, GRPO.sample_group, Run._save_final = rollout_at, recorded, final_with_weights
 
 
 def replaying(folder: Path, world: int) -> tuple[Callable, Callable]:

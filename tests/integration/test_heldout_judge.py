@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from rapo_echo.benchmarks.plots import curve_keys
-from rapo_echo.training.learner import Learner
+from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 
 
@@ -31,7 +31,7 @@ def test_the_held_out_judge_runs_two_steps_on_the_embedded_model(tmp_path: Path)
             "logging.tensorboard=false",
         ]
     )
-    Learner(cfg).train()
+    Run(cfg).train()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:

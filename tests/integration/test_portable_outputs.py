@@ -17,7 +17,7 @@ import torch
 from rapo_echo import export
 from rapo_echo.cli import main
 from rapo_echo.errors import ConfigError, RapoEchoError
-from rapo_echo.training.learner import Learner
+from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 from tests.conftest import make_tiny_model
 from tests.helpers.wandb_stand_in import StandIn
@@ -62,8 +62,8 @@ def lora_run(tmp_path_factory, smol_tokenizer) -> Path:
     sys.modules["wandb"] = WANDB.module
     os.chdir(root)
     try:
-        Learner(load_config(overrides=[*overrides, "train.max_steps=1"])).train()
-        Learner(load_config(overrides=[*overrides, "train.max_steps=2"]), resume=True).train()
+        Run(load_config(overrides=[*overrides, "train.max_steps=1"])).train()
+        Run(load_config(overrides=[*overrides, "train.max_steps=2"]), resume=True).train()
     finally:
         os.chdir(here)
         logging.getLogger("rapo_echo.training.learner").removeHandler(seen)

@@ -99,9 +99,9 @@ def test_the_trainer_resolves_plugins_before_the_model_loads(tmp_path: Path) -> 
     """A config changed after it loaded: the trainer resolves the plugin before loading the model (which
     does not exist here, and would fail with another message)."""
     from rapo_echo.config import RewardSpec
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     cfg = load_config(overrides=[f"output={tmp_path / 'run'}", f"model.name={tmp_path / 'no-model'}"])
     cfg.rewards = [RewardSpec(name="no_such_module:warmth")]
     with pytest.raises(ConfigError, match=r"rewards.0.name: cannot import module 'no_such_module'"):
-        Learner(cfg)
+        Run(cfg)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.training.learner import Learner, TrainingError, lr_lambda
+from rapo_echo.training.learner import TrainingError, lr_lambda
+from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 
 BASE = [
@@ -51,11 +52,11 @@ def test_lr_schedule_by_hand() -> None:
 @pytest.mark.parametrize("extra", [("loss.beta=0.04",), ("model.lora.enabled=true", "train.inner_epochs=2")])
 def test_resume_gives_the_same_losses(tmp_path: Path, tiny_folder: Path, extra: tuple[str, ...]) -> None:
     full = tmp_path / "full"
-    Learner(cfg_for(tiny_folder, full, "train.max_steps=4", *extra)).train()
+    Run(cfg_for(tiny_folder, full, "train.max_steps=4", *extra)).train()
     part = tmp_path / "part"
-    Learner(cfg_for(tiny_folder, part, "train.max_steps=2", *extra)).train()
+    Run(cfg_for(tiny_folder, part, "train.max_steps=2", *extra)).train()
     resumed = cfg_for(tiny_folder, part, "train.max_steps=4", *extra)
-    Learner(resumed, resume=True).train()
+    Run(resumed, resume=True).train()
     a, b = metrics(full), metrics(part)
     assert [m["step"] for m in b] == [1, 2, 3, 4]
     for x, y in zip(a, b):
@@ -69,7 +70,7 @@ def test_outputs_load_with_plain_transformers(tmp_path: Path, tiny_folder: Path)
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
-    Learner(
+    Run(
         cfg_for(tiny_folder, run, "train.max_steps=2", "model.lora.enabled=true", "train.save_every=1")
     ).train()
     final = AutoModelForCausalLM.from_pretrained(run / "final")
@@ -93,9 +94,7 @@ def test_outputs_load_with_plain_transformers(tmp_path: Path, tiny_folder: Path)
 
 def test_metrics_have_the_documented_fields(tmp_path: Path, tiny_folder: Path) -> None:
     run = tmp_path / "run"
-    Learner(
-        cfg_for(tiny_folder, run, "train.max_steps=1", "loss.beta=0.1", "logging.tensorboard=true")
-    ).train()
+    Run(cfg_for(tiny_folder, run, "train.max_steps=1", "loss.beta=0.1", "logging.tensorboard=true")).train()
     m = metrics(run)[0]
     for key in (
         "reward/mean",
@@ -147,7 +146,7 @@ def test_nonfinite_loss_is_skipped_then_stops(tmp_path: Path, tiny_folder: Path,
         "train.micro_batch_size=64",
     )
     with pytest.raises(TrainingError, match=r"2 non-finite .*step 4.*step-3"):
-        Learner(cfg).train()
+        Run(cfg).train()
     m = metrics(run)
     assert [x["nonfinite_skipped"] for x in m] == [0.0, 0.0, 1.0]
     assert (run / "checkpoints" / "step-2" / "model").is_dir()
@@ -157,7 +156,7 @@ def test_invalid_rewards_are_masked_and_counted(tmp_path: Path, tiny_folder: Pat
     run = tmp_path / "run"
     invalid = "rewards=[{name: 'tests.helpers.plugin_rewards:every_other_invalid'}]"
     cfg = cfg_for(tiny_folder, run, "train.max_steps=1", invalid)
-    Learner(cfg).train()
+    Run(cfg).train()
     m = metrics(run)[0]
     assert m["invalid"] == 3.0 and m["items"] == 3.0  # 6 samples, 3 scored None, only 3 trained on
 
@@ -218,7 +217,7 @@ def test_sigterm_finishes_step_checkpoints_and_resumes(tmp_path: Path, tiny_fold
 
 def test_refuses_to_overwrite_a_run(tmp_path: Path, tiny_folder: Path) -> None:
     run = tmp_path / "run"
-    Learner(cfg_for(tiny_folder, run, "train.max_steps=1")).train()
+    Run(cfg_for(tiny_folder, run, "train.max_steps=1")).train()
     res = subprocess.run(
         [
             sys.executable,
@@ -248,7 +247,8 @@ def test_grpo_learns_to_ask_questions_on_the_embedded_model(tmp_path: Path) -> N
     from studies.bench_learning import learning_config
 
     run = tmp_path / "run"
-    Learner(learning_config(run, steps=8)).train()
+    cfg = learning_config(run, steps=8)
+    Run(cfg).train()
     rewards = [m["reward/mean"] for m in metrics(run)]
     first, last = rewards[0], sum(rewards[-2:]) / 2
     assert last >= first + 0.3 and last >= 0.6, rewards
@@ -268,7 +268,7 @@ def test_one_grpo_step_moves_the_likelihood_toward_the_rewarded_replies(tmp_path
     run = tmp_path / "run"
     words = "rewards=[{name: 'tests.helpers.plugin_rewards:words'}]"
     sizes = ("rollout.group_size=4", "rollout.max_new_tokens=8", "train.max_steps=1", "train.lr=1e-2")
-    Learner(cfg_for(tiny_folder, run, words, *sizes, "model.lora.enabled=true")).train()
+    Run(cfg_for(tiny_folder, run, words, *sizes, "model.lora.enabled=true")).train()
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     prompts, replies = [s["prompt"] for s in samples], [s["reply"] for s in samples]
     advantages = [s["advantage"] for s in samples]
@@ -305,7 +305,7 @@ def test_greedy_member_is_the_greedy_reply_of_each_group(tmp_path: Path, tiny_fo
         assert all(not s.info and len(s.logprobs or []) == len(s.completion_ids) for s in rest)
     # a training step with the greedy member, old log-probs recomputed for it (two inner epochs)
     run = tmp_path / "train"
-    Learner(
+    Run(
         cfg_for(tiny_folder, run, "rollout.greedy_member=true", "train.max_steps=1", "train.inner_epochs=2")
     ).train()
     rows = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.base import PG
-from rapo_echo.training.learner import Learner
+from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false"]
@@ -47,7 +47,7 @@ def test_bf16_step_one_has_ratio_one_and_reports_the_sampler_gap(tmp_path: Path)
             *QUIET,
         ]
     )
-    Learner(cfg).train()
+    Run(cfg).train()
     import yaml
 
     assert yaml.safe_load((run / "config.yaml").read_text())["loss"]["agg"] == "seq-mean-token-mean"  # 9.5
@@ -58,7 +58,7 @@ def test_bf16_step_one_has_ratio_one_and_reports_the_sampler_gap(tmp_path: Path)
     assert 0 < m["train/sampler_logprob_gap/mean"] <= m["train/sampler_logprob_gap/max"]
 
 
-def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Learner:
+def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Run:
     cfg = load_config(
         overrides=[
             f"model.name={tiny_folder}",
@@ -71,20 +71,20 @@ def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Learner:
             *extra,
         ]
     )
-    return Learner(cfg)
+    return Run(cfg)
 
 
 @pytest.mark.parametrize(("dtype", "recomputed"), [("bfloat16", True), ("float32", False)])
 def test_old_logprobs_with_several_mini_batches(tmp_path: Path, tiny_folder: Path, dtype, recomputed) -> None:
     """With two mini-batches the first update's forward cannot give the old log-probs: fp32 uses the
     sampler's (they match), bf16 recomputes them with the scorer and measures the gap there."""
-    from rapo_echo.training.learner import _LogprobGap
+    from rapo_echo.training.learner import LogprobGap
 
     trainer = _tiny_trainer(tiny_folder, tmp_path / "run", f"model.dtype={dtype}", "train.mini_batches=2")
     rollout = trainer.algorithm.rollout(trainer._batch(), 0)
     items = [it for it in rollout.items if it.kind == PG]
-    gap = _LogprobGap()
-    assert trainer._fill_old(items, gap) is recomputed
+    gap = LogprobGap()
+    assert trainer.learner.fill_old(items, gap) is recomputed
     for it in items:
         assert it.old_logprobs is not None and len(it.old_logprobs) == len(it.completion_ids)
         assert (it.old_logprobs is it.sampler_logprobs) is not recomputed
@@ -139,7 +139,7 @@ def test_training_tears_down_the_process_group_even_when_it_fails(tmp_path: Path
     import torch.distributed as dist
 
     from rapo_echo.errors import RapoEchoError
-    from rapo_echo.training.learner import run_training
+    from rapo_echo.training.run import run_training
 
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -159,7 +159,7 @@ def test_training_tears_down_the_process_group_even_when_it_fails(tmp_path: Path
 # ---------------------------------------------------------------------------- 9.2 token_kl micro-batches
 
 
-def _scripted_rapo_trainer(tiny_folder: Path, run: Path, *extra: str) -> Learner:
+def _scripted_rapo_trainer(tiny_folder: Path, run: Path, *extra: str) -> Run:
     """A RAPO trainer on the tiny model whose replies, reactions and rankings are the scripted ones
     of tests/unit/algorithms/test_rapo.py (known ranks: two replies per group are distilled)."""
     from rapo_echo.algorithms.base import AlgoContext
@@ -186,7 +186,7 @@ def _scripted_rapo_trainer(tiny_folder: Path, run: Path, *extra: str) -> Learner
             *extra,
         ],
     )
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     policy = trainer.policy
     policy.engine = ScriptedPolicyEngine(policy.lm, policy.tokenizer, name="policy")
     trainer.algorithm = RAPO(cfg, AlgoContext(policy, trainer.rewards, simulator(), judge()))
@@ -208,11 +208,13 @@ def test_token_kl_runs_with_any_micro_batch_size(tmp_path: Path, tiny_folder: Pa
     seen = {}
     for size in (1, 4, 8):
         trainer.cfg.train.micro_batch_size = size
-        micro = list(trainer._scoring_batches(items))
+        micro = list(trainer.learner.scoring_batches(items))
         clock = {"policy_forward": 0.0, "backward": 0.0}
-        finite, m = trainer._accumulate(micro, trainer._global_totals(items), clock)
+        finite, m = trainer.learner.accumulate(
+            micro, trainer.learner.global_totals(items), clock, trainer.algorithm.loss
+        )
         grad = torch.cat([p.grad.flatten() for p in trainer.policy.trainable_parameters()])
-        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.learner.optimizer.zero_grad(set_to_none=True)
         assert finite
         seen[size] = (m["loss/total"], m["loss/sd"], grad)
     for size in (4, 8):
@@ -224,7 +226,7 @@ def test_token_kl_runs_with_any_micro_batch_size(tmp_path: Path, tiny_folder: Pa
 # ---------------------------------------------------------------------------- 9.1 token_kl teacher
 
 
-def _teacher_prompts(trainer: Learner) -> tuple[list, list[str]]:
+def _teacher_prompts(trainer: Run) -> tuple[list, list[str]]:
     """Run a rollout and return its samples and the decoded teacher contexts token_kl scored with."""
     policy = trainer.policy
     seen: list[list[int]] = []
@@ -352,9 +354,10 @@ def test_gradient_checkpointing_recomputes_in_the_training_forward(
         return forward(*args, **kwargs)
 
     mlp.forward = counted
-    micro = list(trainer._scoring_batches(items))
-    finite, _ = trainer._accumulate(
-        micro, trainer._global_totals(items), {"policy_forward": 0.0, "backward": 0.0}
+    micro = list(trainer.learner.scoring_batches(items))
+    clock = {"policy_forward": 0.0, "backward": 0.0}
+    finite, _ = trainer.learner.accumulate(
+        micro, trainer.learner.global_totals(items), clock, trainer.algorithm.loss
     )
     del mlp.forward
     assert finite and len(calls) == 2 * len(micro)
@@ -600,7 +603,10 @@ def test_sd_losses_distil_the_temperature_one_distribution(tmp_path: Path, tiny_
     batch = policy.batch([it.prompt_ids for it in sd], [it.completion_ids for it in sd])
     with torch.no_grad():
         plain = policy.scorer(batch.to("cpu"), 1.0)[0]
-    micro = list(trainer._scoring_batches(items))
-    _, m = trainer._accumulate(micro, trainer._global_totals(items), {"policy_forward": 0.0, "backward": 0.0})
+    micro = list(trainer.learner.scoring_batches(items))
+    clock = {"policy_forward": 0.0, "backward": 0.0}
+    _, m = trainer.learner.accumulate(
+        micro, trainer.learner.global_totals(items), clock, trainer.algorithm.loss
+    )
     expected = -(plain * batch.target_mask).sum() / batch.target_mask.sum()
     assert m["loss/sd"] == pytest.approx(float(expected), rel=1e-5)

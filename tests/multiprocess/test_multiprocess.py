@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
-from rapo_echo.training.learner import Learner
+from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 from tests.helpers.launch import ROOT, accelerate, run_processes, torchrun
 from tests.helpers.multiproc_probe import record_file, replaying, weights_file
@@ -140,7 +140,7 @@ def check_equals_single_process(
             "train.save_every=100",
         ]
     )
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     start = {n: p.detach().clone() for n, p in trainer.policy.lm.named_parameters() if p.requires_grad}
     trainer.train()
     multi, one = metrics(run), metrics(single)

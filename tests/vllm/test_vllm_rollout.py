@@ -93,13 +93,13 @@ def test_grpo_trains_on_vllm_samples_and_a_skipped_sync_is_caught(
     """Two GRPO steps (full fine-tuning): every step's rollout comes from vLLM and the updated weights are
     loaded into it (all tensors, one at a time); vLLM then scores fixed tokens as the training model does.
     One more update with the sync skipped leaves vLLM measurably stale, and the next sync repairs it."""
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     run = tmp_path / "grpo"
     cfg = run_config(
         smol_path, run, "grpo", "rewards=[{name: length, args: {target: 4}}]", "train.lr=1e-4", "loss.beta=0"
     )
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     (asked,) = shared_llm
     assert asked["max_model_len"] == 256 + 8  # rollout.max_prompt_tokens + max_new_tokens
     assert asked["seed"] == cfg.train.seed and "distributed_executor_backend" not in asked  # one process
@@ -123,7 +123,7 @@ def test_grpo_trains_on_vllm_samples_and_a_skipped_sync_is_caught(
     stale = sync_gap(engine, trainer.policy.lm)
     assert stale > STALE_MIN
     engine.load_weights = load  # type: ignore[method-assign]  # a recording seam on vLLM's engine
-    trainer._sync_generator()
+    trainer.learner.sync_generator()
     print(f"sync gap: synced {synced:.2e}, one update unsynced {stale:.2e}")
     assert sync_gap(engine, trainer.policy.lm) < SYNCED_TOL
 
@@ -135,7 +135,7 @@ def test_rapo_with_lora_syncs_merged_weights_without_touching_the_base(
     policy; a length reward spreads the ranks): vLLM samples every rollout, gets ``W + s*B@A`` after each
     step (the adapter's own tensors are not sent) and then scores as the adapted model does, while the frozen
     base (the reference) stays bit-identical. A served simulator and judge: test_vllm_serve.py."""
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     run = tmp_path / "rapo"
     cfg = run_config(
@@ -151,7 +151,7 @@ def test_rapo_with_lora_syncs_merged_weights_without_touching_the_base(
         "rapo.sd.enabled=false",
         "rewards=[{name: length, args: {target: 4}}]",
     )
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     lm = trainer.policy.lm
     base = {n: p.detach().clone() for n, p in lm.named_parameters() if "base_layer" in n}
     assert base

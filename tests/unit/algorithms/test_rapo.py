@@ -261,7 +261,7 @@ def test_rapo_step_on_the_embedded_model(tmp_path) -> None:
     simulator and judge see the base with the adapter off)."""
     import json
 
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     run = tmp_path / "run"
     cfg = load_config(
@@ -281,7 +281,7 @@ def test_rapo_step_on_the_embedded_model(tmp_path) -> None:
             "logging.tensorboard=false",
         ],
     )
-    Learner(cfg).train()
+    Run(cfg).train()
     m = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert m["judge/invalid_groups"] == 0.0 and m["items"] >= 3
     for key in ("loss/grpo", "time/simulate", "time/judge", "time/distill", "sd/corrections"):

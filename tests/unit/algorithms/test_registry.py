@@ -13,11 +13,11 @@ import yaml
 from pydantic import Field
 
 from rapo_echo import algorithms
-from rapo_echo.algorithms.base import Algorithm, Needs
+from rapo_echo.algorithms.base import Algorithm
 from rapo_echo.algorithms.grpo import GRPO
+from rapo_echo.checkpoint import check_heads
 from rapo_echo.config import Strict, dump_config
 from rapo_echo.errors import ConfigError
-from rapo_echo.training.learner import check_heads
 from rapo_echo.training.run_config import load_config
 from tests.helpers.installed import two_packages_claim
 
@@ -131,12 +131,15 @@ def test_a_saved_config_of_an_older_version_still_resumes(tmp_path: Path) -> Non
         load_config(run / "config.yaml")  # as a user's own file it is refused
 
 
-@pytest.mark.parametrize(("recorded", "file", "value_head", "refused"), [
-    (True, True, False, "holds a value head and this run trains none"),
-    (False, False, True, "holds no value head and this run trains one"),
-    (None, True, False, "holds a value head"),  # written before the record: the file tells
-    (True, True, True, None),
-])
+@pytest.mark.parametrize(
+    ("recorded", "file", "value_head", "refused"),
+    [
+        (True, True, False, "holds a value head and this run trains none"),
+        (False, False, True, "holds no value head and this run trains one"),
+        (None, True, False, "holds a value head"),  # written before the record: the file tells
+        (True, True, True, None),
+    ],
+)
 def test_a_checkpoint_whose_heads_differ_is_refused(tmp_path, recorded, file, value_head, refused) -> None:
     ckpt = tmp_path / "step-1"
     (ckpt / "model").mkdir(parents=True)
@@ -144,12 +147,11 @@ def test_a_checkpoint_whose_heads_differ_is_refused(tmp_path, recorded, file, va
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
     if file:
         (ckpt / "model" / "value_head.safetensors").write_bytes(b"")
-    needs = Needs(value_head=value_head)
     if refused is None:
-        check_heads(ckpt, needs)
+        check_heads(ckpt, value_head)
     else:
         with pytest.raises(ConfigError, match=refused):
-            check_heads(ckpt, needs)
+            check_heads(ckpt, value_head)
 
 
 def test_the_learner_knows_no_algorithm() -> None:
@@ -160,7 +162,7 @@ def test_the_learner_knows_no_algorithm() -> None:
 
     root = Path(__file__).resolve().parents[3] / "training"
     builtins = algorithms.names(builtin=True)
-    for name in ("learner.py", "run_log.py"):
+    for name in ("learner.py", "run.py", "plan.py", "run_log.py"):
         text = (root / name).read_text()
         words = {w.lower() for w in re.findall(r"[A-Za-z0-9_-]+", text)}  # rapo_echo, rapo-echo: one word
         assert not words & set(builtins), (name, words & set(builtins))

@@ -384,22 +384,22 @@ def rlver_cfg(model: Path, out: Path, *extra: str):
 def test_ppo_trains_and_its_value_head_is_checkpointed_and_restored(tmp_path, tiny_folder):
     from safetensors.torch import load_file
 
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     run = tmp_path / "run"
-    t = Learner(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=1"))
+    t = Run(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=1"))
     t.train()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["loss/value"] > 0 and rows[0]["items"] == 4 and rows[0]["emotion/final"] == 50.0
     saved = load_file(str(run / "checkpoints" / "step-1" / "model" / "value_head.safetensors"))
     trained = t.policy.scorer.value_head.state_dict()
     assert saved["linear.bias"].abs().item() > 0  # it learnt something in one step
-    resumed = Learner(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
+    resumed = Run(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
     resumed._restore()
     for k, v in resumed.policy.scorer.value_head.state_dict().items():
         assert torch.equal(v, trained[k]) and torch.equal(v, saved[k])
     (run / "checkpoints" / "step-1" / "model" / "value_head.safetensors").unlink()
-    again = Learner(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
+    again = Run(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
     with pytest.raises(Exception, match="holds no value_head.safetensors"):
         again._restore()
 
@@ -493,10 +493,10 @@ def test_per_turn_rewards_give_each_turn_its_advantage(policy):
 
 
 def test_per_turn_rewards_train_two_steps(tmp_path, tiny_folder):
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     run = tmp_path / "run"
-    Learner(rlver_cfg(tiny_folder, run, "rlver.reward=per_turn", "train.max_steps=2")).train()
+    Run(rlver_cfg(tiny_folder, run, "rlver.reward=per_turn", "train.max_steps=2")).train()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["items"] == 4 and r["updates"] == 1 for r in rows)
     assert all(math.isfinite(r["loss/total"]) for r in rows)

@@ -26,7 +26,7 @@ def digest(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory, smol_tokenizer) -> tuple[Path, Path]:
     """A one-step RLVER PPO run on a tiny random model: (model folder, run folder)."""
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
     from tests.conftest import make_tiny_model
 
     base = tmp_path_factory.mktemp("rlver-resume")
@@ -34,12 +34,12 @@ def ppo_run(tmp_path_factory, smol_tokenizer) -> tuple[Path, Path]:
     make_tiny_model(smol_tokenizer).save_pretrained(model)
     smol_tokenizer.save_pretrained(model)
     run = base / "run"
-    Learner(rlver_cfg(model, run, "rlver.estimator=ppo", "train.max_steps=1")).train()
+    Run(rlver_cfg(model, run, "rlver.estimator=ppo", "train.max_steps=1")).train()
     return model, run
 
 
 def test_resuming_ppo_as_grpo_is_refused_before_anything_is_touched(ppo_run):
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     model, run = ppo_run
     before = digest(run)
@@ -48,7 +48,7 @@ def test_resuming_ppo_as_grpo_is_refused_before_anything_is_touched(ppo_run):
         r"a value head.*Resume with rlver.estimator: ppo \(drop the --set\)"
     )
     with pytest.raises(ConfigError, match=refused):
-        Learner(rlver_cfg(model, run, "rlver.estimator=grpo", "train.max_steps=2"), resume=True)
+        Run(rlver_cfg(model, run, "rlver.estimator=grpo", "train.max_steps=2"), resume=True)
     assert digest(run) == before
 
 
@@ -57,7 +57,7 @@ def test_the_other_direction_and_older_checkpoints(ppo_run, tmp_path, written):
     import json
     import shutil
 
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     model, original = ppo_run
     run = tmp_path / "run"
@@ -75,31 +75,39 @@ def test_the_other_direction_and_older_checkpoints(ppo_run, tmp_path, written):
     before = digest(run)
     match = rf"rlver.estimator: {asked} cannot resume .*: it was trained with rlver.estimator: {was} "
     with pytest.raises(ConfigError, match=match):
-        Learner(rlver_cfg(model, run, f"rlver.estimator={asked}", "train.max_steps=2"), resume=True)
+        Run(rlver_cfg(model, run, f"rlver.estimator={asked}", "train.max_steps=2"), resume=True)
     assert digest(run) == before
 
 
 def test_a_damaged_value_head_names_the_file_and_the_way_on(ppo_run, tmp_path):
     import shutil
 
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     model, original = ppo_run
     run = tmp_path / "run"
     shutil.copytree(original, run)
     head = run / "checkpoints" / "step-1" / "model" / "value_head.safetensors"
     head.write_bytes(b"\xff" * 8 + b"garbage")  # a header length far beyond the file: 'header too large'
-    trainer = Learner(rlver_cfg(model, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
+    trainer = Run(rlver_cfg(model, run, "rlver.estimator=ppo", "train.max_steps=2"), resume=True)
     # safetensors' own words: "header too large" (0.8), "HeaderTooLarge" (0.4.3, pyproject's floor)
     reason = r"\(.*(?i:header ?too ?large)\)"
-    with pytest.raises(RapoEchoError, match=rf"{head} cannot be read {reason}: the file is "
-                       "damaged; no earlier checkpoint exists: start the run again in a new --output"):
+    with pytest.raises(
+        RapoEchoError,
+        match=rf"{head} cannot be read {reason}: the file is "
+        "damaged; no earlier checkpoint exists: start the run again in a new --output",
+    ):
         trainer._restore()
     shutil.copytree(run / "checkpoints" / "step-1", run / "checkpoints" / "step-0")  # an earlier one
-    shutil.copy(original / "checkpoints" / "step-1" / "model" / head.name, head.parent.parent.parent
-                / "step-0" / "model" / head.name)
-    with pytest.raises(RapoEchoError, match=rf"damaged; move {run / 'checkpoints' / 'step-1'} out of .*"
-                       r"the one before it \(step-0\)"):
+    shutil.copy(
+        original / "checkpoints" / "step-1" / "model" / head.name,
+        head.parent.parent.parent / "step-0" / "model" / head.name,
+    )
+    with pytest.raises(
+        RapoEchoError,
+        match=rf"damaged; move {run / 'checkpoints' / 'step-1'} out of .*"
+        r"the one before it \(step-0\)",
+    ):
         trainer._restore()
 
 
@@ -114,10 +122,14 @@ def test_initial_emotion_out_of_range_is_refused_at_load(preset, value, allowed)
 
 
 def test_initial_emotion_below_the_sage_floor_is_a_config_error(ppo_run):
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     model, _ = ppo_run
-    cfg = rlver_cfg(model, ppo_run[1].parent / "sage-floor", "rlver.simulator.preset=sage",
-                    "rlver.simulator.initial_emotion=5")
+    cfg = rlver_cfg(
+        model,
+        ppo_run[1].parent / "sage-floor",
+        "rlver.simulator.preset=sage",
+        "rlver.simulator.initial_emotion=5",
+    )
     with pytest.raises(ConfigError, match=r"rlver.simulator.*initial_emotion 5.* below the floor 10"):
-        Learner(cfg)
+        Run(cfg)

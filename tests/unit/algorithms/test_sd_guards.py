@@ -97,7 +97,7 @@ def test_needs_a_reference_only_for_the_reference_guards() -> None:
 
 
 def test_a_run_with_every_guard_on_logs_them(tmp_path, tiny_folder) -> None:
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     run = tmp_path / "run"
     cfg = load_config(
@@ -119,7 +119,7 @@ def test_a_run_with_every_guard_on_logs_them(tmp_path, tiny_folder) -> None:
             "logging.tensorboard=false",
         ],
     )
-    Learner(cfg).train()
+    Run(cfg).train()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all("sd/coef" in r and "kl" in r for r in rows)  # the reference is kept: the KL is logged too

@@ -50,7 +50,7 @@ def test_the_record_lands_in_the_run_dir_and_in_the_report(tmp_path):
 
 
 def test_train_runs_the_check_before_training_and_records_it(tmp_path, monkeypatch):
-    import rapo_echo.training.learner
+    import rapo_echo.training.run
     from rapo_echo.training.train_cli import run
 
     cfg = config(tmp_path)
@@ -63,7 +63,7 @@ def test_train_runs_the_check_before_training_and_records_it(tmp_path, monkeypat
         return SimpleNamespace(run_dir=c.output, stopped_by=None)
 
     monkeypatch.setattr("rapo_echo.training.train_cli.build_config", lambda args: cfg)
-    monkeypatch.setattr(rapo_echo.training.learner, "run_training", fake_training)
+    monkeypatch.setattr(rapo_echo.training.run, "run_training", fake_training)
     assert run(SimpleNamespace(resume=None, dry_run=False)) == 0
     assert seen["cached"] and (tmp_path / "run" / RUN_FILE).is_file()
 

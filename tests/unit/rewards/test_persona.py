@@ -99,7 +99,7 @@ def test_from_config_needs_the_role_engine() -> None:
 
 
 def test_trainer_infers_once_per_step_for_the_whole_batch(tmp_path, tiny_folder) -> None:
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
     from rapo_echo.training.run_config import load_config
 
     rules = "[" + ", ".join(f"['{p}', '{r}']" for p, r in RULES) + "]"
@@ -120,9 +120,10 @@ def test_trainer_infers_once_per_step_for_the_whole_batch(tmp_path, tiny_folder)
             "train.max_steps=2",
         ]
     )
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     trainer.train()
-    calls = trainer.persona.engine.calls
+    (persona,) = [h for h in trainer.hooks if h.name == "persona"]  # the step hook persona.enabled adds
+    calls = persona.engine.calls
     assert len(calls) == 1 and len(calls[0]["prompts"]) == 6  # step 1: 2 scenarios x 3 fields; step 2: cached
     for sc in trainer.scenarios:
         system = trainer.policy.conversation(sc)[0]["content"]

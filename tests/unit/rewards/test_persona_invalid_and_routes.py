@@ -28,7 +28,7 @@ def test_persona_step_metrics_count_this_steps_failures() -> None:
 
 
 def test_trainer_logs_persona_invalid_every_step(tmp_path, tiny_folder) -> None:
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
     from rapo_echo.training.run_config import load_config
 
     rules = "[" + ", ".join(f"['{p}', '{r}']" for p, r in RULES[:2]) + "]"
@@ -50,7 +50,7 @@ def test_trainer_logs_persona_invalid_every_step(tmp_path, tiny_folder) -> None:
             "train.max_steps=1",
         ]
     )
-    Learner(cfg).train()
+    Run(cfg).train()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = next(line for line in lines if "persona/invalid" in json.dumps(line))
     flat = step.get("metrics", step)

@@ -468,7 +468,7 @@ def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> No
     rewrites) raises the hidden-rule score of the embedded model's replies within 8 seeded CPU steps:
     the learning benchmark's RAPO arm (studies/bench_learning.py --algo rapo), 8 steps, lr 2e-3,
     with the rule above."""
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
     from studies.bench_learning import hidden_scores_per_step, rapo_learning_config
 
     run = tmp_path / "run"
@@ -476,7 +476,7 @@ def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> No
         run, "rapo", steps=8, seed=0, sizes={"train.lr": "2e-3"}, extra=["train.threads=1"]
     )
     cfg.rapo.simulator.args = {"rules": ASKED_RULES}
-    Learner(cfg).train()
+    Run(cfg).train()
     scores = hidden_scores_per_step(run, HiddenPreferenceUser(rules=ASKED_RULES))
     first, last = sum(scores[:2]) / 2, sum(scores[-2:]) / 2
     assert len(scores) == 8 and last >= first + 0.15, scores

@@ -158,7 +158,7 @@ def test_stop_on_alarm_ends_the_run_with_a_checkpoint(
     tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An alarm that fires at step 2 stops a 4-step run after step 2 with a checkpoint to resume from."""
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
     from rapo_echo.training.run_config import load_config
 
     monkeypatch.setattr(alarms, "sd_dominates", lambda series, **kw: "fired" if len(series) >= 2 else None)
@@ -178,11 +178,11 @@ def test_stop_on_alarm_ends_the_run_with_a_checkpoint(
             "monitor.reference_kl=true",
         ]
     )
-    learner = Learner(cfg)
-    learner.train()
+    run_ = Run(cfg)
+    run_.train()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert learner.step == 2 and [r["step"] for r in rows] == [1, 2]
-    assert learner.stopped_by == "alarm sd_dominates" and (run / "checkpoints" / "step-2").is_dir()
+    assert run_.step == 2 and [r["step"] for r in rows] == [1, 2]
+    assert run_.stopped_by == "monitor: alarm sd_dominates" and (run / "checkpoints" / "step-2").is_dir()
     assert json.loads((run / ALARMS_FILE).read_text())["step"] == 2
     assert "kl" in rows[0] and "reply/distinct_2" in rows[0]  # the KL to the reference without loss.beta
 

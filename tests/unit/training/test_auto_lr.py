@@ -74,7 +74,7 @@ def test_config_default_is_auto_and_bad_values_name_the_key() -> None:
 
 @pytest.mark.parametrize(("lora", "asked"), [(False, "auto"), (True, "auto"), (False, 3e-4)])
 def test_trainer_uses_and_writes_the_resolved_rate(tmp_path: Path, tiny_folder: Path, lora, asked) -> None:
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     run = tmp_path / "run"
     cfg = load_config(
@@ -86,12 +86,12 @@ def test_trainer_uses_and_writes_the_resolved_rate(tmp_path: Path, tiny_folder: 
             f"train.lr={asked}",
         ]
     )
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     trainer.open_logs()
     params = base_parameter_count(trainer.policy.lm.named_parameters())
     expected = auto_lr(params, lora) if asked == "auto" else asked
     assert params < 135_000_000 and expected in (1e-4, 1e-3, 3e-4)  # a tiny model: the capped rates
-    assert [g["lr"] for g in trainer.optimizer.param_groups] == [expected]
+    assert [g["lr"] for g in trainer.learner.optimizer.param_groups] == [expected]
     record = json.loads((run / "resolved.json").read_text())["train.lr"]
     assert record["asked"] == asked and record["used"] == expected
     assert ("basis" in record) == (asked == "auto")

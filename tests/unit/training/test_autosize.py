@@ -214,7 +214,7 @@ def test_trainer_writes_the_resolved_sizes(tmp_path: Path, tiny_folder: Path, mo
     """The GPU branch through the trainer (free memory faked, device reported as CUDA): the values
     land in config.yaml and resolved.json, and the policy's engine uses them."""
     from rapo_echo.training import learner as trainer_module
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     asked = []
     monkeypatch.setattr(autosize, "free_device_memory", lambda device: asked.append(device) or (2 * 10**9, 0))
@@ -226,7 +226,7 @@ def test_trainer_writes_the_resolved_sizes(tmp_path: Path, tiny_folder: Path, mo
     )
     run = tmp_path / "run"
     cfg = load_config(overrides=[f"model.name={tiny_folder}", f"output={run}", "logging.tensorboard=false"])
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     trainer.open_logs()
     resolved = json.loads((run / "resolved.json").read_text())
     saved = yaml.safe_load((run / "config.yaml").read_text())

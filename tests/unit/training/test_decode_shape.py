@@ -10,7 +10,7 @@ from rapo_echo.training.run_config import load_config
 
 
 def test_trainer_pins_the_rollout_shape_and_the_step_uses_it(tmp_path: Path, tiny_folder: Path) -> None:
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     cfg = load_config(
         overrides=[
@@ -26,7 +26,7 @@ def test_trainer_pins_the_rollout_shape_and_the_step_uses_it(tmp_path: Path, tin
             "rewards=[{name: length}]",
         ]
     )
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     rows, length = trainer.policy.rollout_decode_shape(trainer.scenarios, dialogue_prompts=False)
     assert rows == 4
     static = trainer.policy.engine._static

@@ -99,7 +99,7 @@ def test_one_trainer_update_at_the_7b_rate_moves_the_weights(tmp_path: Path, tin
     carries on (what its optimizer updates) move by about the rate wherever the gradient is not tiny.
     Before float32 master weights the optimizer updated the bf16 weights themselves and almost none
     of them moved."""
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
     from rapo_echo.training.run_config import load_config
 
     cfg = load_config(
@@ -117,10 +117,10 @@ def test_one_trainer_update_at_the_7b_rate_moves_the_weights(tmp_path: Path, tin
             "logging.progress=false",
         ]
     )
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     assert trainer.policy.dtype == torch.bfloat16
     names = [n for n, p in trainer.policy.scorer.named_parameters() if p.requires_grad]
-    updated = trainer.optimizer.param_groups[0]["params"]
+    updated = trainer.learner.optimizer.param_groups[0]["params"]
     assert len(names) == len(updated)
     layers = [i for i, n in enumerate(names) if ".layers." in n and n.endswith("proj.weight")]
     before = {i: updated[i].detach().float().clone() for i in layers}

@@ -186,7 +186,7 @@ def test_flagged_steps_and_report_marks(tmp_path: Path) -> None:
 
 
 def test_trainer_logs_the_flags_every_step(tmp_path: Path, tiny_folder: Path) -> None:
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
     from rapo_echo.training.run_config import load_config
 
     run = tmp_path / "run"
@@ -203,7 +203,7 @@ def test_trainer_logs_the_flags_every_step(tmp_path: Path, tiny_folder: Path) ->
             "train.max_steps=2",
         ]
     )
-    Learner(cfg).train()
+    Run(cfg).train()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:

@@ -101,9 +101,10 @@ def test_70b_does_not_fit_80gb_gpus_and_says_why(llama70) -> None:
     lora = plan_of(llama70, "model.lora.enabled=true", "loss.beta=0", gpus=8, zero_stage=3)
     assert lora["memory_bytes"]["weights"] == -(-(70_553_706_496 + lora["model"]["trainable"]) * 2 // 8)
     # each rank gathers the whole 141 GB of bf16 weights for an hf rollout under ZeRO-3: no 80 GB GPU holds it
-    assert lora["memory_bytes"]["gathered"] == 2 * (70_553_706_496 + lora["model"]["trainable"]) - lora[
-        "memory_bytes"
-    ]["weights"]
+    assert (
+        lora["memory_bytes"]["gathered"]
+        == 2 * (70_553_706_496 + lora["model"]["trainable"]) - lora["memory_bytes"]["weights"]
+    )
     assert not lora["fits"] and "gathers the whole model" in lora["problems"][0]
 
 
@@ -149,7 +150,7 @@ def test_requests_per_step_of_each_algorithm() -> None:
 def test_judge_requests_equal_the_calls_of_a_real_step(tmp_path: Path, tiny_folder: Path) -> None:
     """GRPO with the judge reward: the plan's judge requests per step are the prompts one real training
     step sends to the judge engine (a scripted judge that answers every rating)."""
-    from rapo_echo.training.learner import Learner
+    from rapo_echo.training.run import Run
 
     cfg = load_config(
         overrides=[
@@ -166,7 +167,7 @@ def test_judge_requests_equal_the_calls_of_a_real_step(tmp_path: Path, tiny_fold
         ]
     )
     planned = {(role, what): n for role, what, n in role_requests(cfg)}
-    trainer = Learner(cfg)
+    trainer = Run(cfg)
     judge = trainer.rewards.rewards[0][0].engine
     prompts = []
     original = judge.generate
@@ -174,3 +175,17 @@ def test_judge_requests_equal_the_calls_of_a_real_step(tmp_path: Path, tiny_fold
     metrics = trainer.train_step()
     assert metrics["reward/mean"] == pytest.approx(0.75)  # every reply rated 4 of 5: (4 - 1) / 4
     assert planned == {("judge", "judge reward: one rating per reply"): 6} and len(prompts) == 6
+
+
+def test_the_plan_asks_the_algorithm_for_its_requests(tiny_folder: Path) -> None:
+    """The built-ins declare theirs in their own files (SFT: none, without a note); a plugin algorithm
+    that declares none (RFT, by path) gets a note that its calls are not counted, and its rewards' rows."""
+    from rapo_echo.training.plan import format_plan
+
+    sft = plan_of(tiny_folder, "model.device=cpu", algo="sft", device="cpu")
+    assert sft["requests"] == [] and sft["requests_note"] == ""
+    assert "note:" not in format_plan(sft)
+    rft = plan_of(tiny_folder, "model.device=cpu", algo="tests.helpers.rft_algorithm:RFT", device="cpu")
+    assert "'tests.helpers.rft_algorithm:RFT' declares no requests of its own" in rft["requests_note"]
+    assert [q["what"] for q in rft["requests"]] == ["judge reward: one rating per reply"]  # its reward
+    assert f"note: {rft['requests_note']}" in format_plan(rft)

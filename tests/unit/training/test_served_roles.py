@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from rapo_echo.training.learner import Learner, TrainingError
+from rapo_echo.training.learner import TrainingError
+from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 from tests.helpers.fake_openai import FakeAPI, ServedAPI, prompt_of
 
@@ -41,7 +42,7 @@ def test_failed_simulator_requests_cost_their_dialogues_not_the_step(tmp_path, t
     served = ServedAPI(fail=lambda s: 500 if FIRST_PROFILE in prompt_of(s) else None)
     with FakeAPI(served) as api:
         run = tmp_path / "run"
-        Learner(rlver_run(tiny_folder, run, api.url)).train()
+        Run(rlver_run(tiny_folder, run, api.url)).train()
     [row] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert row["invalid"] == 2 and row["valid"] == 2  # the other profile's two dialogues trained
     assert row["remote/failed"] == 2  # each lost dialogue's first analysis request, tried twice
@@ -51,7 +52,7 @@ def test_failed_simulator_requests_cost_their_dialogues_not_the_step(tmp_path, t
 def test_an_endpoint_that_is_down_stops_the_run_naming_it(tmp_path, tiny_folder):
     with FakeAPI(ServedAPI(fail=lambda s: 503)) as api:
         run = tmp_path / "run"
-        trainer = Learner(rlver_run(tiny_folder, run, api.url))
+        trainer = Run(rlver_run(tiny_folder, run, api.url))
         named = rf"step 1: simulator:openai: POST {api.url}/chat.*last checkpoint"
         with pytest.raises(TrainingError, match=named):
             trainer.train()

@@ -21,7 +21,7 @@ from rapo_echo.errors import ConfigError
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
 from rapo_echo.simulators.hidden_preference import HiddenPreferenceUser
-from rapo_echo.training.learner import Learner
+from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 from rapo_echo.training.validation import paired_gain, rule_rises, subset_gains, validation_scenarios
 from rapo_echo.training.validation.checks import replaces_best, vetoed_by
@@ -167,8 +167,8 @@ def test_validation_leaves_training_as_it_was_and_keeps_the_best(
     monkeypatch.setattr(GRPO, "validate", drawing)
     steps = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1"]
     plain, validated = tmp_path / "plain", tmp_path / "validated"
-    Learner(cfg_for(tiny_folder, plain, *steps)).train()
-    Learner(cfg_for(tiny_folder, validated, *steps, *HELD_OUT, "validation.keep_best=true")).train()
+    Run(cfg_for(tiny_folder, plain, *steps)).train()
+    Run(cfg_for(tiny_folder, validated, *steps, *HELD_OUT, "validation.keep_best=true")).train()
     for x, y in zip(metrics(plain), metrics(validated), strict=True):
         assert x["reward/mean"] == pytest.approx(y["reward/mean"], abs=1e-9)
         assert x["loss/total"] == pytest.approx(y["loss/total"], rel=1e-4, abs=1e-6)
@@ -205,7 +205,7 @@ def test_keep_best_final_is_the_best_validated_weights(
     monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores([next(given)] * len(sc)))
     run = tmp_path / "run"
     extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", "train.keep_checkpoints=5"]
-    trainer = Learner(cfg_for(tiny_folder, run, *extra, *HELD_OUT, "validation.keep_best=true"))
+    trainer = Run(cfg_for(tiny_folder, run, *extra, *HELD_OUT, "validation.keep_best=true"))
     trainer.train()
     best_step = scores.index(max(scores))
     assert trainer.best_step == best_step
@@ -230,13 +230,13 @@ def test_resume_validates_its_checkpoint_and_forgets_later_validations(
 ) -> None:
     run = tmp_path / "run"
     extra = ["model.lora.enabled=true", "train.save_every=2", *HELD_OUT, "validation.keep_best=true"]
-    Learner(cfg_for(tiny_folder, run, "train.max_steps=2", *extra)).train()
+    Run(cfg_for(tiny_folder, run, "train.max_steps=2", *extra)).train()
     assert [r["step"] for r in lines(run)] == [0, 2]
     # as if the run had been stopped at its step-2 checkpoint (not validated then) and a later run had
     # validated a step 3 before dying: the resume validates step 2 and forgets step 3
     first = (run / "validation.jsonl").read_text().splitlines()[0]
     (run / "validation.jsonl").write_text(first + "\n" + json.dumps({"step": 3, "val/reward": 99.0}) + "\n")
-    Learner(cfg_for(tiny_folder, run, "train.max_steps=4", *extra), resume=True).train()
+    Run(cfg_for(tiny_folder, run, "train.max_steps=4", *extra), resume=True).train()
     assert [r["step"] for r in lines(run)] == [0, 2, 4]
     assert json.loads((run / "best" / "best.json").read_text())["value"] != 99.0
 
@@ -334,7 +334,7 @@ def test_min_gain_asks_for_a_gain_beyond_chance(
     monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores(next(given)))
     run = tmp_path / "run"
     extra = ["train.max_steps=3", "model.lora.enabled=true", "train.save_every=1", *HELD_OUT]
-    trainer = Learner(
+    trainer = Run(
         cfg_for(
             tiny_folder,
             run,
@@ -379,7 +379,7 @@ def test_subset_floor_keeps_the_best_when_a_step_loses_one_kind_of_context(
     ]
     given = iter([[1.0] * 19, [2.0] * 19, [5.0] * 16 + [0.0, 1.0, 2.0]])
     monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores(next(given)))
-    Learner(cfg_for(tiny_folder, run, *extra)).train()
+    Run(cfg_for(tiny_folder, run, *extra)).train()
     rows = lines(run)
     assert rows[2]["subsets"][second]["gain"] == pytest.approx(-1.0)
     assert rows[2]["subsets"][second]["gain_se"] == pytest.approx(1 / math.sqrt(3))
@@ -412,7 +412,7 @@ def two_steps_validated(
         "validation.keep_best=true",
         f"validation.checks=[{', '.join(['{name: min_gain, se: 1}', *checks])}]",
     ]
-    Learner(cfg_for(tiny_folder, run, *extra)).train()
+    Run(cfg_for(tiny_folder, run, *extra)).train()
     return run, lines(run)
 
 
@@ -495,11 +495,11 @@ def test_a_best_saved_without_scores_is_compared_by_its_mean(
     monkeypatch.setattr(GRPO, "validate", lambda self, sc, n, turns: given_scores(next(given)))
     run = tmp_path / "run"
     extra = ["model.lora.enabled=true", "train.save_every=1", *HELD_OUT, "validation.keep_best=true"]
-    Learner(cfg_for(tiny_folder, run, "train.max_steps=1", *extra)).train()
+    Run(cfg_for(tiny_folder, run, "train.max_steps=1", *extra)).train()
     path = run / "best" / "best.json"
     path.write_text(json.dumps({"step": 1, "key": "val/reward", "value": 1.5}))
     given = iter([[1.25, 1.25, 1.25]])
-    Learner(cfg_for(tiny_folder, run, "train.max_steps=2", *extra), resume=True).train()
+    Run(cfg_for(tiny_folder, run, "train.max_steps=2", *extra), resume=True).train()
     row = lines(run)[-1]
     assert row["step"] == 2 and row["val/gain"] == pytest.approx(-0.25) and math.isnan(row["val/gain_se"])
     assert json.loads(path.read_text())["step"] == 1
