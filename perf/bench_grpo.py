@@ -290,7 +290,7 @@ def checked_peer(line: dict, args: argparse.Namespace) -> dict:
     return line
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algo", default="grpo", choices=["grpo", "rapo", "rlver"])
     ap.add_argument("--steps", type=int, help="optimizer steps to time (default: the workload's 4)")
@@ -320,7 +320,11 @@ def main() -> None:
     ap.add_argument("--raw", action="store_true", help="with --compare, also run the raw-limit script")
     ap.add_argument("--out", help="also append the JSON lines to this file")
     ap.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     cuda = args.device.startswith("cuda")
     if args.dtype is None:
         args.dtype = "bfloat16" if cuda else "float32"
