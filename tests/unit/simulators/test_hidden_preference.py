@@ -463,6 +463,7 @@ ASKED_RULES = [
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.proof  # 8 steps (222 s of CI's 855): make test-all; CI keeps the one-step guard and the RAPO step
 def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> None:
     """RAPO (ranks from the hidden-preference user's reactions + self-distillation of critique-guided
     rewrites) raises the hidden-rule score of the embedded model's replies within 8 seeded CPU steps:
