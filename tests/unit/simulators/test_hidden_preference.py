@@ -463,7 +463,8 @@ ASKED_RULES = [
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.proof  # 8 steps (222 s of CI's 855): make test-all; CI keeps the one-step guard and the RAPO step
+# 8 steps, 222 s of CI's 855: a proof (make test-all); CI keeps the one-step guard and the RAPO step
+@pytest.mark.proof
 def test_rapo_learns_the_hidden_preference_on_the_embedded_model(tmp_path) -> None:
     """RAPO (ranks from the hidden-preference user's reactions + self-distillation of critique-guided
     rewrites) raises the hidden-rule score of the embedded model's replies within 8 seeded CPU steps:
