@@ -375,7 +375,7 @@ class HFEngine:
             error=row.error,
         )
 
-    def _mode(self) -> contextlib.AbstractContextManager:
+    def _mode(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
         stack.enter_context(_EvalMode(self.model))
         if self.autocast is not None:
