@@ -21,6 +21,7 @@ APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, ove
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import logging
@@ -235,8 +236,8 @@ def unwrap_answer(text: str, fmt: AnswerFormat) -> str | None:
     return answer if isinstance(answer, str) else None
 
 
-class OpenAIEngine:
-    """A chat engine that calls an OpenAI-compatible ``/chat/completions`` endpoint."""
+class OpenAIEngine(contextlib.AbstractContextManager):
+    """A chat engine that calls an OpenAI-compatible ``/chat/completions`` endpoint (``with`` closes it)."""
 
     concurrent_calls = True  # roles may call it from several threads at once (one shared RequestLimits)
 
@@ -317,9 +318,6 @@ class OpenAIEngine:
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._http.close()
-
-    def __enter__(self) -> OpenAIEngine:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
