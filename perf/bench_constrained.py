@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from rapo_echo.perf.bench_decode import device_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -195,10 +196,9 @@ def main() -> None:
         lines.append(line)
         emit(line)
     base = next((x for x in lines if x["format"] == "none"), None)
-    cuda = args.device.startswith("cuda")
     summary: dict = {
         "bench": "constrained_summary",
-        "device": torch.cuda.get_device_name(args.device) if cuda else platform.processor() or "cpu",
+        "device": device_name(args.device),
         "dtype": args.dtype,
         "loop": engine.decode_mode,
         "torch_version": torch.__version__,

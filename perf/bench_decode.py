@@ -152,16 +152,22 @@ def bandwidth_figures(model: Any, device: str, rows: int, width: int, steps: int
     }
 
 
+def device_name(device: str) -> str:
+    """The device a summary line names: the GPU's model, else the CPU's (``cpu`` when unknown)."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else platform.processor() or "cpu"
+
+
 def summary_line(
     args: argparse.Namespace, spec: str, model: Any, workload_dir: str, lines: list[dict]
 ) -> dict:
     """The run's setting, and each method's tokens per second against ``generate``'s."""
     import torch
 
-    cuda = args.device.startswith("cuda")
     summary: dict = {
         "bench": "decode_summary",
-        "device": torch.cuda.get_device_name(args.device) if cuda else platform.processor() or "cpu",
+        "device": device_name(args.device),
         "dtype": args.dtype,
         "torch_version": torch.__version__,
         "torch_threads": torch.get_num_threads(),

@@ -78,25 +78,12 @@ def tokenizer_dir(out: Path, given: str | None) -> Path:
 
 def build_tiny(tok: Path, out: Path) -> dict[str, Any]:
     """The ``--smoke`` model: a 2-layer random Llama with the embedded tokenizer, saved to ``out``."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
+
+    from rapo_echo.models import tiny_llama
 
     tokenizer = AutoTokenizer.from_pretrained(tok)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_llama(tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     for f in tok.iterdir():

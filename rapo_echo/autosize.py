@@ -23,17 +23,11 @@
 * a rollout row: its KV cache over the longest prompt plus the reply (``2 * layers * kv_heads *
   head_dim * b`` a token) and a few float32 vocabulary rows for sampling.
 
-**Selection rule** (on a GPU; a CPU keeps the measured CPU values): of the memory free once the model
-(and reference) is loaded, the state not yet allocated (gradients, optimizer, a vLLM share) is set
-aside; :data:`TRAIN_SHARE` of the rest is the training budget and :data:`ROLLOUT_SHARE` the rollout
-budget (the static decode buffers stay allocated between steps, so the two add up to less than all).
-The micro-batch is the *smallest* power of two whose sequences hold ``train.micro_batch_tokens`` tokens
-(enough to keep the device busy; more only costs memory), capped by the largest that fits the budget;
-the rollout batch likewise the smallest power of two of at least :data:`ROLLOUT_ROWS_TARGET` rows
-(where decoding turns from bandwidth- to compute-bound on current GPUs), capped by its budget. When not
-even the smallest size fits, the sizes are the minimum and ``basis["fits"]`` is False. The resolved
-values and the figures behind them are written to the run directory (``config.yaml`` holds the
-values, ``resolved.json`` the basis).
+**Selection rule** (on a GPU; a CPU keeps the measured CPU values): :data:`TRAIN_SHARE` and
+:data:`ROLLOUT_SHARE` of the memory left once the model and the state not yet allocated are set aside;
+the *smallest* power of two that keeps the device busy (``train.micro_batch_tokens`` tokens, at least
+:data:`ROLLOUT_ROWS_TARGET` rollout rows), capped by what fits (docs/scaling.md). When not even the
+smallest fits, ``basis["fits"]`` is False.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ transform does not reproduce (some other model-specific step), with a message th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +103,25 @@ def _per_position(temperature: Temperature, shape: torch.Size) -> Temperature:
     return rows.expand(shape).reshape(-1, 1)
 
 
-def _at(temperature: Temperature, start: int, size: int) -> Temperature:
-    return temperature[start : start + size] if isinstance(temperature, torch.Tensor) else temperature
+def _over_chunks(
+    fn: Callable[..., Any],
+    grad: bool,
+    size: int,
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    rows: torch.Tensor,
+    temperature: Temperature,
+    *rest: Any,
+) -> list[Any]:
+    """``fn(h, weight, bias, rows, temperature, *rest)`` over ``size`` rows at a time, each chunk
+    checkpointed when ``grad``; the chunks' results in order."""
+    out = []
+    for start in range(0, h.shape[0], size):
+        temp = temperature[start : start + size] if isinstance(temperature, torch.Tensor) else temperature
+        args = (h[start : start + size], weight, bias, rows[start : start + size], temp, *rest)
+        out.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
+    return out
 
 
 def _chunk(
@@ -150,7 +168,6 @@ def chunked_token_logprobs(
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)
     temperature = _per_position(temperature, shape)
-    lps, ents = [], []
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     softcap = transform is not None and transform.softcap
     if grad and not softcap and not entropy_grad and fits_fused(t.shape[0], weight.shape[0]):
@@ -158,20 +175,10 @@ def chunked_token_logprobs(
         scale = (transform.scale if transform is not None else 1.0) / temperature
         lp, ent = fused_token_logprobs(h, weight, t, bias=bias, scale=scale, with_entropy=with_entropy)
         return lp.reshape(shape), ent.reshape(shape)
-    for start in range(0, t.shape[0], chunk_size):
-        args = (
-            h[start : start + chunk_size],
-            weight,
-            bias,
-            t[start : start + chunk_size],
-            _at(temperature, start, chunk_size),
-            transform,
-            with_entropy,
-            entropy_grad,
-        )
-        lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
-        lps.append(lp)
-        ents.append(ent)
+    parts = _over_chunks(
+        _chunk, grad, chunk_size, h, weight, bias, t, temperature, transform, with_entropy, entropy_grad
+    )
+    lps, ents = zip(*parts)
     return torch.cat(lps).reshape(shape), torch.cat(ents).reshape(shape)
 
 
@@ -236,18 +243,8 @@ def chunked_gather_logprobs(
     h = hidden.reshape(-1, hidden.shape[-1])
     flat = ids.reshape(-1, ids.shape[-1])
     temperature = _per_position(temperature, ids.shape[:-1])
-    out = []
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    for start in range(0, h.shape[0], chunk_size):
-        args = (
-            h[start : start + chunk_size],
-            weight,
-            bias,
-            flat[start : start + chunk_size],
-            _at(temperature, start, chunk_size),
-            transform,
-        )
-        out.append(checkpoint(_gather_chunk, *args, use_reentrant=False) if grad else _gather_chunk(*args))
+    out = _over_chunks(_gather_chunk, grad, chunk_size, h, weight, bias, flat, temperature, transform)
     return torch.cat(out).reshape(ids.shape)
 
 

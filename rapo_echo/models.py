@@ -323,6 +323,28 @@ def pick_device(name: str = "auto") -> str:
     return name
 
 
+def tiny_llama(tokenizer: Any, seed: int = 0, layers: int = 2, hidden: int = 64) -> Any:
+    """A randomly initialised small Llama on ``tokenizer`` (the tests' and the GPU kit's smoke model)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
 def load_tokenizer(spec: str | ResolvedModel, *, trust_remote_code: bool = False) -> Any:
     """Load the tokenizer of a model spec; it must carry a chat template."""
     from transformers import AutoTokenizer

@@ -188,9 +188,16 @@ class TokenScorer(nn.Module):
         with full_parameters(self.lm):
             return check_logit_transform(self.lm, self.transform, list(probe_ids))
 
-    def _head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _head(self, temperature: float | torch.Tensor) -> dict[str, Any]:
+        """The LM head's arguments to the chunked log-prob functions."""
         head = self.lm.get_output_embeddings()
-        return head.weight, getattr(head, "bias", None)
+        return {
+            "weight": head.weight,
+            "bias": getattr(head, "bias", None),
+            "temperature": temperature,
+            "transform": self.transform,
+            "chunk_size": self.chunk_size,
+        }
 
     def forward(
         self,
@@ -207,30 +214,14 @@ class TokenScorer(nn.Module):
         if with_values and self.value_head is None:
             raise ValueError("with_values needs a value head")
         hidden = self.target_hidden(inputs)
-        weight, bias = self._head()
+        head = self._head(temperature)
         logp, entropy = chunked_token_logprobs(
-            hidden,
-            weight,
-            inputs["targets"],
-            bias=bias,
-            temperature=temperature,
-            transform=self.transform,
-            chunk_size=self.chunk_size,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
+            hidden, targets=inputs["targets"], with_entropy=with_entropy, entropy_grad=entropy_grad, **head
         )
         values = self.value_head(hidden) if with_values and self.value_head is not None else None
         gathered = None
         if gather_ids is not None:
-            gathered = chunked_gather_logprobs(
-                hidden,
-                weight,
-                gather_ids,
-                bias=bias,
-                temperature=temperature,
-                transform=self.transform,
-                chunk_size=self.chunk_size,
-            )
+            gathered = chunked_gather_logprobs(hidden, ids=gather_ids, **head)
         return TokenScores(logp, entropy, values, gathered)
 
     def target_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -279,16 +270,7 @@ class TokenScorer(nn.Module):
         """The ``k`` most likely ids and log-probs at each completion position of ``batch`` (left-aligned)."""
         dev = next(self.lm.parameters()).device
         hidden = self.target_hidden(batch.to(dev))
-        weight, bias = self._head()
-        return chunked_topk_logprobs(
-            hidden,
-            weight,
-            k,
-            bias=bias,
-            temperature=temperature,
-            transform=self.transform,
-            chunk_size=self.chunk_size,
-        )
+        return chunked_topk_logprobs(hidden, k=k, **self._head(temperature))
 
 
 def disable_dropout(model: nn.Module) -> int:

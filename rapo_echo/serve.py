@@ -1,34 +1,19 @@
 """``rapo-echo serve``: any chat engine behind an OpenAI-compatible API (``/v1/chat/completions``).
 
 ``GET /v1/models`` lists the one served model; ``POST /v1/chat/completions`` answers in the OpenAI
-schema, with ``stream: true`` as server-sent events ending in ``data: [DONE]``. It honours vLLM's
+schema (``stream: true``: server-sent events ending in ``data: [DONE]``), with vLLM's
 ``continue_final_message`` / ``add_generation_prompt`` / ``top_k`` / ``return_tokens_as_token_ids``
-extensions, so the ``openai`` engine gets the same continuation semantics as from vLLM.
+extensions, so the ``openai`` engine continues prompts as it does against vLLM.
 
-Log-probs (engines with a tokenizer, e.g. ``hf``) are those of :func:`rapo_echo.engines.hf.sample_next`:
-the sampled token's log-prob under ``softmax(logits / temperature)`` before top-k / top-p truncation
-(temperature 0 counts as 1), exactly the value the ``hf`` engine returns in-process; ``top_logprobs``
-come from one teacher-forced pass over the reply under the same distribution. Engines without a
-tokenizer answer ``logprobs: null``. A model is not thread-safe, so one lock serialises engine calls.
+Log-probs (engines with a tokenizer) are those of :func:`rapo_echo.engines.hf.sample_next`, the value the
+``hf`` engine returns in-process; ``top_logprobs`` come from one teacher-forced pass over the reply; other
+engines answer ``logprobs: null``. A model is not thread-safe, so one lock serialises engine calls.
 
-Structured output: ``response_format`` ``{"type": "json_schema", "json_schema": {"name", "schema"}}``, vLLM's
-``structured_outputs`` (``{"json": ...}``, ``{"choice": [...]}`` or ``{"regex": ...}``) and its older
-``guided_json`` / ``guided_choice`` / ``guided_regex`` become the call's
-:attr:`~rapo_echo.types.SamplingParams.answer_format` (:func:`answer_format_of`), which the engine enforces.
-A request may carry one of them; a JSON schema must keep to :data:`rapo_echo.structured.SCHEMA_KEYWORDS`.
-An engine that enforces nothing (``structured_output`` ``none``) answers such a request with HTTP 400, so
-that a client falls back to parsing instead of trusting an unenforced format. A format the grammar
-compiler cannot take (an unsatisfiable or oversized schema, a regex with look-around or back-references)
-is answered 400 with the compiler's message before anything is generated; a reply whose grammar gave up
-while decoding is answered 400 (a stream ends with the finish reason ``grammar_error``), never as a normal
-stop.
-
-Limits: a request body over ``max_body_bytes`` (``--max-body-mb``) is answered 413 before it is read
-whole or tokenised. An API key in the URL's query (``?api_key=...``, any secret-named parameter, or the
-server's key as any value) or path (the server's key, or a segment that looks like a key) is refused
-with 400 and masked in the request line before the access log writes it: keys go in the
-``Authorization`` header only. A client that drops its connection while sending the body is logged in one
-line (no traceback) and answered 499.
+Structured output: ``response_format`` json_schema, vLLM's ``structured_outputs`` and its older
+``guided_*`` fields become the call's :attr:`~rapo_echo.types.SamplingParams.answer_format`
+(:func:`answer_format_of`); an engine that enforces nothing answers them with HTTP 400, so a client falls
+back to parsing. Refusals (400 for formats the grammar compiler cannot take or keys in the URL, 413 for
+an oversized body, 499 for a dropped client): docs/models.md.
 
 fastapi and uvicorn come with the ``serve`` extra and are imported only when a server is built.
 """

@@ -69,23 +69,9 @@ def smol_engine(smol_path: str):
 
 def make_tiny_model(tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64):
     """A randomly initialised small Llama that shares the embedded model's tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from rapo_echo.models import tiny_llama
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama(tokenizer, seed, layers, hidden).eval()
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,10 @@ __all__ = [
     "normalize_choices",
 ]
 
+# the ``openai`` engine's settings that an EngineConfig passes on by name
+OPENAI_SETTINGS = ("api_key_env", "timeout_s", "max_retries", "structured", "max_concurrency", "max_rpm",
+                   "max_tpm")  # fmt: skip
+
 
 def make_engine(
     cfg: EngineConfig,
@@ -59,14 +63,8 @@ def make_engine(
         engine = OpenAIEngine(
             base_url=cfg.base_url or "",
             model=None if cfg.model == "default" else cfg.model,
-            api_key_env=cfg.api_key_env,
-            timeout_s=cfg.timeout_s,
-            max_retries=cfg.max_retries,
             name=f"{role}:openai",
-            structured=cfg.structured,
-            max_concurrency=cfg.max_concurrency,
-            max_rpm=cfg.max_rpm,
-            max_tpm=cfg.max_tpm,
+            **{k: getattr(cfg, k) for k in OPENAI_SETTINGS},
         )
         if shared is not None:
             shared[key] = engine
@@ -97,8 +95,7 @@ def openai_key(cfg: EngineConfig) -> tuple[Any, ...]:
 
     url = (cfg.base_url or "").strip().rstrip("/")
     url = url if urlsplit(url).path else url + "/v1"  # as the engine completes it
-    return (url, cfg.model, cfg.api_key_env, cfg.timeout_s, cfg.max_retries, cfg.structured,
-            cfg.max_concurrency, cfg.max_rpm, cfg.max_tpm)  # fmt: skip
+    return (url, cfg.model, *(getattr(cfg, k) for k in OPENAI_SETTINGS))
 
 
 def failed_items(*engines: Any) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from rapo_echo.errors import CapabilityError
 from rapo_echo.types import FAILED, Conversation, Generation, SamplingParams
@@ -76,11 +76,14 @@ def normalize_choices(logprobs: dict[str, float]) -> dict[str, float]:
     return {k: v / total for k, v in exp.items()}
 
 
-def split_continuation(prompt: Conversation) -> tuple[Conversation, str | None]:
-    """Split a prompt into (conversation, assistant prefix to continue or None)."""
+def template_ids(tokenizer: Any, prompt: Conversation) -> list[int]:
+    """Token ids of a prompt through the tokenizer's chat template, ready for the reply (an assistant
+    last message is continued)."""
+    conv, prefix = list(prompt), ""
     if prompt and prompt[-1]["role"] == "assistant":
-        return list(prompt[:-1]), prompt[-1]["content"]
-    return list(prompt), None
+        conv, prefix = conv[:-1], prompt[-1]["content"]
+    text = tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text + prefix, add_special_tokens=False)["input_ids"]
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

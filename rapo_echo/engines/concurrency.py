@@ -1,17 +1,9 @@
 """How remote requests go out together: an engine's request limits (requests in flight, requests and tokens
 per minute, a server's ``Retry-After``) and independent stages run at the same time.
 
-Served simulators and judges answer in seconds whatever the batch, so a run's time is set by how many rounds
-of requests it waits for one after another. The library therefore sends every request of a stage at once
-(bounded only by :class:`RequestLimits`) and runs stages that do not depend on each other together
-(:func:`together`). Threads, not asyncio: the roles and the ``ChatEngine`` protocol are synchronous, the
-requests spend their time waiting on sockets (which releases the GIL), and a local model's forward
-(which also releases it) can run beside them; an event loop would need an async twin of every role.
-
-Only engines that say so (``concurrent_calls = True``: the ``openai`` engine, whose HTTP client is
-thread-safe) are called from several threads; ``hf``, ``vllm`` and ``scripted`` engines are called one
-stage after another, exactly as before (a local model gains nothing from two threads, and scripted replies
-keep their order).
+Every request of a stage goes out at once (bounded only by :class:`RequestLimits`) and stages that do not
+depend on each other run together (:func:`together`), on threads rather than asyncio: docs/models.md says
+why. Only engines with ``concurrent_calls = True`` (``openai``) are called from several threads.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 
 from rapo_echo import progress
 from rapo_echo.distributed import is_zero3_partitioned
-from rapo_echo.engines.base import split_continuation, truncate_at_stop
+from rapo_echo.engines.base import template_ids, truncate_at_stop
 from rapo_echo.engines.constrained import GRAMMAR_FAILED, GrammarCache, TokenConstraint
 from rapo_echo.engines.static_decode import StaticDecoder, resolve_decode, supports_static_cache
 from rapo_echo.errors import ConfigError
@@ -292,11 +292,7 @@ class HFEngine:
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Conversation) -> list[int]:
         """Token ids of a prompt through the tokenizer's chat template (ready for the reply)."""
-        conv, prefix = split_continuation(prompt)
-        text = self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-        if prefix:
-            text += prefix
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return template_ids(self.tokenizer, prompt)
 
     def _prompt(self, prompt: Conversation, new_tokens: int = 0) -> list[int]:
         """:meth:`encode`, fitted to the model's context less ``new_tokens`` with the trainer's prompt
@@ -379,7 +375,7 @@ class HFEngine:
             error=row.error,
         )
 
-    def _mode(self) -> contextlib.AbstractContextManager:
+    def _mode(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
         stack.enter_context(_EvalMode(self.model))
         if self.autocast is not None:

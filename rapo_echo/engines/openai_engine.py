@@ -1,61 +1,27 @@
 """``openai`` engine: any OpenAI-compatible chat-completions server (vLLM, SGLang, llama.cpp, hosted
 APIs, ``rapo-echo serve``) as a :class:`~rapo_echo.engines.base.ChatEngine`, over ``httpx``.
 
-* ``base_url`` is the API root, e.g. ``http://127.0.0.1:8000/v1``; a URL without a path gets ``/v1``.
-* ``model=None`` asks ``GET {base_url}/models`` once and uses the first id.
-* A prompt whose last message is an assistant message is continued: the request carries the vLLM
-  extension fields ``continue_final_message: true, add_generation_prompt: false``.
-* ``top_k > 0`` is sent as the ``top_k`` extension field (vLLM, SGLang, llama.cpp, our server); it is
-  left out otherwise, because hosted APIs reject unknown fields.
-* ``supports_logprobs`` is False until known: it turns True when a response carried log-probs and
-  False when a log-prob request came back without them. Reading it while still unknown sends one
-  1-token probe request (a server that rejects the ``logprobs`` fields with HTTP 400/422 counts as
-  False; other failures raise). Note: on Python < 3.12, ``isinstance(engine, ChatEngine)`` reads
-  every protocol attribute, so it can trigger that probe.
-* Concurrency (:mod:`rapo_echo.engines.concurrency`): every request of a call is sent at once, bounded only
-  by the engine's :class:`~rapo_echo.engines.concurrency.RequestLimits`, which all calls and threads share:
-  ``max_concurrency`` requests in flight (default 256: a vLLM server batches hundreds), and optionally
-  ``max_rpm`` requests and ``max_tpm`` tokens per minute (a request is charged its prompt's characters / 4
-  plus ``max_tokens x n`` up front, corrected by the response's ``usage``). Roles may call one engine from
-  several threads (``concurrent_calls``). Setup (the model list, then the server's version and the log-prob
-  probe together) runs once, before the first request that needs it.
-* A failed request costs one item: a request that fails for good (after its retries, or at once on a 4xx
-  such as a prompt too long for the model) gives that prompt a failed answer (``finish_reason`` ``"error"``,
-  empty text; ``choice_logprobs``: an empty row, no option scored), which roles count as invalid, and the
-  call's other answers are kept; ``failed_items`` counts them. A call raises :class:`EndpointError`
-  (naming the endpoint) only when the endpoint is down: every one of its requests failed, none was
-  answered (by any call of the engine) while they were tried, and either none got an answer at all
-  (connection errors, timeouts, unreadable bodies) or a 1-token health request (one attempt) fails too. A
-  request that fails while the endpoint answers is that item's problem (a prompt too long for the model,
-  a reply the server cannot write).
-* Reliability: every request must be answered completely within ``timeout_s`` (a whole-request
-  deadline, :class:`~rapo_echo.engines.deadline.Deadline`: a server that trickles bytes cannot keep it
-  alive; each request opens its own connection for that; streams instead fail after ``timeout_s``
-  without data); connection errors, timeouts, HTTP 429 and
-  5xx are retried ``max_retries`` times with exponential backoff and jitter (``Retry-After``, in seconds or
-  as an HTTP date, is honoured up to ``max_backoff_s``, and on HTTP 429 / 503 it also holds back every new
-  request of the engine until then; one longer than all the retries left could wait, ``max_backoff_s`` each,
-  fails the request at once); other 4xx fail at once with the server's message. Final errors are
-  :class:`EngineError` naming the endpoint URL. The API key (read from the environment variable
-  ``api_key_env``, sent as ``Authorization: Bearer``) is scrubbed from every message and never shown
-  in ``repr``.
-* Structured output: a call whose :attr:`SamplingParams.answer_format` is set asks the server to enforce
-  it, in the dialect that ``structured`` names (:data:`STRUCTURED_MODES`): ``vllm`` sends a JSON format as
-  ``response_format`` (``json_schema``) and a choice, integer or regex as vLLM's ``structured_outputs``
-  field (``guided_choice`` / ``guided_regex`` for a vLLM older than 0.10.2, read from ``GET /version``);
-  ``json_schema`` sends every format as ``response_format`` ``json_schema`` (a choice, integer, regex or
-  non-object JSON value is asked for as ``{"answer": ...}`` and unwrapped, so the text a role receives is
-  exactly the format's text); ``none`` sends nothing. ``auto`` (the default) picks ``vllm`` for servers
-  whose ``GET /models`` says ``owned_by: vllm`` or ``rapo-echo``, else ``json_schema``; when the server
-  refuses the fields (HTTP 400 / 422 that a request without them does not get) or accepts them without
-  enforcing them (a reply that ended normally but does not conform), it steps down to the next dialect,
-  and finally to plain generation, with one warning naming the endpoint; the role's parse-and-retry then
-  applies and counts invalid answers. ``structured_output`` says ``server`` while formats are sent and
-  ``none`` after that fallback (or with ``structured: none``). Streams never carry a format.
+* ``base_url`` is the API root (a URL without a path gets ``/v1``); ``model=None`` takes the first id of
+  ``GET /models``. A prompt ending in an assistant message is continued (vLLM's
+  ``continue_final_message``). ``top_k`` is sent only when > 0: hosted APIs reject unknown fields.
+* ``supports_logprobs`` is False until known; reading it while unknown sends one 1-token probe (HTTP
+  400 / 422 to the ``logprobs`` fields counts as False). On Python < 3.12, ``isinstance(engine,
+  ChatEngine)`` reads every protocol attribute, so it can trigger that probe.
+* Every request of a call is sent at once, bounded by the engine's shared
+  :class:`~rapo_echo.engines.concurrency.RequestLimits`; setup (model list, version, probe) runs once.
+* A request that fails for good costs its item (a ``FAILED`` answer, counted in ``failed_items``); a
+  call raises :class:`EndpointError` only when the endpoint is down. Each request has a whole-request
+  deadline (:class:`~rapo_echo.engines.deadline.Deadline`); connection errors, timeouts, 429 and 5xx are
+  retried with backoff, jitter and ``Retry-After``. The API key (from ``api_key_env``) is scrubbed from
+  every message and never shown in ``repr``. Limits, retries and failures: docs/models.md.
+* Answer formats are sent in the dialect ``structured`` names (:data:`STRUCTURED_MODES`; ``auto``
+  detects it and steps down when the server refuses or ignores it); streams never carry a format:
+  docs/structured-output.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import logging
@@ -270,8 +236,8 @@ def unwrap_answer(text: str, fmt: AnswerFormat) -> str | None:
     return answer if isinstance(answer, str) else None
 
 
-class OpenAIEngine:
-    """A chat engine that calls an OpenAI-compatible ``/chat/completions`` endpoint."""
+class OpenAIEngine(contextlib.AbstractContextManager):
+    """A chat engine that calls an OpenAI-compatible ``/chat/completions`` endpoint (``with`` closes it)."""
 
     concurrent_calls = True  # roles may call it from several threads at once (one shared RequestLimits)
 
@@ -352,9 +318,6 @@ class OpenAIEngine:
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._http.close()
-
-    def __enter__(self) -> OpenAIEngine:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -3,46 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rapo_echo.engines.hf import HFEngine
-from rapo_echo.types import Conversation, Generation, SamplingParams
 
 
 class FrozenBaseEngine(HFEngine):
     """The policy's model with its LoRA adapter switched off for every call: a role that shares the
     policy's memory but always sees the frozen base model, so it does not drift with training."""
 
-    def __init__(self, peft_model: Any, tokenizer: Any, **kw: Any) -> None:
-        super().__init__(peft_model, tokenizer, **kw)
-
-    @contextlib.contextmanager
-    def _adapter_off(self) -> Iterator[None]:
-        with self.model.disable_adapter():
-            yield
-
-    def generate_ids(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[list[Generation]]:
-        with self._adapter_off():
-            return super().generate_ids(prompt_ids, params)
-
-    def score_ids(
-        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
-    ) -> list[list[float]]:
-        with self._adapter_off():
-            return super().score_ids(prompt_ids, completion_ids)
-
-    def choice_logprobs(
-        self, prompts: Sequence[Conversation], options: Sequence[str]
-    ) -> list[dict[str, float]]:
-        with self._adapter_off():
-            return super().choice_logprobs(prompts, options)
-
-    def stream(self, prompt: Conversation, params: SamplingParams) -> Iterator[str]:
-        with self._adapter_off():
-            yield from super().stream(prompt, params)
+    def _mode(self) -> contextlib.ExitStack:
+        """The engine's mode for every forward (eval, autocast), with the adapter off."""
+        stack = super()._mode()
+        stack.enter_context(self.model.disable_adapter())
+        return stack
 
 
 def role_engine(policy: Any, role: str, max_batch_size: int = 64, autocast: Any = None) -> HFEngine:

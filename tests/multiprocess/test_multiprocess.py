@@ -23,7 +23,7 @@ import torch
 from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
-from tests.helpers.launch import ROOT, accelerate, run_processes, torchrun
+from tests.helpers.launch import accelerate, run_processes, torchrun
 from tests.helpers.multiproc_probe import record_file, replaying, weights_file
 
 PROBE = Path(__file__).resolve().parents[1] / "helpers" / "multiproc_probe.py"
@@ -72,15 +72,9 @@ def resume(
 def deepspeed_fp32_config(tmp: Path, stage: int = 2) -> Path:
     """The shipped ZeRO-``stage`` launch config and its DeepSpeed JSON, the JSON's bf16 turned off so the
     run can be compared with an fp32 single-process run on a CPU."""
-    import yaml
+    from rapo_echo.perf.checkpoint_sizes import launch_config
 
-    ds = json.loads((ROOT / f"configs/deepspeed/zero{stage}.json").read_text())
-    ds["bf16"] = {"enabled": False}
-    (tmp / f"zero{stage}_fp32.json").write_text(json.dumps(ds))
-    launch_cfg = yaml.safe_load((ROOT / f"configs/accelerate/deepspeed_zero{stage}.yaml").read_text())
-    launch_cfg["deepspeed_config"]["deepspeed_config_file"] = str(tmp / f"zero{stage}_fp32.json")
-    (tmp / f"zero{stage}.yaml").write_text(yaml.safe_dump(launch_cfg))
-    return tmp / f"zero{stage}.yaml"
+    return launch_config(tmp, stage, fp32=True)
 
 
 def metrics(run: Path) -> list[dict]:
