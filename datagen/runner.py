@@ -105,13 +105,8 @@ def run_pipeline(
         results.write_json_atomic(output / results.CONFIG_FILE, config)
         done = _finished(output / results.RESULTS_FILE, contexts)
         pending = [sc for sc in contexts if sc.id not in done]
-        log.info(
-            "%s: %d contexts, %d already done, %d to run",
-            pipeline.name,
-            len(contexts),
-            len(contexts) - len(pending),
-            len(pending),
-        )
+        n, todo = len(contexts), len(pending)
+        log.info("%s: %d contexts, %d already done, %d to run", pipeline.name, n, n - todo, todo)
         failed: dict[str, str] = {}
         stopped: str | None = None
         lost_chunks = 0
