@@ -289,13 +289,8 @@ class BundleReward:
         self.reward: OpenRLHFReward | None = None
         self._lock = threading.Lock()
 
-    def __call__(
-        self,
-        queries: Sequence[str],
-        prompts: Sequence[str] | None = None,
-        labels: Sequence[Any] | None = None,
-        **kw: Any,
-    ) -> dict[str, Any]:
+    def __call__(self, queries: Sequence[str], *args: Any, **kw: Any) -> dict[str, Any]:
+        """:meth:`OpenRLHFReward.__call__`'s arguments."""
         with self._lock:
             if self.reward is None:
                 try:
@@ -318,4 +313,4 @@ class BundleReward:
                         floor,
                     )
                     return reward_payload([floor] * n, [0.0] * n, [1.0] * n, [1.0] * n, {})
-        return self.reward(queries, prompts, labels, **kw)
+        return self.reward(queries, *args, **kw)
