@@ -102,13 +102,9 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _weights(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    return mask.to(dtype)
-
-
 def _masked(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """(x * m with masked-out positions exactly 0 even where x is inf/nan, the float mask m)."""
-    m = _weights(mask, _compute_dtype(x) if x.dtype.is_floating_point else torch.float32)
+    m = mask.to(_compute_dtype(x) if x.dtype.is_floating_point else torch.float32)
     return torch.where(m != 0, x.to(m.dtype) * m, torch.zeros((), dtype=m.dtype, device=x.device)), m
 
 
@@ -116,10 +112,8 @@ def _masked(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _group_stats(rewards: Tensor, groups: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-sample (reward as float64 with invalid ones set to 0, group index, group size, group mean).
-
-    Only valid samples count towards a group's size and mean.
-    """
+    """Per-sample (reward as float64 with invalid ones set to 0, group index, group size, group mean);
+    only valid samples count towards a group's size and mean."""
     zero = torch.zeros((), dtype=torch.float64, device=rewards.device)
     r = torch.where(valid, rewards.to(torch.float64), zero)
     _, idx = torch.unique(groups, return_inverse=True)
@@ -150,10 +144,8 @@ def _finish(adv: Tensor, valid: Tensor, degenerate: Tensor, like: Tensor) -> Ten
 @advantage_estimator
 def grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
     """``(r - mean_g) / (std_g + eps)`` with the unbiased (Bessel) std over the valid samples of each group.
-
-    Invalid samples are left out of every statistic and get 0; a group with fewer than 2 valid
-    samples or all-equal rewards gets 0. ``groups`` holds any integer ids (not necessarily contiguous).
-    """
+    Invalid samples are left out of every statistic and get 0; a group with fewer than 2 valid samples or
+    all-equal rewards gets 0. ``groups`` holds any integer ids (not necessarily contiguous)."""
     _check_samples("grpo_advantages", rewards, groups, valid, eps)
     r, idx, count, mean = _group_stats(rewards, groups, valid)
     n_groups = int(idx.max()) + 1 if idx.numel() else 0
@@ -165,10 +157,8 @@ def grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: floa
 
 @advantage_estimator
 def dr_grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
-    """``r - mean_g`` over the valid samples of each group (Dr. GRPO: no std division; ``eps`` unused).
-
-    Same conventions as :func:`grpo_advantages` for invalid samples and degenerate groups.
-    """
+    """``r - mean_g`` over the valid samples of each group (Dr. GRPO: no std division; ``eps`` unused);
+    invalid samples and degenerate groups as in :func:`grpo_advantages`."""
     _check_samples("dr_grpo_advantages", rewards, groups, valid, eps)
     r, idx, count, mean = _group_stats(rewards, groups, valid)
     return _finish(r - mean, valid, _degenerate(r, idx, valid, count), rewards)
@@ -176,11 +166,9 @@ def dr_grpo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: f
 
 @advantage_estimator
 def rloo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: float = 1e-4) -> Tensor:
-    """``r_i`` minus the mean of the other valid samples of its group (leave-one-out; ``eps`` unused).
-
-    Computed as ``n / (n - 1) * (r_i - mean_g)``, which is the same quantity. Same conventions as
-    :func:`grpo_advantages` for invalid samples and degenerate groups.
-    """
+    """``r_i`` minus the mean of the other valid samples of its group (leave-one-out, computed as
+    ``n / (n - 1) * (r_i - mean_g)``; ``eps`` unused); invalid samples and degenerate groups as in
+    :func:`grpo_advantages`."""
     _check_samples("rloo_advantages", rewards, groups, valid, eps)
     r, idx, count, mean = _group_stats(rewards, groups, valid)
     adv = count / (count - 1).clamp(min=1) * (r - mean)
@@ -191,10 +179,8 @@ def rloo_advantages(rewards: Tensor, groups: Tensor, valid: Tensor, *, eps: floa
 
 
 def _pessimistic(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor]:
-    """(``-min(ratio*A, clamp(ratio)*A)``, bool where the clipped branch is the one taken).
-
-    Where both branches are equal the unclipped one is taken, so its gradient flows in full.
-    """
+    """(``-min(ratio*A, clamp(ratio)*A)``, bool where the clipped branch is taken); where both are equal
+    the unclipped one is taken, so its gradient flows in full."""
     unclipped = -ratio * adv
     clipped = -ratio.clamp(1 - eps_low, 1 + eps_high) * adv
     active = clipped > unclipped
@@ -265,7 +251,7 @@ def gspo_policy_loss(
     dtype = _compute_dtype(logp)
     on = mask != 0
     zero = torch.zeros((), dtype=dtype, device=logp.device)
-    m = _weights(mask, dtype)
+    m = mask.to(dtype)
     lp = torch.where(on, logp.to(dtype), zero)
     diff = torch.where(on, lp - old_logp.detach().to(dtype), zero)
     row_tokens = m.sum(-1)
@@ -310,11 +296,9 @@ def _kl_out(kl: Tensor, mask: Tensor | None) -> Tensor:
 
 @kl_estimator
 def kl_k1(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tensor:
-    """k1 estimate of KL(pi || pi_ref) per token: ``logp - ref_logp`` (unbiased, high variance).
-
-    With ``mask`` (every estimator takes it), masked-out positions are 0 and their inputs, even
-    ``inf`` or ``nan``, touch neither the values nor the gradients.
-    """
+    """k1 estimate of KL(pi || pi_ref) per token: ``logp - ref_logp`` (unbiased, high variance). With
+    ``mask`` (every estimator takes it), masked-out positions are 0 and their inputs, even ``inf`` or
+    ``nan``, touch neither the values nor the gradients."""
     return _kl_out(_kl_inputs("kl_k1", logp, ref_logp, mask), mask)
 
 
@@ -326,10 +310,8 @@ def kl_k2(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tens
 
 @kl_estimator
 def kl_k3(logp: Tensor, ref_logp: Tensor, *, mask: Tensor | None = None) -> Tensor:
-    """k3 estimate per token (Schulman): ``exp(ref_logp - logp) - (ref_logp - logp) - 1`` (unbiased, >= 0).
-
-    ``ref_logp - logp`` is clamped to +-20 before exp so padding or a wild token cannot overflow.
-    """
+    """k3 estimate per token (Schulman): ``exp(ref_logp - logp) - (ref_logp - logp) - 1`` (unbiased, >= 0);
+    ``ref_logp - logp`` is clamped to +-20 before exp so padding or a wild token cannot overflow."""
     x = (-_kl_inputs("kl_k3", logp, ref_logp, mask)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return _kl_out(x.exp() - x - 1, mask)
 
@@ -425,7 +407,7 @@ def count_tokens_and_seqs(mask: Tensor) -> tuple[float, float]:
     if not isinstance(mask, Tensor) or mask.dim() != 2:
         shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
         raise ValueError(f"count_tokens_and_seqs: mask must be a 2-D tensor [B, T], got {shape}")
-    return float(_weights(mask, torch.float64).sum()), float((mask != 0).any(-1).sum())
+    return float(mask.to(torch.float64).sum()), float((mask != 0).any(-1).sum())
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -453,12 +435,7 @@ def _agg_inputs(per_token: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, bool]:
 
 
 def agg_token_mean(
-    per_token: Tensor,
-    mask: Tensor,
-    *,
-    total_tokens: float | Tensor | None = None,
-    total_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
+    per_token: Tensor, mask: Tensor, *, total_tokens: float | Tensor | None = None, **unused: object
 ) -> Tensor:
     """``sum(x*m) / total_tokens`` (``total_tokens`` defaults to this call's ``sum(m)``)."""
     xm, m, has = _agg_inputs(per_token, mask)
@@ -467,17 +444,10 @@ def agg_token_mean(
 
 
 def agg_seq_mean_token_mean(
-    per_token: Tensor,
-    mask: Tensor,
-    *,
-    total_tokens: float | Tensor | None = None,
-    total_seqs: float | Tensor | None = None,
-    norm_constant: float | None = None,
+    per_token: Tensor, mask: Tensor, *, total_seqs: float | Tensor | None = None, **unused: object
 ) -> Tensor:
-    """``sum_i [sum_t x*m / sum_t m] / total_seqs`` (original GRPO); rows without tokens add 0.
-
-    ``total_seqs`` defaults to the number of rows of this call with any token.
-    """
+    """``sum_i [sum_t x*m / sum_t m] / total_seqs`` (original GRPO; ``total_seqs`` defaults to this call's
+    rows with any token); rows without tokens add 0."""
     xm, m, has = _agg_inputs(per_token, mask)
     row_tokens = m.sum(-1)
     row_means = xm.sum(-1) / torch.where(row_tokens != 0, row_tokens, torch.ones_like(row_tokens))
@@ -489,15 +459,12 @@ def agg_seq_mean_token_sum_norm(
     per_token: Tensor,
     mask: Tensor,
     *,
-    total_tokens: float | Tensor | None = None,
     total_seqs: float | Tensor | None = None,
     norm_constant: float | None = None,
+    **unused: object,
 ) -> Tensor:
-    """``sum(x*m) / (total_seqs * norm_constant)`` (Dr. GRPO's constant normaliser).
-
-    ``total_seqs`` defaults to the rows of this call with any token and ``norm_constant`` to this
-    call's padded length ``T``; pass both under micro-batching (micro-batches are padded differently).
-    """
+    """``sum(x*m) / (total_seqs * norm_constant)`` (Dr. GRPO's constant normaliser); the defaults are this
+    call's rows with any token and padded length ``T``: pass both under micro-batching."""
     xm, _, has = _agg_inputs(per_token, mask)
     seqs = (mask != 0).any(-1).sum() if total_seqs is None else total_seqs
     const = per_token.shape[-1] if norm_constant is None else norm_constant

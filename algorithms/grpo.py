@@ -101,22 +101,13 @@ def greedy_replies(policy: Policy, scenarios: list[Scenario], max_new_tokens: in
 def pg_items(samples: list[Sample], advantages: list[float]) -> list[TrainItem]:
     """Training items of the valid samples with at least one token (invalid ones are masked out); each
     sample's advantage is also kept in its ``info`` (``samples.jsonl``)."""
-    items = []
-    for i, (s, a) in enumerate(zip(samples, advantages)):
+    for s, a in zip(samples, advantages):
         s.info["advantage"] = a
-        if s.valid and s.completion_ids:
-            items.append(
-                TrainItem(
-                    s.prompt_ids,
-                    s.completion_ids,
-                    a,
-                    kind=PG,
-                    group=s.group,
-                    sample=i,
-                    sampler_logprobs=s.logprobs,
-                )
-            )
-    return items
+    return [
+        TrainItem(s.prompt_ids, s.completion_ids, a, group=s.group, sample=i, sampler_logprobs=s.logprobs)
+        for i, (s, a) in enumerate(zip(samples, advantages))
+        if s.valid and s.completion_ids
+    ]
 
 
 # ---------------------------------------------------------------------------- the GRPO objective

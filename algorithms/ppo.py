@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rapo_echo.policy import pad_left_aligned
-from rapo_echo.types import Scenario, ValidationResult
+from rapo_echo.types import Scenario
 
-from .base import PG, Algorithm, MicroBatch, Needs, RoleRequest, Rollout, Totals, TrainItem, pad_rows
+from .base import PG, MicroBatch, Needs, Rollout, Totals, TrainItem, pad_rows
 from .core import aggregate, gae_advantages, masked_whiten, value_loss
 from .grpo import (
+    GRPO,
     advantage_stats,
     pg_items,
     pg_loss,
     policy_gradient_needs,
     reward_stats,
-    reward_validation,
     sample_replies,
 )
 from .ppo_config import PpoConfig
@@ -109,13 +109,13 @@ def ppo_loss(
     return loss + pc.vf_coef * vl, metrics
 
 
-class PPO(Algorithm):
-    """Single-turn PPO: sampled replies, reward plugins, a value head and GAE."""
+class PPO(GRPO):
+    """Single-turn PPO: sampled replies, reward plugins, a value head and GAE (GRPO's requests and
+    validation)."""
 
     name = "ppo"
     config = PpoConfig
     cfg: PpoRunConfig
-    validation_key = "val/reward"
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -129,10 +129,6 @@ class PPO(Algorithm):
     def needs(cls, cfg: RunConfig) -> Needs:
         # Its only learning signal is the configured rewards.
         return value_needs(cfg, rewards=True, roles=())
-
-    @classmethod
-    def requests(cls, cfg: RunConfig) -> list[RoleRequest]:
-        return []  # its rewards' requests only (the plan counts them)
 
     def rollout(self, scenarios: list[Scenario], step: int) -> Rollout:
         samples, t_gen = sample_replies(self.ctx.policy, self.cfg, scenarios)
@@ -164,7 +160,3 @@ class PPO(Algorithm):
         self, mb: MicroBatch, out: TokenScores, totals: Totals
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return ppo_loss(self.cfg, self.cfg.ppo, mb, out, totals)
-
-    def validate(self, scenarios: list[Scenario], max_new_tokens: int, turns: int = 1) -> ValidationResult:
-        """The reward plugins' reward of the greedy replies, as GRPO's (:func:`.grpo.reward_validation`)."""
-        return reward_validation(self.ctx, scenarios, max_new_tokens)

@@ -50,7 +50,6 @@ from rapo_echo.simulators.sage import EMOTION_MAX, SageDialogue, SageSimulator, 
 from rapo_echo.types import Conversation, Generation, Sample, SamplingParams, Scenario, msg
 
 from .base import (
-    PG,
     AlgoContext,
     Algorithm,
     MicroBatch,
@@ -440,9 +439,7 @@ class RLVER(Algorithm):
                 continue
             if self.cfg.rlver.thinking:
                 items += [
-                    TrainItem(
-                        t.prompt_ids, t.ids, a, kind=PG, group=e.group, sample=i, sampler_logprobs=t.logprobs
-                    )
+                    TrainItem(t.prompt_ids, t.ids, a, group=e.group, sample=i, sampler_logprobs=t.logprobs)
                     for t in e.turns
                     if t.ids
                 ]
@@ -452,7 +449,6 @@ class RLVER(Algorithm):
                         e.prompt_ids,
                         e.response,
                         a,
-                        kind=PG,
                         group=e.group,
                         sample=i,
                         sampler_logprobs=e.logprobs,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -26,7 +26,6 @@ from rapo_echo.config import Device, Dtype, ScenarioFormat, Strict, add_flags, s
 from rapo_echo.datagen.critique_rewrite import CritiqueRewriteSettings
 from rapo_echo.datagen.hard_prompts import HardPromptSettings
 from rapo_echo.datagen.reference_replies import ReferenceSettings
-from rapo_echo.datagen.settings import DataSettings
 from rapo_echo.datagen.synthesis import SynthesisSettings
 from rapo_echo.errors import ConfigError
 
@@ -37,7 +36,10 @@ def role(default: str, what: str) -> Any:
 
 
 class DataCommand(Strict):
-    """What every data command reads and writes, and where its local models run."""
+    """What every data command reads and writes, and where its local models run. A command's class is
+    ``(DataCommand, its pipeline's settings)`` and names its ``roles``."""
+
+    roles: ClassVar[tuple[str, ...]]
 
     data: str | None = Field(
         None, description="Contexts: any file `train` reads (unset: the bundled scenarios)."
@@ -56,6 +58,7 @@ class DataCommand(Strict):
 class CritiqueRewriteCommand(DataCommand, CritiqueRewriteSettings):
     """`rapo-echo data critique-rewrite`: preference pairs for the empathy judge (pairs.jsonl)."""
 
+    roles: ClassVar = ("writer", "judge", "rewriter")
     writer: str = role("default", "Writes the candidate replies")
     judge: str = role("default", "Selects, screens and grades (the strong judge)")
     rewriter: str = role("judge", "Rewrites low-graded replies from their critique")
@@ -67,6 +70,7 @@ class CritiqueRewriteCommand(DataCommand, CritiqueRewriteSettings):
 class ReferencesCommand(DataCommand, ReferenceSettings):
     """`rapo-echo data references`: a reference reply graded 3 of 5 per prompt (scenarios.jsonl)."""
 
+    roles: ClassVar = ("writer", "judge")
     writer: str = role("default", "Writes the candidate references")
     judge: str = role("default", "Grades them (the strong judge)")
 
@@ -74,6 +78,7 @@ class ReferencesCommand(DataCommand, ReferenceSettings):
 class HardPromptsCommand(DataCommand, HardPromptSettings):
     """`rapo-echo data hard-prompts`: the prompts the policy does not already win (prompts.jsonl)."""
 
+    roles: ClassVar = ("policy", "judge")
     policy: str = role("default", "The policy to be trained (samples best-of-N)")
     judge: str = role("default", "The reward's judge")
 
@@ -81,6 +86,7 @@ class HardPromptsCommand(DataCommand, HardPromptSettings):
 class SynthesizeCommand(DataCommand, SynthesisSettings):
     """`rapo-echo data synthesize`: three-agent dialogues for the SFT warm start (sft.jsonl)."""
 
+    roles: ClassVar = ("companion", "user", "director")
     companion: str = role("default", "The AI companion (the replies the SFT data teaches)")
     user: str = role("default", "Invents each person's profile and plays them")
     director: str = role("user", "Decides every few exchanges: continue, switch topic, or end")
@@ -154,14 +160,7 @@ def warn_weak_roles(engines: dict[str, Any]) -> None:
             warn_if_weak(engine, logged_as, "data")
 
 
-def _run(
-    cmd: DataCommand,
-    command: str,
-    settings: type[DataSettings],
-    roles: tuple[str, ...],
-    protocol: dict,
-    build: Callable,
-) -> int:
+def _run(cmd: DataCommand, command: str, protocol: dict, build: Callable) -> int:
     """Load the contexts, check ``--output`` (both before any model loads), load the engines, run."""
     from rapo_echo.benchmarks.runner import check_output
     from rapo_echo.datagen.contexts import load_contexts
@@ -169,8 +168,9 @@ def _run(
     from rapo_echo.rundir import check_writable
 
     contexts = load_contexts(cmd.data, cmd.format, cmd.limit)
-    specs = {r: getattr(cmd, r) for r in roles}
+    specs = {r: getattr(cmd, r) for r in cmd.roles}
     models = _resolve_specs(specs)
+    _, settings = type(cmd).__bases__
     recorded = cmd.model_dump(include=set(settings.model_fields))
     config = data_config(command, models, cmd.data, cmd.format, recorded, protocol)
     check_output(check_writable(cmd.output), config, WHAT)
@@ -208,8 +208,6 @@ def run_critique_rewrite(args: argparse.Namespace) -> int:
     return _run(
         cmd,
         "critique-rewrite",
-        CritiqueRewriteSettings,
-        ("writer", "judge", "rewriter"),
         protocol(constitution),
         lambda e, _: CritiqueRewrite(e["writer"], e["judge"], e["rewriter"], cmd, constitution),
     )
@@ -219,28 +217,14 @@ def run_references(args: argparse.Namespace) -> int:
     from rapo_echo.datagen.reference_replies import References, protocol
 
     cmd = section_from_args(ReferencesCommand, args)
-    return _run(
-        cmd,
-        "references",
-        ReferenceSettings,
-        ("writer", "judge"),
-        protocol(),
-        lambda e, _: References(e["writer"], e["judge"], cmd),
-    )
+    return _run(cmd, "references", protocol(), lambda e, _: References(e["writer"], e["judge"], cmd))
 
 
 def run_hard_prompts(args: argparse.Namespace) -> int:
     from rapo_echo.datagen.hard_prompts import HardPrompts, protocol
 
     cmd = section_from_args(HardPromptsCommand, args)
-    return _run(
-        cmd,
-        "hard-prompts",
-        HardPromptSettings,
-        ("policy", "judge"),
-        protocol(),
-        lambda e, _: HardPrompts(e["policy"], e["judge"], cmd),
-    )
+    return _run(cmd, "hard-prompts", protocol(), lambda e, _: HardPrompts(e["policy"], e["judge"], cmd))
 
 
 def run_synthesize(args: argparse.Namespace) -> int:
@@ -250,8 +234,6 @@ def run_synthesize(args: argparse.Namespace) -> int:
     return _run(
         cmd,
         "synthesize",
-        SynthesisSettings,
-        ("companion", "user", "director"),
         protocol(),
         lambda e, contexts: Synthesis(
             e["companion"], e["user"], e["director"], cmd, {sc.id: i for i, sc in enumerate(contexts)}

@@ -32,14 +32,7 @@ from typing import Any, Protocol
 
 from rapo_echo import progress as show_progress
 from rapo_echo.atomic import write_text_atomic
-from rapo_echo.benchmarks.results import (
-    CONFIG_FILE,
-    RESULTS_FILE,
-    SUMMARY_FILE,
-    ResultWriter,
-    read_records,
-    write_json_atomic,
-)
+from rapo_echo.benchmarks import results  # the folder's files and their rules are the benchmarks'
 from rapo_echo.benchmarks.runner import claim_output
 from rapo_echo.datagen.contexts import context_key
 from rapo_echo.errors import CapabilityError, ConfigError, EngineError
@@ -109,16 +102,11 @@ def run_pipeline(
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     output = Path(output)
     with claim_output(output, {output: config}, what=WHAT):
-        write_json_atomic(output / CONFIG_FILE, config)
-        done = _finished(output / RESULTS_FILE, contexts)
+        results.write_json_atomic(output / results.CONFIG_FILE, config)
+        done = _finished(output / results.RESULTS_FILE, contexts)
         pending = [sc for sc in contexts if sc.id not in done]
-        log.info(
-            "%s: %d contexts, %d already done, %d to run",
-            pipeline.name,
-            len(contexts),
-            len(contexts) - len(pending),
-            len(pending),
-        )
+        n, todo = len(contexts), len(pending)
+        log.info("%s: %d contexts, %d already done, %d to run", pipeline.name, n, n - todo, todo)
         failed: dict[str, str] = {}
         stopped: str | None = None
         lost_chunks = 0
@@ -127,7 +115,7 @@ def run_pipeline(
             show_progress.enable()
         bar = show_progress.start(pipeline.name, len(contexts), "context", len(contexts) - len(pending))
         try:
-            with stop_on_signals(), ResultWriter(output / RESULTS_FILE) as writer:
+            with stop_on_signals(), results.ResultWriter(output / results.RESULTS_FILE) as writer:
                 for start in range(0, len(pending), batch_size):
                     if timeout_s is not None and time.monotonic() - t0 >= timeout_s:
                         stopped = f"timeout: {timeout_s / 60:g} minutes passed (--timeout-minutes)"
@@ -154,8 +142,8 @@ def run_pipeline(
             summary = _write_outputs(pipeline, output, contexts, failed, f"stopped by {stop.name}")
             raise Stopped(
                 f"{pipeline.name}: stopped by {stop.name}: {summary['n_done']} of {len(contexts)} contexts "
-                f"are saved in {output / RESULTS_FILE} (the chunk in flight is not), counted in "
-                f"{output / SUMMARY_FILE}; run the same command again to resume",
+                f"are saved in {output / results.RESULTS_FILE} (the chunk in flight is not), counted in "
+                f"{output / results.SUMMARY_FILE}; run the same command again to resume",
                 stop.name,
             ) from None
         finally:
@@ -185,7 +173,7 @@ def _finished(path: Path, contexts: Sequence[Scenario]) -> dict[str, Record]:
     """The records already written for these contexts; a record whose context changed is refused."""
     by_id = {sc.id: sc for sc in contexts}
     done: dict[str, Record] = {}
-    for record in read_records(path):
+    for record in results.read_records(path):
         sc = by_id.get(record["id"])
         if sc is None:
             continue
@@ -233,7 +221,7 @@ def _write_outputs(
     failed: dict[str, str],
     stopped: str | None,
 ) -> dict[str, Any]:
-    by_id = {r["id"]: r for r in read_records(output / RESULTS_FILE)}
+    by_id = {r["id"]: r for r in results.read_records(output / results.RESULTS_FILE)}
     items = [(sc, by_id[sc.id]) for sc in contexts if sc.id in by_id]
     rows, figures = pipeline.export(items)
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
@@ -250,5 +238,5 @@ def _write_outputs(
         "figures": figures,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json_atomic(output / SUMMARY_FILE, summary)
+    results.write_json_atomic(output / results.SUMMARY_FILE, summary)
     return summary

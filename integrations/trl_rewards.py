@@ -1,31 +1,8 @@
-"""rapo-echo's rewards as TRL reward functions (``GRPOTrainer(reward_funcs=...)``; TRL 1.16's convention).
+"""rapo-echo's rewards as TRL reward functions (``GRPOTrainer(reward_funcs=...)``; TRL 1.16's convention);
+what a function reads and returns is in docs/integrations.md, "TRL: our rewards as reward functions".
 
-::
-
-    from rapo_echo.integrations.trl_rewards import trl_reward
-
-    empathy = trl_reward("empathy", judge="default")  # judge: default, a folder, http(s)://..., an engine
-    trainer = GRPOTrainer(model=..., reward_funcs=[empathy], train_dataset=...)
-
-TRL calls a reward function with keywords: ``prompts``, ``completions`` and ``completion_ids`` (one per
-completion; text or TRL's conversational messages), every other column of the dataset (one value per
-completion), and ``trainer_state``, ``log_extra`` and ``log_metric``; it wants one float per completion,
-or ``None`` where the function cannot score (TRL then leaves the completion out of that reward). The
-function built here reads
-
-* the reply: the completion's text, or its last assistant message (earlier messages of a multi-turn
-  completion join the context);
-* the context: the prompt's messages (a text prompt is the person's one message);
-* the columns ``profile`` (the hidden profile: a mapping or its JSON), ``reference`` (a reference reply,
-  which ``empathy`` compares with; without one the judge writes and caches it) and ``scenario_id`` or
-  ``id`` (else a hash of the prompt),
-
-scores the batch with one of our rewards (any name ``rewards:`` takes: ``empathy``, ``humanlike``,
-``judge``, ``echo_n1``, ``emotion_change``, ...), and logs the reward's own step metrics (a judge's position
-bias, ...) through ``log_metric``. ``sage_emotion`` is ``emotion_change`` with the SAGE-style user
-(``simulator: sage``). A role is a model spec (``default``: the embedded model, a folder, a ``.gguf``
-file, a hub id, an ``http(s)://`` endpoint such as ``vllm serve``) or an engine object; one engine per spec
-is shared by every function built here. TRL is not imported: the functions only follow its convention.
+A role is a model spec or an engine object; one engine per spec is shared by every function built here.
+TRL is not imported: the functions only follow its convention.
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """rapo-echo's SAGE-style simulated user as TRL's ``rollout_func``: GRPO on whole dialogues, the user's
-turns masked from the loss (TRL 1.16's ``GRPOTrainer(rollout_func=...)``, ``env_mask``).
+turns masked from the loss (TRL 1.16's ``GRPOTrainer(rollout_func=...)``, ``env_mask``); the use and the
+dialogue are in docs/integrations.md, "TRL: the SAGE-style user as the environment".
 
-::
-
-    from rapo_echo.integrations.trl_sage import SageRollout, sage_emotion
-
-    sage = SageRollout("default")  # the user's engine: default, a folder, http(s)://... (vllm serve)
-    trainer = GRPOTrainer(
-        model=..., reward_funcs=[sage_emotion], rollout_func=sage, train_dataset=sage.dataset(), args=...
-    )
-
-TRL hands the function each process's prompts, every one ``num_generations`` times, and the trainer. Per
-prompt the policy (the trainer's model, generating with ``transformers``; TRL's vLLM is not used) holds
-one dialogue with the simulated user (:class:`~rapo_echo.simulators.sage.SageSimulator`): the user opens
-(the profile's first talk; a profile without one gets an opening the simulator writes once per distinct
-prompt, shared by its group), the policy replies, the user's emotion moves and the user answers, until
-goodbye, an emotion bound, ``max_turns`` replies, or TRL's ``max_completion_length`` (the whole dialogue's
-token budget; ``turn_tokens`` caps one reply). A dialogue is one token sequence: the prompt (system +
-opening through the chat template), then the policy's sampled tokens and, between them, the user's turns
-written with the template's markers (:class:`~rapo_echo.chat_template.ChatMarkers`) under ``env_mask`` 0,
-so the loss sees the policy's tokens only; sampled text is never re-tokenised.
-
-The reward is RLVER's: the final emotion / 100, floored at 0, handed to the reward functions as the column
-``sage_reward`` (``None`` for a dialogue whose simulator output never parsed: TRL leaves it out) with
-``sage_turns`` and ``sage_end``; :func:`sage_emotion` returns it and logs the turns and the end reasons.
-The rollout function sees the prompts only, so it finds each prompt's profile by the prompt:
-:meth:`SageRollout.dataset` builds the train dataset and remembers them (bundled English profiles, or a
-profile file); a prompt it does not know is an error.
+A dialogue is one token sequence: the prompt, then the policy's sampled tokens and, between them, the
+user's turns written with the template's markers (:class:`~rapo_echo.chat_template.ChatMarkers`) under
+``env_mask`` 0; sampled text is never re-tokenised. The reward reaches the reward functions as the column
+``sage_reward`` (with ``sage_turns`` and ``sage_end``). The rollout function sees the prompts only, so it
+finds each prompt's profile by the prompt (:meth:`SageRollout.dataset` remembers them); a prompt it does
+not know is an error.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """rapo-echo's SAGE-style simulated user and its emotion reward as a verifiers environment (verifiers 0.4's
 ``verifiers.v1``: a :class:`~verifiers.v1.Taskset` of SAGE profiles and an :class:`~verifiers.v1.Env`
-whose ``run`` is the dialogue loop).
+whose ``run`` is the dialogue loop); the command and what it does: docs/integrations.md, "verifiers: the
+SAGE-style user as an environment".
 
-::
-
-    python -m rapo_echo.integrations.verifiers_sage --model MODEL \\
-        --client.base-url http://127.0.0.1:8000/v1 -n 2 -r 1 --env.simulator default
-
-runs ``vf-eval`` on it (every ``vf-eval`` option works: ``--env.preset``, ``--env.max-turns``,
-``--env.taskset.profiles FILE``, ...). In Python, :func:`load_sage_env` builds the environment.
-
-Per task (a SAGE profile: persona, background, hidden intention, first talk) the environment opens one
-dialogue: the simulated user (:class:`~rapo_echo.simulators.sage.SageSimulator`, on any of our engines:
-``--env.simulator`` takes ``default``, a folder, a ``.gguf`` file, a hub id or an ``http(s)://`` endpoint
-such as ``vllm serve``) says its first talk, the ``assistant`` agent (the policy verifiers evaluates or
-trains, behind verifiers' client; the tool-less ``null`` harness by default) answers, the user's emotion
-moves and the user answers, until goodbye, an emotion bound or ``max_turns``. The user is not a verifiers
-agent but the caller of the assistant's interaction, so its turns are user messages of the assistant's
-trace: never trained on. The task's rubric scores the trace: ``sage_emotion`` (reward), RLVER's final
-emotion / 100, floored at 0, and ``sage_turns`` (metric); a dialogue whose simulator output never parses
-fails the rollout (never a guessed score).
-
-verifiers loads a taskset by importing its id as a top-level module; ``rapo_echo.integrations`` is not one,
-so this module registers itself as :data:`TASKSET_ID` (``rapo_echo_sage``) when imported (the command
-above and :func:`load_sage_env` do it).
+The user is not a verifiers agent but the caller of the assistant's interaction, so its turns are user
+messages of the assistant's trace: never trained on. verifiers loads a taskset by importing its id as a
+top-level module; ``rapo_echo.integrations`` is not one, so this module registers itself as
+:data:`TASKSET_ID` when imported.
 """
 
 from __future__ import annotations

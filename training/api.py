@@ -57,8 +57,8 @@ def train(
     checkpoint, with its own ``config.yaml``. Precedence: algorithm defaults < ``config`` <
     ``overrides``. Bad settings raise :class:`ConfigError` before any model loads."""
     run_dir = _resume_dir(resume, output)
-    if isinstance(config, RunConfig):  # checked again as a file would be (as config.yaml is on --resume)
-        config = config.model_dump(mode="json")
+    # a RunConfig is checked again as a file would be (as config.yaml is on --resume)
+    source = config.model_dump(mode="json") if isinstance(config, RunConfig) else config
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError(
             f"train: overrides must be a mapping of dotted keys to values, e.g. "
@@ -66,9 +66,9 @@ def train(
         )
     if overrides is not None:
         overrides = {k: config_values(v, f"overrides[{k!r}]", k) for k, v in overrides.items()}
-    if isinstance(config, Mapping):
-        config = config_values(config, "config", "")
-    cfg = run_config_for(config, algo=algo, output=output, resume=run_dir, overrides=overrides)
+    if isinstance(source, Mapping):
+        source = config_values(source, "config", "")
+    cfg = run_config_for(source, algo=algo, output=output, resume=run_dir, overrides=overrides)
     run = train_with(cfg, resume=run_dir is not None)
     final = run.run_dir / "final"
     return TrainResult(

@@ -182,7 +182,7 @@ class Learner:
 
     @property
     def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        return float(self.scheduler.get_last_lr()[0])
 
     def sync_generator(self) -> None:
         """Push the policy's weights into a separate sampler (vLLM), if there is one."""
@@ -295,7 +295,8 @@ class Learner:
         if self.accelerator.num_processes == 1:
             return
         with torch.no_grad():
-            total = sum(p.sum(dtype=torch.float64) for p in self.policy.trainable_parameters())
+            zero = torch.zeros((), dtype=torch.float64)
+            total = sum((p.sum(dtype=torch.float64) for p in self.policy.trainable_parameters()), zero)
         sums = self.accelerator.gather(total.reshape(1).to(self.accelerator.device)).tolist()
         if max(sums) - min(sums) > 1e-6 * max(1.0, abs(sums[0])):
             raise TrainingError(
@@ -326,7 +327,7 @@ class Learner:
         return metrics, skipped
 
     def scoring_batches(self, items: list[TrainItem]) -> Iterator[tuple[list[TrainItem], Any]]:
-        for mb in length_grouped(items, self.cfg.train.micro_batch_size):
+        for mb in length_grouped(items, self.cfg.train.micro_batch):
             masks = [it.loss_mask for it in mb]
             yield mb, self.policy.batch([it.prompt_ids for it in mb], [it.completion_ids for it in mb], masks)
 
@@ -619,16 +620,17 @@ class LogprobGap:
         self.total = self.tokens = self.max = 0.0
 
     def add(self, items: list[TrainItem], logp: torch.Tensor, mask: torch.Tensor) -> None:
-        rows = [
-            i
+        sampled = {
+            i: it.sampler_logprobs
             for i, it in enumerate(items)
             if it.kind.policy_gradient
             and it.sampler_logprobs is not None
             and len(it.sampler_logprobs) == len(it.completion_ids)
-        ]
-        if not rows:
+        }
+        if not sampled:
             return
-        sampler = pad_left_aligned([items[i].sampler_logprobs for i in rows], logp.shape[1])  # type: ignore[misc]
+        rows = list(sampled)
+        sampler = pad_left_aligned(list(sampled.values()), logp.shape[1])
         m = mask[rows].float()
         diff = (logp.detach()[rows].float() - sampler.to(logp.device)).abs() * m
         self.total += float(diff.sum())

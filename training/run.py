@@ -252,7 +252,8 @@ class Run:
     def _build_roles(self) -> dict[str, ChatEngine | None]:
         """The engine of each role the run uses (:func:`roles_used`), None for the others; roles served
         by one endpoint share one engine."""
-        used, shared = roles_used(self.cfg, self.needs), {}
+        used = roles_used(self.cfg, self.needs)
+        shared: dict[object, ChatEngine] = {}
         roles: dict[str, ChatEngine | None] = {}
         for role in ROLES:
             settings = getattr(self.cfg, role)
@@ -370,7 +371,7 @@ class Run:
                 if bar is not None:
                     bar.update(1)
                     keys = self.algorithm.progress_keys
-                    bar.note(**{k: f"{metrics.get(k, float('nan')):.3f}" for k in keys})
+                    bar.note(True, **{k: f"{metrics.get(k, float('nan')):.3f}" for k in keys})
                 if self._after_step():
                     return self.run_dir
             self._save_final()

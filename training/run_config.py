@@ -44,7 +44,8 @@ def run_config_class(algo: type[Algorithm]) -> type[RunConfig]:
             f"section can have or is a shared section of every run ({', '.join(RunConfig.model_fields)})"
         )
     description = " ".join((section.__doc__ or f"{key}'s own switches.").split())
-    model = create_model(
+    # mypy matches a **dict's values against create_model's own keywords (__doc__, ...) too
+    model = create_model(  # type: ignore[call-overload]
         f"RunConfig_{key}",
         __base__=RunConfig,
         __doc__=RunConfig.__doc__,

@@ -6,7 +6,7 @@ import argparse
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -15,6 +15,9 @@ from rapo_echo.errors import ConfigError
 from rapo_echo.stopping import EXIT_CODES  # a run stopped by a signal (after its checkpoint): resumable
 
 from .run_config import load_config
+
+if TYPE_CHECKING:
+    from .plan import Hardware
 
 
 class PlanSettings(Strict):
@@ -143,11 +146,12 @@ def run_config_for(
     return cfg
 
 
-def hardware(plan: PlanSettings, cfg) -> object:
+def hardware(plan: PlanSettings, cfg) -> Hardware:
     """The :class:`~rapo_echo.training.plan.Hardware` the plan flags and the config name."""
     from .plan import Hardware, zero_stage_of
 
-    zero, processes, source = plan.zero or 0, None, ""
+    zero: int = plan.zero or 0
+    processes, source = None, ""
     if plan.accelerate_config:
         zero, processes = zero_stage_of(plan.accelerate_config)
         source = plan.accelerate_config

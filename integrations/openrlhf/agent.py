@@ -8,14 +8,9 @@ OpenRLHF 0.11's ``MultiTurnAgentExecutor`` creates one agent instance per rollou
   the ``rewards`` of all steps, appends ``environment_feedback`` to the token sequence with loss mask 0,
   and keeps the last step's ``scores`` and ``extra_logs``.
 
-:class:`RLVEREpisode` does that with the library's one simulated user,
-:class:`~rapo_echo.simulators.sage.SageSimulator` (one dialogue per episode): the label holds the
-user's profile, the first observation is the system prompt plus the user's opening through the chat
-template, and each step's reward is the change of the reward (final emotion / 100, floored at 0) since
-the last step (the first step's from 0), so the summed reward is RLVER's reward even when OpenRLHF
-stops the episode early because the token budget ran out. ``scores`` is the current reward. OpenRLHF
-cannot mask a sample out of the loss, so a dialogue whose simulator output never parses ends at once
-with a summed reward of 0 (the lowest a valid dialogue can reach) and ``sage/invalid`` = 1.
+:class:`RLVEREpisode` plays one dialogue with :class:`~rapo_echo.simulators.sage.SageSimulator` (the user's
+profile from the label); its rewards and invalid dialogues are described in docs/scaling.md, "Multi-node
+with OpenRLHF and Ray" (RLVER). ``scores`` is the current reward.
 """
 
 from __future__ import annotations

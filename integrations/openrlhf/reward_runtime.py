@@ -1,26 +1,11 @@
 """What an exported ``reward_func.py`` runs: rapo-echo's reward plugins behind OpenRLHF's contract
 ``reward_func(queries, prompts, labels, **kwargs) -> {"rewards", "scores", "extra_logs"}``.
 
-* ``queries`` are prompt + response decoded *with* special tokens; each is split at the prompt's last
-  assistant opening (:class:`~rapo_echo.chat_template.ChatMarkers`), and the reply is cut at its
-  end-of-turn marker (no marker: the reply was truncated, ``finish_reason="length"``).
-* The prompt conversation comes from the label when it carries a rapo-echo scenario (datasets written
-  by :mod:`rapo_echo.integrations.openrlhf.dataset`), else from parsing the rendered prompt.
-* ``rewards`` is the weighted sum of the run's rewards. A sample a reward could not score (``None``)
-  gets ``invalid_reward`` instead, never a silent 0: OpenRLHF cannot mask a sample out of the loss,
-  and it calls ``reward_func`` with one sample at a time, so no batch statistic (such as "the batch
-  minimum minus 1") is available. The default, ``-sum(|weight|)``, is the lowest total that rewards
-  scoring in [-1, 1] (all built-ins) can reach, so an invalid sample never ranks above a valid one in
-  its group. The count is logged as ``rapo/invalid`` (fraction of samples).
-* ``scores`` (OpenRLHF's 0-1 value for dynamic filtering) is the reward clamped to [0, 1]; 0 for an
-  invalid sample.
-* ``extra_logs``: ``rapo/invalid``, ``rapo/error`` and, per reward, ``rapo/<name>`` (0 where that
-  reward was invalid) and ``rapo/<name>_invalid``.
-* ``reward_func`` never raises. OpenRLHF swallows an exception from it at INFO and leaves the sample's
-  reward empty, and the job later dies with ``reward_model_group is required``. Any failure (a judge or
-  simulator endpoint down after its retries, a reply that cannot be split) makes the call's samples
-  invalid (``rapo/invalid`` and ``rapo/error`` 1) with a WARNING, and every
-  :data:`FAILURES_BEFORE_ERROR` failed samples in a row an ERROR names the endpoints the rewards call.
+How a query is split, why an unscorable sample gets ``invalid_reward`` (never 0) and why
+``reward_func`` never raises: docs/scaling.md, "Multi-node with OpenRLHF and Ray". ``scores`` is the
+reward clamped to [0, 1] (0 for an invalid sample); ``extra_logs`` holds ``rapo/invalid``,
+``rapo/error`` and, per reward, ``rapo/<name>`` (0 where that reward was invalid) and
+``rapo/<name>_invalid``.
 """
 
 from __future__ import annotations
@@ -201,24 +186,6 @@ class OpenRLHFReward:
             failures_before_error=failures_before_error,
         )
 
-    @classmethod
-    def from_bundle(
-        cls,
-        config_path: str | Path,
-        tokenizer_dir: str | Path,
-        *,
-        invalid_reward: float | None = None,
-        failures_before_error: int = FAILURES_BEFORE_ERROR,
-    ) -> OpenRLHFReward:
-        """Build from the files an export wrote: ``run_config.yaml`` and the ``tokenizer/`` folder."""
-        cfg = load_config(config_path)
-        return cls.from_config(
-            cfg,
-            bundle_tokenizer(tokenizer_dir),
-            invalid_reward=invalid_reward,
-            failures_before_error=failures_before_error,
-        )
-
     def sample(self, index: int, query: str, prompt: str | None, label: Any) -> Sample:
         """One OpenRLHF query as a rapo-echo :class:`Sample`."""
         prompt_text, raw = self.markers.split_query(query, prompt)
@@ -322,19 +289,14 @@ class BundleReward:
         self.reward: OpenRLHFReward | None = None
         self._lock = threading.Lock()
 
-    def __call__(
-        self,
-        queries: Sequence[str],
-        prompts: Sequence[str] | None = None,
-        labels: Sequence[Any] | None = None,
-        **kw: Any,
-    ) -> dict[str, Any]:
+    def __call__(self, queries: Sequence[str], *args: Any, **kw: Any) -> dict[str, Any]:
+        """:meth:`OpenRLHFReward.__call__`'s arguments."""
         with self._lock:
             if self.reward is None:
                 try:
-                    self.reward = OpenRLHFReward.from_bundle(
-                        self.config_path,
-                        self.tokenizer_dir,
+                    self.reward = OpenRLHFReward.from_config(
+                        load_config(self.config_path),
+                        bundle_tokenizer(self.tokenizer_dir),
                         invalid_reward=self.invalid_reward,
                         failures_before_error=self.failures_before_error,
                     )
@@ -351,4 +313,4 @@ class BundleReward:
                         floor,
                     )
                     return reward_payload([floor] * n, [0.0] * n, [1.0] * n, [1.0] * n, {})
-        return self.reward(queries, prompts, labels, **kw)
+        return self.reward(queries, *args, **kw)

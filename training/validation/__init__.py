@@ -150,6 +150,7 @@ class Validator:
         self.checks: list[Check] = build_checks(vc.checks, algorithm)
         self.algorithm = algorithm
         self.policy = policy
+        assert algorithm.validation_key is not None  # validation_scenarios refuses an algorithm without one
         self.key = algorithm.validation_key
         self.max_new_tokens = vc.max_new_tokens or cfg.rollout.max_new_tokens
         self.turns = vc.turns
@@ -267,8 +268,7 @@ class Validator:
         shutil.rmtree(tmp, ignore_errors=True)
         self.policy.save(tmp, merged=False)
         best = {"step": step, "key": self.key, "value": value, "scores": scores, "rules": rules}
-        if replies is not None:
-            best["replies"] = replies
+        best |= {"replies": replies} if replies is not None else {}
         (tmp / BEST_FILE).write_text(json.dumps(best) + "\n")
         replace_dir(tmp, self.best_dir)
 

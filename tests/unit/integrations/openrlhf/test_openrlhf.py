@@ -290,9 +290,10 @@ def test_exported_reward_file_in_a_fresh_process(bundle):
 
 
 def test_reward_sample_uses_the_label_scenario_and_marks_truncation(bundle, smol_tokenizer):
-    from rapo_echo.integrations.openrlhf.reward_runtime import OpenRLHFReward
+    from rapo_echo.integrations.openrlhf.reward_runtime import OpenRLHFReward, bundle_tokenizer
 
-    reward = OpenRLHFReward.from_bundle(bundle / "run_config.yaml", bundle / "tokenizer")
+    cfg = load_config(bundle / "run_config.yaml")
+    reward = OpenRLHFReward.from_config(cfg, bundle_tokenizer(bundle / "tokenizer"))
     row = json.loads((bundle / "prompts.jsonl").read_text().splitlines()[1])
     prompt = render(smol_tokenizer, row["prompt"])
     s = reward.sample(0, prompt + "I hear you and", prompt, row["label"])
