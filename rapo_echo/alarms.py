@@ -205,7 +205,8 @@ def reward_oscillates(
     rows = [
         (float(m), float(s), float(n))
         for m, s, n in zip(reward, spread, count)
-        if None not in (m, s, n) and math.isfinite(float(m)) and math.isfinite(float(s)) and float(n) > 0  # type: ignore[arg-type]
+        if m is not None and s is not None and n is not None
+        if math.isfinite(float(m)) and math.isfinite(float(s)) and float(n) > 0
     ][-window:]
     if len(rows) < window:
         return None
