@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rapo_echo.config.base import Autocast, Dtype, Strict
+from rapo_echo.config.base import Autocast, Dtype, OpenShare, Strict
 
 
 class EngineConfig(Strict):
@@ -64,7 +64,7 @@ class EngineConfig(Strict):
         description="`openai`: how a simulator's or judge's answer format is sent for the server to enforce. "
         "`vllm`: JSON as `response_format`, a choice / integer / regex as vLLM's `structured_outputs` "
         "(`guided_*` before vLLM 0.10.2); `json_schema`: everything as `response_format` json_schema (a "
-        "label, integer or regex asked for as `{\"answer\": ...}` and unwrapped); `none`: nothing, replies "
+        'label, integer or regex asked for as `{"answer": ...}` and unwrapped); `none`: nothing, replies '
         "are parsed and retried; `auto`: `vllm` for vLLM and rapo-echo servers, else `json_schema`, and "
         "`none` (one warning) once the server refuses or ignores the fields. See docs/structured-output.md.",
     )
@@ -81,8 +81,8 @@ class EngineConfig(Strict):
     device: str = Field("auto", description="`hf`: `auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
     trust_remote_code: bool = Field(False, description="`hf`/`vllm`: allow the model's own code.")
     max_batch_size: int = Field(64, ge=1, description="`policy`/`hf`: sequences decoded at once.")
-    vllm_gpu_memory_utilization: float = Field(
-        0.3, gt=0.0, lt=1.0, description="`vllm`: share of GPU memory the role's vLLM may take."
+    vllm_gpu_memory_utilization: OpenShare = Field(
+        0.3, description="`vllm`: share of GPU memory the role's vLLM may take."
     )
     vllm_max_model_len: int | None = Field(
         None, ge=16, description="`vllm`: longest prompt + reply in tokens (unset: the model's context)."
