@@ -241,7 +241,7 @@ def section_from_args(section: type[M], args: argparse.Namespace, *, files: bool
         set_path(tree.tree, [name], value, flag)
         tree.sources[(name,)] = f"flag {flag}"
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        raise ConfigError.invalid(problems)
     tree.apply(overrides=(getattr(args, "set", None) or []) if files else [])
     tree.refuse_nonfinite()
     missing = [
@@ -250,5 +250,5 @@ def section_from_args(section: type[M], args: argparse.Namespace, *, files: bool
         if i.is_required() and n not in tree.tree
     ]
     if missing:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(missing))
+        raise ConfigError.invalid(missing)
     return tree.validate(section)

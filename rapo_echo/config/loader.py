@@ -86,14 +86,12 @@ class ConfigTree:
         secrets = literal_secrets(self.tree)
         if secrets:
             lines = [f"{self.where(key)}{key}: {why}" for key, why in secrets]
-            raise ConfigError(
-                "invalid config:\n  "
-                + "\n  ".join(lines)
-                + "\n  Configs are saved with the run (config.yaml), "
-                "so secrets do not belong in them: put the value in an environment variable and give the "
-                "variable's name (e.g. api_key_env: MY_KEY, or a plugin argument such as "
-                "token_env: MY_TOKEN)."
+            advice = (
+                "Configs are saved with the run (config.yaml), so secrets do not belong in them: put the "
+                "value in an environment variable and give the variable's name (e.g. api_key_env: MY_KEY, or "
+                "a plugin argument such as token_env: MY_TOKEN)."
             )
+            raise ConfigError.invalid([*lines, advice])
 
     def refuse_nonfinite(self) -> None:
         """A ConfigError naming every NaN or infinite number in the tree, also where the schema takes any
@@ -112,7 +110,7 @@ class ConfigTree:
 
         walk(self.tree, "")
         if found:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(found))
+            raise ConfigError.invalid(found)
 
     def validate(self, model: type[M]) -> M:
         """The tree validated as ``model``; a ConfigError with one line per problem otherwise."""
