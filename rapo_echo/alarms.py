@@ -1,11 +1,6 @@
-"""Alarms for a run going bad: pure functions over metric series (one value per step, oldest first;
-None where a step did not log the metric). Each returns the evidence as one sentence, or None.
-
-The reward-hacking monitor (:mod:`rapo_echo.monitor`) calls them every step with the run's history and
-the thresholds of ``monitor.*``; :data:`ALARMS` names, for each, the metric it reads and the switch to
-look at when it fires (docs/monitor.md). "Baseline" is the mean of the first ``baseline`` values,
-"recent" the mean of the last ``window``; a trend is the least-squares slope over the last ``window``
-values with its t statistic (:func:`trend`).
+"""Alarms for a run going bad: pure functions over metric series (one value per step, oldest first; None
+where a step did not log it), each returning its evidence as one sentence, or None (docs/monitor.md).
+"Baseline" is the mean of the first ``baseline`` values, "recent" the mean of the last ``window``.
 """
 
 from __future__ import annotations

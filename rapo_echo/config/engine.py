@@ -107,10 +107,8 @@ SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens")
 
 
 def engine_settings(spec: str) -> dict[str, Any]:
-    """The engine section a command-line SPEC names (``train``/``eval --simulator SPEC --judge SPEC``):
-    ``policy`` shares the policy's weights, an ``http(s)://`` URL is an OpenAI-compatible endpoint (its
-    default model), anything else a model spec for the ``hf`` engine (``default``, a folder, a ``.gguf``
-    file, a hub id)."""
+    """The engine section a ``--simulator`` / ``--judge`` SPEC names: ``policy``, an ``http(s)://`` URL (an
+    OpenAI-compatible endpoint), else a model spec for the ``hf`` engine."""
     if spec == "policy":
         return {"engine": "policy"}
     if spec.startswith(("http://", "https://")):
@@ -119,9 +117,7 @@ def engine_settings(spec: str) -> dict[str, Any]:
 
 
 def script_problem(script: dict[str, Any]) -> str | None:
-    """What is wrong with a scripted engine's ``script`` (``rules: [[regex, reply], ...]``,
-    ``replies: [...]``, ``default: text``, ``structured: bool``), else None: caught at load rather than
-    at the first reply."""
+    """What is wrong with a scripted engine's ``script``, else None (caught at load, not at first use)."""
     rules = script.get("rules", [])
     if not isinstance(rules, list):
         return f"rules must be a list of [regex, reply] pairs, got {type(rules).__name__}"

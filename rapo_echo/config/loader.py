@@ -1,10 +1,5 @@
-"""Building a config tree from its layers and validating it against a schema.
-
-Precedence, lowest first: built-in defaults, an overlay (the algorithm's defaults), the YAML file, the
-dedicated CLI flags (``--model``, ``--reward``, ...), then ``--set`` overrides. Every error names the
-key, the value given and what is allowed (and the file and line when the key came from a file). The run
-config itself is composed from the algorithms' sections above this layer
-(``rapo_echo.training.run_config``).
+"""Building a config tree from its layers and validating it against a schema. Precedence, lowest first:
+defaults, an overlay (the algorithm's defaults), the YAML file, the CLI flags, then ``--set``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""TRL's names for our keys, so that an unknown key a TRL user writes gets the key it means here.
-
-The names are TRL 1.16's ``GRPOConfig`` (``trl/trainer/grpo_config.py``) and the
-``transformers.TrainingArguments`` fields it inherits, plus the ``ScriptArguments`` / ``ModelConfig``
-names of TRL's example scripts (``dataset_name``, ``model_name_or_path``, ``use_peft``, ``lora_r``, ...).
-Each maps to the key that holds the same setting here and, where the two differ in more than the name,
-what to write. A TRL setting with no counterpart here says so rather than pointing somewhere wrong.
+"""TRL's names for our keys, so that an unknown key a TRL user writes gets the key it means here: TRL
+1.16's ``GRPOConfig`` with the ``TrainingArguments`` it inherits, and its example scripts'
+``ScriptArguments`` / ``ModelConfig``. A setting with no counterpart here says so.
 """
 
 from __future__ import annotations
@@ -88,10 +84,8 @@ TRL_KEYS: dict[str, tuple[str | None, str]] = {
 
 
 def trl_hint(name: str, value: object = None, source: str = "") -> str | None:
-    """What TRL's ``name`` is here (``None`` when ``name`` is not one of TRL's); ``value`` (the value given)
-    is carried over where it means the same, written the way the key was given (``source``, as the
-    config loader records it): ``--set key=value`` for ``--set``, ``overrides={'key': value}`` for the
-    Python API's overrides, ``key: value`` for a file."""
+    """What TRL's ``name`` is here (None: not one of TRL's), with ``value`` carried over where it means
+    the same, written the way the key was given (``source``, as the loader records it)."""
     if name not in TRL_KEYS:
         return None
     ours, how = TRL_KEYS[name]
