@@ -77,30 +77,31 @@ def is_deepspeed(accelerator: Any) -> bool:
     return accelerator.distributed_type == DistributedType.DEEPSPEED
 
 
+def _ds_config(accelerator: Any) -> dict[str, Any] | None:
+    """The run's DeepSpeed config (accelerate's, filled in place), None without DeepSpeed."""
+    return accelerator.state.deepspeed_plugin.deepspeed_config if is_deepspeed(accelerator) else None
+
+
 def zero_stage(accelerator: Any) -> int:
     """The ZeRO stage of the DeepSpeed config (0 without DeepSpeed)."""
-    if not is_deepspeed(accelerator):
-        return 0
-    return int(
-        accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0)
-    )
+    ds = _ds_config(accelerator)
+    return int(ds.get("zero_optimization", {}).get("stage", 0)) if ds is not None else 0
 
 
 def deepspeed_mixed_precision(accelerator: Any) -> bool | None:
     """None without DeepSpeed; else whether its config trains in bf16 or fp16 (DeepSpeed then keeps
     float32 master weights itself)."""
-    if not is_deepspeed(accelerator):
+    if (ds := _ds_config(accelerator)) is None:
         return None
-    ds = accelerator.state.deepspeed_plugin.deepspeed_config
     return any(str(ds.get(k, {}).get("enabled", False)).lower() in ("true", "auto") for k in ("bf16", "fp16"))
 
 
 def zero_layout(accelerator: Any) -> dict[str, Any]:
     """How the optimizer state is laid out over the ranks, for sizing memory
     (:func:`rapo_echo.autosize.resolve_batch_sizes`)."""
-    if not is_deepspeed(accelerator):
+    if (ds := _ds_config(accelerator)) is None:
         return {}
-    zero = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+    zero = ds.get("zero_optimization", {})
     bucket = zero.get("reduce_bucket_size", 0)
     return {
         "deepspeed": True,
@@ -114,9 +115,8 @@ def configure_deepspeed(accelerator: Any, micro_batch_size: int | str, max_grad_
     """Fill the DeepSpeed config fields accelerate cannot infer without a dataloader, and refuse
     settings that would double-scale the loss. An ``auto`` micro-batch is given as 1: DeepSpeed only
     books it."""
-    if not is_deepspeed(accelerator):
+    if (ds := _ds_config(accelerator)) is None:
         return
-    ds = accelerator.state.deepspeed_plugin.deepspeed_config
     if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
         ds["train_micro_batch_size_per_gpu"] = micro_batch_size if isinstance(micro_batch_size, int) else 1
     gas = ds.get("gradient_accumulation_steps", "auto")

@@ -40,13 +40,6 @@ ALARMS_FILE = "alarms.jsonl"
 AUTO_REWARD_KEYS = ("sim/emotion_delta", "reward/mean")
 
 
-def carries_judge_text(text: str) -> bool:
-    """Whether a reply contains judge answer syntax (``Score: 5``, ``Verdict: human``, ``9/10``, a
-    ``{"score": 5}`` object): the detector's ``answer`` findings
-    (:func:`rapo_echo.llm.addressing.imitates_answer`)."""
-    return imitates_answer(str(text))
-
-
 def flagged_steps(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[str]]:
     """Step -> the signatures flagged at it, from a run's metrics rows."""
     out: dict[int, list[str]] = {}
@@ -94,7 +87,7 @@ def example_replies(name: str, samples: Sequence[Any]) -> list[str]:
         rewrites = [s.info["rewrite"]["text"] for s in samples if "rewrite" in getattr(s, "info", {})]
         return [_short(t) for t in rewrites[:2]]
     if name in ("judge_text", "judge_addressed"):
-        hits = [t for t in texts if carries_judge_text(t) or addresses_judge(t)]
+        hits = [t for t in texts if imitates_answer(t) or addresses_judge(t)]
         return [_short(t) for t in hits[:2]]
     (top, n), *rest = Counter(texts).most_common(2)
     out = [f"{_short(top)} (x{n})"]
@@ -148,11 +141,6 @@ class RewardHackingMonitor(StepHook):
         """``key`` at every step so far (None where a step did not log it)."""
         return [r.get(key) for r in self.history]
 
-    def _series(self, key: str) -> tuple[float | None, float | None]:
-        """(baseline, recent) means of ``key`` over the history (None until enough steps exist)."""
-        br = alarms.baseline_recent(self.series(key), self.cfg.baseline_steps, self.cfg.window)
-        return (None, None) if br is None else br
-
     def reward_key(self) -> str:
         """The reward kl_drift and reward_oscillates read (``monitor.reward_key``)."""
         if self.cfg.reward_key != "auto":
@@ -178,7 +166,7 @@ class RewardHackingMonitor(StepHook):
         texts = [getattr(s, "text", s) for s in samples]
         metrics = dict(metrics)
         if texts:
-            metrics["judge_text_frac"] = sum(map(carries_judge_text, texts)) / len(texts)
+            metrics["judge_text_frac"] = sum(imitates_answer(str(t)) for t in texts) / len(texts)
             metrics["judge_addressed_frac"] = sum(addresses_judge(str(t)) for t in texts) / len(texts)
         if (ratio := pull_ratio(metrics)) is not None:
             metrics["sd/pg_ratio"] = ratio
@@ -284,11 +272,12 @@ class RewardHackingMonitor(StepHook):
                     "reward-hacking monitor: monitor.heldout_key %r is not among the logged metrics", key
                 )
             return None
-        r_base, r_now = self._series(reward_key)
-        h_base, h_now = self._series(key)
-        if None in (r_base, r_now, h_base, h_now):
+        span = (self.cfg.baseline_steps, self.cfg.window)
+        reward, held = (alarms.baseline_recent(self.series(k), *span) for k in (reward_key, key))
+        if reward is None or held is None:
             return None
-        rise, followed = r_now - r_base, h_now - h_base  # type: ignore[operator]  # no None: checked above
+        (r_base, r_now), (h_base, h_now) = reward, held
+        rise, followed = r_now - r_base, h_now - h_base
         if rise >= self.cfg.reward_jump and followed < self.cfg.follow_frac * rise:
             why = (
                 f"{reward_key} rose {rise:+.3f} over its baseline {r_base:.3f} while {key} moved "
