@@ -1,14 +1,9 @@
 """rapo-echo: reinforcement learning of empathetic, emotionally supportive dialogue models.
 
-The core every algorithm shares lives here (types, engines, the policy, judges, rewards, config, data,
-checkpoints, the step-hook interface, the CLI's door); the other folders of the checkout ship beside it:
-``rapo_echo.algorithms`` (the algorithms and their interface), ``rapo_echo.training`` (the run, its
-loop and the Learner that updates the policy), ``rapo_echo.simulators``, ``rapo_echo.benchmarks``,
-``rapo_echo.datagen``, ``rapo_echo.integrations`` and ``rapo_echo.perf`` (docs/architecture.md).
-
-The Python API (docs/python-api.md): ``rapo_echo.train``, ``rapo_echo.evaluate``,
-``rapo_echo.load_config`` and ``rapo_echo.RunConfig``. They live in the layers above this core and are
-imported on first use, so ``import rapo_echo`` stays light.
+This package is the core every algorithm shares; the layers above it ship beside it as
+``rapo_echo.algorithms``, ``.training``, ``.simulators``, ``.benchmarks``, ``.datagen``, ``.integrations``
+and ``.perf`` (docs/architecture.md). The Python API (docs/python-api.md) is imported on first use, so
+``import rapo_echo`` stays light.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Alarms for a run going bad: pure functions over metric series (one value per step, oldest first;
-None where a step did not log the metric). Each returns the evidence as one sentence, or None.
-
-The reward-hacking monitor (:mod:`rapo_echo.monitor`) calls them every step with the run's history and
-the thresholds of ``monitor.*``; :data:`ALARMS` names, for each, the metric it reads and the switch to
-look at when it fires (docs/monitor.md). "Baseline" is the mean of the first ``baseline`` values,
-"recent" the mean of the last ``window``; a trend is the least-squares slope over the last ``window``
-values with its t statistic (:func:`trend`).
+"""Alarms for a run going bad: pure functions over metric series (one value per step, oldest first; None
+where a step did not log it), each returning its evidence as one sentence, or None (docs/monitor.md).
+"Baseline" is the mean of the first ``baseline`` values, "recent" the mean of the last ``window``.
 """
 
 from __future__ import annotations
@@ -159,10 +154,8 @@ def kl_drift(
     t_grow: float,
     follow_z: float,
 ) -> str | None:
-    """The KL to the reference grows without the reward: over the last ``trend_window`` steps the KL is at
-    least ``kl_min`` on average and rises (slope t >= ``t_grow``), while the reward's recent mean stands
-    less than ``follow_z`` standard errors above its baseline (:func:`followed`; scale-free, so any reward
-    key works)."""
+    """The KL to the reference grows (mean >= ``kl_min``, slope t >= ``t_grow`` over ``trend_window``
+    steps) while the reward stands < ``follow_z`` standard errors above its baseline (:func:`followed`)."""
     ks = values(kl)
     if len(ks) < trend_window:
         return None
@@ -197,15 +190,14 @@ def sd_dominates(ratio: Series, *, window: int, max_ratio: float) -> str | None:
 def reward_oscillates(
     reward: Series, spread: Series, count: Series, *, window: int, ratio: float, t_max: float
 ) -> str | None:
-    """The reward swings without a trend (RLVER's issue #4: an empathy-judge reward that oscillates and
-    never converges): over the last ``window`` steps that logged all three series, the step means' standard
-    deviation is at least ``ratio`` x their sampling error (root mean square of ``spread / sqrt(count)``,
-    the within-step spread over the step's samples), while the slope's |t| stays below ``t_max``.
-    Sampling noise alone gives a ratio near 1."""
+    """The reward swings without a trend (RLVER's issue #4): over the last ``window`` steps, the step means'
+    std is >= ``ratio`` x their sampling error (RMS of ``spread / sqrt(count)``; noise alone gives about
+    1) while the slope's |t| stays below ``t_max``."""
     rows = [
         (float(m), float(s), float(n))
         for m, s, n in zip(reward, spread, count)
-        if None not in (m, s, n) and math.isfinite(float(m)) and math.isfinite(float(s)) and float(n) > 0  # type: ignore[arg-type]
+        if m is not None and s is not None and n is not None
+        if math.isfinite(float(m)) and math.isfinite(float(s)) and float(n) > 0
     ][-window:]
     if len(rows) < window:
         return None

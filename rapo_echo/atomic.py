@@ -38,10 +38,9 @@ def staging_for(final: Path) -> Path:
 
 
 def remove_leftovers(folder: Path, names: tuple[str, ...] = ("final",)) -> list[Path]:
-    """Remove what an interrupted write (a kill -9) can leave in ``folder``: the staging and set-aside
-    folders of :func:`staging_for` / :func:`replace_dir` for each of ``names`` (a set-aside folder whose
-    replacement never arrived is put back), and the temporary files a writer drops inside such a folder
-    (``.tmp*``: safetensors writes ``.tmpXXXXXX`` and renames it). Returns what was removed."""
+    """Remove (and return) what an interrupted write can leave in ``folder`` for each of ``names``: the
+    staging and set-aside folders (a set-aside one whose replacement never arrived is put back) and the
+    ``.tmp*`` files a writer drops inside (safetensors writes ``.tmpXXXXXX`` and renames it)."""
     removed: list[Path] = []
     for name in names:
         old = folder / f".{name}.old"

@@ -1,18 +1,10 @@
-"""``train.lr: auto``: a learning rate from the size of the model and whether LoRA trains it.
+"""``train.lr: auto``: a learning rate inversely proportional to the model's size, between two anchors
+(the line between them is a rule of thumb: larger models want smaller steps), LoRA ``LORA_FACTOR`` x.
 
-Full fine-tuning: ``lr = FULL_LR_AT_REFERENCE * REFERENCE_PARAMS / params``, clamped to
-``[FULL_LR_FLOOR, FULL_LR_AT_REFERENCE]``; LoRA: ``LORA_FACTOR`` times that. The two anchors are
-measured or published, the line between them is a rule of thumb (larger models want smaller steps):
-
-* 135M parameters (the embedded SmolLM2-135M-Instruct): full fine-tuning at 1e-4 and LoRA at 1e-3 learn
-  a verifiable reward within 12 GRPO steps; 1e-5 does not (``studies/sweep_defaults.py``,
-  docs/performance.md);
-* 7-8B models: full-parameter RL runs use about 1e-6 (RLVER's released recipe, Critique-GRPO;
-  docs/algorithms/rlver.md, docs/algorithms/rapo.md), which the formula reaches at 13.5B parameters and keeps
-  as its floor.
-
-So 1.5B parameters get 9e-6 (LoRA 9e-5), 7B 1.9e-6 (LoRA 1.9e-5). The value used and the count it came
-from are written to the run directory (``config.yaml``, ``resolved.json``).
+* 135M parameters: full fine-tuning at 1e-4 and LoRA at 1e-3 learn a verifiable reward within 12 GRPO
+  steps, 1e-5 does not (``studies/sweep_defaults.py``, docs/performance.md);
+* 7-8B models: full-parameter RL runs use about 1e-6 (RLVER's recipe, Critique-GRPO), the floor,
+  reached at 13.5B parameters.
 """
 
 from __future__ import annotations

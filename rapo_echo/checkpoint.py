@@ -102,9 +102,8 @@ def _torch_save(obj: Any, path: Path) -> None:
 
 
 def disk_error(exc: BaseException) -> OSError | None:
-    """The operating-system error behind a failed write, or None: ``exc`` itself or one in its
-    cause / context chain (``torch.save`` into a file), or the ``os error N`` that safetensors writes
-    into its message (its ``SafetensorError`` is no ``OSError``)."""
+    """The operating-system error behind a failed write, or None: in ``exc``'s cause / context chain, or
+    the ``os error N`` that safetensors writes into its message."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
@@ -158,10 +157,8 @@ def save_checkpoint(
     keep: int = 2,
     rank_rng: dict[int, dict[str, Any]] | None = None,
 ) -> Path:
-    """Write ``checkpoints/step-N`` atomically and keep the newest ``keep`` checkpoints.
-
-    ``save_model(folder)`` writes the weights (Hugging Face format, safetensors); ``optimizer=None``
-    leaves its state out (``train.save_optimizer: false``)."""
+    """Write ``checkpoints/step-N`` atomically (``save_model(folder)`` writes the weights) and keep the
+    newest ``keep``."""
     tmp = staging_dir(run_dir, step)
     try:
         save_model(tmp / "model")
@@ -195,10 +192,9 @@ def load_trainer_state(ckpt: Path) -> dict[str, Any]:
 
 
 def load_rng(ckpt: Path, rank: int = 0, *, seed: int = 0, step: int = 0) -> bool:
-    """Restore this rank's saved RNG states; True when they were there. A rank the checkpoint has no
-    state for (it was written by fewer processes) gets states derived from (``seed``, ``step``, ``rank``)
-    -- deterministic, and different from every other rank's, never a copy of rank 0's (two ranks
-    sampling the same numbers would duplicate each other's rollouts) -- and the log says so."""
+    """Restore this rank's saved RNG states; True when they were there. A rank the checkpoint has none for
+    gets states derived from (``seed``, ``step``, ``rank``), never a copy of rank 0's (two ranks sampling
+    the same numbers would duplicate each other's rollouts)."""
     path = ckpt / f"rng_rank{rank}.json"
     if path.is_file():
         set_rng_state(json.loads(path.read_text()))
@@ -227,8 +223,7 @@ def derived_seed(seed: int, step: int, rank: int) -> int:
 
 
 def saved_processes(ckpt: Path, state: dict[str, Any]) -> int:
-    """The process count that wrote ``ckpt``: recorded in its trainer state, or (a checkpoint from
-    before it was recorded) the number of ranks whose RNG states it holds."""
+    """The process count that wrote ``ckpt``: recorded, or (older checkpoints) its ranks' RNG files."""
     if "processes" in state:
         return int(state["processes"])
     return max(1, len(list(ckpt.glob("rng_rank*.json"))))
@@ -238,11 +233,9 @@ def resume_batch_size(
     *, saved_processes: int, saved_batch: int, processes: int, batch: int, deepspeed: bool = False
 ) -> tuple[int, str]:
     """The per-process ``rollout.batch_size`` a run resumed with ``processes`` processes uses, and a line
-    for the log ('' when nothing changes). Each step draws ``rollout.batch_size x processes`` scenarios
-    (the global batch), so the global batch the checkpoint was written with is kept: the per-process
-    batch is rescaled where the count divides it, else refused. ``batch`` differing from ``saved_batch``
-    is the user's own change (``--set rollout.batch_size``) and is kept. Under DeepSpeed the optimizer's
-    shards are partitioned over the processes, so another count is refused."""
+    for the log ('' when nothing changes): the global batch (``batch_size x processes``) is kept unless
+    the user changed ``batch``; a count that does not divide it, or any other count under DeepSpeed
+    (its optimizer shards are partitioned), is refused."""
     if processes == saved_processes:
         return batch, ""
     counts = f"the checkpoint was written by {saved_processes} processes and this run has {processes}"
@@ -298,9 +291,8 @@ def read_weights(path: Path) -> dict[str, Any]:
 
 
 def check_heads(checkpoint: Path, value_head: bool) -> None:
-    """Refuse, before anything loads, a checkpoint whose heads differ from this run's (``value_head``: it
-    trains one): its optimizer state holds a value head this run has none for, or the reverse (older
-    checkpoints: the file tells)."""
+    """Refuse, before anything loads, a checkpoint whose value head (or its absence) differs from this
+    run's: its optimizer state would not fit."""
     recorded = load_trainer_state(checkpoint).get("value_head")
     had = bool(recorded) if recorded is not None else (checkpoint / "model" / VALUE_HEAD_FILE).is_file()
     if had == value_head:

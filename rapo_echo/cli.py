@@ -1,14 +1,7 @@
-"""The ``rapo-echo`` command line: chat, serve, train, train-judge, data, eval, report, compare, openrlhf,
-config, export.
-
-Each sub-command lives in its own module, named by an entry point of the ``rapo_echo.commands`` group
-(pyproject.toml): its ``register(subparsers)`` adds its parser and sets ``func(args) -> exit code``. The
-commands live in every layer, this door in the core, so the core names none of them; an installed package
-adds a command the same way. Only commands whose module imports are listed.
-
-The command run is the only one whose module is imported: the built-in others stand in the help as their
-one-line summary (:data:`COMMAND_HELP`), so ``rapo-echo --help`` and a mistyped command answer at once
-(importing every command's module cost 3-8 s of torch imports).
+"""The ``rapo-echo`` command line. Each sub-command is an entry point of the ``rapo_echo.commands`` group
+(pyproject.toml) whose ``register(subparsers)`` adds its parser and sets ``func(args) -> exit code``.
+Only the command run is imported; the other built-ins stand in the help as :data:`COMMAND_HELP`, so
+``--help`` answers at once (importing every command cost 3-8 s of torch imports).
 """
 
 from __future__ import annotations

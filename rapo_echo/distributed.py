@@ -1,13 +1,9 @@
-"""What the training loop does differently under DeepSpeed (through accelerate).
+"""What the training loop does differently under DeepSpeed (through accelerate; docs/scaling.md).
 
-rapo-echo micro-batches itself with exact loss normalisation and has no dataloader, so DeepSpeed runs
-with ``gradient_accumulation_steps: 1`` and is told at each backward whether it is the last
-micro-batch of an optimizer step (the engine then reduces, clips, steps and zeroes gradients
-itself). Under ZeRO-3 the partitioned parameters are gathered once per rollout with DeepSpeed's hooks
-off (:func:`generation_view`), the scorer gathers the output head it applies itself
-(:func:`register_head_parameters`), and a full fine-tuning reference is a DeepSpeed engine of its own
-(:func:`inference_engine`). Written against accelerate 1.15 / DeepSpeed 0.19; run on DeepSpeed's CPU
-accelerator in tests/multiprocess (docs/scaling.md), not yet on a GPU.
+rapo-echo micro-batches itself and has no dataloader, so DeepSpeed runs with
+``gradient_accumulation_steps: 1`` and is told at each backward whether it ends an optimizer step.
+Written against accelerate 1.15 / DeepSpeed 0.19; run on DeepSpeed's CPU accelerator in
+tests/multiprocess, not yet on a GPU.
 """
 
 from __future__ import annotations
@@ -23,10 +19,9 @@ if TYPE_CHECKING:
 
 
 def accelerator_kwargs(device: str) -> dict[str, Any]:
-    """Keyword arguments for ``Accelerator`` from ``model.device`` and the launch environment. A CPU run
-    is ``cpu=True`` (DDP over gloo when launched with several processes); a DeepSpeed launch on a
-    machine without CUDA runs DeepSpeed's CPU accelerator, which accelerate only starts with
-    ``cpu=False`` and an explicit gloo process group (it would otherwise ignore the DeepSpeed launch)."""
+    """Keyword arguments for ``Accelerator`` from ``model.device`` and the launch environment. DeepSpeed
+    without CUDA runs its CPU accelerator, which accelerate only starts with ``cpu=False`` and an explicit
+    gloo process group (it would otherwise ignore the DeepSpeed launch)."""
     import os
 
     import torch
@@ -40,13 +35,10 @@ def accelerator_kwargs(device: str) -> dict[str, Any]:
     return {"cpu": device == "cpu" or (device == "auto" and not cuda)}
 
 
-# Modules whose functions take the default process group as a default argument (``group=group.WORLD``
-# in torch.distributed.nn.functional, ZeroRedundancyOptimizer, ShardedGradScaler, DeepSpeed's torch
-# backend). The default is evaluated when the module is imported: imported after the group exists (the
-# optimizer's first use imports torch.distributed.nn through torch._dynamo; saving a model can import
-# DeepSpeed), the module holds the group for good, ``destroy_process_group`` cannot free it, and its gloo
-# threads still run when the interpreter exits, which now and then aborts a rank (SIGABRT, "terminate
-# called without an active exception") after a run that succeeded.
+# Modules whose functions take the default process group as a default argument (``group=group.WORLD``).
+# Imported after the group exists (torch._dynamo, saving a model), such a module holds the group for
+# good, its gloo threads outlive ``destroy_process_group`` and now and then abort a rank at exit (SIGABRT,
+# "terminate called without an active exception") after a run that succeeded.
 GROUP_CAPTURING_MODULES = (
     "torch.distributed.nn",
     "torch.distributed.optim",
@@ -71,9 +63,8 @@ def import_group_capturing_modules() -> None:
 
 
 def end_process_group() -> None:
-    """Tear down the default process group of a distributed run, as ``Accelerator.end_training`` does
-    (a no-op in a single process). Left alive, its gloo threads meet the interpreter's exit: a rank
-    could abort ("terminate called without an active exception") after its work was done."""
+    """Tear down the default process group, as ``Accelerator.end_training`` does (left alive, its gloo
+    threads can abort a rank at exit)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -86,31 +77,31 @@ def is_deepspeed(accelerator: Any) -> bool:
     return accelerator.distributed_type == DistributedType.DEEPSPEED
 
 
+def _ds_config(accelerator: Any) -> dict[str, Any] | None:
+    """The run's DeepSpeed config (accelerate's, filled in place), None without DeepSpeed."""
+    return accelerator.state.deepspeed_plugin.deepspeed_config if is_deepspeed(accelerator) else None
+
+
 def zero_stage(accelerator: Any) -> int:
     """The ZeRO stage of the DeepSpeed config (0 without DeepSpeed)."""
-    if not is_deepspeed(accelerator):
-        return 0
-    return int(
-        accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0)
-    )
+    ds = _ds_config(accelerator)
+    return int(ds.get("zero_optimization", {}).get("stage", 0)) if ds is not None else 0
 
 
 def deepspeed_mixed_precision(accelerator: Any) -> bool | None:
     """None without DeepSpeed; else whether its config trains in bf16 or fp16 (DeepSpeed then keeps
     float32 master weights itself)."""
-    if not is_deepspeed(accelerator):
+    if (ds := _ds_config(accelerator)) is None:
         return None
-    ds = accelerator.state.deepspeed_plugin.deepspeed_config
     return any(str(ds.get(k, {}).get("enabled", False)).lower() in ("true", "auto") for k in ("bf16", "fp16"))
 
 
 def zero_layout(accelerator: Any) -> dict[str, Any]:
     """How the optimizer state is laid out over the ranks, for sizing memory
-    (:func:`rapo_echo.autosize.resolve_batch_sizes`): ``deepspeed``, ``zero_stage``, ``world`` and the
-    ZeRO reduce bucket's ``bucket_elements`` (0 when not a number)."""
-    if not is_deepspeed(accelerator):
+    (:func:`rapo_echo.autosize.resolve_batch_sizes`)."""
+    if (ds := _ds_config(accelerator)) is None:
         return {}
-    zero = accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+    zero = ds.get("zero_optimization", {})
     bucket = zero.get("reduce_bucket_size", 0)
     return {
         "deepspeed": True,
@@ -122,12 +113,10 @@ def zero_layout(accelerator: Any) -> dict[str, Any]:
 
 def configure_deepspeed(accelerator: Any, micro_batch_size: int | str, max_grad_norm: float | None) -> None:
     """Fill the DeepSpeed config fields accelerate cannot infer without a dataloader, and refuse
-    settings that would double-scale the loss. An ``auto`` micro-batch (resolved only after
-    ``prepare``) is given to DeepSpeed as 1: DeepSpeed uses the figure for its own bookkeeping only,
-    rapo-echo micro-batches itself."""
-    if not is_deepspeed(accelerator):
+    settings that would double-scale the loss. An ``auto`` micro-batch is given as 1: DeepSpeed only
+    books it."""
+    if (ds := _ds_config(accelerator)) is None:
         return
-    ds = accelerator.state.deepspeed_plugin.deepspeed_config
     if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
         ds["train_micro_batch_size_per_gpu"] = micro_batch_size if isinstance(micro_batch_size, int) else 1
     gas = ds.get("gradient_accumulation_steps", "auto")
@@ -148,8 +137,7 @@ def mark_last_micro_batch(accelerator: Any, is_last: bool) -> None:
 
 
 def is_zero3_partitioned(module: Any) -> bool:
-    """Whether ``module``'s parameters are DeepSpeed ZeRO-3 parameters (partitioned over the ranks:
-    each holds a slice in ``ds_tensor`` and ``.data`` is empty outside a gather)."""
+    """Whether ``module``'s parameters are partitioned by ZeRO-3 (``.data`` empty outside a gather)."""
     return any(hasattr(p, "ds_id") for p in module.parameters())
 
 
@@ -162,11 +150,9 @@ def _is_gathered(param: Any) -> bool:
 def gathered_one_at_a_time(
     named_parameters: Iterable[tuple[str, Any]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, full tensor)`` for each parameter in turn. A ZeRO-3 parameter is gathered on every rank for
-    the body of the loop only (one parameter in memory at a time) -- a collective: every rank must walk
-    the same names in the same order; one already gathered (inside :func:`generation_view`, or a
-    persistent small one) is given as it is. Other parameters are given as they are. The tensor is the
-    parameter's own storage: copy what must outlive the iteration."""
+    """``(name, full tensor)`` for each parameter in turn, a ZeRO-3 one gathered for the loop's body only
+    (a collective: every rank walks the same names in order). The tensor is the parameter's own storage:
+    copy what must outlive the iteration."""
     for name, param in named_parameters:
         if hasattr(param, "ds_id") and not _is_gathered(param):
             import deepspeed
@@ -179,8 +165,8 @@ def gathered_one_at_a_time(
 
 @contextlib.contextmanager
 def full_parameters(module: Any) -> Iterator[None]:
-    """All of ``module``'s ZeRO-3 parameters gathered on every rank for the block (a collective), for a
-    forward outside DeepSpeed's engine, e.g. a check before ``prepare``; a no-op for other modules."""
+    """All of ``module``'s ZeRO-3 parameters gathered for the block (a collective), for a forward outside
+    DeepSpeed's engine."""
     params = [p for p in module.parameters() if hasattr(p, "ds_id") and not _is_gathered(p)]
     if not params:
         yield
@@ -192,10 +178,8 @@ def full_parameters(module: Any) -> Iterator[None]:
 
 
 def register_head_parameters(scorer: Any, lm: Any) -> None:
-    """Under ZeRO-3, make ``scorer``'s forward gather ``lm``'s output head: the scorer applies the head's
-    weight (and bias) itself instead of calling the head module, so DeepSpeed's hooks would otherwise
-    leave them partitioned (empty) when the scorer runs outside the engine's forward (reference and
-    old log-prob passes; audit D2)."""
+    """Under ZeRO-3, make ``scorer``'s forward gather ``lm``'s output head, which it applies itself
+    (DeepSpeed's hooks would leave it partitioned outside the engine's forward; audit D2)."""
     head = lm.get_output_embeddings()
     import deepspeed
 
@@ -205,8 +189,7 @@ def register_head_parameters(scorer: Any, lm: Any) -> None:
 
 
 def _zero3_offload(engine: Any) -> Any:
-    """The object that holds a ZeRO-3 engine's module hooks (``DeepSpeedZeRoOffload``), or None when the
-    engine is not partitioning parameters."""
+    """The ``DeepSpeedZeRoOffload`` holding a ZeRO-3 engine's module hooks, else None."""
     optimizer = getattr(engine, "optimizer", None)
     if optimizer is None:
         return None
@@ -217,15 +200,11 @@ def _zero3_offload(engine: Any) -> Any:
 
 @contextlib.contextmanager
 def generation_view(engines: Sequence[Any]) -> Iterator[None]:
-    """The whole of each ZeRO-3 engine's weights gathered once, and DeepSpeed's module hooks off, for a
-    rollout (audit D1). With the hooks on, every submodule's forward would release its parameters
-    after use and gather them again at the next decode step: collectives that deadlock as soon as the
-    ranks run different numbers of forwards (replies that end at different lengths, roles that retry).
-    With them off, nothing in the block runs a collective, so each rank may decode as long as it needs.
-    On exit the hooks are put back and the engines' traces invalidated, as DeepSpeed's
-    ``unwrap_model_for_generation`` and TRL's remove/add-hooks do; every rank must enter and leave
-    together. ``engines``: DeepSpeed engines (anything else, and stages below 3, is left alone). The
-    weights must not change inside the block."""
+    """Each ZeRO-3 engine's weights gathered once, and DeepSpeed's module hooks off, for a rollout (audit
+    D1): with the hooks on, each forward gathers again, collectives that deadlock once the ranks run
+    different numbers of forwards. On exit the hooks are put back (as DeepSpeed's
+    ``unwrap_model_for_generation`` does); every rank enters and leaves together, and the weights must
+    not change inside. Other engines, and stages below 3, are left alone."""
     offloads = [(e, o) for e in engines if (o := _zero3_offload(e)) is not None]
     if not offloads:
         yield
@@ -243,8 +222,8 @@ def generation_view(engines: Sequence[Any]) -> Iterator[None]:
 
 
 def _remove_hooks(offload: Any) -> Any:
-    """Take DeepSpeed's hooks off the module of ``offload``; returns the start-of-forward hook (which
-    checks the trace across ranks, a collective), to be put back by :func:`_add_hooks`."""
+    """Take DeepSpeed's hooks off ``offload``'s module; returns the start-of-forward hook (a collective)
+    for :func:`_add_hooks`."""
     module = offload.module
     for param in module.parameters():
         param.ds_active_sub_modules.clear()
@@ -260,18 +239,16 @@ def _remove_hooks(offload: Any) -> Any:
 
 
 def _add_hooks(offload: Any, start: Any) -> None:
-    """Put back what :func:`_remove_hooks` took off, in DeepSpeed's order; re-registering the module
-    invalidates the parameter coordinator's trace (it re-records on the next forward)."""
+    """Put back what :func:`_remove_hooks` took off; re-registering invalidates the coordinator's trace."""
     if start is not None:
         offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start)
     offload._register_deepspeed_module(offload.module)
 
 
 def inference_engine(accelerator: Any, module: Any) -> Any:
-    """``module`` (a frozen reference) held by DeepSpeed for no-grad forwards, from the run's DeepSpeed
-    config without its training blocks: sharded like the policy under ZeRO-3, a plain copy in the
-    config's precision (bf16 if enabled) under other stages -- what TRL's ``prepare_deepspeed`` does
-    for its reference model (audit D4). Call after ``accelerator.prepare`` (which fills the config)."""
+    """``module`` (a frozen reference) held by DeepSpeed for no-grad forwards, from the run's config
+    without its training blocks: sharded under ZeRO-3, else a plain copy in the config's precision
+    (audit D4). Call after ``accelerator.prepare``, which fills the config."""
     import copy
 
     import deepspeed

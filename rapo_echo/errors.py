@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class RapoEchoError(Exception):
     """Base class of every error rapo-echo raises on purpose."""
@@ -9,6 +11,11 @@ class RapoEchoError(Exception):
 
 class ConfigError(RapoEchoError):
     """A config file, override or flag is invalid. The CLI exits with code 2."""
+
+    @classmethod
+    def invalid(cls, problems: Iterable[str]) -> ConfigError:
+        """The error listing ``problems``, one line each (``file:line: key: got ...; what to do``)."""
+        return cls("invalid config:\n  " + "\n  ".join(problems))
 
 
 class DataError(RapoEchoError):

@@ -1,11 +1,6 @@
-"""The JSON-lines files a run appends to (``metrics.jsonl``, ``samples.jsonl``, ``results.jsonl``) and the
-text / JSON reading every file reader shares.
-
-A record is appended with one ``write`` call, so a crash or a full disk can leave at most one torn last
-line: readers drop it with a warning (its step or case runs again) and name the file and line of any
-other malformed line. Rewriting a file (keeping only some records, on resume) goes through a temporary
-file and a rename, so it is never half done. Errors are :class:`~rapo_echo.errors.DataError` (bad
-content) or :class:`FileWriteError` (the disk refused a write), each naming the file and the fix.
+"""The JSON-lines files a run appends to (``metrics.jsonl``, ``samples.jsonl``, ...) and the text / JSON
+reading every file reader shares. A record is appended with one ``write``, so a crash can leave at most
+one torn last line, which readers drop with a warning; a rewrite goes through a temporary file.
 """
 
 from __future__ import annotations

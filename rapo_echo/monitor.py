@@ -1,50 +1,9 @@
-"""Reward-hacking monitor: watches a training run for the failure signatures Echo-N1 describes and for
-the alarms of a run going bad, and logs a ``monitor/<signature>`` flag (0 or 1) with every step's metrics.
+"""Reward-hacking monitor: a step hook that watches a run for Echo-N1's failure signatures and the alarms
+of a run going bad (:mod:`rapo_echo.alarms`), logging a ``monitor/<signature>`` flag (0 or 1) every step.
 
-Signatures (thresholds in ``monitor.*`` of the run config; "baseline" = mean of the first
-``baseline_steps`` steps, "recent" = mean of the last ``window`` steps, this one included; the series
-functions are in :mod:`rapo_echo.alarms`, with the metric each reads and the switch to look at):
-
-* ``length_spike``: replies grow towards the length limit: recent ``reply_len/mean`` >=
-  ``length_frac`` x ``rollout.max_new_tokens`` and >= ``length_rise`` x its baseline.
-* ``entropy_collapse``: recent ``entropy`` <= ``entropy_frac`` x its baseline.
-* ``entropy_blowup``: recent ``entropy`` >= ``entropy_rise`` x its baseline.
-* ``replies_converge``: recent ``reply/distinct_2`` <= ``distinct_frac`` x its baseline, or a group's
-  most frequent reply makes up >= ``top_share_max`` of it (``reply/top_share``, recent mean).
-* ``kl_drift``: ``kl`` (to the reference; logged with ``loss.beta`` > 0 or ``monitor.reference_kl``)
-  averages >= ``kl_min`` and rises (slope t >= ``kl_t_grow`` over ``trend_window`` steps) while the
-  reward (``reward_key``) does not follow (its recent mean stands < ``kl_follow_z`` standard errors above
-  its baseline).
-* ``sd_dominates``: recent ``sd/pg_ratio`` >= ``sd_ratio_max``: RAPO's self-distillation term pulls
-  harder on the token log-probs than the GRPO term (``sd/pull`` / ``pg/pull``, derived here).
-* ``reward_oscillates``: over ``trend_window`` steps the reward's step means swing >=
-  ``oscillation_ratio`` x their sampling error with no trend (slope |t| < ``oscillation_t_max``).
-* ``reward_divergence``: the reward jumps while a held-out signal does not follow: recent
-  ``reward/mean`` - baseline >= ``reward_jump`` while ``heldout_key`` (e.g. the reference comparison,
-  logged as a reward with weight 0) rose by less than ``follow_frac`` x that rise; with the held-out
-  judge on (``monitor.heldout``, :mod:`rapo_echo.judges.heldout`) and no ``heldout_key``, its
-  ``heldout/train_score`` against ``heldout/score`` on the same replies, the warning quoting the replies
-  that show it. Without either this signature is not checked (its flag stays 0).
-* ``judge_text``: at least ``judge_text_frac`` of this step's replies carry judge answer syntax
-  (``Score: 5``, ``Verdict: ...``, ``Ranking: ...``, a ``{"score": 5}`` object), the way a policy learns
-  to talk to its judge.
-* ``judge_addressed``: at least ``judge_addressed_frac`` of this step's replies address the judge in any
-  way the detector knows (:mod:`rapo_echo.llm.addressing`: answer syntax, words to the judge, fence or
-  chat-template markers), logged as ``judge_addressed_frac``. The judges' ``addressed`` policy already
-  makes such replies lose (``judge/addressed`` counts them); the flag says the policy keeps trying.
-
-The first step a signature fires, one warning names the step, the metric, the evidence, the switch to
-look at and up to two of the step's replies that show it; it is also appended to the run's
-``alarms.jsonl`` and kept in :attr:`RewardHackingMonitor.fired` (``train.stop_on_alarm`` stops the run
-on it). The flags keep being logged every step. After ``--resume`` the history is read back from the
-run's ``metrics.jsonl``.
-
-It is a step hook (:mod:`rapo_echo.step_hooks`) that a run turns on with ``monitor.enabled`` and calls
-last after each step; with ``stop_on_alarm`` (``train.stop_on_alarm``) an alarm's step asks the run to
-stop (``stopped_by``: ``monitor: alarm <names>``). It stays in the core, beside the judges, rather than
-in ``training/``: the benchmark reports (``benchmarks/``, a layer below ``training/``) read its flags
-(:func:`flagged_steps`), and it needs nothing of the loop but the metrics and replies the hook interface
-hands it.
+The signatures, their thresholds (``monitor.*``) and what each warning and ``alarms.jsonl`` record holds
+are in docs/monitor.md. It stays in the core rather than ``training/`` because the benchmark reports (a
+layer below) read its flags (:func:`flagged_steps`).
 """
 
 from __future__ import annotations
@@ -81,13 +40,6 @@ ALARMS_FILE = "alarms.jsonl"
 AUTO_REWARD_KEYS = ("sim/emotion_delta", "reward/mean")
 
 
-def carries_judge_text(text: str) -> bool:
-    """Whether a reply contains judge answer syntax (``Score: 5``, ``Verdict: human``, ``9/10``, a
-    ``{"score": 5}`` object): the detector's ``answer`` findings
-    (:func:`rapo_echo.llm.addressing.imitates_answer`)."""
-    return imitates_answer(str(text))
-
-
 def flagged_steps(rows: Sequence[Mapping[str, Any]]) -> dict[int, list[str]]:
     """Step -> the signatures flagged at it, from a run's metrics rows."""
     out: dict[int, list[str]] = {}
@@ -112,6 +64,11 @@ def pull_ratio(metrics: Mapping[str, float]) -> float | None:
     return float(sd) / float(pg)
 
 
+def _share_alarm(frac: float | None, threshold: float, what: str) -> str | None:
+    """The evidence of a share-of-replies signature (``judge_text``, ``judge_addressed``), else None."""
+    return f"{frac:.0%} of the replies {what}" if frac is not None and frac >= threshold else None
+
+
 def _short(text: str, n: int = 100) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= n else text[: n - 3] + "..."
@@ -130,7 +87,7 @@ def example_replies(name: str, samples: Sequence[Any]) -> list[str]:
         rewrites = [s.info["rewrite"]["text"] for s in samples if "rewrite" in getattr(s, "info", {})]
         return [_short(t) for t in rewrites[:2]]
     if name in ("judge_text", "judge_addressed"):
-        hits = [t for t in texts if carries_judge_text(t) or addresses_judge(t)]
+        hits = [t for t in texts if imitates_answer(t) or addresses_judge(t)]
         return [_short(t) for t in hits[:2]]
     (top, n), *rest = Counter(texts).most_common(2)
     out = [f"{_short(top)} (x{n})"]
@@ -182,12 +139,7 @@ class RewardHackingMonitor(StepHook):
 
     def series(self, key: str) -> list[float | None]:
         """``key`` at every step so far (None where a step did not log it)."""
-        return [r.get(key) for r in self.history]  # type: ignore[misc]
-
-    def _series(self, key: str) -> tuple[float | None, float | None]:
-        """(baseline, recent) means of ``key`` over the history (None until enough steps exist)."""
-        br = alarms.baseline_recent(self.series(key), self.cfg.baseline_steps, self.cfg.window)
-        return (None, None) if br is None else br
+        return [r.get(key) for r in self.history]
 
     def reward_key(self) -> str:
         """The reward kl_drift and reward_oscillates read (``monitor.reward_key``)."""
@@ -214,27 +166,62 @@ class RewardHackingMonitor(StepHook):
         texts = [getattr(s, "text", s) for s in samples]
         metrics = dict(metrics)
         if texts:
-            metrics["judge_text_frac"] = sum(map(carries_judge_text, texts)) / len(texts)
+            metrics["judge_text_frac"] = sum(imitates_answer(str(t)) for t in texts) / len(texts)
             metrics["judge_addressed_frac"] = sum(addresses_judge(str(t)) for t in texts) / len(texts)
         if (ratio := pull_ratio(metrics)) is not None:
             metrics["sd/pg_ratio"] = ratio
         self.history.append(metrics)
+        c, series, key = self.cfg, self.series, self.reward_key()
+        span = {"baseline": c.baseline_steps, "window": c.window}
         evidence = {
-            "length_spike": self._length(),
-            "entropy_collapse": self._entropy(),
-            "entropy_blowup": alarms.entropy_blowup(
-                self.series("entropy"),
-                baseline=self.cfg.baseline_steps,
-                window=self.cfg.window,
-                rise=self.cfg.entropy_rise,
+            "length_spike": alarms.length_spike(
+                series("reply_len/mean"),
+                **span,
+                max_new_tokens=self.max_new_tokens,
+                frac=c.length_frac,
+                rise=c.length_rise,
             ),
-            "replies_converge": self._converge(),
-            "kl_drift": self._kl_drift(),
-            "sd_dominates": self._sd_dominates(),
-            "reward_oscillates": self._oscillates(),
+            "entropy_collapse": alarms.entropy_collapse(series("entropy"), **span, frac=c.entropy_frac),
+            "entropy_blowup": alarms.entropy_blowup(series("entropy"), **span, rise=c.entropy_rise),
+            "replies_converge": alarms.replies_converge(
+                series("reply/distinct_2"),
+                series("reply/top_share"),
+                **span,
+                distinct_frac=c.distinct_frac,
+                top_share_max=c.top_share_max,
+            ),
+            "kl_drift": alarms.kl_drift(
+                series("kl"),
+                series(key),
+                **span,
+                trend_window=c.trend_window,
+                kl_min=c.kl_min,
+                t_grow=c.kl_t_grow,
+                follow_z=c.kl_follow_z,
+            ),
+            "sd_dominates": alarms.sd_dominates(
+                series("sd/pg_ratio"), window=c.window, max_ratio=c.sd_ratio_max
+            ),
+            "reward_oscillates": alarms.reward_oscillates(
+                series(key),
+                series(spread_key(key)),
+                series("valid"),
+                window=c.trend_window,
+                ratio=c.oscillation_ratio,
+                t_max=c.oscillation_t_max,
+            ),
             "reward_divergence": self._divergence(),
-            "judge_text": self._judge_text(metrics),
-            "judge_addressed": self._judge_addressed(metrics),
+            "judge_text": _share_alarm(
+                metrics.get("judge_text_frac"),
+                c.judge_text_frac,
+                "carry judge answer syntax (e.g. 'Score: 5')",
+            ),
+            "judge_addressed": _share_alarm(
+                metrics.get("judge_addressed_frac"),
+                c.judge_addressed_frac,
+                "address the judge (answer syntax, words to the judge, or fence markers; judge/addressed "
+                "counts what the judges did with them)",
+            ),
         }
         out = dict(metrics)
         for name, why in evidence.items():
@@ -274,64 +261,6 @@ class RewardHackingMonitor(StepHook):
             with open(self.run_dir / ALARMS_FILE, "a") as fh:
                 fh.write(json.dumps(alarm) + "\n")
 
-    # ------------------------------------------------------------------ signatures
-    def _length(self) -> str | None:
-        c = self.cfg
-        return alarms.length_spike(
-            self.series("reply_len/mean"),
-            baseline=c.baseline_steps,
-            window=c.window,
-            max_new_tokens=self.max_new_tokens,
-            frac=c.length_frac,
-            rise=c.length_rise,
-        )
-
-    def _entropy(self) -> str | None:
-        c = self.cfg
-        return alarms.entropy_collapse(
-            self.series("entropy"), baseline=c.baseline_steps, window=c.window, frac=c.entropy_frac
-        )
-
-    def _converge(self) -> str | None:
-        c = self.cfg
-        return alarms.replies_converge(
-            self.series("reply/distinct_2"),
-            self.series("reply/top_share"),
-            baseline=c.baseline_steps,
-            window=c.window,
-            distinct_frac=c.distinct_frac,
-            top_share_max=c.top_share_max,
-        )
-
-    def _kl_drift(self) -> str | None:
-        c = self.cfg
-        return alarms.kl_drift(
-            self.series("kl"),
-            self.series(self.reward_key()),
-            baseline=c.baseline_steps,
-            window=c.window,
-            trend_window=c.trend_window,
-            kl_min=c.kl_min,
-            t_grow=c.kl_t_grow,
-            follow_z=c.kl_follow_z,
-        )
-
-    def _sd_dominates(self) -> str | None:
-        return alarms.sd_dominates(
-            self.series("sd/pg_ratio"), window=self.cfg.window, max_ratio=self.cfg.sd_ratio_max
-        )
-
-    def _oscillates(self) -> str | None:
-        key = self.reward_key()
-        return alarms.reward_oscillates(
-            self.series(key),
-            self.series(spread_key(key)),
-            self.series("valid"),
-            window=self.cfg.trend_window,
-            ratio=self.cfg.oscillation_ratio,
-            t_max=self.cfg.oscillation_t_max,
-        )
-
     def _divergence(self) -> str | None:
         key, reward_key = self._heldout_keys()
         if not key:
@@ -343,11 +272,12 @@ class RewardHackingMonitor(StepHook):
                     "reward-hacking monitor: monitor.heldout_key %r is not among the logged metrics", key
                 )
             return None
-        r_base, r_now = self._series(reward_key)
-        h_base, h_now = self._series(key)
-        if None in (r_base, r_now, h_base, h_now):
+        span = (self.cfg.baseline_steps, self.cfg.window)
+        reward, held = (alarms.baseline_recent(self.series(k), *span) for k in (reward_key, key))
+        if reward is None or held is None:
             return None
-        rise, followed = r_now - r_base, h_now - h_base  # type: ignore[operator]  # no None: checked above
+        (r_base, r_now), (h_base, h_now) = reward, held
+        rise, followed = r_now - r_base, h_now - h_base
         if rise >= self.cfg.reward_jump and followed < self.cfg.follow_frac * rise:
             why = (
                 f"{reward_key} rose {rise:+.3f} over its baseline {r_base:.3f} while {key} moved "
@@ -366,21 +296,6 @@ class RewardHackingMonitor(StepHook):
         if self.cfg.heldout.enabled:
             return "heldout/score", "heldout/train_score"
         return None, "reward/mean"
-
-    def _judge_text(self, metrics: Mapping[str, float]) -> str | None:
-        frac = metrics.get("judge_text_frac")
-        if frac is not None and frac >= self.cfg.judge_text_frac:
-            return f"{frac:.0%} of the replies carry judge answer syntax (e.g. 'Score: 5')"
-        return None
-
-    def _judge_addressed(self, metrics: Mapping[str, float]) -> str | None:
-        frac = metrics.get("judge_addressed_frac")
-        if frac is not None and frac >= self.cfg.judge_addressed_frac:
-            return (
-                f"{frac:.0%} of the replies address the judge (answer syntax, words to the judge, or fence "
-                "markers; judge/addressed counts what the judges did with them)"
-            )
-        return None
 
 
 def replay(rows: Sequence[Mapping[str, Any]], cfg: Any, max_new_tokens: int) -> dict[str, int]:

@@ -1,14 +1,7 @@
-"""Resolving a plugin name from a config: a built-in, an entry point of a group, or a dotted path.
-
-One resolver for every kind of plugin (rewards, simulated users, validation checks): names resolve, in
-order, to a built-in (``builtins`` maps names to ``module:attr`` import strings, imported on first use),
-a plugin registered in the entry-point ``group``, or a ``module:attr`` / ``module.attr`` path. A path is
-imported with the current working folder on ``sys.path`` (first, as ``python -m`` puts it), so a
-``my_rewards.py`` beside the command is found. Errors are :class:`ConfigError` naming the config field
-(``where``). Whether the object found may be used is the caller's check (a class that declares itself a
-plugin of its kind), made before it is called; :class:`Registry` is that resolver with the check, for a
-kind whose built-ins are entry points of its own group (algorithms, advantage estimators, policy losses, KL
-estimators).
+"""Resolving a plugin name from a config, in order: a built-in (``builtins``: name -> ``module:attr``), an
+entry point of the ``group``, or a ``module:attr`` / ``module.attr`` path, imported with the working
+folder on ``sys.path`` (so a ``my_rewards.py`` beside the command is found). :class:`Registry` adds the
+check that what was found is of its kind, for the kinds whose built-ins are entry points.
 """
 
 from __future__ import annotations
@@ -76,11 +69,9 @@ DISTRIBUTION = "rapo-echo"  # the distribution whose entry points are the built-
 
 
 class Registry(Generic[T]):
-    """The plugins of one kind a config names: an entry point of ``group`` (rapo-echo registers its own
-    built-ins there, in its pyproject.toml, exactly as a package registers one) or a ``module:attr`` path.
-    ``refuse(obj)`` says why an object found is not one of this kind (None: it is), checked before the
-    object is used, so a config cannot name an arbitrary callable. What :meth:`get` finds is kept per name
-    and ``sys.path`` (the entry points a process sees), so a lookup on every micro-batch costs nothing."""
+    """The plugins of one kind: an entry point of ``group`` (rapo-echo's own built-ins too) or a
+    ``module:attr`` path. ``refuse(obj)`` says why an object is not of this kind (None: it is), so a config
+    cannot name an arbitrary callable. Lookups are cached per name and ``sys.path``."""
 
     def __init__(self, group: str, kind: str, refuse: Callable[[Any], str | None]) -> None:
         self.group, self.kind, self.refuse = group, kind, refuse

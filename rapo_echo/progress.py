@@ -1,22 +1,11 @@
 """What a person sees while a long step runs: nested progress bars (tqdm) with elapsed time and ETA, and
 third-party chatter kept quiet unless ``-v``.
 
-One sink for the whole process. The outermost bar is the run's (training steps, benchmark cases);
-inside it, each engine call opens a bar of its own (``policy: generate 12/32``, ``judge: choices``),
-and a remote engine reports its requests done, in flight and failed:
-
-    with progress.task("judge: generate", total=len(prompts), unit="req"):
-        ...
-        progress.remote(done=5, in_flight=8, failed=1)   # from any thread
-
-Nothing is shown until :func:`enable` is called (the trainer's main process with ``logging.progress``,
-``rapo-echo eval``); until then every call costs a few attribute lookups, so engines report always.
-
-On a terminal the bars redraw at least every :data:`REFRESH_S` seconds, so their elapsed time moves while
-a long batched call runs, and log lines are written above them instead of through them. Where the output
-is not a terminal (a log file, a pipe, a job scheduler), there are no bars: every :data:`LINE_EVERY_S`
-seconds one line says where every open bar stands (``12:03:10 progress: rapo 1/4 step [6:02] |
-generation (policy:hf) 12/32 reply [0:40]``), and a line is written whenever the outermost bar moves.
+One sink for the whole process: the outermost bar is the run's, each engine call nests one of its own
+(a remote engine reports its requests with :func:`remote`, from any thread). Nothing is shown until
+:func:`enable`, so engines report always at the cost of a few lookups. Where the output is not a
+terminal, every :data:`LINE_EVERY_S` seconds (and whenever the outermost bar moves) one line says where
+every open bar stands instead.
 """
 
 from __future__ import annotations
@@ -59,8 +48,7 @@ _ticker: threading.Thread | None = None
 
 
 class Task:
-    """One bar. ``update(n)`` advances it; ``note(**values)`` shows values beside it; ``close()`` ends a
-    bar opened with :func:`start`."""
+    """One bar (:func:`start`)."""
 
     def __init__(self, bar: Any = None) -> None:
         self.bar = bar
@@ -119,8 +107,7 @@ _SILENT = Task()
 
 
 def enable(on: bool = True, file: IO[str] | None = None, lines: bool | None = None) -> None:
-    """Show progress from now on (``on=False``: stop showing it); ``file`` defaults to stderr. ``lines``:
-    report in lines, not bars (``None``: when ``file`` is not a terminal)."""
+    """Show progress from now on (``on=False``: stop); ``lines``: lines, not bars (None: off a terminal)."""
     global _enabled, _file, _lines
     with _lock:
         _enabled, _file = on, file
@@ -137,8 +124,7 @@ def enabled() -> bool:
 
 
 def start(desc: str, total: int | None = None, unit: str = "it", initial: int = 0) -> Task:
-    """Open a bar nested under the bars open now (the outermost one stays on screen when closed); the
-    caller closes it. :func:`task` is the same as a ``with`` block."""
+    """Open a bar nested under those open now; the caller closes it (:func:`task`: as a ``with`` block)."""
     if not _enabled:
         return _SILENT
     with _lock:
@@ -173,8 +159,8 @@ def _closed() -> None:
 
 
 def beat(now: float | None = None) -> None:
-    """Redraw the open bars (their elapsed time moves), or, without a terminal, write a line on them when
-    :data:`LINE_EVERY_S` has passed; the ticker thread calls this every :data:`REFRESH_S` seconds."""
+    """Redraw the open bars, or without a terminal write a line when :data:`LINE_EVERY_S` has passed (the
+    ticker thread's beat)."""
     now = time.monotonic() if now is None else now
     with _lock:
         if not _enabled or not _stack:
@@ -230,16 +216,14 @@ STAGES = {"policy": "generation", "simulator": "simulation", "judge": "judging"}
 
 
 def label(engine_name: str, what: str) -> str:
-    """A bar's name for an engine call: the stages its roles stand for (``simulator+judge:hf``: simulation
-    or judging), and the engine."""
+    """A bar's name for an engine call: its roles' stages and the engine (``simulation or judging (...)``)."""
     roles = engine_name.split(":", 1)[0].split("+")
     stages = [STAGES[r] for r in roles if r in STAGES]
     return f"{' or '.join(stages)} ({engine_name})" if stages else f"{engine_name}: {what}"
 
 
 def remote(*, done: int, in_flight: int, failed: int = 0, total: int | None = None) -> None:
-    """Report remote calls of the innermost bar: how many are done, in flight and failed (counts so far,
-    not increments; safe from any thread)."""
+    """Report the innermost bar's remote calls done, in flight and failed (totals so far; any thread)."""
     if not _enabled:
         return
     with _lock:
@@ -283,9 +267,8 @@ class _ErrorsOnly(logging.Filter):
 
 
 def quiet_third_party(verbose: bool) -> None:
-    """Unless ``verbose``: no per-request log lines (httpx), no load chatter or progress bars from
-    datasets / huggingface_hub / transformers, and no warnings raised inside those libraries (ours still
-    show). Environment variables the user set win."""
+    """Unless ``verbose``: no per-request log lines, load chatter, progress bars or warnings from third-party
+    libraries (ours still show); environment variables the user set win."""
     if verbose:
         return
     for name in NOISY_LOGGERS:

@@ -1,32 +1,6 @@
-"""Step hooks: what a training run calls around each step besides the algorithm (docs/architecture.md,
-"Step hooks").
-
-A hook watches or annotates a run without being part of the loop every algorithm shares: persona
-inference (:class:`rapo_echo.rewards.persona.PersonaInference`) fills the scenarios before the rollout;
-the held-out judge (:class:`rapo_echo.judges.heldout.HeldoutJudge`) scores a sample of the replies after
-it; the reward-hacking monitor (:class:`rapo_echo.monitor.RewardHackingMonitor`) flags the step's metrics.
-The run (``training/run.py``) builds the hooks a config turns on and those an algorithm asks for
-(:meth:`Algorithm.step_hooks <rapo_echo.algorithms.base.Algorithm.step_hooks>`), and calls them in that
-order, on every process, at three points of each step ``step`` (1-based: the number the step's line in
-``metrics.jsonl`` carries):
-
-1. :meth:`StepHook.before_rollout` with this process's scenarios, before the algorithm's rollout, inside
-   the policy's generation view (a hook may call the roles: the simulator, the judge). It may change the
-   scenarios (their ``meta``); the metrics it returns are this process's, averaged over the processes
-   with the step's other metrics.
-2. :meth:`StepHook.after_rollout` with this process's samples, right after the rollout, in the same view.
-   It may score them and add to each sample's ``info`` (written to ``samples.jsonl``); its metrics are
-   averaged over the processes like the first.
-3. :meth:`StepHook.after_step` after the update, with the step's metrics (averaged over the processes,
-   the same on every rank, earlier hooks' additions included) and this process's samples. Its
-   :class:`HookResult` adds metrics to the step's line, appends records to ``hooks/<name>.jsonl`` in the
-   run directory (the main process writes its own), and may ask the run to stop: the run then
-   checkpoints after this step and ends cleanly (``stopped_by`` says why; ``--resume`` continues).
-   Processes stop together: one hook on one process asking is enough.
-
-:meth:`StepHook.state_dict` (the main process's) is saved with every checkpoint and given back to
-:meth:`StepHook.load_state_dict` on every process on ``--resume``, so a hook with a history resumes where
-it stopped.
+"""Step hooks: what a training run calls around each step besides the algorithm (persona inference, the
+held-out judge, the reward-hacking monitor). When each method is called, on which processes, and what
+the run does with its results: docs/architecture.md, "Step hooks".
 """
 
 from __future__ import annotations

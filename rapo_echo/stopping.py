@@ -1,8 +1,6 @@
 """SIGINT and SIGTERM for a command that saves as it goes (the data commands): the signal stops the work at
-once (:class:`SignalStop`, a ``BaseException`` as ``KeyboardInterrupt`` is, so no ``except Exception``
-swallows it); the command then says what it saved and how to resume (:class:`Stopped`), and the command
-line exits with the signal's code (:data:`EXIT_CODES`). Training stops between steps instead
-(``rapo_echo.training.learner``), with the same codes."""
+once (:class:`SignalStop`, a ``BaseException`` so no ``except Exception`` swallows it), and the command
+says what it saved and how to resume (:class:`Stopped`). Training stops between steps instead."""
 
 from __future__ import annotations
 

@@ -12,16 +12,13 @@ _SHOWS_NOTHING = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5")
 
 
 def invisible(ch: str) -> bool:
-    """Whether the character ``ch`` shows nothing and is not whitespace: a format character (zero-width
-    space, joiners, word joiner, byte-order mark, soft hyphen, bidirectional marks), a control
-    character, or one of the blank letters (Hangul fillers, braille blank)."""
+    """Whether ``ch`` shows nothing and is not whitespace: a format or control character, a blank letter."""
     return ch in _SHOWS_NOTHING or (unicodedata.category(ch) in ("Cf", "Cc") and not ch.isspace())
 
 
 def is_blank(text: object) -> bool:
-    """Whether ``text`` shows nothing: not a string, empty, or only whitespace (any Unicode whitespace,
-    e.g. the ideographic space U+3000) and :func:`invisible` characters (e.g. the zero-width space
-    U+200B). The one blankness check wherever a text must say something."""
+    """Whether ``text`` shows nothing: not a string, or only Unicode whitespace and :func:`invisible`
+    characters. The one blankness check wherever a text must say something."""
     return not isinstance(text, str) or all(ch.isspace() or invisible(ch) for ch in text)
 
 

@@ -26,23 +26,17 @@ def msg(role: str, content: str) -> Message:
 
 
 def check_temperature(value: float, name: str = "temperature") -> None:
-    """ValueError naming ``name`` unless ``value`` is a finite number >= 0 (NaN and infinity make every
-    sampled probability NaN or one-hot; a negative one is no temperature)."""
+    """ValueError naming ``name`` unless ``value`` is a finite number >= 0."""
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How an engine samples. ``temperature == 0`` means greedy decoding.
-
-    ``n`` replies are drawn per prompt; engines that can share the prompt's prefill across the
-    ``n`` samples do so. ``stop`` strings end a reply (the text excludes them, the token ids keep
-    the tokens that were sampled). ``answer_format`` (simulators and judges): the shape the reply must
-    take; an engine that can constrain decoding produces only text of that shape
-    (:mod:`rapo_echo.structured`). ``top_logprobs`` asks engines that can (the ``openai`` engine) for the
-    most likely tokens at each sampled position (:attr:`Generation.top_logprobs`).
-    """
+    """How an engine samples (``temperature == 0``: greedy). ``stop`` strings end a reply (the text
+    excludes them, the token ids keep them); ``answer_format``: the shape a simulator's or judge's reply
+    must take (:mod:`rapo_echo.structured`); ``top_logprobs``: the most likely tokens at each position,
+    where the engine gives them."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -71,16 +65,9 @@ FAILED = "error"  # Generation.finish_reason of a remote request that failed for
 
 @dataclass
 class Generation:
-    """One sampled reply.
-
-    ``token_ids`` are the sampled completion tokens (EOS / stop-string tokens included when they
-    were sampled) and ``logprobs`` their log-probabilities under the temperature-scaled, untruncated
-    distribution, the same quantity the trainer computes. Engines that cannot give them leave
-    ``token_ids`` empty and ``logprobs`` None. ``top_logprobs`` (when asked with
-    :attr:`SamplingParams.top_logprobs` and the engine gives them): per sampled token its text and the most
-    likely tokens at that position with their log-probs. ``finish_reason`` ``"error"``: a remote request that
-    failed for good (the text is empty; the item is invalid).
-    """
+    """One sampled reply. ``logprobs`` are those of ``token_ids`` (EOS / stop tokens included when
+    sampled) under the temperature-scaled, untruncated distribution, as the trainer computes them; an
+    engine that cannot give them leaves ``token_ids`` empty and ``logprobs`` None."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
@@ -102,13 +89,9 @@ def last_user_message(messages: Sequence[Mapping[str, Any]]) -> str:
 
 @dataclass
 class Scenario:
-    """One dialogue context to reply to, plus what the policy must not see.
-
-    ``messages`` is the visible dialogue (the policy writes the next assistant turn);
-    ``profile`` is the hidden user profile (persona, emotion, problem, situation, need) that only
-    simulators and judges read; ``reference`` is an optional real reply (e.g. the ESConv supporter
-    turn); ``meta`` carries anything else (source file, dialogue id, turn index).
-    """
+    """One dialogue context to reply to (``messages``; the policy writes the next assistant turn), plus
+    the hidden ``profile`` only simulators and judges read, an optional real ``reference`` reply and any
+    other ``meta`` (source file, dialogue id, turn index)."""
 
     id: str
     messages: Conversation
@@ -149,26 +132,12 @@ class Sample:
 
 @dataclass
 class ValidationResult:
-    """A held-out validation of the policy (:meth:`Algorithm.validate`): ``metrics`` (``val/...``, the
-    run's validation key among them) and ``scores``, the per-context score of the key, one per held-out
-    scenario in order (None where the reply could not be scored); validation pairs them with the best's.
-    ``rules``: where the simulated person has rules, for each negative rule fired at least once, per
-    scenario the share of its replies that fired it (None where it had no reply); the ``rule_floor``
-    check pairs them. ``replies``: per scenario the policy's greedy replies, in order (the
-    ``variety_floor`` check compares their Distinct-2)."""
+    """A held-out validation of the policy (:meth:`Algorithm.validate`), per held-out scenario in order:
+    ``scores`` of the validation key (None: not scored), ``rules`` (per negative rule fired, the share of
+    replies that fired it) and the greedy ``replies``; the checks pair them with the best's."""
 
     metrics: dict[str, float]
     scores: list[float | None]
     rules: dict[str, list[float | None]] = field(default_factory=dict)
     replies: list[list[str]] = field(default_factory=list)
 
-
-def group_slices(groups: Sequence[int]) -> list[slice]:
-    """Contiguous slices of equal group ids, in order (samples of a group are stored together)."""
-    out: list[slice] = []
-    start = 0
-    for i in range(1, len(groups) + 1):
-        if i == len(groups) or groups[i] != groups[start]:
-            out.append(slice(start, i))
-            start = i
-    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainValidator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
 
 class Strict(BaseModel):
@@ -42,6 +42,11 @@ Autocast = Literal["auto", "none", "bfloat16", "float16"]
 Dtype = Literal["float32", "bfloat16", "float16", "auto"]
 LogprobMode = Literal["auto", "always", "never"]
 ScenarioFormat = Literal["auto", "scenarios", "esconv", "ppdpp", "hf_esconv", "sage"]
+
+# A share of a whole, by the ends it may take: (0, 1], [0, 1], (0, 1).
+Share = Annotated[float, Field(gt=0.0, le=1.0)]
+ClosedShare = Annotated[float, Field(ge=0.0, le=1.0)]
+OpenShare = Annotated[float, Field(gt=0.0, lt=1.0)]
 
 # A text where an empty one means none (``--system-prompt ''``: no system prompt).
 OptionalText = Annotated[str | None, BeforeValidator(lambda v: None if v == "" else v)]

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rapo_echo.config.base import Autocast, Dtype, Strict
+from rapo_echo.config.base import Autocast, Dtype, OpenShare, Strict
 
 
 class EngineConfig(Strict):
@@ -64,7 +64,7 @@ class EngineConfig(Strict):
         description="`openai`: how a simulator's or judge's answer format is sent for the server to enforce. "
         "`vllm`: JSON as `response_format`, a choice / integer / regex as vLLM's `structured_outputs` "
         "(`guided_*` before vLLM 0.10.2); `json_schema`: everything as `response_format` json_schema (a "
-        "label, integer or regex asked for as `{\"answer\": ...}` and unwrapped); `none`: nothing, replies "
+        'label, integer or regex asked for as `{"answer": ...}` and unwrapped); `none`: nothing, replies '
         "are parsed and retried; `auto`: `vllm` for vLLM and rapo-echo servers, else `json_schema`, and "
         "`none` (one warning) once the server refuses or ignores the fields. See docs/structured-output.md.",
     )
@@ -81,8 +81,8 @@ class EngineConfig(Strict):
     device: str = Field("auto", description="`hf`: `auto`, `cpu`, `cuda`, `cuda:N` or `mps`.")
     trust_remote_code: bool = Field(False, description="`hf`/`vllm`: allow the model's own code.")
     max_batch_size: int = Field(64, ge=1, description="`policy`/`hf`: sequences decoded at once.")
-    vllm_gpu_memory_utilization: float = Field(
-        0.3, gt=0.0, lt=1.0, description="`vllm`: share of GPU memory the role's vLLM may take."
+    vllm_gpu_memory_utilization: OpenShare = Field(
+        0.3, description="`vllm`: share of GPU memory the role's vLLM may take."
     )
     vllm_max_model_len: int | None = Field(
         None, ge=16, description="`vllm`: longest prompt + reply in tokens (unset: the model's context)."
@@ -107,10 +107,8 @@ SAMPLING_KEYS = ("temperature", "top_p", "max_new_tokens")
 
 
 def engine_settings(spec: str) -> dict[str, Any]:
-    """The engine section a command-line SPEC names (``train``/``eval --simulator SPEC --judge SPEC``):
-    ``policy`` shares the policy's weights, an ``http(s)://`` URL is an OpenAI-compatible endpoint (its
-    default model), anything else a model spec for the ``hf`` engine (``default``, a folder, a ``.gguf``
-    file, a hub id)."""
+    """The engine section a ``--simulator`` / ``--judge`` SPEC names: ``policy``, an ``http(s)://`` URL (an
+    OpenAI-compatible endpoint), else a model spec for the ``hf`` engine."""
     if spec == "policy":
         return {"engine": "policy"}
     if spec.startswith(("http://", "https://")):
@@ -119,9 +117,7 @@ def engine_settings(spec: str) -> dict[str, Any]:
 
 
 def script_problem(script: dict[str, Any]) -> str | None:
-    """What is wrong with a scripted engine's ``script`` (``rules: [[regex, reply], ...]``,
-    ``replies: [...]``, ``default: text``, ``structured: bool``), else None: caught at load rather than
-    at the first reply."""
+    """What is wrong with a scripted engine's ``script``, else None (caught at load, not at first use)."""
     rules = script.get("rules", [])
     if not isinstance(rules, list):
         return f"rules must be a list of [regex, reply] pairs, got {type(rules).__name__}"

@@ -1,16 +1,6 @@
-"""The ``fidelity`` section of a run config: a fidelity check run once before training.
-
-With it, ``rapo-echo train`` measures how well the run's simulator (as the named simulated users) and
-judge (through the named rewards) agree with real ESConv seekers' own ratings
-(``eval --benchmark fidelity`` on ``limit`` conversations of ``data``), caches the result by the
-simulator's and judge's spec, and records it as ``fidelity.json`` in the run directory, where
-``rapo-echo report`` shows it next to the run's rewards::
-
-    fidelity:
-      data: path/to/FailedESConv.json
-      users: [reaction]
-      rewards: [empathy]
-      limit: 20
+"""The ``fidelity`` section of a run config: how well the run's simulator and judge agree with real ESConv
+seekers' own ratings (``eval --benchmark fidelity``), checked once before training, cached by the roles'
+specs and recorded as the run's ``fidelity.json``.
 """
 
 from __future__ import annotations

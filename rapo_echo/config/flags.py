@@ -1,13 +1,7 @@
-"""Command-line flags generated from a config section: each field's name, type, default and help (its
-description) are written once, in the section.
-
-A field ``max_new_tokens`` is the flag ``--max-new-tokens``; a boolean is ``--name`` / ``--no-name``; a
-``Literal`` lists its choices; a list is a repeatable flag (or one text split at ``Flag.sep``); a mapping
-takes ``KEY=VALUE`` (repeatable) or a ``{...}`` YAML/JSON mapping; a field whose type is a section gets no
-flag (``--config`` / ``--set`` set it). :class:`Flag` (in the field's ``Annotated`` metadata) spells a
-flag otherwise. Every command built with :func:`add_flags` also takes ``--config FILE`` (YAML, the
-section's keys) and ``--set key=value``; precedence, lowest first: the section's defaults, the file, the
-flags, ``--set``. Errors name the file and line, the flag or the ``--set`` (as ``train``'s do).
+"""Command-line flags generated from a config section, so each field's name, type, default and help are
+written once. ``max_new_tokens`` is ``--max-new-tokens``, a boolean ``--name`` / ``--no-name``, a list
+a repeatable flag, a mapping ``KEY=VALUE``; a section gets no flag; :class:`Flag` (in the field's
+``Annotated`` metadata) spells one otherwise. Every command also takes ``--config FILE`` and ``--set``.
 """
 
 from __future__ import annotations
@@ -76,9 +70,8 @@ def add_flags(
     config: bool = True,
     title: str | None = None,
 ) -> None:
-    """One flag per field of ``section`` (help: the field's description and default; under ``title`` in
-    the help when given), and with ``config`` the ``--config FILE`` and ``--set KEY=VALUE`` flags; read
-    them back with :func:`section_from_args`."""
+    """One flag per field of ``section`` (under ``title`` in the help), and with ``config`` ``--config FILE``
+    and ``--set KEY=VALUE``; read them back with :func:`section_from_args`."""
     parser.set_defaults(**{SECTION: section})
     if config:
         parser.add_argument(
@@ -225,8 +218,7 @@ def _value(raw: Any, info: FieldInfo, flag: str) -> Any:
 
 def section_from_args(section: type[M], args: argparse.Namespace, *, files: bool = True) -> M:
     """The section the command line gives: ``--config``'s file, under the flags, under ``--set`` (without
-    ``files``: the flags alone, where ``--config`` and ``--set`` are another config's); a
-    :class:`~rapo_echo.errors.ConfigError` naming the file and line, the flag or the ``--set`` otherwise."""
+    ``files``: the flags alone, where ``--config`` and ``--set`` are another config's)."""
     tree = ConfigTree.read(getattr(args, "config", None) if files else None)
     problems = []
     for name, info in section.model_fields.items():
@@ -241,7 +233,7 @@ def section_from_args(section: type[M], args: argparse.Namespace, *, files: bool
         set_path(tree.tree, [name], value, flag)
         tree.sources[(name,)] = f"flag {flag}"
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        raise ConfigError.invalid(problems)
     tree.apply(overrides=(getattr(args, "set", None) or []) if files else [])
     tree.refuse_nonfinite()
     missing = [
@@ -250,5 +242,5 @@ def section_from_args(section: type[M], args: argparse.Namespace, *, files: bool
         if i.is_required() and n not in tree.tree
     ]
     if missing:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(missing))
+        raise ConfigError.invalid(missing)
     return tree.validate(section)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rapo_echo.config.base import LogprobMode, Strict
+from rapo_echo.config.base import ClosedShare, LogprobMode, Strict
 
 
 class GroupJudgeConfig(Strict):
@@ -32,10 +32,10 @@ class GroupJudgeConfig(Strict):
         "`auto_threshold` x 2 x chance.",
     )
     auto_probe: int = Field(32, ge=1, description="`orders: auto`: decisions measured in every order first.")
-    auto_threshold: float = Field(
-        0.6, ge=0.0, le=1.0, description="`orders: auto`: the bias above which every order is kept."
+    auto_threshold: ClosedShare = Field(
+        0.6, description="`orders: auto`: the bias above which every order is kept."
     )
-    tie_eps: float = Field(0.02, ge=0.0, le=1.0, description="Label probabilities closer than this tie.")
+    tie_eps: ClosedShare = Field(0.02, description="Label probabilities closer than this tie.")
     ties: Literal["chained", "leader", "none", "sequential", "pairwise"] = Field(
         "chained",
         description="How P(best) becomes ranks: `chained` (neighbours within `tie_eps` tie), `leader` (ties "

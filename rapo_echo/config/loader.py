@@ -1,10 +1,5 @@
-"""Building a config tree from its layers and validating it against a schema.
-
-Precedence, lowest first: built-in defaults, an overlay (the algorithm's defaults), the YAML file, the
-dedicated CLI flags (``--model``, ``--reward``, ...), then ``--set`` overrides. Every error names the
-key, the value given and what is allowed (and the file and line when the key came from a file). The run
-config itself is composed from the algorithms' sections above this layer
-(``rapo_echo.training.run_config``).
+"""Building a config tree from its layers and validating it against a schema. Precedence, lowest first:
+defaults, an overlay (the algorithm's defaults), the YAML file, the CLI flags, then ``--set``.
 """
 
 from __future__ import annotations
@@ -86,14 +81,12 @@ class ConfigTree:
         secrets = literal_secrets(self.tree)
         if secrets:
             lines = [f"{self.where(key)}{key}: {why}" for key, why in secrets]
-            raise ConfigError(
-                "invalid config:\n  "
-                + "\n  ".join(lines)
-                + "\n  Configs are saved with the run (config.yaml), "
-                "so secrets do not belong in them: put the value in an environment variable and give the "
-                "variable's name (e.g. api_key_env: MY_KEY, or a plugin argument such as "
-                "token_env: MY_TOKEN)."
+            advice = (
+                "Configs are saved with the run (config.yaml), so secrets do not belong in them: put the "
+                "value in an environment variable and give the variable's name (e.g. api_key_env: MY_KEY, or "
+                "a plugin argument such as token_env: MY_TOKEN)."
             )
+            raise ConfigError.invalid([*lines, advice])
 
     def refuse_nonfinite(self) -> None:
         """A ConfigError naming every NaN or infinite number in the tree, also where the schema takes any
@@ -112,7 +105,7 @@ class ConfigTree:
 
         walk(self.tree, "")
         if found:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(found))
+            raise ConfigError.invalid(found)
 
     def validate(self, model: type[M]) -> M:
         """The tree validated as ``model``; a ConfigError with one line per problem otherwise."""

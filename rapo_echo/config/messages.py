@@ -4,6 +4,7 @@ a flag or ``--set``), the key, the value given and what is allowed."""
 from __future__ import annotations
 
 import difflib
+from functools import reduce
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -59,15 +60,6 @@ def _step(node: Any, part: str) -> Any:
     return _MISSING
 
 
-def _lookup(tree: Any, loc: tuple[str, ...]) -> Any:
-    node = tree
-    for part in loc:
-        node = _step(node, part)
-        if node is _MISSING:
-            break
-    return node
-
-
 def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, root: type[BaseModel]) -> str:
     """One line per problem: ``where: key: got VALUE; what is allowed``. ``root`` is the model ``tree``
     was validated as (it names the allowed keys of a section, and the new spelling of a renamed key)."""
@@ -75,7 +67,7 @@ def format_validation_error(exc: ValidationError, sources: Sources, tree: dict, 
     for err in exc.errors():
         loc = _real_keys(tree, tuple(str(x) for x in err["loc"]))
         key = ".".join(loc)
-        value = _lookup(tree, loc)
+        value = reduce(_step, loc, tree)
         shown = "(missing)" if value is _MISSING else repr(value)
         hint = _describe(err)
         if err["type"] == "extra_forbidden":

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rapo_echo.config.base import Strict
+from rapo_echo.config.base import ClosedShare, OpenShare, Share, Strict
 
 
 class HeldoutConfig(Strict):
@@ -33,21 +33,18 @@ class MonitorConfig(Strict):
     enabled: bool = Field(True, description="Log `monitor/<signature>` flags and warn once per signature.")
     baseline_steps: int = Field(3, ge=1, description="Steps whose means are the baseline.")
     window: int = Field(3, ge=1, description="Recent steps averaged against the baseline.")
-    length_frac: float = Field(
-        0.9,
-        gt=0.0,
-        le=1.0,
-        description="length_spike: recent reply length >= this x `rollout.max_new_tokens` ...",
+    length_frac: Share = Field(
+        0.9, description="length_spike: recent reply length >= this x `rollout.max_new_tokens` ..."
     )
     length_rise: float = Field(1.5, ge=1.0, description="... and >= this x the baseline length.")
-    entropy_frac: float = Field(
-        0.3, gt=0.0, lt=1.0, description="entropy_collapse: recent entropy <= this x the baseline."
+    entropy_frac: OpenShare = Field(
+        0.3, description="entropy_collapse: recent entropy <= this x the baseline."
     )
     reward_jump: float = Field(
         0.3, gt=0.0, description="reward_divergence: the reward rose at least this over its baseline ..."
     )
-    follow_frac: float = Field(
-        0.25, ge=0.0, le=1.0, description="... while `heldout_key` rose by less than this x that."
+    follow_frac: ClosedShare = Field(
+        0.25, description="... while `heldout_key` rose by less than this x that."
     )
     heldout_key: str | None = Field(
         None,
@@ -55,17 +52,11 @@ class MonitorConfig(Strict):
         "`heldout/train_score` when `heldout.enabled`, else no reward_divergence).",
     )
     heldout: HeldoutConfig = Field(default_factory=HeldoutConfig, description="The held-out judge.")
-    judge_text_frac: float = Field(
-        0.25,
-        gt=0.0,
-        le=1.0,
-        description="judge_text: at least this share of replies carry judge answer syntax.",
+    judge_text_frac: Share = Field(
+        0.25, description="judge_text: at least this share of replies carry judge answer syntax."
     )
-    judge_addressed_frac: float = Field(
-        0.1,
-        gt=0.0,
-        le=1.0,
-        description="judge_addressed: at least this share of replies address the judge (docs/judges.md).",
+    judge_addressed_frac: Share = Field(
+        0.1, description="judge_addressed: at least this share of replies address the judge (docs/judges.md)."
     )
     reference_kl: bool = Field(
         False,
@@ -81,13 +72,11 @@ class MonitorConfig(Strict):
     trend_window: int = Field(
         20, ge=3, description="kl_drift, reward_oscillates: steps a trend is taken over."
     )
-    distinct_frac: float = Field(
-        0.5, gt=0.0, lt=1.0, description="replies_converge: recent Distinct-2 <= this x the baseline ..."
+    distinct_frac: OpenShare = Field(
+        0.5, description="replies_converge: recent Distinct-2 <= this x the baseline ..."
     )
-    top_share_max: float = Field(
+    top_share_max: Share = Field(
         0.75,
-        gt=0.0,
-        le=1.0,
         description="... or a group's most frequent reply makes up at least this share of it (recent mean).",
     )
     kl_min: float = Field(0.05, ge=0.0, description="kl_drift: the recent mean KL is at least this ...")

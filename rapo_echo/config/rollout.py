@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rapo_echo.config.base import AutoSize, Strict
+from rapo_echo.config.base import AutoSize, OpenShare, Share, Strict
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a warm, emotionally supportive listener. Reply to the person in two or three sentences: "
@@ -24,7 +24,7 @@ class RolloutConfig(Strict):
     group_size: int = Field(4, ge=1, le=256, description="Replies (RLVER: dialogues) per scenario, G.")
     max_new_tokens: int = Field(64, ge=1, le=32768, description="Tokens per reply (RLVER: per turn).")
     temperature: float = Field(1.0, gt=0.0, le=5.0, description="Sampling temperature of the policy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling bound (1: off).")
+    top_p: Share = Field(1.0, description="Nucleus sampling bound (1: off).")
     top_k: int = Field(0, ge=0, description="Top-k sampling bound (0: off).")
     max_prompt_tokens: int = Field(
         1024, ge=16, description="Longer prompts lose whole turns from the oldest (never the system prompt)."
@@ -49,10 +49,8 @@ class RolloutConfig(Strict):
         description="The policy's sampler: `hf` (the training model) or `vllm` (an in-process vLLM copy, its "
         "weights loaded from the policy after every step; temperature at most 2).",
     )
-    vllm_gpu_memory_utilization: float = Field(
+    vllm_gpu_memory_utilization: OpenShare = Field(
         0.3,
-        gt=0.0,
-        lt=1.0,
         description="`engine: vllm`: share of GPU memory the vLLM copy may take (autosize sets it aside).",
     )
     overlap_remote: bool = Field(

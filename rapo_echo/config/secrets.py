@@ -64,10 +64,9 @@ def url_secret(text: str) -> str | None:
 
 
 def literal_secrets(tree: Any, prefix: str = "") -> list[tuple[str, str]]:
-    """``(dotted key, why)`` for every literal secret in a config tree: a non-empty string under a key
-    named like a secret (``*_env`` names of variables are fine; any other type there too), a ``*_env``
-    value that is not a variable's name, a value that looks like a credential (:func:`secret_value`,
-    credentials inside a URL), or the value of an environment variable named like a secret."""
+    """``(dotted key, why)`` for every literal secret in a config tree: a value under a secret-named key,
+    a ``*_env`` value that is not a variable's name, a credential-looking value (:func:`secret_value`),
+    or the value of a secret-named environment variable."""
     env = _secret_env_values()
     found: list[tuple[str, str]] = []
 

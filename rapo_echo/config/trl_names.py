@@ -1,27 +1,48 @@
-"""TRL's names for our keys, so that an unknown key a TRL user writes gets the key it means here.
-
-The names are TRL 1.16's ``GRPOConfig`` (``trl/trainer/grpo_config.py``) and the
-``transformers.TrainingArguments`` fields it inherits, plus the ``ScriptArguments`` / ``ModelConfig``
-names of TRL's example scripts (``dataset_name``, ``model_name_or_path``, ``use_peft``, ``lora_r``, ...).
-Each maps to the key that holds the same setting here and, where the two differ in more than the name,
-what to write. A TRL setting with no counterpart here says so rather than pointing somewhere wrong.
+"""TRL's names for our keys, so that an unknown key a TRL user writes gets the key it means here: TRL
+1.16's ``GRPOConfig`` with the ``TrainingArguments`` it inherits, and its example scripts'
+``ScriptArguments`` / ``ModelConfig``. A setting with no counterpart here says so.
 """
 
 from __future__ import annotations
 
+# TRL names that are the same key here, by section (the value carries over as it is)
+SAME_NAMES = {
+    "rollout": "temperature top_p vllm_gpu_memory_utilization",
+    "loss": "beta entropy_coef",
+    "train": "max_steps seed warmup_steps weight_decay adam_beta1 adam_beta2 max_grad_norm",
+    "model": "gradient_checkpointing dtype trust_remote_code attn_implementation",
+}
+
+# TRL name -> our key, where the name differs and the value carries over as it is
+RENAMED = {
+    "num_generations": "rollout.group_size",
+    "max_completion_length": "rollout.max_new_tokens",
+    "max_prompt_length": "rollout.max_prompt_tokens",
+    "epsilon": "loss.eps_low",
+    "epsilon_high": "loss.eps_high",
+    "num_iterations": "train.inner_epochs",
+    "learning_rate": "train.lr",
+    "adam_epsilon": "train.adam_eps",
+    "save_steps": "train.save_every",
+    "save_total_limit": "train.keep_checkpoints",
+    "output_dir": "output",
+    "model_name_or_path": "model.name",
+    "torch_dtype": "model.dtype",
+    "use_peft": "model.lora.enabled",
+    "lora_r": "model.lora.r",
+    "lora_alpha": "model.lora.alpha",
+    "lora_dropout": "model.lora.dropout",
+    "lora_target_modules": "model.lora.target_modules",
+    "dataset_config": "data.subset",
+    "dataset_train_split": "data.split",
+}
+
 # TRL name -> (our key or None, how the value translates; '' when it carries over as it is)
 TRL_KEYS: dict[str, tuple[str | None, str]] = {
+    **{name: (f"{section}.{name}", "") for section, names in SAME_NAMES.items() for name in names.split()},
+    **{name: (key, "") for name, key in RENAMED.items()},
     # GRPOConfig
-    "num_generations": ("rollout.group_size", ""),
-    "max_completion_length": ("rollout.max_new_tokens", ""),
-    "max_prompt_length": ("rollout.max_prompt_tokens", ""),
-    "temperature": ("rollout.temperature", ""),
-    "top_p": ("rollout.top_p", ""),
     "top_k": ("rollout.top_k", "0 turns it off, as TRL's None does"),
-    "beta": ("loss.beta", ""),
-    "epsilon": ("loss.eps_low", ""),
-    "epsilon_high": ("loss.eps_high", ""),
-    "num_iterations": ("train.inner_epochs", ""),
     "steps_per_generation": ("train.mini_batches", "optimizer steps per rollout"),
     "generation_batch_size": (
         "rollout.batch_size",
@@ -34,15 +55,12 @@ TRL_KEYS: dict[str, tuple[str | None, str]] = {
     ),
     "scale_rewards": ("loss.advantage", "group: grpo; none / false: dr_grpo (no division by the std)"),
     "importance_sampling_level": ("loss.policy_loss", "token: clip; sequence: gspo"),
-    "entropy_coef": ("loss.entropy_coef", ""),
     "reward_funcs": ("rewards", "a list of {name, weight, args}, or --reward NAME[=WEIGHT]"),
     "reward_weights": ("rewards", "each reward's weight: rewards: [{name: ..., weight: ...}]"),
     "use_vllm": ("rollout.engine", "true: vllm"),
-    "vllm_gpu_memory_utilization": ("rollout.vllm_gpu_memory_utilization", ""),
     "log_completions": ("logging.samples_every", "samples.jsonl is written every this many steps"),
     "mask_truncated_completions": (None, "no counterpart: a truncated reply stays in the loss"),
     # transformers.TrainingArguments, as GRPOConfig inherits them
-    "learning_rate": ("train.lr", ""),
     "bf16": ("model.dtype", "true: bfloat16; the simulator and judge have their own dtype and autocast"),
     "fp16": ("model.dtype", "true: float16"),
     "report_to": ("logging", "logging.wandb: true, logging.tensorboard: true"),
@@ -52,48 +70,22 @@ TRL_KEYS: dict[str, tuple[str | None, str]] = {
         "no counterpart: every micro-batch of a mini-batch accumulates into one optimizer step "
         "(train.mini_batches sets the steps per rollout)",
     ),
-    "max_steps": ("train.max_steps", ""),
     "num_train_epochs": ("train.max_steps", "steps, not epochs: a step draws rollout.batch_size contexts"),
-    "seed": ("train.seed", ""),
     "lr_scheduler_type": ("train.scheduler", "constant, linear or cosine"),
-    "warmup_steps": ("train.warmup_steps", ""),
     "warmup_ratio": ("train.warmup_steps", "in steps: ratio x max_steps x inner_epochs x mini_batches"),
-    "weight_decay": ("train.weight_decay", ""),
-    "adam_beta1": ("train.adam_beta1", ""),
-    "adam_beta2": ("train.adam_beta2", ""),
-    "adam_epsilon": ("train.adam_eps", ""),
-    "max_grad_norm": ("train.max_grad_norm", ""),
-    "save_steps": ("train.save_every", ""),
-    "save_total_limit": ("train.keep_checkpoints", ""),
     "save_only_model": (
         "train.save_optimizer",
         "the opposite: save_only_model: true is save_optimizer: false",
     ),
-    "output_dir": ("output", ""),
-    "gradient_checkpointing": ("model.gradient_checkpointing", ""),
     "logging_steps": (None, "no counterpart: every step is logged"),
     # TRL scripts' ModelConfig and ScriptArguments
-    "model_name_or_path": ("model.name", ""),
-    "dtype": ("model.dtype", ""),
-    "torch_dtype": ("model.dtype", ""),
-    "trust_remote_code": ("model.trust_remote_code", ""),
-    "attn_implementation": ("model.attn_implementation", ""),
-    "use_peft": ("model.lora.enabled", ""),
-    "lora_r": ("model.lora.r", ""),
-    "lora_alpha": ("model.lora.alpha", ""),
-    "lora_dropout": ("model.lora.dropout", ""),
-    "lora_target_modules": ("model.lora.target_modules", ""),
     "dataset_name": ("data.path", "a Hub id, a data file or a save_to_disk folder"),
-    "dataset_config": ("data.subset", ""),
-    "dataset_train_split": ("data.split", ""),
 }
 
 
 def trl_hint(name: str, value: object = None, source: str = "") -> str | None:
-    """What TRL's ``name`` is here (``None`` when ``name`` is not one of TRL's); ``value`` (the value given)
-    is carried over where it means the same, written the way the key was given (``source``, as the
-    config loader records it): ``--set key=value`` for ``--set``, ``overrides={'key': value}`` for the
-    Python API's overrides, ``key: value`` for a file."""
+    """What TRL's ``name`` is here (None: not one of TRL's), with ``value`` carried over where it means
+    the same, written the way the key was given (``source``, as the loader records it)."""
     if name not in TRL_KEYS:
         return None
     ours, how = TRL_KEYS[name]

@@ -1,5 +1,5 @@
-"""The ``validation`` section: held-out scenarios, keeping the best model, and the checks a step must
-pass to replace the best (``checks``: a list of named checks; see ``training/validation/checks.py``)."""
+"""The ``validation`` section: held-out scenarios, the best model, and the checks a step must pass to
+replace it (``training/validation/checks.py``)."""
 
 from __future__ import annotations
 
