@@ -159,6 +159,7 @@ class Learner:
             cfg,
             self.policy.lm,
             self.policy.device,
+            reference_copy=self.needs.reference and not cfg.model.lora.enabled,
             zero_stage=layout.get("zero_stage", 0),
             world_size=layout.get("world", 1),
         )

@@ -136,7 +136,7 @@ def training_of(cfg: RunConfig, shape: autosize.ModelShape, dtype: str, hw: Hard
         base,
         weight_bytes,
         weight_bytes,
-        reference_copy=cfg.loss.beta > 0,
+        reference_copy=algorithm_class(cfg.algo).needs(cfg).reference,  # the KL, the monitor, SD guards
         zero_stage=hw.zero_stage,
         world_size=hw.gpus,
         gathers_for_rollout=cfg.rollout.engine != "vllm",

@@ -189,3 +189,16 @@ def test_the_plan_asks_the_algorithm_for_its_requests(tiny_folder: Path) -> None
     assert "'tests.helpers.rft_algorithm:RFT' declares no requests of its own" in rft["requests_note"]
     assert [q["what"] for q in rft["requests"]] == ["judge reward: one rating per reply"]  # its reward
     assert f"note: {rft['requests_note']}" in format_plan(rft)
+
+
+@pytest.mark.parametrize(
+    ("algo", "overrides"),
+    [
+        ("grpo", ["monitor.reference_kl=true"]),  # the monitor's KL keeps a reference without beta
+        ("rapo", ["rapo.sd.ref_kl=0.1"]),  # an SD guard keeps one (algorithms/sd_guards.needs_reference)
+    ],
+)
+def test_a_reference_kept_for_another_reason_than_beta_is_planned(qwen, algo, overrides) -> None:
+    plan = plan_of(qwen, "model.lora.enabled=false", "loss.beta=0", *overrides, algo=algo)
+    assert plan["memory_bytes"]["reference"] == QWEN_PARAMS * 2  # full fine-tuning: a frozen bf16 copy
+    assert plan_of(qwen, "model.lora.enabled=false", "loss.beta=0", algo=algo)["memory_bytes"]["reference"] == 0
