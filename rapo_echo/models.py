@@ -323,26 +323,34 @@ def pick_device(name: str = "auto") -> str:
     return name
 
 
+def tiny_config(tokenizer: Any, layers: int = 2, hidden: int = 64, config_class: Any = None, **extra: Any) -> Any:
+    """The config of a small model on ``tokenizer`` (a Llama unless ``config_class``: 4 heads, 2 KV heads,
+    an MLP twice the hidden size, tied embeddings); ``extra`` adds or replaces settings."""
+    from transformers import LlamaConfig
+
+    settings = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    return (config_class or LlamaConfig)(**{**settings, **extra})
+
+
 def tiny_llama(tokenizer: Any, seed: int = 0, layers: int = 2, hidden: int = 64) -> Any:
     """A randomly initialised small Llama on ``tokenizer`` (the tests' and the GPU kit's smoke model)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(tiny_config(tokenizer, layers, hidden))
 
 
 def load_tokenizer(spec: str | ResolvedModel, *, trust_remote_code: bool = False) -> Any:

@@ -67,6 +67,19 @@ def smol_engine(smol_path: str):
     return HFEngine.from_spec(smol_path, device="cpu")
 
 
+def model_dims(
+    hidden: int, layers: int, heads: int = 4, kv_heads: int = 2, intermediate: int | None = None
+) -> dict[str, int]:
+    """A transformer config's sizes; the MLP is twice the hidden size unless ``intermediate``."""
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": intermediate or 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+    }
+
+
 def make_tiny_model(tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64):
     """A randomly initialised small Llama that shares the embedded model's tokenizer."""
     from rapo_echo.models import tiny_llama
@@ -81,14 +94,22 @@ def smol_tokenizer(smol_path: str):
     return load_tokenizer(smol_path)
 
 
+def save_tiny(out: Path, tokenizer) -> Path:
+    """A tiny random model saved as a Hugging Face folder (config, safetensors, tokenizer)."""
+    make_tiny_model(tokenizer).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 @pytest.fixture
 def tiny_folder(tmp_path: Path, smol_tokenizer) -> Path:
-    """A tiny random model saved as a Hugging Face folder (config, safetensors, tokenizer)."""
-    model = make_tiny_model(smol_tokenizer)
-    out = tmp_path / "tiny"
-    model.save_pretrained(out)
-    smol_tokenizer.save_pretrained(out)
-    return out
+    return save_tiny(tmp_path / "tiny", smol_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def tiny_module_folder(tmp_path_factory, smol_tokenizer) -> Path:
+    """``tiny_folder`` shared by a module's tests."""
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny", smol_tokenizer)
 
 
 @pytest.fixture(autouse=True)

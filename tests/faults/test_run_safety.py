@@ -13,22 +13,20 @@ from rapo_echo.checkpoint import latest_checkpoint
 from rapo_echo.errors import ConfigError
 from rapo_echo.training.learner import TrainingError
 from rapo_echo.training.run import Run
-from rapo_echo.training.run_config import load_config
 from rapo_echo.training.train_cli import build_config
 from tests.helpers.plugin_rewards import NeedsKey
+from tests.helpers.runs import metrics, run_config
 
 BASE = [
     "rollout.batch_size=2",
     "rollout.group_size=2",
     "rollout.max_new_tokens=4",
-    "logging.progress=false",
-    "logging.tensorboard=false",
     "train.save_every=1",
 ]
 
 
 def cfg_for(model: Path, out: Path, *extra: str):
-    return load_config(overrides=[f"model.name={model}", f"output={out}", *BASE, *extra])
+    return run_config(model, out, *BASE, *extra)
 
 
 def steps(path: Path) -> list[int]:
@@ -50,8 +48,7 @@ def test_resume_survives_torn_lines_and_takes_secrets_from_the_environment(
         "rollout.system_prompt='Be kind.'",
     )
     Run(cfg).train()
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert sum(m["prompt_truncated"] for m in metrics) > 0  # the bundled dialogues exceed 40 tokens
+    assert sum(m["prompt_truncated"] for m in metrics(run)) > 0  # the bundled dialogues exceed 40 tokens
     (run / "final").rename(tmp_path / "final-unused")
     # a crash (or a full disk) in the middle of the appends of step 3
     for name in ("samples.jsonl", "metrics.jsonl"):

@@ -6,13 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from rapo_echo.benchmarks.base import EvalSettings, Roles
@@ -21,6 +17,7 @@ from rapo_echo.benchmarks.results import read_records
 from rapo_echo.benchmarks.runner import get_benchmark, run_eval
 from rapo_echo.benchmarks.sotopia.evaluator import DIMENSIONS
 from tests.conftest import shared_data
+from tests.helpers.launch import served_process
 
 pytestmark = pytest.mark.integration
 
@@ -112,31 +109,8 @@ def endpoint(tmp_path_factory) -> Iterator[str]:
         "warning",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        url = None
-        while url is None:
-            match = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", log.read_text())
-            url = match.group(1) if match else None
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited with code {proc.returncode}:\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not start in 120 s:\n{log.read_text()}")
-            time.sleep(0.1)
-        while (
-            httpx.get(url.removesuffix("/v1") + "/health", timeout=2).status_code != 200
-        ):  # pragma: no cover
-            time.sleep(0.1)
+    with served_process(cmd, log, env) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_three_benchmarks_from_the_cli_against_an_endpoint_and_resume(endpoint, tmp_path):

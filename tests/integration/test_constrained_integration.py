@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rapo_echo.engines.hf import HFEngine
-from rapo_echo.structured import AnswerFormat
+from rapo_echo.structured import AnswerFormat, object_schema
 from rapo_echo.types import SamplingParams, msg
 
 pytestmark = pytest.mark.integration
@@ -21,15 +21,12 @@ PROMPTS = [
 ]
 FORMATS = {
     "json": AnswerFormat.json_schema(
-        {
-            "type": "object",
-            "properties": {
+        object_schema(
+            {
                 "score": {"type": "integer", "minimum": 0, "maximum": 10},
                 "reason": {"type": "string", "maxLength": 40},
-            },
-            "required": ["score", "reason"],
-            "additionalProperties": False,
-        }
+            }
+        )
     ),
     "choice": AnswerFormat.choice(["A", "B", "tie"]),
     "integer": AnswerFormat.integer(1, 7),

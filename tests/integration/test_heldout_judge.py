@@ -4,35 +4,30 @@ step's replies; its series are in the metrics, and the report draws the agreemen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rapo_echo.benchmarks.plots import curve_keys
 from rapo_echo.training.run import Run
-from rapo_echo.training.run_config import load_config
+from tests.helpers.runs import metrics, run_config
 
 
 def test_the_held_out_judge_runs_two_steps_on_the_embedded_model(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    cfg = load_config(
-        overrides=[
-            "model.name=default",
-            f"output={run}",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=8",
-            "rewards=[{name: length, args: {target: 5}}]",
-            "judge.engine=hf",
-            "judge.model=default",
-            "monitor.heldout.enabled=true",
-            "monitor.heldout.sample=4",
-            "train.max_steps=2",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-        ]
+    cfg = run_config(
+        "default",
+        run,
+        "rollout.batch_size=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rewards=[{name: length, args: {target: 5}}]",
+        "judge.engine=hf",
+        "judge.model=default",
+        "monitor.heldout.enabled=true",
+        "monitor.heldout.sample=4",
+        "train.max_steps=2",
     )
     Run(cfg).train()
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert row["heldout/n"] == 4.0

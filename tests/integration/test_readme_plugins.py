@@ -14,6 +14,7 @@ import pytest
 
 from rapo_echo.errors import ConfigError
 from rapo_echo.training.run_config import load_config
+from tests.helpers.runs import QUIET, set_flags
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -38,15 +39,7 @@ def test_the_readme_reward_plugin_trains_from_a_fresh_folder(tmp_path: Path, tin
     command = readme_command("rapo-echo train --algo grpo --reward my_rewards:warmth")
     assert command[0] == "rapo-echo"
     small = ["--model", str(tiny_folder), "--max-steps", "1", "--output", "run"]
-    small += [
-        "--set",
-        "rollout.batch_size=1",
-        "--set",
-        "rollout.group_size=2",
-        "--set",
-        "rollout.max_new_tokens=4",
-    ]
-    small += ["--set", "logging.tensorboard=false", "--set", "logging.progress=false"]
+    small += set_flags("rollout.batch_size=1", "rollout.group_size=2", "rollout.max_new_tokens=4", *QUIET)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing puts the folder on the path
     done = subprocess.run(
         [sys.executable, "-m", "rapo_echo.cli", *command[1:], *small],

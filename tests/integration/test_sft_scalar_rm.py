@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rapo_echo.cli import main
+from tests.helpers.runs import metrics
 
 pytestmark = pytest.mark.integration
 
@@ -23,10 +24,6 @@ ROWS = [
     {"messages": [{"role": "user", "content": "I failed my exam."}], "reference": "I'm sorry, that hurts."},
     {"messages": [{"role": "user", "content": "My cat is ill."}], "reference": "Oh no, poor thing."},
 ]
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def train(*argv: str, sets: list[str]) -> int:

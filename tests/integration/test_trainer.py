@@ -18,6 +18,7 @@ from rapo_echo.algorithms.grpo import GRPO
 from rapo_echo.training.learner import TrainingError, lr_lambda
 from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
+from tests.helpers.runs import metrics
 
 BASE = [
     "rollout.batch_size=2",
@@ -35,10 +36,6 @@ SET_ARGS = [part for s in BASE for part in ("--set", s)]
 
 def cfg_for(model: Path, out: Path, *extra: str):
     return load_config(overrides=[f"model.name={model}", f"output={out}", *BASE, *extra])
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_lr_schedule_by_hand() -> None:
@@ -161,6 +158,12 @@ def test_invalid_rewards_are_masked_and_counted(tmp_path: Path, tiny_folder: Pat
     assert m["invalid"] == 3.0 and m["items"] == 3.0  # 6 samples, 3 scored None, only 3 trained on
 
 
+def train_cli(model: Path, run: Path, steps: int, *more: str) -> list[str]:
+    """The command line of ``rapo-echo train`` in a fresh process."""
+    cli = [sys.executable, "-m", "rapo_echo.cli", "train"]
+    return [*cli, "--model", str(model), "--output", str(run), "--max-steps", str(steps), *more]
+
+
 def _wait_for(path: Path, timeout: float) -> None:
     end = time.time() + timeout
     while time.time() < end:
@@ -172,23 +175,8 @@ def _wait_for(path: Path, timeout: float) -> None:
 
 def test_sigterm_finishes_step_checkpoints_and_resumes(tmp_path: Path, tiny_folder: Path) -> None:
     run = tmp_path / "run"
-    args = [
-        sys.executable,
-        "-m",
-        "rapo_echo.cli",
-        "train",
-        "--model",
-        str(tiny_folder),
-        "--output",
-        str(run),
-        "--max-steps",
-        "500",
-        "--set",
-        "train.save_every=1000",
-        *SET_ARGS,
-    ]
     proc = subprocess.Popen(
-        args,
+        train_cli(tiny_folder, run, 500, "--set", "train.save_every=1000", *SET_ARGS),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -218,23 +206,7 @@ def test_sigterm_finishes_step_checkpoints_and_resumes(tmp_path: Path, tiny_fold
 def test_refuses_to_overwrite_a_run(tmp_path: Path, tiny_folder: Path) -> None:
     run = tmp_path / "run"
     Run(cfg_for(tiny_folder, run, "train.max_steps=1")).train()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rapo_echo.cli",
-            "train",
-            "--model",
-            str(tiny_folder),
-            "--output",
-            str(run),
-            "--max-steps",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = subprocess.run(train_cli(tiny_folder, run, 1), capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--resume" in res.stderr
 
 

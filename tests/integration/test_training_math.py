@@ -13,13 +13,8 @@ import torch
 from rapo_echo.algorithms.base import PG
 from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
-
-QUIET = ["logging.progress=false", "logging.tensorboard=false"]
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
+from tests.conftest import model_dims
+from tests.helpers.runs import QUIET, SMALL, metrics, run_config
 
 # ---------------------------------------------------------------------------- 9.3 bf16 old log-probs
 
@@ -59,19 +54,7 @@ def test_bf16_step_one_has_ratio_one_and_reports_the_sampler_gap(tmp_path: Path)
 
 
 def _tiny_trainer(tiny_folder: Path, run: Path, *extra: str) -> Run:
-    cfg = load_config(
-        overrides=[
-            f"model.name={tiny_folder}",
-            f"output={run}",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=5",
-            "rewards=[{name: length, args: {target: 3}}]",
-            *QUIET,
-            *extra,
-        ]
-    )
-    return Run(cfg)
+    return Run(run_config(tiny_folder, run, *SMALL, "rollout.max_new_tokens=5", *extra))
 
 
 @pytest.mark.parametrize(("dtype", "recomputed"), [("bfloat16", True), ("float32", False)])
@@ -426,15 +409,7 @@ def _tiny_lm(kind: str):
     import transformers as tf
 
     torch.manual_seed(0)
-    common = dict(
-        vocab_size=512,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    common = dict(vocab_size=512, max_position_embeddings=64, **model_dims(hidden=32, layers=1))
     if kind == "granite":
         model = tf.GraniteForCausalLM(tf.GraniteConfig(**common, logits_scaling=4.0))
     elif kind == "gemma2":

@@ -21,10 +21,12 @@ import pytest
 import torch
 
 from rapo_echo.algorithms.grpo import GRPO
+from rapo_echo.perf.checkpoint_sizes import launch_config
 from rapo_echo.training.run import Run
 from rapo_echo.training.run_config import load_config
 from tests.helpers.launch import accelerate, run_processes, torchrun
 from tests.helpers.multiproc_probe import record_file, replaying, weights_file
+from tests.helpers.runs import metrics
 
 PROBE = Path(__file__).resolve().parents[1] / "helpers" / "multiproc_probe.py"
 GROUP = 3
@@ -67,18 +69,6 @@ def resume(
         cmd += ["--set", s]
     res = run_processes(cmd, env={"PROBE_DIR": str(probe_dir), **(env or {})})
     assert res.returncode == 0, res.stderr[-4000:]
-
-
-def deepspeed_fp32_config(tmp: Path, stage: int = 2) -> Path:
-    """The shipped ZeRO-``stage`` launch config and its DeepSpeed JSON, the JSON's bf16 turned off so the
-    run can be compared with an fp32 single-process run on a CPU."""
-    from rapo_echo.perf.checkpoint_sizes import launch_config
-
-    return launch_config(tmp, stage, fp32=True)
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -170,7 +160,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path: Path, tiny_folder: Path, 
 def test_deepspeed_zero2_two_processes_equal_one_process_and_resume(
     tmp_path: Path, tiny_folder: Path, monkeypatch
 ) -> None:
-    prefix = accelerate(deepspeed_fp32_config(tmp_path), 2)
+    prefix = accelerate(launch_config(tmp_path, 2, fp32=True), 2)
     run, records = tmp_path / "run", tmp_path / "records"
     launch(prefix, tiny_folder, run, records)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2"]

@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from rapo_echo.perf.checkpoint_sizes import launch_config
 from tests.helpers.launch import accelerate
 from tests.helpers.multiproc_probe import weights_file
+from tests.helpers.runs import metrics
 from tests.multiprocess.test_multiprocess import (
     check_equals_single_process,
     check_groups_stay_on_their_rank,
-    deepspeed_fp32_config,
     launch,
-    metrics,
     needs_deepspeed,
     resume,
     weights,
@@ -82,18 +82,25 @@ def check_resume_step_2(prefix: list[str], tmp: Path, run: Path, records: Path) 
     return again
 
 
+def run_zero3(tmp_path: Path, tiny_folder: Path, monkeypatch, *extra: str) -> tuple[list[str], Path, Path]:
+    """Two ZeRO-3 processes train (rank 1 decoding more): groups stay on their rank, the shared judge
+    runs, and the run equals one process. Returns the launcher prefix, the run and its records."""
+    prefix = accelerate(launch_config(tmp_path, 3, fp32=True), 2)
+    run, records = tmp_path / "run", tmp_path / "records"
+    launch(prefix, tiny_folder, run, records, *extra, env=UNEVEN_DECODE)
+    check_groups_stay_on_their_rank(records)
+    check_judge_ran(run)
+    check_equals_single_process(tmp_path, tiny_folder, run, records, monkeypatch, *extra)
+    return prefix, run, records
+
+
 @needs_deepspeed
 @pytest.mark.slow
 def test_zero3_lora_equals_one_process_saves_the_adapter_and_resumes(
     tmp_path: Path, tiny_folder: Path, monkeypatch
 ) -> None:
-    prefix = accelerate(deepspeed_fp32_config(tmp_path, stage=3), 2)
-    run, records = tmp_path / "run", tmp_path / "records"
-    extra = ["model.lora.enabled=true", "model.lora.r=4", *SHARED_JUDGE]
-    launch(prefix, tiny_folder, run, records, *extra, env=UNEVEN_DECODE)
-    check_groups_stay_on_their_rank(records)
-    check_judge_ran(run)
-    check_equals_single_process(tmp_path, tiny_folder, run, records, monkeypatch, *extra)
+    lora = ["model.lora.enabled=true", "model.lora.r=4"]
+    prefix, run, records = run_zero3(tmp_path, tiny_folder, monkeypatch, *lora, *SHARED_JUDGE)
     # the checkpoint: the adapter (PEFT folder) and DeepSpeed's shards of the adapter, no base weights
     step1 = run / "checkpoints" / "step-1"
     assert (step1 / "model" / "adapter_model.safetensors").is_file()
@@ -112,12 +119,7 @@ def test_zero3_lora_equals_one_process_saves_the_adapter_and_resumes(
 def test_zero3_full_fine_tuning_equals_one_process_saves_shards_and_resumes(
     tmp_path: Path, tiny_folder: Path, monkeypatch
 ) -> None:
-    prefix = accelerate(deepspeed_fp32_config(tmp_path, stage=3), 2)
-    run, records = tmp_path / "run", tmp_path / "records"
-    launch(prefix, tiny_folder, run, records, *SHARED_JUDGE, env=UNEVEN_DECODE)
-    check_groups_stay_on_their_rank(records)
-    check_judge_ran(run)
-    check_equals_single_process(tmp_path, tiny_folder, run, records, monkeypatch, *SHARED_JUDGE)
+    prefix, run, records = run_zero3(tmp_path, tiny_folder, monkeypatch, *SHARED_JUDGE)
     # the checkpoint: DeepSpeed's shards only (no gathered 16-bit copy of the model); under ZeRO-3 the
     # model-states file holds placeholders, the weights live in each rank's optimizer-state shard
     step1 = run / "checkpoints" / "step-1"

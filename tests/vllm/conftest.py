@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.launch import stop
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for the CPU build (default 4)
 
@@ -113,12 +115,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     stop_all()
     proc = _Server.process
     if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 30)
 
 
 @pytest.fixture(scope="session")

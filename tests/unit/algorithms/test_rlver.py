@@ -7,7 +7,6 @@ through the trainer (value head checkpointed and restored) and the CLI on the em
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -24,8 +23,7 @@ from rapo_echo.rewards import RewardSet, build_reward
 from rapo_echo.training.run_config import load_config
 from rapo_echo.types import Generation, SamplingParams, Scenario
 from tests.helpers.answers import sage_analysis
-
-QUIET = ["logging.progress=false", "logging.tensorboard=false"]
+from tests.helpers.runs import QUIET, metrics, run_config, set_flags
 
 
 class TokenScript:
@@ -93,16 +91,6 @@ def policy(request) -> Policy:
 
     folder = request.getfixturevalue("tiny_module_folder")
     return Policy(ModelConfig(name=str(folder)), RolloutConfig(), need_reference=False, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def tiny_module_folder(tmp_path_factory, smol_tokenizer) -> Path:
-    from tests.conftest import make_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny") / "tiny"
-    make_tiny_model(smol_tokenizer).save_pretrained(out)
-    smol_tokenizer.save_pretrained(out)
-    return out
 
 
 def make_algo(policy: Policy, sim: ScriptedEngine, *sets: str, rewards=None) -> RLVER:
@@ -364,9 +352,9 @@ SIM_SCRIPT = (
 
 
 def rlver_cfg(model: Path, out: Path, *extra: str):
-    sets = [
-        f"model.name={model}",
-        f"output={out}",
+    return run_config(
+        model,
+        out,
         "simulator.engine=scripted",
         f"simulator.script={SIM_SCRIPT}",
         "data.limit=2",
@@ -375,10 +363,19 @@ def rlver_cfg(model: Path, out: Path, *extra: str):
         "rollout.max_new_tokens=6",
         "rlver.simulator.max_turns=2",
         "train.lr=1e-3",
-        *QUIET,
         *extra,
-    ]
-    return load_config(algo="rlver", overrides=sets)
+        algo="rlver",
+    )
+
+
+def train_rlver_cli(model: str, run: Path, steps: int, *sets: str) -> int:
+    """``rapo-echo train --algo rlver``, scripted simulator: one prompt, two replies, two turns, LoRA."""
+    from rapo_echo.cli import main
+
+    args = ["train", "--algo", "rlver", "--model", model, "--output", str(run), "--max-steps", str(steps)]
+    scripted = ["simulator.engine=scripted", f"simulator.script={SIM_SCRIPT}", "rlver.simulator.max_turns=2"]
+    small = ["rollout.batch_size=1", "rollout.group_size=2", "model.lora.enabled=true", *QUIET]
+    return main(args + set_flags(*scripted, *small, *sets))
 
 
 def test_ppo_trains_and_its_value_head_is_checkpointed_and_restored(tmp_path, tiny_folder):
@@ -389,7 +386,7 @@ def test_ppo_trains_and_its_value_head_is_checkpointed_and_restored(tmp_path, ti
     run = tmp_path / "run"
     t = Run(rlver_cfg(tiny_folder, run, "rlver.estimator=ppo", "train.max_steps=1"))
     t.train()
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run)
     assert rows[0]["loss/value"] > 0 and rows[0]["items"] == 4 and rows[0]["emotion/final"] == 50.0
     saved = load_file(str(run / "checkpoints" / "step-1" / "model" / "value_head.safetensors"))
     trained = t.policy.scorer.value_head.state_dict()
@@ -407,23 +404,11 @@ def test_ppo_trains_and_its_value_head_is_checkpointed_and_restored(tmp_path, ti
 @pytest.mark.integration
 @pytest.mark.parametrize("estimator", ["grpo", "ppo"])
 def test_cli_trains_rlver_on_the_embedded_model(tmp_path, smol_path, estimator):
-    from rapo_echo.cli import main
-
     run = tmp_path / estimator
-    args = ["train", "--algo", "rlver", "--model", smol_path, "--output", str(run), "--max-steps", "1"]
-    sets = [
-        "simulator.engine=scripted",
-        f"simulator.script={SIM_SCRIPT}",
-        "rollout.batch_size=1",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=12",
-        "rlver.simulator.max_turns=2",
-        f"rlver.estimator={estimator}",
-        "model.lora.enabled=true",
-        *QUIET,
-    ]
-    assert main(args + [x for s in sets for x in ("--set", s)]) == 0
-    [row] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert (
+        train_rlver_cli(smol_path, run, 1, "rollout.max_new_tokens=12", f"rlver.estimator={estimator}") == 0
+    )
+    [row] = metrics(run)
     assert row["emotion/final"] == 50.0 and row["rlver/turns"] == 2 and row["invalid"] == 0
     assert row["updates"] == 1 and (run / "final" / "config.json").is_file()
     if estimator == "ppo":
@@ -497,7 +482,7 @@ def test_per_turn_rewards_train_two_steps(tmp_path, tiny_folder):
 
     run = tmp_path / "run"
     Run(rlver_cfg(tiny_folder, run, "rlver.reward=per_turn", "train.max_steps=2")).train()
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2] and all(r["items"] == 4 and r["updates"] == 1 for r in rows)
     assert all(math.isfinite(r["loss/total"]) for r in rows)
 
@@ -505,23 +490,9 @@ def test_per_turn_rewards_train_two_steps(tmp_path, tiny_folder):
 @pytest.mark.integration
 def test_cli_trains_per_turn_rewards_on_the_embedded_model(tmp_path, smol_path):
     """``rlver.reward: per_turn`` trains 2 steps of the embedded model (LoRA, few tokens)."""
-    from rapo_echo.cli import main
-
     run = tmp_path / "per_turn"
-    args = ["train", "--algo", "rlver", "--model", smol_path, "--output", str(run), "--max-steps", "2"]
-    sets = [
-        "simulator.engine=scripted",
-        f"simulator.script={SIM_SCRIPT}",
-        "rollout.batch_size=1",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=8",
-        "rlver.simulator.max_turns=2",
-        "rlver.reward=per_turn",
-        "model.lora.enabled=true",
-        *QUIET,
-    ]
-    assert main(args + [x for s in sets for x in ("--set", s)]) == 0
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert train_rlver_cli(smol_path, run, 2, "rollout.max_new_tokens=8", "rlver.reward=per_turn") == 0
+    rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2] and all(
         r["rlver/turns"] == 2 and r["updates"] == 1 for r in rows
     )

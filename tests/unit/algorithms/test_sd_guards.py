@@ -5,8 +5,6 @@ run with every guard on logs their metrics."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -15,6 +13,7 @@ from rapo_echo.algorithms.rapo import RAPO, SD
 from rapo_echo.algorithms.sd_guards import SD_REF_LOGP, BeatTracker, failed, guard_tokens
 from rapo_echo.policy import TokenScores
 from rapo_echo.training.run_config import load_config
+from tests.helpers.runs import metrics, run_config
 from tests.unit.algorithms.test_rapo import CORRECTION, SCENARIOS, make_rapo, micro, tag_of
 
 
@@ -100,26 +99,22 @@ def test_a_run_with_every_guard_on_logs_them(tmp_path, tiny_folder) -> None:
     from rapo_echo.training.run import Run
 
     run = tmp_path / "run"
-    cfg = load_config(
+    cfg = run_config(
+        tiny_folder,
+        run,
+        "rollout.batch_size=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=6",
+        "rapo.simulator.name=hidden_preference",
+        "rapo.judge.kind=reactions",
+        "rapo.sd.select=all_but_best",
+        "rapo.sd.ref_kl=0.1",
+        "rapo.sd.max_ref_logratio=2.0",
+        "rapo.sd.min_beat=0.3",
+        "train.max_steps=2",
         algo="rapo",
-        overrides=[
-            f"model.name={tiny_folder}",
-            f"output={run}",
-            "rollout.batch_size=2",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=6",
-            "rapo.simulator.name=hidden_preference",
-            "rapo.judge.kind=reactions",
-            "rapo.sd.select=all_but_best",
-            "rapo.sd.ref_kl=0.1",
-            "rapo.sd.max_ref_logratio=2.0",
-            "rapo.sd.min_beat=0.3",
-            "train.max_steps=2",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-        ],
     )
     Run(cfg).train()
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     assert all("sd/coef" in r and "kl" in r for r in rows)  # the reference is kept: the KL is logged too

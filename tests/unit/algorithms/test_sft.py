@@ -4,7 +4,6 @@ reference."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from rapo_echo.errors import DataError
 from rapo_echo.policy import Policy
 from rapo_echo.rewards import RewardSet
 from rapo_echo.training.run_config import load_config
+from tests.helpers.data_files import write_jsonl
 
 ROWS = [
     {"messages": [{"role": "user", "content": "I failed my exam."}], "reference": "That sounds hard."},
@@ -32,13 +32,8 @@ ROWS = [
 ]
 
 
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def make_sft(tmp_path: Path, tiny_folder: Path, rows: list[dict] = ROWS, *sets: str) -> SFT:
-    data = write_rows(tmp_path / "sft.jsonl", rows)
+    data = write_jsonl(tmp_path / "sft.jsonl", rows)
     cfg = load_config(algo="sft", overrides=[f"model.name={tiny_folder}", f"data.path={data}", *sets])
     policy = Policy(cfg.model, cfg.rollout, need_reference=False, device="cpu")
     return SFT(cfg, AlgoContext(policy, RewardSet([])))

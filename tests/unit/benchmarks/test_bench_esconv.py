@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from pathlib import Path
 
 import pytest
 
@@ -34,6 +33,7 @@ from rapo_echo.llm.fencing import Fence
 from rapo_echo.llm.labels import judge_labels
 from rapo_echo.types import SamplingParams
 from tests.conftest import shared_data
+from tests.helpers.data_files import write_jsonl
 
 CONV = {
     "emotion_type": "anxiety",
@@ -48,11 +48,6 @@ CONV = {
         {"speaker": "sys", "text": "What happened?"},
     ],
 }
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 # ---------------------------------------------------------------------- reading ESConv files

@@ -27,6 +27,7 @@ from rapo_echo.benchmarks.runner import get_benchmark, run_eval
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import DataError
 from tests.helpers.answers import SOTOPIA_SCORES, sotopia_rules
+from tests.helpers.data_files import esconv_file
 
 SCORES = SOTOPIA_SCORES
 LOW = {
@@ -38,24 +39,6 @@ LOW = {
     "financial_and_material_benefits": 0,
     "goal": 1,
 }
-
-
-def esconv_file(tmp_path: Path) -> str:
-    rows = [
-        {
-            "emotion_type": "sadness",
-            "problem_type": "job crisis",
-            "situation": f"situation {i}",
-            "dialog": [
-                {"speaker": "usr", "text": f"I feel low {i}."},
-                {"speaker": "sys", "text": "I am sorry."},
-            ],
-        }
-        for i in range(3)
-    ]
-    path = tmp_path / "esc.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 @pytest.fixture
@@ -186,6 +169,14 @@ def test_same_policy_twice_on_one_benchmark_gets_folder_names(results, tmp_path)
     assert [e.label for e in evals] == ["policy-a [policy-a-ref]", "policy-a [again]"]
 
 
+def headless(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium in a 1280 x 2000 window, with its own profile folder and no background traffic."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--window-size=1280,2000"]
+    flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    cmd = [chromium, *flags, f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
 def test_report_renders_in_headless_chromium(results, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chromium is None:
@@ -194,21 +185,7 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
         pytest.skip("headless Chromium is not installed (apt-get install chromium)")
     html_path, _ = build_report([results], tmp_path / "rep")
     shot = tmp_path / "report.png"
-    cmd = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chrome'}",
-        f"--screenshot={shot}",
-        "--window-size=1280,2000",
-        html_path.resolve().as_uri(),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = headless(chromium, tmp_path / "chrome", f"--screenshot={shot}", html_path.resolve().as_uri())
     assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -266,18 +243,7 @@ def measure_layout(chromium: str, html_path: Path, tmp_path: Path) -> dict:
     the widths into its title, read back from the DOM Chromium dumps."""
     probe = tmp_path / "probe.html"
     probe.write_text(html_path.read_text().replace("</body>", MEASURE + "</body>"))
-    cmd = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'chrome-dom'}",
-        "--window-size=1280,2000",
-        "--dump-dom",
-        probe.resolve().as_uri(),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = headless(chromium, tmp_path / "chrome-dom", "--dump-dom", probe.resolve().as_uri())
     assert proc.returncode == 0, proc.stderr[-2000:]
     title = re.search(r"<title>(.*?)</title>", proc.stdout, flags=re.S)
     assert title is not None, proc.stdout[:500]

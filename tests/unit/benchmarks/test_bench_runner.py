@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,25 +15,7 @@ from rapo_echo.benchmarks.runner import get_benchmark, run_eval
 from rapo_echo.engines.scripted import ScriptedEngine, prompt_text
 from rapo_echo.errors import ConfigError, DataError
 from tests.helpers.answers import SOTOPIA_SCORES, sotopia_rules
-
-
-def esconv_file(tmp_path: Path, n: int = 5) -> str:
-    rows = []
-    for i in range(n):
-        rows.append(
-            {
-                "emotion_type": "sadness",
-                "problem_type": "job crisis",
-                "situation": f"situation number {i}",
-                "dialog": [
-                    {"speaker": "usr", "text": f"I feel low {i}."},
-                    {"speaker": "sys", "text": "I am sorry."},
-                ],
-            }
-        )
-    path = tmp_path / "esc.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+from tests.helpers.data_files import esconv_file
 
 
 class Crash(Exception):
@@ -55,7 +36,7 @@ def crashing_engine(after: int, reply: str = "I hear you.") -> ScriptedEngine:
 
 
 def test_resume_after_a_crash_runs_only_the_missing_cases(tmp_path):
-    data, out = esconv_file(tmp_path), tmp_path / "out"
+    data, out = esconv_file(tmp_path, n=5), tmp_path / "out"
     bench = get_benchmark("esconv-ref")
     settings = EvalSettings(batch_size=2)
     with pytest.raises(Crash):  # batches of 2: the first two batches (4 cases) finish, the third dies
@@ -137,25 +118,12 @@ def test_resume_refuses_different_settings_but_not_a_different_batch_size(tmp_pa
 
 
 def test_limit_and_bad_limit(tmp_path):
-    data = esconv_file(tmp_path)
-    summary = run_eval(
-        get_benchmark("esconv-ref"),
-        Roles(ScriptedEngine()),
-        EvalSettings(),
-        tmp_path / "o",
-        data=data,
-        limit=2,
-    )
+    esconv = get_benchmark("esconv-ref")
+    data = esconv_file(tmp_path, n=5)
+    summary = run_eval(esconv, Roles(ScriptedEngine()), EvalSettings(), tmp_path / "o", data=data, limit=2)
     assert summary["n_cases"] == 2
     with pytest.raises(ConfigError, match="--limit must be >= 1"):
-        run_eval(
-            get_benchmark("esconv-ref"),
-            Roles(ScriptedEngine()),
-            EvalSettings(),
-            tmp_path / "p",
-            data=data,
-            limit=0,
-        )
+        run_eval(esconv, Roles(ScriptedEngine()), EvalSettings(), tmp_path / "p", data=data, limit=0)
     with pytest.raises(ConfigError, match="unknown benchmark 'nope'"):
         get_benchmark("nope")
 
@@ -205,27 +173,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def eval_argv(bench: str, policy: str, out, *more: str) -> list[str]:
+    return ["eval", "--benchmark", bench, "--policy", policy, "--output", str(out), *more]
+
+
 def test_eval_cli_runs_each_benchmark_and_shares_engines(tmp_path, fake_engines, capsys):
     data = esconv_file(tmp_path, n=3)
-    args = parse(
-        [
-            "eval",
-            "--benchmark",
-            "esconv",
-            "--policy",
-            "my-model",
-            "--data",
-            data,
-            "--judge",
-            "policy",
-            "--limit",
-            "2",
-            "--output",
-            str(tmp_path / "e"),
-            "--max-turns",
-            "3",
-        ]
-    )
+    flags = ["--judge", "policy", "--limit", "2", "--max-turns", "3"]
+    args = parse(eval_argv("esconv", "my-model", tmp_path / "e", "--data", data, *flags))
     assert args.func(args) == 0
     # policy and judge share one engine; the simulator ("default") is loaded once
     assert {k: len(v) for k, v in fake_engines.items()} == {"my-model": 1, "default": 1}
@@ -233,43 +188,17 @@ def test_eval_cli_runs_each_benchmark_and_shares_engines(tmp_path, fake_engines,
     assert summary["n_cases"] == 2 and summary["metrics"]["success_rate"] == 1.0
     assert summary["models"] == {"policy": "my-model", "simulator": "default", "judge": "policy"}
     assert "summary.json" in capsys.readouterr().out
-    args = parse(
-        [
-            "eval",
-            "--benchmark",
-            "sotopia",
-            "--policy",
-            "default",
-            "--limit",
-            "2",
-            "--max-turns",
-            "2",
-            "--output",
-            str(tmp_path / "s"),
-        ]
-    )
+    args = parse(eval_argv("sotopia", "default", tmp_path / "s", "--limit", "2", "--max-turns", "2"))
     assert args.func(args) == 0
     assert json.loads((tmp_path / "s" / "summary.json").read_text())["metrics"]["goal"] == 7.0
-    args = parse(
-        [
-            "eval",
-            "--benchmark",
-            "esconv-ref",
-            "--policy",
-            "x",
-            "--data",
-            data,
-            "--output",
-            str(tmp_path / "r"),
-        ]
-    )
+    args = parse(eval_argv("esconv-ref", "x", tmp_path / "r", "--data", data))
     assert args.func(args) == 0 and json.loads((tmp_path / "r" / "summary.json").read_text())["n_cases"] == 3
 
 
 def test_esconv_without_data_runs_on_the_bundled_set(tmp_path, fake_engines, caplog):
     for bench in ("esconv", "esconv-ref"):
         out = tmp_path / bench
-        args = parse(["eval", "--benchmark", bench, "--policy", "p", "--limit", "1", "--output", str(out)])
+        args = parse(eval_argv(bench, "p", out, "--limit", "1"))
         assert args.func(args) == 0
         config = json.loads((out / "config.json").read_text())
         assert config["data"] == "bundled:esconv_style_en.json"
@@ -277,36 +206,11 @@ def test_esconv_without_data_runs_on_the_bundled_set(tmp_path, fake_engines, cap
 
 
 def test_eval_cli_errors_before_loading_models(tmp_path, fake_engines):
-    args = parse(
-        [
-            "eval",
-            "--benchmark",
-            "esconv-ref",
-            "--policy",
-            "p",
-            "--data",
-            str(tmp_path / "none.jsonl"),
-            "--output",
-            str(tmp_path / "x"),
-        ]
-    )
+    args = parse(eval_argv("esconv-ref", "p", tmp_path / "x", "--data", str(tmp_path / "none.jsonl")))
     with pytest.raises(DataError, match="not found"):
         args.func(args)
-    args = parse(
-        [
-            "eval",
-            "--benchmark",
-            "esconv-ref",
-            "--policy",
-            "p",
-            "--data",
-            esconv_file(tmp_path),
-            "--batch-size",
-            "0",
-            "--output",
-            str(tmp_path / "x"),
-        ]
-    )
+    data = esconv_file(tmp_path, n=5)
+    args = parse(eval_argv("esconv-ref", "p", tmp_path / "x", "--data", data, "--batch-size", "0"))
     with pytest.raises(ConfigError, match="flag --batch-size: batch_size: got 0; Input should be greater"):
         args.func(args)
     assert fake_engines == {}
@@ -315,23 +219,7 @@ def test_eval_cli_errors_before_loading_models(tmp_path, fake_engines):
 def test_top_level_cli_has_eval_and_report(tmp_path, fake_engines):
     from rapo_echo.cli import main
 
-    data = esconv_file(tmp_path, n=2)
-    assert (
-        main(
-            [
-                "eval",
-                "--benchmark",
-                "esconv-ref",
-                "--policy",
-                "p",
-                "--data",
-                data,
-                "--output",
-                str(tmp_path / "r"),
-            ]
-        )
-        == 0
-    )
+    assert main(eval_argv("esconv-ref", "p", tmp_path / "r", "--data", esconv_file(tmp_path, n=2))) == 0
     assert main(["report", str(tmp_path / "r"), "--output", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.html").is_file() and (tmp_path / "rep" / "report.md").is_file()
     assert main(["eval", "--benchmark", "fidelity", "--output", str(tmp_path / "x")]) == 2  # needs --data

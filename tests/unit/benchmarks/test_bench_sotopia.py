@@ -395,20 +395,19 @@ def test_evaluator_prompt_is_omniscient_and_asks_for_reasoning_then_a_score_in_r
 
 
 # SOTOPIA's seven dimensions and their ranges, by hand (sotopia's SotopiaDimensions)
-RANGES = {
-    "believability": (0, 10),
-    "relationship": (-5, 5),
-    "knowledge": (0, 10),
-    "secret": (-10, 0),
-    "social_rules": (-10, 0),
-    "financial_and_material_benefits": (-5, 5),
-    "goal": (0, 10),
-}
-
-
-@pytest.mark.parametrize("dimension", list(RANGES))
-def test_each_dimension_declares_reasoning_then_a_score_in_its_range(dimension):
-    lo, hi = RANGES[dimension]
+@pytest.mark.parametrize(
+    ("dimension", "lo", "hi"),
+    [
+        ("believability", 0, 10),
+        ("relationship", -5, 5),
+        ("knowledge", 0, 10),
+        ("secret", -10, 0),
+        ("social_rules", -10, 0),
+        ("financial_and_material_benefits", -5, 5),
+        ("goal", 0, 10),
+    ],
+)
+def test_each_dimension_declares_reasoning_then_a_score_in_its_range(dimension, lo, hi):
     assert DIMENSIONS[dimension] == (lo, hi)
     fmt = dimension_format(dimension)
     assert list(fmt.schema["properties"]) == ["reasoning", "score"]  # written in this order

@@ -53,12 +53,17 @@ def test_kendall_tau_b_with_ties_worked_by_hand():
     assert kendall_tau_b([1, 2, 3], [2, 3, 1]) == pytest.approx(-1 / 3)
 
 
+def tied_samples(seed: int, count: int, longest: int, tie: float):
+    """``count`` random pairs of series of 2 to ``longest`` points: x on a 1-5 scale, y often ``tie``."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        n = rng.randint(2, longest)
+        yield [rng.randint(1, 5) for _ in range(n)], [rng.choice([rng.random(), tie]) for _ in range(n)]
+
+
 def test_kendall_tau_b_level_counting_matches_all_pairs():
-    rng = random.Random(3)
-    for _ in range(100):
-        n = rng.randint(2, 25)
-        x = [rng.randint(1, 5) for _ in range(n)]
-        y = [rng.choice([rng.random(), 0.5]) for _ in range(n)]
+    for x, y in tied_samples(3, 100, 25, 0.5):
+        n = len(x)
         c = d = tx = ty = 0
         for i in range(n):
             for j in range(i + 1, n):
@@ -150,11 +155,7 @@ def test_baselines_are_reproducible_and_as_defined():
 def test_spearman_is_pearson_of_the_average_ranks():
     from rapo_echo.benchmarks.fidelity.stats import pearson
 
-    rng = random.Random(5)
-    for _ in range(50):
-        n = rng.randint(2, 40)
-        x = [rng.randint(1, 5) for _ in range(n)]
-        y = [rng.choice([rng.random(), 0.25]) for _ in range(n)]
+    for x, y in tied_samples(5, 50, 40, 0.25):
         expected = pearson(ascending_ranks(x), ascending_ranks(y))
         assert (spearman(x, y) is None) == (expected is None)
         if expected is not None:

@@ -30,11 +30,7 @@ from rapo_echo.data import (
 from rapo_echo.errors import DataError
 from rapo_echo.types import Scenario
 from tests.conftest import shared_data
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
+from tests.helpers.data_files import refuses, write_jsonl
 
 
 def sk(text: str, feedback: str | None = None) -> dict:
@@ -305,16 +301,17 @@ def test_scenarios_from_config():
 
 def test_broken_jsonl_line_is_named(tmp_path):
     path = tmp_path / "data.jsonl"
-    path.write_text('{"opening": "a"}\n{"opening": "b"}\n{"opening": "c"\n{"opening": "d"}\n')
-    with pytest.raises(DataError, match=rf"^{path}:3: invalid JSON"):
-        load_scenarios(path)
+    refuses(
+        load_scenarios,
+        path,
+        '{"opening": "a"}\n{"opening": "b"}\n{"opening": "c"\n{"opening": "d"}\n',
+        rf"^{path}:3: invalid JSON",
+    )
 
 
 def test_broken_first_line_of_jsonl(tmp_path):
     path = tmp_path / "data.jsonl"
-    path.write_text('{"opening": "a",\n{"opening": "b"}\n')
-    with pytest.raises(DataError, match=rf"^{path}:1: invalid JSON"):
-        load_scenarios(path)
+    refuses(load_scenarios, path, '{"opening": "a",\n{"opening": "b"}\n', rf"^{path}:1: invalid JSON")
 
 
 def test_json_list_errors_and_element_lines(tmp_path):
@@ -323,12 +320,13 @@ def test_json_list_errors_and_element_lines(tmp_path):
     message = r"refrence: unknown key; did you mean 'reference'\? \(keys read: id, "
     with pytest.raises(DataError, match=rf"^{path}:3 \(list index 1\): {message}"):
         load_scenarios(path)
-    path.write_text('[\n  {"opening": "a"},\n  {"opening": "b"\n  {"opening": "c"}\n]\n')
-    with pytest.raises(DataError, match=rf"^{path}:4: invalid JSON: Expecting ',' delimiter"):
-        load_scenarios(path)
-    path.write_text('[{"opening": "a"}] x')
-    with pytest.raises(DataError, match="extra data after the closing"):
-        load_scenarios(path)
+    refuses(
+        load_scenarios,
+        path,
+        '[\n  {"opening": "a"},\n  {"opening": "b"\n  {"opening": "c"}\n]\n',
+        rf"^{path}:4: invalid JSON: Expecting ',' delimiter",
+    )
+    refuses(load_scenarios, path, '[{"opening": "a"}] x', "extra data after the closing")
 
 
 @pytest.mark.parametrize(
@@ -415,9 +413,7 @@ def test_file_level_errors(tmp_path):
     with pytest.raises(DataError, match="is a folder"):
         load_scenarios(tmp_path)
     empty = tmp_path / "empty.jsonl"
-    empty.write_text("\n  \n")
-    with pytest.raises(DataError, match=rf"{empty}: the file is empty"):
-        load_scenarios(empty)
+    refuses(load_scenarios, empty, "\n  \n", rf"{empty}: the file is empty")
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(DataError, match="holds an empty list"):
         load_scenarios(tmp_path / "list.json")

@@ -11,7 +11,8 @@ from rapo_echo.engines.base import format_enforcement
 from rapo_echo.engines.constrained import GrammarCache, TokenConstraint, unpack_bitmask
 from rapo_echo.engines.hf import HFEngine, sample_next
 from rapo_echo.engines.shared import FrozenBaseEngine
-from rapo_echo.structured import AnswerFormat
+from rapo_echo.models import tiny_config
+from rapo_echo.structured import AnswerFormat, object_schema
 from rapo_echo.types import SamplingParams, msg
 from tests.conftest import make_tiny_model
 
@@ -19,15 +20,9 @@ PROMPTS = [
     [msg("user", "Rate the reply from 0 to 10 and say why.")],
     [msg("system", "Answer briefly."), msg("user", "Which reply is kinder, A or B?")],
 ]
-JSON_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "score": {"type": "integer", "minimum": 0, "maximum": 10},
-        "why": {"type": "string", "maxLength": 40},
-    },
-    "required": ["score", "why"],
-    "additionalProperties": False,
-}
+JSON_SCHEMA = object_schema(
+    {"score": {"type": "integer", "minimum": 0, "maximum": 10}, "why": {"type": "string", "maxLength": 40}}
+)
 FORMATS = {
     "json": AnswerFormat.json_schema(JSON_SCHEMA),
     "choice": AnswerFormat.choice(["A", "B", "tie"]),
@@ -256,19 +251,11 @@ def test_prefix_continuation_and_stream(tiny_model, smol_tokenizer) -> None:
 def test_padding_rows_of_a_wider_output_layer_never_drawn(smol_tokenizer) -> None:
     """A model whose logits are wider than the tokenizer (padded output rows) stays in the format and
     never draws a padding id, even one at the top of the distribution."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     real = len(smol_tokenizer)
-    config = LlamaConfig(
-        vocab_size=real + 64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-    )
+    config = tiny_config(smol_tokenizer, layers=1, vocab_size=real + 64, tie_word_embeddings=False)
     engine = engine_for(LlamaForCausalLM(config).eval(), smol_tokenizer)
     fmt = FORMATS["integer"]
     gens = engine.generate(PROMPTS, SamplingParams(max_new_tokens=3, n=3, seed=0, answer_format=fmt))

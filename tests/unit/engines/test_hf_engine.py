@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rapo_echo.engines.hf import HFEngine, sample_next
+from rapo_echo.models import tiny_config
 from rapo_echo.types import SamplingParams, msg
 from tests.conftest import make_tiny_model
 
@@ -326,15 +327,7 @@ def test_old_transformers_falls_back_to_the_dynamic_loop(
 def test_sliding_window_models_keep_the_dynamic_loop(smol_tokenizer) -> None:
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(
-        vocab_size=len(smol_tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        sliding_window=4,
-    )
+    config = tiny_config(smol_tokenizer, layers=1, hidden=32, config_class=MistralConfig, sliding_window=4)
     engine = HFEngine(MistralForCausalLM(config).eval(), smol_tokenizer, decode_loop="compiled")
     assert engine.decode_mode == "dynamic"
     assert engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=3, temperature=0))[0][0].token_ids

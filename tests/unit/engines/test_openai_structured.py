@@ -20,7 +20,7 @@ from rapo_echo.engines.openai_engine import (
 )
 from rapo_echo.errors import ConfigError, EngineError
 from rapo_echo.llm.answers import generate_parsed
-from rapo_echo.structured import AnswerFormat
+from rapo_echo.structured import AnswerFormat, object_schema
 from rapo_echo.types import SamplingParams
 from tests.helpers.fake_openai import FakeAPI, Reply, StructuredAPI
 
@@ -30,15 +30,12 @@ VERDICT = AnswerFormat.choice(["A", "B", "tie"], name="verdict")
 RATING = AnswerFormat.integer(1, 7, name="rating")
 STEP = AnswerFormat.regex(r"(calm|upset)", name="emotion step")
 ANALYSIS = AnswerFormat.json_schema(
-    {
-        "type": "object",
-        "properties": {
+    object_schema(
+        {
             "reason": {"type": "string", "maxLength": 200},
             "score": {"type": "integer", "minimum": 0, "maximum": 10},
-        },
-        "required": ["reason", "score"],
-        "additionalProperties": False,
-    },
+        }
+    ),
     name="sotopia analysis",
 )
 SCORES = AnswerFormat.json_schema(

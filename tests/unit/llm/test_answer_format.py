@@ -10,15 +10,8 @@ from rapo_echo.llm.answers import generate_parsed
 from rapo_echo.structured import AnswerFormat, json_object_text, object_schema, validate_json
 from rapo_echo.types import SamplingParams, msg
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "reasoning": {"type": "string", "maxLength": 20},
-        "score": {"type": "integer", "minimum": 0, "maximum": 10},
-    },
-    "required": ["reasoning", "score"],
-    "additionalProperties": False,
-}
+SCORE = {"type": "integer", "minimum": 0, "maximum": 10}
+SCHEMA = object_schema({"reasoning": {"type": "string", "maxLength": 20}, "score": SCORE})
 
 
 def test_validate_json_by_hand() -> None:

@@ -15,6 +15,7 @@ from rapo_echo.llm.fencing import Fence
 from rapo_echo.prompting import PERSONA_KEY, PERSONA_NOTE, policy_conversation
 from rapo_echo.rewards.persona import PersonaInference, PersonaSummary
 from rapo_echo.types import Scenario, msg
+from tests.helpers.runs import SMALL, run_config
 
 RULES = [
     (r"assistant: Traits:$", " proud, guarded, tired of advice"),
@@ -100,25 +101,18 @@ def test_from_config_needs_the_role_engine() -> None:
 
 def test_trainer_infers_once_per_step_for_the_whole_batch(tmp_path, tiny_folder) -> None:
     from rapo_echo.training.run import Run
-    from rapo_echo.training.run_config import load_config
 
     rules = "[" + ", ".join(f"['{p}', '{r}']" for p, r in RULES) + "]"
-    cfg = load_config(
-        overrides=[
-            f"model.name={tiny_folder}",
-            f"output={tmp_path / 'run'}",
-            "data.limit=2",
-            "rollout.batch_size=2",
-            "rollout.group_size=3",
-            "rollout.max_new_tokens=4",
-            "rewards=[{name: length, args: {target: 3}}]",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-            "persona.enabled=true",
-            "simulator.engine=scripted",
-            f"simulator.script={{rules: {rules}}}",
-            "train.max_steps=2",
-        ]
+    cfg = run_config(
+        tiny_folder,
+        tmp_path / "run",
+        "data.limit=2",
+        *SMALL,
+        "rollout.group_size=3",
+        "persona.enabled=true",
+        "simulator.engine=scripted",
+        f"simulator.script={{rules: {rules}}}",
+        "train.max_steps=2",
     )
     trainer = Run(cfg)
     trainer.train()

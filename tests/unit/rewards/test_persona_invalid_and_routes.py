@@ -16,6 +16,7 @@ from rapo_echo.rewards import RewardContext, RewardSet
 from rapo_echo.rewards.echo_n1 import EchoN1Reward, scenario_domain
 from rapo_echo.rewards.persona import PersonaInference
 from rapo_echo.types import Sample, Scenario, msg
+from tests.helpers.runs import SMALL, metrics, run_config
 from tests.unit.rewards.test_echo_n1_rewards import NEED_RULES, comparer
 from tests.unit.rewards.test_persona import RULES
 
@@ -29,29 +30,22 @@ def test_persona_step_metrics_count_this_steps_failures() -> None:
 
 def test_trainer_logs_persona_invalid_every_step(tmp_path, tiny_folder) -> None:
     from rapo_echo.training.run import Run
-    from rapo_echo.training.run_config import load_config
 
     rules = "[" + ", ".join(f"['{p}', '{r}']" for p, r in RULES[:2]) + "]"
-    cfg = load_config(
-        overrides=[
-            f"model.name={tiny_folder}",
-            f"output={tmp_path / 'run'}",
-            "data.limit=2",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=2",
-            "rewards=[{name: length, args: {target: 3}}]",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-            "persona.enabled=true",
-            "persona.max_retries=0",
-            "simulator.engine=scripted",
-            f"simulator.script={{rules: {rules}, default: ' ...'}}",
-            "train.max_steps=1",
-        ]
+    cfg = run_config(
+        tiny_folder,
+        tmp_path / "run",
+        "data.limit=2",
+        *SMALL,
+        "rollout.max_new_tokens=2",
+        "persona.enabled=true",
+        "persona.max_retries=0",
+        "simulator.engine=scripted",
+        f"simulator.script={{rules: {rules}, default: ' ...'}}",
+        "train.max_steps=1",
     )
     Run(cfg).train()
-    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = metrics(tmp_path / "run")
     step = next(line for line in lines if "persona/invalid" in json.dumps(line))
     flat = step.get("metrics", step)
     assert flat["persona/invalid"] == 2.0 and flat["persona/inferred"] == 2.0

@@ -10,26 +10,18 @@ import pytest
 import torch
 
 from rapo_echo.errors import ConfigError
+from rapo_echo.models import tiny_config
 from rapo_echo.rewards import RewardContext, build_reward
 from rapo_echo.rewards.scalar_rm import ScalarRMReward, normalize_scores
 from rapo_echo.types import Sample, Scenario
 
 
 def tiny_rm(path: Path, tokenizer, num_labels: int = 1) -> Path:
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from transformers import LlamaForSequenceClassification
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_labels=num_labels,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForSequenceClassification(config).save_pretrained(path)
+    model = LlamaForSequenceClassification(tiny_config(tokenizer, hidden=32, num_labels=num_labels))
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -10,16 +10,13 @@ import io
 import json
 import math
 import os
-import re
 import socket
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -34,7 +31,7 @@ from rapo_echo.engines.openai_engine import OpenAIEngine, option_logprob
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError, EngineError, RapoEchoError
 from rapo_echo.types import Conversation, Generation, SamplingParams
-from tests.conftest import make_tiny_model
+from tests.helpers.launch import served_process
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient
@@ -46,17 +43,9 @@ KEY_ENV = "RAPO_ECHO_TEST_SERVE_KEY"
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, smol_tokenizer) -> Path:
-    out = tmp_path_factory.mktemp("serve") / "tiny"
-    make_tiny_model(smol_tokenizer).save_pretrained(out)
-    smol_tokenizer.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def ref(tiny_dir) -> HFEngine:
+def ref(tiny_module_folder) -> HFEngine:
     """The tiny model in-process: the reference the served copy must match."""
-    return HFEngine.from_spec(str(tiny_dir), device="cpu")
+    return HFEngine.from_spec(str(tiny_module_folder), device="cpu")
 
 
 def post(client: TestClient, **body) -> httpx.Response:
@@ -448,39 +437,15 @@ def server_command(args: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_dir, tmp_path_factory) -> Iterator[Served]:
+def served(tiny_module_folder, tmp_path_factory) -> Iterator[Served]:
     """``rapo-echo serve`` on the tiny model, on a free port, with an API key; stopped after the module."""
     key = "test-key-" + uuid.uuid4().hex
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    args = ["serve", "--model", str(tiny_dir), "--port", "0", "--served-name", "tiny", "--device", "cpu"]
-    args += ["--api-key-env", KEY_ENV, "--log-level", "warning"]
+    args = ["serve", "--model", str(tiny_module_folder), "--port", "0", "--served-name", "tiny"]
+    args += ["--device", "cpu", "--api-key-env", KEY_ENV, "--log-level", "warning"]
     env = {**os.environ, KEY_ENV: key, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(server_command(args), stdout=fh, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        url = None
-        while url is None:
-            text = log.read_text()
-            match = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", text)
-            url = match.group(1) if match else None
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited with code {proc.returncode}:\n{text}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not start in 120 s:\n{text}")
-            time.sleep(0.1)
-        while (
-            httpx.get(url.removesuffix("/v1") + "/health", timeout=2).status_code != 200
-        ):  # pragma: no cover
-            time.sleep(0.1)
+    with served_process(server_command(args), log, env) as url:
         yield Served(url, key)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture

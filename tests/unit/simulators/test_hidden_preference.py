@@ -18,22 +18,17 @@ from rapo_echo.rewards import RewardSet
 from rapo_echo.simulators.hidden_preference import (
     DEFAULT_RULES,
     DETAILS_RULE,
+    DETECTORS,
     PARROT_RULE,
     REPEAT_RULE,
     RESTATE_RULE,
     HiddenPreferenceUser,
-    advice_first,
     content_words,
-    meta_talk,
-    open_question,
     own_words,
     parrots,
     picks_up_details,
-    reflects_feeling,
     repeats_earlier,
-    repeats_itself,
     restates,
-    self_talk,
 )
 from rapo_echo.training.run_config import load_config
 from rapo_echo.types import Generation, Scenario, msg
@@ -87,15 +82,7 @@ NEUTRAL = "Do you have anyone to talk to?"  # a yes/no question: nothing fires
     ],
 )
 def test_detectors(reply: str, fired: set[str]) -> None:
-    detectors = {
-        "reflects_feeling": reflects_feeling,
-        "open_question": open_question,
-        "advice_first": advice_first,
-        "self_talk": self_talk,
-        "repeats_itself": repeats_itself,
-        "meta_talk": meta_talk,
-    }
-    assert {name for name, fn in detectors.items() if fn(reply)} == fired
+    assert {name for name, fn in DETECTORS.items() if fn(reply)} == fired
 
 
 def test_content_words_and_picks_up_details_by_hand() -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import pytest
 
 from rapo_echo.simulators.sage import SageSettings, end_reason, preset
-from tests.unit.algorithms.test_rlver import (  # noqa: F401 (policy, tiny_module_folder: the fixtures)
+from tests.unit.algorithms.test_rlver import (  # noqa: F401 (policy: the fixture)
     TokenScript,
     echo_policy,
     make_algo,
     policy,
     scenario,
     simulator,
-    tiny_module_folder,
 )
 
 

@@ -34,6 +34,7 @@ from rapo_echo.simulators.sage import (
 )
 from tests.conftest import shared_data
 from tests.helpers.answers import sage_analysis, sage_reply
+from tests.helpers.data_files import refuses
 
 ROW = {
     "id": "p1",
@@ -181,12 +182,10 @@ def test_rlver_train_profiles_load():
 
 def test_bad_profile_file_names_the_line(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text('{"player": "a", "scene": "b"}\n{"task": "c"}\n')
-    with pytest.raises(DataError, match=r"p.jsonl:2: needs a persona"):
-        load_profiles(path)
-    path.write_text('{"id": "x", "player": "a"}\n{"id": "x", "player": "b"}\n')
-    with pytest.raises(DataError, match="not unique"):
-        load_profiles(path)
+    refuses(
+        load_profiles, path, '{"player": "a", "scene": "b"}\n{"task": "c"}\n', r"p.jsonl:2: needs a persona"
+    )
+    refuses(load_profiles, path, '{"id": "x", "player": "a"}\n{"id": "x", "player": "b"}\n', "not unique")
 
 
 # ---------------------------------------------------------------------------- the batched simulator

@@ -15,6 +15,7 @@ import pytest
 from rapo_echo import alarms
 from rapo_echo.config import MonitorConfig
 from rapo_echo.monitor import ALARMS_FILE, PREFIX, SIGNATURES, RewardHackingMonitor, pull_ratio, spread_key
+from tests.helpers.runs import SMALL, metrics, run_config
 
 
 def test_trend_by_hand() -> None:
@@ -159,28 +160,15 @@ def test_stop_on_alarm_ends_the_run_with_a_checkpoint(
 ) -> None:
     """An alarm that fires at step 2 stops a 4-step run after step 2 with a checkpoint to resume from."""
     from rapo_echo.training.run import Run
-    from rapo_echo.training.run_config import load_config
 
     monkeypatch.setattr(alarms, "sd_dominates", lambda series, **kw: "fired" if len(series) >= 2 else None)
     run = tmp_path / "run"
-    cfg = load_config(
-        overrides=[
-            f"model.name={tiny_folder}",
-            f"output={run}",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=4",
-            "rewards=[{name: length, args: {target: 3}}]",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-            "train.max_steps=4",
-            "train.stop_on_alarm=true",
-            "monitor.reference_kl=true",
-        ]
+    cfg = run_config(
+        tiny_folder, run, *SMALL, "train.max_steps=4", "train.stop_on_alarm=true", "monitor.reference_kl=true"
     )
     run_ = Run(cfg)
     run_.train()
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run)
     assert run_.step == 2 and [r["step"] for r in rows] == [1, 2]
     assert run_.stopped_by == "monitor: alarm sd_dominates" and (run / "checkpoints" / "step-2").is_dir()
     assert json.loads((run / ALARMS_FILE).read_text())["step"] == 2

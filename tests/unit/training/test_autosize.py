@@ -13,16 +13,9 @@ import yaml
 
 import rapo_echo.autosize as autosize
 from rapo_echo.training.run_config import load_config
+from tests.conftest import model_dims
 
-TINY = SimpleNamespace(
-    num_hidden_layers=2,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=1000,
-)
+TINY = SimpleNamespace(**model_dims(hidden=64, layers=2, heads=4, kv_heads=2), head_dim=16, vocab_size=1000)
 # Qwen2.5-7B-Instruct's and Llama-3-70B's config.json values (tests/fixtures/model_shapes/)
 SHAPES = Path(__file__).resolve().parents[2] / "fixtures" / "model_shapes"
 
@@ -55,8 +48,7 @@ def test_parameter_count_matches_transformers_models() -> None:
     """The formula against real (tiny, random) Llama and Qwen2 modules, tied and untied."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    kw = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3)
-    kw |= dict(num_attention_heads=4, num_key_value_heads=2)
+    kw = dict(vocab_size=300, **model_dims(hidden=64, layers=3, heads=4, kv_heads=2, intermediate=96))
     for cls, config in (
         (LlamaForCausalLM, LlamaConfig(**kw, tie_word_embeddings=True)),
         (LlamaForCausalLM, LlamaConfig(**kw, tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
@@ -150,17 +142,9 @@ def test_the_selection_rule_on_the_h200_workload() -> None:
     """The lead's H200 measurement (2026-11-27): the 1.4B random Llama of the GPU kit, 32 prompts x 8,
     256 new tokens, bf16 full fine-tuning with a reference. The old rule (the largest that fits) took
     micro-batch 64 and 1024 rows; the smallest that saturates takes 32 and 256."""
+    dims = model_dims(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960)
     shape = autosize.ModelShape.of(
-        SimpleNamespace(
-            num_hidden_layers=28,
-            hidden_size=1536,
-            intermediate_size=8960,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            head_dim=128,
-            vocab_size=49152,
-            tie_word_embeddings=True,
-        )
+        SimpleNamespace(**dims, head_dim=128, vocab_size=49152, tie_word_embeddings=True)
     )
     n = shape.parameter_count()
     assert n == 1_385_780_736

@@ -6,25 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from rapo_echo.engines.static_decode import bucket_length
-from rapo_echo.training.run_config import load_config
+from tests.helpers.runs import run_config
 
 
 def test_trainer_pins_the_rollout_shape_and_the_step_uses_it(tmp_path: Path, tiny_folder: Path) -> None:
     from rapo_echo.training.run import Run
 
-    cfg = load_config(
-        overrides=[
-            f"model.name={tiny_folder}",
-            f"output={tmp_path / 'run'}",
-            "logging.tensorboard=false",
-            "logging.progress=false",
-            "rollout.decode=static",
-            "rollout.batch_size=3",
-            "rollout.group_size=2",
-            "rollout.max_batch_size=4",  # chunks of 2 prompts: 4 rows, then the last prompt's 2
-            "rollout.max_new_tokens=4",
-            "rewards=[{name: length}]",
-        ]
+    cfg = run_config(
+        tiny_folder,
+        tmp_path / "run",
+        "rollout.decode=static",
+        "rollout.batch_size=3",
+        "rollout.group_size=2",
+        "rollout.max_batch_size=4",  # chunks of 2 prompts: 4 rows, then the last prompt's 2
+        "rollout.max_new_tokens=4",
+        "rewards=[{name: length}]",
     )
     trainer = Run(cfg)
     rows, length = trainer.policy.rollout_decode_shape(trainer.scenarios, dialogue_prompts=False)

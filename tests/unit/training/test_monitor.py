@@ -19,6 +19,7 @@ from rapo_echo.monitor import PREFIX, SIGNATURES, RewardHackingMonitor, flagged_
 from rapo_echo.rewards import RewardContext
 from rapo_echo.rewards.judge import JudgeReward
 from rapo_echo.types import Sample, Scenario, msg
+from tests.helpers.runs import SMALL, metrics, run_config
 
 MAX_NEW = 64
 
@@ -188,24 +189,10 @@ def test_flagged_steps_and_report_marks(tmp_path: Path) -> None:
 
 def test_trainer_logs_the_flags_every_step(tmp_path: Path, tiny_folder: Path) -> None:
     from rapo_echo.training.run import Run
-    from rapo_echo.training.run_config import load_config
 
     run = tmp_path / "run"
-    cfg = load_config(
-        overrides=[
-            f"model.name={tiny_folder}",
-            f"output={run}",
-            "rollout.batch_size=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=4",
-            "rewards=[{name: length, args: {target: 3}}]",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-            "train.max_steps=2",
-        ]
-    )
-    Run(cfg).train()
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    Run(run_config(tiny_folder, run, *SMALL, "train.max_steps=2")).train()
+    rows = metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert {PREFIX + s for s in SIGNATURES} <= set(r) and 0.0 <= r["judge_text_frac"] <= 1.0

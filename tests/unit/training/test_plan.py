@@ -15,6 +15,7 @@ import pytest
 from rapo_echo.cli import main
 from rapo_echo.training.plan import Hardware, make_plan, role_requests
 from rapo_echo.training.run_config import load_config
+from tests.helpers.runs import run_config
 
 SHAPES = Path(__file__).resolve().parents[2] / "fixtures" / "model_shapes"
 ROOT = Path(__file__).resolve().parents[3]
@@ -152,19 +153,15 @@ def test_judge_requests_equal_the_calls_of_a_real_step(tmp_path: Path, tiny_fold
     step sends to the judge engine (a scripted judge that answers every rating)."""
     from rapo_echo.training.run import Run
 
-    cfg = load_config(
-        overrides=[
-            f"model.name={tiny_folder}",
-            f"output={tmp_path / 'run'}",
-            "logging.tensorboard=false",
-            "logging.progress=false",
-            "rollout.batch_size=2",
-            "rollout.group_size=3",
-            "rollout.max_new_tokens=3",
-            "rewards=[{name: judge, args: {use_logprobs: never}}]",
-            "judge.engine=scripted",
-            "judge.script={default: '{\"score\": 4}'}",
-        ]
+    cfg = run_config(
+        tiny_folder,
+        tmp_path / "run",
+        "rollout.batch_size=2",
+        "rollout.group_size=3",
+        "rollout.max_new_tokens=3",
+        "rewards=[{name: judge, args: {use_logprobs: never}}]",
+        "judge.engine=scripted",
+        "judge.script={default: '{\"score\": 4}'}",
     )
     planned = {(role, what): n for role, what, n in role_requests(cfg)}
     trainer = Run(cfg)

@@ -14,6 +14,7 @@ import pytest
 import rapo_echo
 from rapo_echo.engines.scripted import ScriptedEngine
 from rapo_echo.errors import ConfigError
+from tests.helpers.data_files import esconv_file
 
 
 def test_overrides_set_typed_values_over_the_file(tmp_path: Path) -> None:
@@ -92,24 +93,6 @@ def test_train_refuses_bad_settings_before_loading_anything(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=r"overrides\['train.max_stepz'\]"):
         rapo_echo.train(output=tmp_path / "run", overrides={"train.max_stepz": 1})
     assert not (tmp_path / "run").exists()
-
-
-def esconv_file(tmp_path: Path, n: int = 3) -> str:
-    rows = [
-        {
-            "emotion_type": "sadness",
-            "problem_type": "job crisis",
-            "situation": f"situation number {i}",
-            "dialog": [
-                {"speaker": "usr", "text": f"I feel low {i}."},
-                {"speaker": "sys", "text": "I am sorry."},
-            ],
-        }
-        for i in range(n)
-    ]
-    path = tmp_path / "esc.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 def test_evaluate_runs_a_benchmark_on_an_engine_object(tmp_path: Path) -> None:

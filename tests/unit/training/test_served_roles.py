@@ -4,22 +4,20 @@ that is down stops the run with a message naming it and the last checkpoint."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from rapo_echo.training.learner import TrainingError
 from rapo_echo.training.run import Run
-from rapo_echo.training.run_config import load_config
 from tests.helpers.fake_openai import FakeAPI, ServedAPI, prompt_of
+from tests.helpers.runs import metrics, run_config
 
 FIRST_PROFILE = "Name: Dario"  # the first bundled SAGE profile (data.limit=2 takes it and one more)
 
 
 def rlver_run(model, out, url: str):
-    sets = [
-        f"model.name={model}",
-        f"output={out}",
+    return run_config(
+        model,
+        out,
         "simulator.engine=openai",
         f"simulator.base_url={url}",
         "simulator.max_retries=1",
@@ -31,10 +29,8 @@ def rlver_run(model, out, url: str):
         "rlver.simulator.max_turns=2",
         "rlver.simulator.max_new_tokens=32",
         "train.max_steps=1",
-        "logging.progress=false",
-        "logging.tensorboard=false",
-    ]
-    return load_config(algo="rlver", overrides=sets)
+        algo="rlver",
+    )
 
 
 def test_failed_simulator_requests_cost_their_dialogues_not_the_step(tmp_path, tiny_folder):
@@ -43,7 +39,7 @@ def test_failed_simulator_requests_cost_their_dialogues_not_the_step(tmp_path, t
     with FakeAPI(served) as api:
         run = tmp_path / "run"
         Run(rlver_run(tiny_folder, run, api.url)).train()
-    [row] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    [row] = metrics(run)
     assert row["invalid"] == 2 and row["valid"] == 2  # the other profile's two dialogues trained
     assert row["remote/failed"] == 2  # each lost dialogue's first analysis request, tried twice
     assert served.failed == 4 and (run / "final" / "config.json").is_file()

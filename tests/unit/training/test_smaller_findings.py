@@ -17,6 +17,7 @@ from rapo_echo.atomic import remove_leftovers, replace_dir, staging_for
 from rapo_echo.cli import main
 from rapo_echo.errors import DataError
 from rapo_echo.text import is_blank, visible_strip
+from tests.helpers.runs import QUIET, set_flags
 
 INVISIBLE = "\u3000\u200b"  # an ideographic space and a zero-width space
 
@@ -62,35 +63,10 @@ def test_an_invisible_reply_is_empty_for_the_format_reward() -> None:
 def test_scripted_replies_that_break_the_format_are_a_config_error_exit_2(
     tmp_path, tiny_folder, capsys
 ) -> None:
-    code = main(
-        [
-            "train",
-            "--algo",
-            "grpo",
-            "--reward",
-            "judge",
-            "--output",
-            str(tmp_path / "run"),
-            "--set",
-            f"model.name={tiny_folder}",
-            "--set",
-            "judge.engine=scripted",
-            "--set",
-            "judge.script={replies: ['A lovely reply!']}",
-            "--set",
-            "rollout.batch_size=1",
-            "--set",
-            "rollout.group_size=2",
-            "--set",
-            "rollout.max_new_tokens=4",
-            "--set",
-            "train.max_steps=1",
-            "--set",
-            "logging.progress=false",
-            "--set",
-            "logging.tensorboard=false",
-        ]
-    )
+    argv = ["train", "--algo", "grpo", "--reward", "judge", "--output", str(tmp_path / "run")]
+    sets = [f"model.name={tiny_folder}", "train.max_steps=1", "rollout.batch_size=1", "rollout.group_size=2"]
+    sets += ["rollout.max_new_tokens=4", "judge.engine=scripted"]
+    code = main(argv + set_flags(*sets, "judge.script={replies: ['A lovely reply!']}", *QUIET))
     err = capsys.readouterr().err
     assert code == 2 and "does not conform to the answer format 'score'" in err and "Traceback" not in err
 
