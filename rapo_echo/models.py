@@ -323,7 +323,9 @@ def pick_device(name: str = "auto") -> str:
     return name
 
 
-def tiny_config(tokenizer: Any, layers: int = 2, hidden: int = 64, config_class: Any = None, **extra: Any) -> Any:
+def tiny_config(
+    tokenizer: Any, layers: int = 2, hidden: int = 64, config_class: Any = None, **extra: Any
+) -> Any:
     """The config of a small model on ``tokenizer`` (a Llama unless ``config_class``: 4 heads, 2 KV heads,
     an MLP twice the hidden size, tied embeddings); ``extra`` adds or replaces settings."""
     from transformers import LlamaConfig
