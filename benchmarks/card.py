@@ -57,13 +57,11 @@ def prompt_wording(module: str) -> str:
         raise ConfigError(f"card: module {module} has no source file")
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     docstrings = {
-        id(node.body[0].value)
+        id(first.value)
         for node in ast.walk(tree)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-        and isinstance(node.body[0].value.value, str)
+        and ast.get_docstring(node, clean=False) is not None
+        and isinstance(first := node.body[0], ast.Expr)
     }
     strings = [
         node.value

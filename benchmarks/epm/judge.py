@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from rapo_echo.benchmarks.epm.user import Turn
 from rapo_echo.benchmarks.epm.vectors import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
@@ -138,23 +138,16 @@ def parse_mdep(text: str) -> dict[str, int] | None:
     return {k: -v if k.endswith("Neg") else v for k, v in levels.items()}
 
 
+@dataclass
 class EpmJudge:
     """Fills IEDR and MDEP forms for a batch of cases, one engine call per form and attempt."""
 
-    def __init__(
-        self,
-        engine: ChatEngine,
-        params: SamplingParams,
-        *,
-        use_logprobs: str = "auto",
-        retries: int = 2,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.engine = engine
-        self.params = params
-        self.use_logprobs = use_logprobs
-        self.retries = retries
-        self.rng = rng if rng is not None else random.Random(0)
+    engine: ChatEngine
+    params: SamplingParams
+    _: KW_ONLY
+    use_logprobs: str = "auto"
+    retries: int = 2
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     # ------------------------------------------------------------------ prompts
     def iedr_prompt(self, card: str, question: str | None, fence: Fence) -> Conversation:
