@@ -1,23 +1,17 @@
 """The EPM judge: fills the IEDR form once per case (the initial deficit P0) and the MDEP form after
-every evaluated turn (progress and regress per C/A/P axis -> the step vector v_t).
+every evaluated turn (progress and regress per C/A/P axis -> the step vector v_t; mappings in
+:mod:`.vectors`). The prompts are our own wording of the published method, calibrated to be strict.
 
-The forms and their mappings are in :mod:`rapo_echo.benchmarks.epm.vectors`; this module writes the
-prompts (our own wording of the published method, calibrated to be strict) and reads the levels back:
+* Log-prob mode (``use_logprobs`` auto/always on an engine with log-probs): one prompt per indicator
+  asking for one digit, all indicators of all cases in one ``choice_logprobs`` call; the level is the
+  most probable option as the reply's first token (digits are single tokens in common vocabularies). A
+  case whose options all have probability 0 falls back to text.
+* Text mode: one prompt per case, the whole form as one JSON object under a schema (:func:`iedr_format`,
+  :func:`mdep_format`); an answer that does not parse is asked again, then the form is invalid
+  (``levels`` None), never filled with a default.
 
-* Log-prob mode (the engine exposes log-probs; ``use_logprobs`` auto/always): one prompt per
-  indicator asking for one digit; the level is the most probable of the options ``0``, ``1``, ... as
-  the reply's first token (digits are single tokens in common vocabularies, and a reply starts without
-  a space, so each prompt needs one forward pass). Regress is asked as a severity 0/1/2 and stored as
-  0/-1/-2. All indicators of all cases go in one ``choice_logprobs`` call. A case whose options all
-  have probability 0 falls back to text.
-* Text mode: one prompt per case asking for the whole form as one JSON object under a schema
-  (:func:`iedr_format`: ``{"C.1": 2, ...}``; :func:`mdep_format`: ``{"C progress": 1, "C regress": 0,
-  ...}``, regress as a severity 0..2 stored as 0/-1/-2) that an engine with structured output enforces;
-  an answer that does not parse is asked again (sampled), then the form is invalid: ``levels`` None,
-  counted by the caller, never filled with a default.
-
-The persona card, the dialogue and the latest exchange reach the prompt only inside fenced blocks.
-"""
+Regress is asked as a severity 0/1/2 and stored as 0/-1/-2. The persona card, the dialogue and the
+latest exchange reach the prompt only inside fenced blocks."""
 
 from __future__ import annotations
 

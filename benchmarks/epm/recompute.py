@@ -1,27 +1,14 @@
 """``rapo-echo eval --benchmark epm --recompute DIR``: success and EPM-Q recomputed from published
-per-case result files (the EMPA benchmark's ``script_NNN_result.json``).
+per-case result files (the EMPA benchmark's ``script_NNN_result.json``; docs/benchmarks.md, EPM).
 
 What is read from each file (the rest, e.g. the judge's reasoning, is ignored): ``total_turns``,
-``termination_reason``, ``history`` (the dialogue), ``test_model_name``, and under ``epj``:
-``trajectory`` (per point ``turn``, ``P_t``, ``v_t``, ``distance``, the ``epm`` block with
-``delta_E``, ``alignment``, ``E_total``, ``P_norm``, ``projection``, and ``mdep_analysis`` with the
-six ``{C,A,P}_{Prog,Neg}_level``), ``epm_params`` (alpha and the thresholds) and
-``epm_victory_analysis``.
-
-``epm.recompute_from`` chooses the per-step quantities:
-
-* ``stored`` (default): the file's own per-step values (rounded as stored) and thresholds, which is
-  what the published EPM-Q tables were computed from;
-* ``levels``: everything again from P0 and the MDEP levels with the formulas of
-  :mod:`rapo_echo.benchmarks.epm.vectors` (v_t from the levels, dE, alignment, E_total, |P_t|,
-  projection, thresholds from the file's alpha);
-  each record's ``info.checks`` counts where that disagrees with what the file stores.
-
+``termination_reason``, ``history``, ``test_model_name``, and under ``epj``: ``trajectory`` (per point
+``turn``, ``P_t``, ``v_t``, ``distance``, the ``epm`` block and ``mdep_analysis``), ``epm_params`` and
+``epm_victory_analysis``. ``epm.recompute_from`` takes the per-step values as ``stored`` or recomputes
+them from the MDEP ``levels`` (each record's ``info.checks`` counts where that disagrees with the file).
 Either way the success/failure rules are replayed along the trajectory (``metrics.success``) and the
-file's own verdict is kept beside it (``info.published``; read as the published code reads it: the
-victory conditions when present, else the termination reason). The output folder has the same files as
-a live evaluation, so ``rapo-echo report`` draws it.
-"""
+file's own verdict is kept beside it (``info.published``: the victory conditions when present, else the
+termination reason)."""
 
 from __future__ import annotations
 

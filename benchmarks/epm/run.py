@@ -1,21 +1,12 @@
 """EPM benchmark (Echo-N1's dynamic EQ evaluation, published as EMPA): the policy talks with a simulated
 person whose unmet needs are a point in C/A/P space; the dialogue succeeds when the policy's replies
-carry that point back to the origin.
+carry that point back to the origin (the method: docs/benchmarks.md, EPM).
 
-Per case: the judge fills the IEDR form once (or the case's own levels are used: ``iedr_source``),
-giving P0. Each turn, one batched engine call per role over every active case: the simulated user
-speaks (:mod:`rapo_echo.benchmarks.epm.user`), the policy replies, the judge fills the MDEP form for
-the latest exchange (every ``eval_interval`` turns), the step vector moves P_t, and the rules of
-:mod:`rapo_echo.benchmarks.epm.vectors` give a verdict (none before ``min_turns``); then the director
-(:mod:`rapo_echo.benchmarks.epm.director`, on the simulator's engine) releases a story stage or a
-memory, waits, or ends the conversation. Without a verdict the dialogue ends at ``max_turns``
-(``--max-turns``, default 45) as a timeout. A judge form that stays unparseable after the retries ends
-the case as invalid: counted, excluded from the metrics.
-
-Reported over valid cases: success rate, the nine EPM-Q indices, Outcome / Efficiency / Stability and
-EPM-Q, how dialogues ended, success by dominant axis and difficulty. ``--recompute DIR`` (see
-:mod:`rapo_echo.benchmarks.epm.recompute`) fills the same records from published result files.
-"""
+Each turn, one batched engine call per role over every active case: the simulated user speaks
+(:mod:`.user`), the policy replies, the judge fills the MDEP form (every ``eval_interval`` turns), the
+step moves P_t and :mod:`.vectors` gives a verdict; then the director (:mod:`.director`, on the
+simulator's engine) releases a story stage or a memory, waits, or ends the conversation. A judge form
+that stays unparseable after the retries ends the case as invalid: counted, excluded from the metrics."""
 
 from __future__ import annotations
 

@@ -1,25 +1,14 @@
 """SAGE ("Sentient Agent as a Judge", arXiv 2505.02847): the policy supports a simulated user whose
-emotion is the score (research notes: ``rlver.md`` sections 1 and 3).
+emotion is the score (research notes: ``rlver.md`` sections 1 and 3; the protocol, the ending rules and
+what is reported: docs/benchmarks.md).
 
-Live mode (``rapo-echo eval --benchmark sage``): each profile's dialogue opens with its ``first_talk``
-(written by the simulator when the profile has none); then the dialogues advance together
-(:func:`~rapo_echo.llm.turns.advance_together`: in lockstep over the batch, or, with a served simulator,
-each dialogue's simulator calls in flight while the policy answers the dialogues that are back): the policy
-replies (one call) and the :class:`~rapo_echo.simulators.sage.SageSimulator` with the ``sage`` preset
-updates the emotion and answers (one call each). A policy request that fails for good (a served policy)
-makes its dialogue invalid. As in SAGE's released loop (``SAGE/test_npc.py``) the
-policy writes at most ``max_turns`` (10) replies and the simulator reacts to all but the last, so the
-final emotion comes after at most 9 reactions; a dialogue also stops when the user says goodbye, at
-emotion >= 100, or below 10. Reported: the SAGE score (mean final emotion), successes (>= 100) and
-failures (< 10) as counts, the average number of policy replies, and transcripts with the emotion and
-inner thoughts of every turn. A dialogue whose simulator output never parses is invalid: counted,
-excluded from the metrics.
-
-Transcripts mode (``--transcripts DIR``): scores dialogues already run, in SAGE's released result format
-(``SAGE/dataset/<simulator>_based_simulator/<model>_result.jsonl``: one JSON object a line with ``id``,
-the final ``emo_point``, ``emo_state`` and ``history``, whose user turns carry ``emotion-point`` and the
-simulator's ``planning``), so published leaderboard figures can be recomputed.
-"""
+Live mode (``rapo-echo eval --benchmark sage``): the dialogues advance together
+(:func:`~rapo_echo.llm.turns.advance_together`); the policy replies and the
+:class:`~rapo_echo.simulators.sage.SageSimulator` with the ``sage`` preset updates the emotion and
+answers, as in SAGE's released loop (``SAGE/test_npc.py``). A dialogue whose simulator output never
+parses, or whose policy request fails for good, is invalid: counted, excluded from the metrics.
+Transcripts mode (``--transcripts DIR``, :mod:`.transcripts`) scores dialogues already run, in SAGE's
+released result format."""
 
 from __future__ import annotations
 
