@@ -380,16 +380,16 @@ class Epm:
         last MDEP form again (one call for all): ``info['judge_recheck']``, the share of its six levels
         given alike and their mean absolute difference."""
         done, self._done = self._done, []
-        asked = [e for e in done if e.asked is not None]
+        asked = [(e, e.asked) for e in done if e.asked is not None]
         if judge is not None and asked:
             forms = judge.fill_mdep(
-                [e.card.card for e in asked],
-                [e.card.name for e in asked],
-                [e.asked[0] for e in asked],  # type: ignore[index]
-                [e.asked[1] for e in asked],  # type: ignore[index]
+                [e.card.card for e, _ in asked],
+                [e.card.name for e, _ in asked],
+                [earlier for _, (earlier, _, _) in asked],
+                [latest for _, (_, latest, _) in asked],
             )
-            for e, form in zip(asked, forms):
-                first, second = e.asked[2], form.levels or {}  # type: ignore[index]
+            for (e, (_, _, first)), form in zip(asked, forms):
+                second = form.levels or {}
                 diffs = [abs(first[k] - second[k]) for k in first if k in second]
                 e.recheck = recheck_entry(first, second, diffs)
         for e in done:

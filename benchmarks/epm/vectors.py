@@ -331,17 +331,8 @@ class Point:
 def start_point(p0: Sequence[float], th: Thresholds, cfg: EpmConfig) -> Point:
     """The trajectory's turn-0 point."""
     p = (float(p0[0]), float(p0[1]), float(p0[2]))
-    return Point(
-        0,
-        p,
-        (0.0, 0.0, 0.0),
-        distance_to_zone(p, cfg.zone_epsilon),
-        None,
-        0.0,
-        0.0,
-        th.p0_norm,
-        dot(p, th.v_star0),
-    )
+    distance = distance_to_zone(p, cfg.zone_epsilon)
+    return Point(0, p, (0.0, 0.0, 0.0), distance, p_norm=th.p0_norm, projection=dot(p, th.v_star0))
 
 
 def advance(
