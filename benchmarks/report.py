@@ -32,6 +32,7 @@ from rapo_echo.benchmarks.report_figures import (
     FIGURES_NOTE,
     JUDGE_NOTE,
     PAIRED_NOTE,
+    Table,
     card_html,
     check_cards,
     figure_cell,
@@ -56,7 +57,6 @@ from rapo_echo.jsonl import read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
 FIDELITY_CHECKS = "Fidelity of the simulator and judge (real seekers)"
-Table = tuple[list[str], list[list[str]]]
 
 
 @dataclass
@@ -120,7 +120,7 @@ def comparison_tables(evals: Sequence[EvalResult]) -> list[tuple[str, list[str],
     return [(b, *comparison_table([e for e in evals if e.benchmark == b])) for b in benchmarks_of(evals)]
 
 
-def comparison_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[str]]]:
+def comparison_table(evals: Sequence[EvalResult]) -> Table:
     """Header and rows: one row per policy; per benchmark present (registry order) its headline metrics and
     valid/total cases."""
     benchmarks = benchmarks_of(evals)

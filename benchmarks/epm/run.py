@@ -85,9 +85,8 @@ class _Episode:
     log: list[dict[str, Any]] = field(default_factory=list)
     end: str | None = None  # why the dialogue ended
     verdict: TrajectoryVerdict | None = None
-    asked: tuple[list[Turn], list[Turn], dict[str, int]] | None = (
-        None  # the last MDEP: earlier, latest, levels
-    )
+    # the last MDEP asked: its earlier turns, latest turns and levels
+    asked: tuple[list[Turn], list[Turn], dict[str, int]] | None = None
     recheck: dict[str, Any] | None = None  # that MDEP asked again (info['judge_recheck'])
 
 
