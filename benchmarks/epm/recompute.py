@@ -61,6 +61,10 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float))  # booleans pass here as JSON numbers; value_problem refuses them
 
 
+def _is_vector(x: Any) -> bool:
+    return isinstance(x, list) and len(x) == 3 and all(_is_number(v) for v in x)
+
+
 def _mapping(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     value = data.get(key)
     if value is None:
@@ -96,7 +100,7 @@ def read_result(path: Path) -> dict[str, Any]:
             raise DataError(f"{where}turn: expected a whole number, got {point['turn']!r:.60}")
         for key in ("P_t", "v_t"):
             vec = point[key]
-            if not isinstance(vec, list) or len(vec) != 3 or not all(_is_number(x) for x in vec):
+            if not _is_vector(vec):
                 raise DataError(f"{where}{key}: expected three numbers (C, A, P), got {vec!r:.80}")
         if "distance" in point and not _is_number(point["distance"]):
             raise DataError(f"{where}distance: expected a number, got {point['distance']!r:.60}")
@@ -111,7 +115,7 @@ def read_result(path: Path) -> dict[str, Any]:
             raise DataError(f"{path}: epj.epm_params.{key}: expected a number, got {params[key]!r:.60}")
     if "v_star_0" in params:
         v = params["v_star_0"]
-        if not isinstance(v, list) or len(v) != 3 or not all(_is_number(x) for x in v):
+        if not _is_vector(v):
             raise DataError(f"{path}: epj.epm_params.v_star_0: expected three numbers, got {v!r:.80}")
     for holder, where in ((data, ""), (epj, "epj.")):
         victory = _mapping(holder, "epm_victory_analysis", f"{path}: {where}")
