@@ -67,11 +67,9 @@ def _is_vector(x: Any) -> bool:
 
 def _mapping(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     value = data.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
+    if value is not None and not isinstance(value, dict):
         raise DataError(f"{where}{key}: expected an object, got {type(value).__name__} {value!r:.60}")
-    return value
+    return value or {}
 
 
 def read_result(path: Path) -> dict[str, Any]:
