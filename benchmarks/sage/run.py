@@ -44,10 +44,8 @@ DEFAULT_MAX_TURNS = 10
 DEFAULT_SIMULATOR_TOKENS = 512
 SUCCESS_AT = 100.0
 FAILURE_BELOW = 10.0
-# The policy's system prompt by default (``--sage-system-prompt sage``): in our words, the kind of prompt
-# SAGE's released loop gives the model under test (a warm, emotionally intelligent chat partner who
-# puts the person at ease or gets them the help they need; rlver.md 1.3), so a score is comparable
-# with SAGE's leaderboard. ``ours`` uses ``--system-prompt`` instead.
+# The policy's system prompt with ``--sage-system-prompt sage`` (the default): the kind SAGE's released loop
+# gives the model under test, in our words (rlver.md 1.3), so a score is comparable with SAGE's leaderboard.
 SAGE_POLICY_PROMPT = (
     "You are a perceptive conversation partner with a high degree of emotional intelligence. Talk with "
     "the person so that they feel at ease and in better spirits, or so that they get the help they are "
@@ -89,14 +87,11 @@ def summarize_outcomes(records: Sequence[Record]) -> dict[str, Any]:
         values = [m[key] for m in valid if key in m]
         if values:
             out[key] = mean(values)
-    styles = sorted({r["info"].get("style") for r in records if r.get("valid") and r["info"].get("style")})
-    for style in styles:
-        mine = [
-            r["metrics"]["final_emotion"]
-            for r in records
-            if r.get("valid") and r["info"].get("style") == style
-        ]
-        out[f"score/{style}"] = mean(mine)
+    by_style: dict[str, list[float]] = {}
+    for r in records:
+        if r.get("valid") and r["info"].get("style"):
+            by_style.setdefault(r["info"]["style"], []).append(r["metrics"]["final_emotion"])
+    out.update({f"score/{style}": mean(values) for style, values in sorted(by_style.items())})
     return out
 
 
