@@ -1,27 +1,10 @@
-"""The benchmark card: what a figure was measured with, written beside every evaluation (``card.json``,
-and ``summary.json``'s ``card``), and the check that two runs were measured alike.
-
-A card holds:
-
-* ``instrument`` -- what must agree for two runs' figures to be put side by side: the benchmark and its
-  protocol; the simulator's and judge's model as the engine reports it (a served model: its entry in
-  ``GET /v1/models`` and the server's ``GET /version``, which vLLM answers; a local model: its type,
-  size and a fingerprint of its weights); their sampling settings; the episode (turn cap, initial
-  emotion, the benchmark's own switches); a hash of every prompt source; and the data (the file's
-  SHA-256, and a hash of the cases as the benchmark read them);
-* ``under_test`` -- the policy, its sampling and its system prompt (what a comparison is about);
-* ``seeds`` -- the run's seed and each repeat's (:func:`rapo_echo.benchmarks.base.repeat_seed`);
-* ``code`` -- the rapo-echo version, and the git commit (and whether the tree had changes) where the
-  package runs from a checkout.
-
-:func:`card_differences` names what differs between two cards' instruments; ``report`` and ``compare``
-refuse to put such runs side by side unless asked to (``--show-incomparable``), and a resumed evaluation
-is refused when its instrument changed (the model behind a URL, a prompt, the data).
+"""The benchmark card: what a figure was measured with (``card.json``, and ``summary.json``'s ``card``),
+and the check that two runs were measured alike. Its parts and what each holds: docs/reading-results.md
+(The benchmark card).
 
 Prompt hashes: the SHA-256 of the wording of each module that writes a role's prompts (its string
 constants in order, docstrings left out), so a changed word in any prompt changes its module's hash,
-while a change of code alone does not; the policy's system prompt is hashed as it is sent.
-"""
+while a change of code alone does not."""
 
 from __future__ import annotations
 
@@ -57,13 +40,11 @@ def prompt_wording(module: str) -> str:
         raise ConfigError(f"card: module {module} has no source file")
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     docstrings = {
-        id(node.body[0].value)
+        id(first.value)
         for node in ast.walk(tree)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-        and isinstance(node.body[0].value.value, str)
+        and ast.get_docstring(node, clean=False) is not None
+        and isinstance(first := node.body[0], ast.Expr)
     }
     strings = [
         node.value

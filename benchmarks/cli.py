@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
@@ -55,21 +56,33 @@ def register(subparsers: Any) -> None:
         EvalCommand,  # the benchmarks' registry: loaded for eval only
     )
 
-    ev = subparsers.add_parser(
-        "eval",
-        help="run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_flags(ev, EvalCommand)
-    ev.set_defaults(func=run_eval_command)
+    help = "run a benchmark (esconv, esconv-ref, sotopia, epm, sage) on a policy, or fidelity"
+    add_command(subparsers, "eval", help, EvalCommand, run_eval_command, doc=__doc__, config=True)
 
 
 def register_report(subparsers: Any) -> None:
     """Add the ``report`` sub-command."""
-    rep = subparsers.add_parser("report", help="render evaluation / training-run folders into an HTML report")
-    add_flags(rep, ReportCommand, config=False)
-    rep.set_defaults(func=run_report_command)
+    help = "render evaluation / training-run folders into an HTML report"
+    add_command(subparsers, "report", help, ReportCommand, run_report_command)
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    help: str,
+    section: type[Strict],
+    func: Callable[[argparse.Namespace], int],
+    *,
+    doc: str | None = None,
+    config: bool = False,
+) -> None:
+    """Add sub-command ``name``: ``section``'s flags (``config``: and ``--config``), ``doc`` its description
+    as written."""
+    parser = subparsers.add_parser(
+        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_flags(parser, section, config=config)
+    parser.set_defaults(func=func)
 
 
 def build_roles(needed: tuple[str, ...], specs: dict[str, Any], **engine_kw: Any) -> Roles:

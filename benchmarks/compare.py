@@ -11,11 +11,12 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from rapo_echo.benchmarks.card import card_differences
+from rapo_echo.benchmarks.cli import add_command
 from rapo_echo.benchmarks.eval_folder import EvalResult, read_eval
 from rapo_echo.benchmarks.figures import figures_of
 from rapo_echo.benchmarks.paired import PairedFigure, paired_figures
 from rapo_echo.benchmarks.runner import get_benchmark
-from rapo_echo.config import Flag, Strict, add_flags, section_from_args
+from rapo_echo.config import Flag, Strict, section_from_args
 from rapo_echo.errors import ConfigError
 
 HEADER = ["figure", "cases", "A", "B", "B - A", "95% interval", "p", "test"]
@@ -121,14 +122,8 @@ class CompareCommand(Strict):
 
 def register(subparsers: Any) -> None:
     """Add the ``compare`` sub-command."""
-    cmp = subparsers.add_parser(
-        "compare",
-        help="compare two evaluations of one benchmark figure by figure (difference, interval, p)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_flags(cmp, CompareCommand, config=False)
-    cmp.set_defaults(func=run_compare_command)
+    help = "compare two evaluations of one benchmark figure by figure (difference, interval, p)"
+    add_command(subparsers, "compare", help, CompareCommand, run_compare_command, doc=__doc__)
 
 
 def run_compare_command(args: argparse.Namespace) -> int:

@@ -18,8 +18,7 @@ class EvalCommand(EvalSettings):
     """`rapo-echo eval`: the benchmark, its roles' engines, data and output, and the evaluation's
     settings (`EvalSettings`, recorded in the output's `config.json`)."""
 
-    # the registry's names (a Literal built from them)
-    benchmark: Literal[tuple(BENCHMARKS)] = Field(description="The benchmark to run.")  # type: ignore[valid-type]
+    benchmark: Literal[tuple(BENCHMARKS)] = Field(description="The benchmark to run.")  # type: ignore[valid-type]  # the registry's names
     policy: str | None = Field(None, description=f"The policy: {SPEC} (required but for fidelity).")
     transcripts: str | None = Field(
         None,

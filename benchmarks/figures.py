@@ -1,22 +1,11 @@
 """An evaluation's figures with their uncertainty: for every headline figure its mean over repeats, a
-bootstrap interval over cases and the spread across repeats.
+bootstrap interval over cases and the spread across repeats (the keys: docs/reading-results.md, Repeats,
+intervals and spread).
 
 A benchmark names its figures (``figures``: summary key -> :class:`Figure`), each an aggregate of one
-value per case record (SAGE's score is the mean of ``final_emotion``, its successes the count of
-``success``). With ``eval --repeats N`` every case runs N times; the records of repeat ``k > 0`` carry
-``case`` (the case's own id) and ``repeat`` (:func:`case_of`, :func:`repeat_of`). Then, per figure:
-
-* ``repeats``: its value in each repeat (the aggregate over that repeat's records), and ``mean``, their
-  mean: the run's figure;
-* ``sd`` / ``min`` / ``max``: the spread of those values across repeats (None with one repeat);
-* ``lo`` / ``hi``: the 95% percentile bootstrap interval of ``mean`` over cases, every repeat of a case
-  resampled together (a case drawn twice counts twice in every repeat), :data:`~.stats.N_BOOT`
-  resamples from seed 0 (None for fewer than two cases);
-* ``cases``: the cases with a value in some repeat.
-
-Judges that re-answered a question (``info.judge_recheck`` of a record: ``agree`` 0..1 and ``abs_diff``)
-add :data:`JUDGE_FIGURES`, the judge's self-agreement and mean absolute difference over its rechecks.
-"""
+value per case record; the records of repeat ``k > 0`` carry ``case`` and ``repeat`` (:func:`case_of`,
+:func:`repeat_of`). Judges that re-answered a question (``info.judge_recheck``) add
+:data:`JUDGE_FIGURES`."""
 
 from __future__ import annotations
 

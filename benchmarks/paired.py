@@ -1,21 +1,12 @@
-"""Paired comparison of per-case success between two evaluations of the same cases.
+"""Paired comparison of two evaluations of the same cases, case by case (docs/reading-results.md, Paired
+comparisons).
 
-ESConv, SAGE and EPM record a 0/1 ``success`` per case. Two policies evaluated on the same cases are
-compared case by case: of the ``n`` cases valid in both, ``wins`` succeeded only with the policy and
-``losses`` only with the baseline. The success-rate difference is ``(wins - losses) / n`` with a 95%
-Wald interval for paired proportions, ``se = sqrt(wins + losses - (wins - losses)**2 / n) / n``, and
-the exact two-sided McNemar test (a sign test on the discordant cases) gives
-``p = min(1, 2 * sum_{k <= min(wins, losses)} C(wins + losses, k) / 2**(wins + losses))``.
-A large ``p`` says the difference is within what chance gives on this many cases, not that there is none.
-
-Every other figure that is a mean over cases (a benchmark's ``figures``: SAGE's final emotion, EPM-Q,
-SOTOPIA's dimensions, ..., and success once a case has several repeats) is compared by
-:func:`paired_figure` on the cases both runs have a value for, a case's value being its mean over its
-valid repeats: the difference of the means (``b - a``), a 95% percentile paired bootstrap interval
-(the same cases resampled for both runs) and the two-sided Wilcoxon signed-rank p of the per-case
-differences (:mod:`rapo_echo.benchmarks.stats`). A 0/1 figure with one repeat per case in both runs
-keeps the McNemar test and its Wald interval above.
-"""
+A 0/1 ``success`` with one repeat per case: of the ``n`` cases valid in both, ``wins`` succeeded only
+with the policy and ``losses`` only with the baseline; the difference ``(wins - losses) / n`` gets the
+95% Wald interval for paired proportions, ``se = sqrt(wins + losses - (wins - losses)**2 / n) / n``, and
+the exact two-sided McNemar p, ``min(1, 2 * sum_{k <= min(wins, losses)} C(wins + losses, k) /
+2**(wins + losses))``. Every other figure (:func:`paired_figure`): the difference of the per-case means,
+a paired bootstrap interval and the Wilcoxon signed-rank p (:mod:`rapo_echo.benchmarks.stats`)."""
 
 from __future__ import annotations
 

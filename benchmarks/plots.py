@@ -281,15 +281,3 @@ def bars_figure(
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     fig.tight_layout()
     return fig
-
-
-def grouped_bars(
-    title: str,
-    groups: Sequence[str],
-    series: dict[str, Sequence[float | None]],
-    *,
-    ylabel: str = "",
-    intervals: dict[str, Sequence[tuple[float, float] | None]] | None = None,
-) -> str:
-    """:func:`bars_figure` as a base64 PNG."""
-    return png_base64(bars_figure(title, groups, series, ylabel=ylabel, intervals=intervals))

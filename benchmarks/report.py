@@ -22,15 +22,17 @@ from rapo_echo.benchmarks.fidelity.report import fidelity_section, fidelity_tabl
 from rapo_echo.benchmarks.learning_report import find_learning, learning_html
 from rapo_echo.benchmarks.plots import (
     LONG_RUN_STEPS,
-    grouped_bars,
+    bars_figure,
     metric_figures,
     metric_unit,
+    png_base64,
     training_curves,
 )
 from rapo_echo.benchmarks.report_figures import (
     FIGURES_NOTE,
     JUDGE_NOTE,
     PAIRED_NOTE,
+    Table,
     card_html,
     check_cards,
     figure_cell,
@@ -54,6 +56,7 @@ from rapo_echo.errors import DataError
 from rapo_echo.jsonl import read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
+FIDELITY_CHECKS = "Fidelity of the simulator and judge (real seekers)"
 
 
 @dataclass
@@ -117,7 +120,7 @@ def comparison_tables(evals: Sequence[EvalResult]) -> list[tuple[str, list[str],
     return [(b, *comparison_table([e for e in evals if e.benchmark == b])) for b in benchmarks_of(evals)]
 
 
-def comparison_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[str]]]:
+def comparison_table(evals: Sequence[EvalResult]) -> Table:
     """Header and rows: one row per policy; per benchmark present (registry order) its headline metrics and
     valid/total cases."""
     benchmarks = benchmarks_of(evals)
@@ -199,7 +202,7 @@ def _figures(evals: Sequence[EvalResult]) -> list[str]:
             series = {e.label: [e.summary["metrics"].get(k) for k, _ in headline] for e in group}
             errors = {e.label: [_interval(e.summary, k) for k, _ in headline] for e in group}
             title = f"{bench}: {unit}" + (" (bars: mean; lines: 95% interval)" if _any(errors) else "")
-            png = grouped_bars(title, labels, series, ylabel=unit, intervals=errors)
+            png = png_base64(bars_figure(title, labels, series, ylabel=unit, intervals=errors))
             out.append(_img(png, f"{bench} {unit}"))
     return out
 
@@ -248,6 +251,92 @@ summary{cursor:pointer}.turn{margin:4px 0 4px 8px;white-space:pre-wrap}
 """
 
 
+def _table_section(heading: str, table: Table | None, note: str = "", tag: str = "h2") -> list[str]:
+    """A heading over a table and its note; nothing without a table."""
+    if table is None:
+        return []
+    return [f"<{tag}>{heading}</{tag}>" + _html_table(*table)] + ([_note(note)] if note else [])
+
+
+def _md_section(title: str, table: Table | None, note: str = "") -> str:
+    return (
+        "" if table is None else f"\n{title}\n\n" + markdown_table(*table) + (f"\n{note}\n" if note else "")
+    )
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def _comparison_html(
+    evals: Sequence[EvalResult], baseline: str | None, card_notes: Sequence[str]
+) -> list[str]:
+    parts = ["<h2>Comparison</h2>"]
+    for bench, header, rows in comparison_tables(evals):
+        parts.append(f"<h3>{html.escape(bench)}</h3>" + _html_table(header, rows))
+    parts.append(
+        '<p class="note">ESConv SR = success rate, AT = average turns (PPDPP protocol); BLEU, ROUGE-L '
+        "and Distinct in percent; SOTOPIA dimensions on their own ranges, overall = mean of seven. "
+        f"{html.escape(FIGURES_NOTE)}</p>"
+    )
+    parts.extend(f'<p class="note warn">{html.escape(n)}</p>' for n in card_notes)
+    parts += _table_section("Paired comparison", paired_table(evals, baseline), PAIRED_NOTE)
+    parts += _table_section("Judge consistency", judge_table(evals), JUDGE_NOTE)
+    parts.extend(_figures(evals))
+    parts.extend(epm_section(evals, _html_table, _img))
+    parts.extend(fidelity_section(evals, _html_table, _img))
+    return parts
+
+
+def _training_html(runs: Sequence[TrainingRun]) -> list[str]:
+    png, left_out = training_curves({r.path.name: r.rows for r in runs})
+    parts = ["<h2>Training curves</h2>"]
+    parts.append(_img(png, "training curves") if png else _note("no numeric metrics"))
+    if left_out:
+        parts.append(_note(f"not plotted: {', '.join(left_out)}"))
+    if any(k.startswith("monitor/") and v for r in runs for row in r.rows for k, v in row.items()):
+        parts.append(
+            '<p class="note">red lines: steps the reward-hacking monitor flagged (see the last column '
+            "below and docs/monitor.md)</p>"
+        )
+    if any(len(r.rows) > LONG_RUN_STEPS for r in runs):  # long runs: one legible figure per metric
+        parts.append("<h3>Curves per metric</h3>")
+        parts.extend(_img(png, key) for key, png in metric_figures({r.path.name: r.rows for r in runs}))
+    parts += _table_section("Runs", summary_table(runs), tag="h3")
+    parts += _table_section("Held-out validation", validation_table(runs), tag="h3")
+    parts += _table_section("Judge bias", judge_bias_table(runs), JUDGE_BIAS_NOTE, tag="h3")
+    parts += _table_section(FIDELITY_CHECKS, run_checks_table(runs), FIDELITY_NOTE, tag="h3")
+    for run in runs:
+        samples = read_samples(run.path)
+        if samples:
+            parts.append(f"<h3>Samples of {html.escape(run.path.name)} (last logged step)</h3>")
+            parts.append(samples_html(samples))
+    return parts
+
+
+def _eval_html(e: EvalResult, max_transcripts: int) -> list[str]:
+    s = e.summary
+    models = ", ".join(f"{k}: {v}" for k, v in s.get("models", {}).items())
+    repeats = f"; {s['repeats']} repeats of each case" if s.get("repeats", 1) > 1 else ""
+    parts = [
+        f"<h2>{html.escape(e.benchmark)} — {html.escape(e.label)}</h2>",
+        f'<p class="note">{html.escape(str(e.path))}; {html.escape(models)}; data: '
+        f"{html.escape(str(s.get('data')))}; {s['n_valid']} valid of {s['n_cases']} cases{repeats}</p>",
+        card_html(e),
+    ]
+    figures = figures_table(s)
+    if figures is not None:
+        parts.append(_html_table(*figures))
+    in_figures = set(s.get("figures") or {})  # the rest of the metrics, beside the figures above
+    metrics = [[k, fmt(v)] for k, v in s["metrics"].items() if k not in in_figures]
+    if metrics and e.benchmark != "fidelity":  # fidelity's figures are in its own section's table
+        parts.append(_html_table(["metric", "value"], metrics))
+    shown = e.records[:max_transcripts]
+    parts.append(f"<h3>Transcripts ({len(shown)} of {len(e.records)})</h3>")
+    parts.extend(_transcript_html(r) for r in shown)
+    return parts
+
+
 def render_html(
     evals: Sequence[EvalResult],
     runs: Sequence[TrainingRun],
@@ -267,84 +356,15 @@ def render_html(
         f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
     ]
     if evals:
-        parts.append("<h2>Comparison</h2>")
-        for bench, header, rows in comparison_tables(evals):
-            parts.append(f"<h3>{html.escape(bench)}</h3>" + _html_table(header, rows))
-        parts.append(
-            '<p class="note">ESConv SR = success rate, AT = average turns (PPDPP protocol); BLEU, ROUGE-L '
-            "and Distinct in percent; SOTOPIA dimensions on their own ranges, overall = mean of seven. "
-            f"{html.escape(FIGURES_NOTE)}</p>"
-        )
-        parts.extend(f'<p class="note warn">{html.escape(n)}</p>' for n in card_notes)
-        paired = paired_table(evals, baseline)
-        if paired is not None:
-            parts.append("<h2>Paired comparison</h2>" + _html_table(*paired))
-            parts.append(f'<p class="note">{html.escape(PAIRED_NOTE)}</p>')
-        judges = judge_table(evals)
-        if judges is not None:
-            parts.append("<h2>Judge consistency</h2>" + _html_table(*judges))
-            parts.append(f'<p class="note">{html.escape(JUDGE_NOTE)}</p>')
-        parts.extend(_figures(evals))
-        parts.extend(epm_section(evals, _html_table, _img))
-        parts.extend(fidelity_section(evals, _html_table, _img))
+        parts += _comparison_html(evals, baseline, card_notes)
     if learning:  # learning benchmarks (bench_learning.py --algo rapo): arms side by side, seeds as bands
         parts.append(learning_html(learning))
     if runs:
-        png, left_out = training_curves({r.path.name: r.rows for r in runs})
-        parts.append("<h2>Training curves</h2>")
-        parts.append(_img(png, "training curves") if png else '<p class="note">no numeric metrics</p>')
-        if left_out:
-            parts.append(f'<p class="note">not plotted: {html.escape(", ".join(left_out))}</p>')
-        if any(k.startswith("monitor/") and v for r in runs for row in r.rows for k, v in row.items()):
-            parts.append(
-                '<p class="note">red lines: steps the reward-hacking monitor flagged (see the last column '
-                "below and docs/monitor.md)</p>"
-            )
-        if any(len(r.rows) > LONG_RUN_STEPS for r in runs):  # long runs: one legible figure per metric
-            parts.append("<h3>Curves per metric</h3>")
-            parts.extend(_img(png, key) for key, png in metric_figures({r.path.name: r.rows for r in runs}))
-        header, rows = summary_table(runs)
-        parts.append("<h3>Runs</h3>" + _html_table(header, rows))
-        validated = validation_table(runs)
-        if validated is not None:
-            parts.append("<h3>Held-out validation</h3>" + _html_table(*validated))
-        bias = judge_bias_table(runs)
-        if bias is not None:
-            parts.append("<h3>Judge bias</h3>" + _html_table(*bias))
-            parts.append(f'<p class="note">{html.escape(JUDGE_BIAS_NOTE)}</p>')
-        checks = run_checks_table(runs)
-        if checks is not None:
-            parts.append("<h3>Fidelity of the simulator and judge (real seekers)</h3>" + _html_table(*checks))
-            parts.append(f'<p class="note">{html.escape(FIDELITY_NOTE)}</p>')
-        for run in runs:
-            samples = read_samples(run.path)
-            if samples:
-                parts.append(f"<h3>Samples of {html.escape(run.path.name)} (last logged step)</h3>")
-                parts.append(samples_html(samples))
+        parts += _training_html(runs)
     for e in [*evals, *apart]:
-        s = e.summary
-        parts.append(f"<h2>{html.escape(e.benchmark)} — {html.escape(e.label)}</h2>")
-        models = ", ".join(f"{k}: {v}" for k, v in s.get("models", {}).items())
-        repeats = f"; {s['repeats']} repeats of each case" if s.get("repeats", 1) > 1 else ""
-        parts.append(
-            f'<p class="note">{html.escape(str(e.path))}; {html.escape(models)}; data: '
-            f"{html.escape(str(s.get('data')))}; {s['n_valid']} valid of {s['n_cases']} cases{repeats}</p>"
-        )
-        parts.append(card_html(e))
-        figures = figures_table(s)
-        if figures is not None:
-            parts.append(_html_table(*figures))
-        # fidelity's figures are in its own section's table
-        in_figures = set(s.get("figures") or {})  # the rest of the metrics, beside the figures above
-        metrics = [[k, fmt(v)] for k, v in s["metrics"].items() if k not in in_figures]
-        metric_rows = [] if e.benchmark == "fidelity" else metrics
-        if metric_rows:
-            parts.append(_html_table(["metric", "value"], metric_rows))
-        shown = e.records[:max_transcripts]
-        parts.append(f"<h3>Transcripts ({len(shown)} of {len(e.records)})</h3>")
-        parts.extend(_transcript_html(r) for r in shown)
+        parts += _eval_html(e, max_transcripts)
     if not evals and not runs:
-        parts.append('<p class="note">nothing to report</p>')
+        parts.append(_note("nothing to report"))
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -381,30 +401,19 @@ def build_report(
     if evals:
         md += _markdown_comparison(evals) + "\n" + FIGURES_NOTE + "\n"
         md += "".join(f"\n> {n}\n" for n in notes)
-        paired = paired_table(evals, baseline)
-        if paired is not None:
-            md += "\nPaired comparison\n\n" + markdown_table(*paired) + "\n" + PAIRED_NOTE + "\n"
-        judges = judge_table(evals)
-        if judges is not None:
-            md += "\nJudge consistency\n\n" + markdown_table(*judges) + "\n" + JUDGE_NOTE + "\n"
+        md += _md_section("Paired comparison", paired_table(evals, baseline), PAIRED_NOTE)
+        md += _md_section("Judge consistency", judge_table(evals), JUDGE_NOTE)
         epm = [e for e in evals if e.benchmark == "epm"]
         if epm:
-            md += "\nEPM-Q\n\n" + markdown_table(*epmq_table(epm))
+            md += _md_section("EPM-Q", epmq_table(epm))
         fidelity = [e for e in evals if e.benchmark == "fidelity" and e.summary["metrics"]]
         if fidelity:
-            md += "\nFidelity to real seekers\n\n" + markdown_table(*fidelity_table(fidelity))
+            md += _md_section("Fidelity to real seekers", fidelity_table(fidelity))
     if runs:
-        header, rows = summary_table(runs)
-        md += ("\n" if evals else "") + markdown_table(header, rows)
-        validated = validation_table(runs)
-        if validated is not None:
-            md += "\nHeld-out validation\n\n" + markdown_table(*validated)
-        bias = judge_bias_table(runs)
-        if bias is not None:
-            md += "\nJudge bias\n\n" + markdown_table(*bias) + "\n" + JUDGE_BIAS_NOTE + "\n"
-        checks = run_checks_table(runs)
-        if checks is not None:
-            md += "\nFidelity of the simulator and judge (real seekers)\n\n" + markdown_table(*checks)
+        md += ("\n" if evals else "") + markdown_table(*summary_table(runs))
+        md += _md_section("Held-out validation", validation_table(runs))
+        md += _md_section("Judge bias", judge_bias_table(runs), JUDGE_BIAS_NOTE)
+        md += _md_section(FIDELITY_CHECKS, run_checks_table(runs))
     if not evals and not runs:
         md += "Nothing to report.\n"
     write_text_atomic(md_path, md)

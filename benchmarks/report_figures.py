@@ -17,6 +17,8 @@ from rapo_echo.benchmarks.runner import BENCHMARKS, get_benchmark
 from rapo_echo.errors import DataError
 
 MARK = " [card differs]"
+Table = tuple[list[str], list[list[str]]]  # (header, rows)
+NO_POSITION_BIAS = "n/a (scores one at a time)"  # these judges score one dialogue, never compare
 FIGURES_NOTE = (
     "Each figure is the mean over repeats (eval --repeats N) of its value in each repeat; [lo, hi] is a 95% "
     "percentile bootstrap interval over cases (all repeats of a case resampled together); sd, min and max "
@@ -61,7 +63,7 @@ def figure_cell(summary: dict[str, Any], key: str) -> str:
     return f"{fmt(figure['mean'])} [{fmt(figure['lo'])}, {fmt(figure['hi'])}]"
 
 
-def figures_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+def figures_table(summary: dict[str, Any]) -> Table | None:
     """One evaluation's figures: mean, interval, spread across repeats and cases (None without)."""
     figures = summary.get("figures") or {}
     if not figures:
@@ -83,6 +85,11 @@ def _is_baseline(e: EvalResult, baseline: str) -> bool:
     return baseline in (e.label, e.path.name, str(e.path)) or e.path.resolve() == Path(baseline).resolve()
 
 
+def _check_baseline(evals: Sequence[EvalResult], baseline: str | None) -> None:
+    if baseline is not None and not any(_is_baseline(e, baseline) for e in evals):
+        raise DataError(f"--baseline {baseline}: no evaluation folder or policy of that name in the inputs")
+
+
 def reference_of(group: Sequence[EvalResult], baseline: str | None) -> EvalResult | None:
     """The evaluation a benchmark's others are compared with: the named baseline, else the first."""
     if baseline is None:
@@ -97,8 +104,7 @@ def check_cards(
     (:func:`reference_of`); one measured differently is kept apart (its own section, no comparison) and
     named with what differs, or with ``show_incomparable`` put side by side, marked (label suffix, and
     ``card_differs``)."""
-    if baseline is not None and not any(_is_baseline(e, baseline) for e in evals):
-        raise DataError(f"--baseline {baseline}: no evaluation folder or policy of that name in the inputs")
+    _check_baseline(evals, baseline)
     kept: list[EvalResult] = []
     apart: list[EvalResult] = []
     notes: list[str] = []
@@ -124,13 +130,10 @@ def check_cards(
     return kept, apart, notes
 
 
-def paired_table(
-    evals: Sequence[EvalResult], baseline: str | None = None
-) -> tuple[list[str], list[list[str]]] | None:
+def paired_table(evals: Sequence[EvalResult], baseline: str | None = None) -> Table | None:
     """Every other evaluation of a benchmark against its baseline (:func:`reference_of`), figure by figure
     (:func:`rapo_echo.benchmarks.paired.paired_figures`); None when nothing is paired."""
-    if baseline is not None and not any(_is_baseline(e, baseline) for e in evals):
-        raise DataError(f"--baseline {baseline}: no evaluation folder or policy of that name in the inputs")
+    _check_baseline(evals, baseline)
     header = ["benchmark", "policy", "baseline", "figure", "cases", "baseline value", "policy value"]
     header += ["difference [95% CI]", "p", "test"]
     rows = []
@@ -157,16 +160,10 @@ def paired_table(
     return (header, rows) if rows else None
 
 
-def judge_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[str]]] | None:
+def judge_table(evals: Sequence[EvalResult]) -> Table | None:
     """The judges' self-agreement per evaluation that rechecked (None when none did)."""
-    header = [
-        "benchmark",
-        "policy",
-        "self-agreement [95% CI]",
-        "mean |difference|",
-        "rechecks",
-        "position bias",
-    ]
+    header = ["benchmark", "policy", "self-agreement [95% CI]", "mean |difference|", "rechecks"]
+    header += ["position bias"]
     rows = []
     for e in evals:
         figures = e.summary.get("figures") or {}
@@ -176,15 +173,9 @@ def judge_table(evals: Sequence[EvalResult]) -> tuple[list[str], list[list[str]]
         interval = "" if agree["lo"] is None else f" [{fmt(agree['lo'])}, {fmt(agree['hi'])}]"
         diff = (figures.get("judge/abs_diff") or {}).get("mean")
         n = (figures.get("judge/rechecks") or {}).get("mean")
+        rechecks = str(int(n)) if isinstance(n, (int, float)) and float(n).is_integer() else fmt(n)
         rows.append(
-            [
-                e.benchmark,
-                e.label,
-                fmt(agree["mean"]) + interval,
-                fmt(diff),
-                str(int(n)) if isinstance(n, (int, float)) and float(n).is_integer() else fmt(n),
-                "n/a (scores one at a time)",
-            ]
+            [e.benchmark, e.label, fmt(agree["mean"]) + interval, fmt(diff), rechecks, NO_POSITION_BIAS]
         )
     return (header, rows) if rows else None
 

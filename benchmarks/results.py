@@ -50,7 +50,7 @@ class ResultWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._repair_tail()
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in close()
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed in __exit__
 
     def _repair_tail(self) -> None:
         """Drop a half-written last line, or end a complete last line that lacks its newline."""
@@ -78,11 +78,8 @@ class ResultWriter:
             fix = "Free space, then run the same eval command again: the finished cases are kept."
             raise write_failure(self.path, exc, fix) from exc
 
-    def close(self) -> None:
-        self._fh.close()
-
     def __enter__(self) -> ResultWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._fh.close()

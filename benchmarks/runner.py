@@ -1,20 +1,11 @@
-"""Run a benchmark into an output folder: batched, resumable, summarised from the JSONL.
+"""Run a benchmark into an output folder: batched, resumable, summarised from the JSONL (docs/benchmarks.md).
 
-Cases are taken in batches (:func:`batch_size`: ``settings.batch_size``, or by default every pending case
-at once, up to :data:`REMOTE_WAVE`, when a role is served -- one wave whose requests are all in flight
-together -- and :data:`LOCAL_BATCH` otherwise); each batch advances together inside the benchmark. Every
-finished case is appended to ``results.jsonl`` at once, so a crashed or interrupted evaluation, started
-again with the same arguments, skips the cases already there. ``summary.json`` is recomputed from every
-record in the file; the run's own summary also says how many remote requests failed for good
-(``remote_failed``: their cases are invalid).
-
-With ``settings.repeats`` N every case runs N times, repeat ``k`` with the seed :func:`repeat_seed` gives
-it (every role's sampling and prompt markers); its records are ``<case id>#r<k>`` (``case`` and
-``repeat`` fields; repeat 0 keeps the case's own id), so a resumed or extended run (a larger N) skips
-what is done. The summary holds the metrics as the mean over repeats, every figure's interval and spread
-(:mod:`rapo_echo.benchmarks.figures`) and the benchmark card (:mod:`rapo_echo.benchmarks.card`,
-``card.json``, written before the first case runs; a resume whose instrument changed is refused).
-"""
+Cases are taken in batches (:func:`batch_size`); each batch advances together inside the benchmark.
+Every finished case is appended to ``results.jsonl`` at once, so an evaluation started again with the
+same arguments skips the cases already there; ``summary.json`` is recomputed from every record in the
+file. With ``settings.repeats`` N repeat ``k`` of a case runs with :func:`repeat_seed`'s seed as
+``<case id>#r<k>`` (:func:`with_repeats`). The benchmark card (:mod:`rapo_echo.benchmarks.card`) is
+written before the first case runs; a resume whose instrument changed is refused."""
 
 from __future__ import annotations
 

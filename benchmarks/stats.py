@@ -1,18 +1,9 @@
 """The statistics of benchmark figures: percentile bootstrap intervals that resample groups (cases, or
 the fidelity benchmark's dialogues) and the paired tests of two runs on the same cases.
 
-* :func:`resample_weights` draws the resamples: each is a weight vector over the groups (how many times
-  each was drawn; all ones is the sample itself), seeded, so the same seed gives the same intervals.
-  A statistic that is a weighted mean over groups is then a matrix product over all resamples at once.
-* :func:`bootstrap_ci` is the percentile interval of any statistic of such a weight vector; resamples
-  where the statistic is undefined (None, NaN) are left out, and the interval is None when fewer than
-  half are defined.
-* :func:`paired_bootstrap_ci` is the interval of the mean of paired differences (the same cases
-  resampled for both runs).
-* :func:`wilcoxon_signed_rank` is the two-sided Wilcoxon signed-rank test of paired differences, as
-  ``scipy.stats.wilcoxon`` computes it by default (zeros dropped; exact for small samples, else the
-  normal approximation with the tie correction and no continuity correction).
-"""
+A resample is a weight vector over the groups (how many times each was drawn; all ones is the sample
+itself), seeded, so the same seed gives the same intervals; a statistic that is a weighted mean over
+groups is then a matrix product over all resamples at once."""
 
 from __future__ import annotations
 

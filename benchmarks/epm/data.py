@@ -1,6 +1,6 @@
 """EPM cases: our English persona cards (``epm_en.json`` beside this module, or a file in the same
 format) and the EMPA benchmark's own case files, which users download themselves (CC BY-NC 4.0; never
-shipped here).
+shipped here; its layout: docs/benchmarks.md, EPM).
 
 Our format is a JSON list (or JSONL) of objects::
 
@@ -11,13 +11,8 @@ Our format is a JSON list (or JSONL) of objects::
      "profile": "...", "persona": {"outer": "...", "inner": "..."}, "wants_to_share": "...",
      "hopes_for": "...", "background": "...", "category": "..."}    # optional
 
-EMPA's layout (``--data`` = the repository root, its ``empa/data`` folder, or any folder holding the
-same files): ``cases/script_NNN.md`` (the persona card the simulated user reads),
-``scenarios/character_stories.json`` (the story stages), and optionally ``official_cases.txt`` (when
-present only those cases run, as in the published benchmark), ``case_metadata.json`` (category,
-difficulty, dominant axis) and ``precomputed/iedr_batch_results.json`` (IEDR levels, so P0 is the
-published one). Every error names the file and line or field.
-"""
+With EMPA's ``official_cases.txt`` only those cases run, as in the published benchmark. Every error
+names the file and line or field."""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
 """The EPM director: decides, after every turn, what the simulated person does next.
 
 Actions (our reduction of the published director's function calls): ``story`` (reveal the next story
-stage), bring back a ``memory``, ``wait`` (no new material) or ``end`` the conversation; one word each,
-single tokens in common vocabularies, so label probabilities need one forward pass. ``end`` counts only
-from ``min_turns`` on (the published rule); ``story`` with no stage left and ``memory`` with none left
-become ``wait``. The ``llm`` director reads the action from the label probabilities of its model
-(or parses it from text, with retries; an unparseable answer is counted and taken as ``wait``); the
-``schedule`` director reveals a stage every ``stage_every`` turns and never ends.
-"""
+stage), bring back a ``memory``, ``wait`` or ``end`` the conversation; one word each, single tokens in
+common vocabularies, so label probabilities need one forward pass. ``end`` counts only from
+``min_turns`` on (the published rule); ``story`` or ``memory`` with none left become ``wait``. The
+``llm`` director reads the action from its model's label probabilities (or parses it from text, with
+retries; an unparseable answer is counted and taken as ``wait``); the ``schedule`` director reveals a
+stage every ``stage_every`` turns and never ends."""
 
 from __future__ import annotations
 

@@ -1,29 +1,23 @@
 """The EPM judge: fills the IEDR form once per case (the initial deficit P0) and the MDEP form after
-every evaluated turn (progress and regress per C/A/P axis -> the step vector v_t).
+every evaluated turn (progress and regress per C/A/P axis -> the step vector v_t; mappings in
+:mod:`.vectors`). The prompts are our own wording of the published method, calibrated to be strict.
 
-The forms and their mappings are in :mod:`rapo_echo.benchmarks.epm.vectors`; this module writes the
-prompts (our own wording of the published method, calibrated to be strict) and reads the levels back:
+* Log-prob mode (``use_logprobs`` auto/always on an engine with log-probs): one prompt per indicator
+  asking for one digit, all indicators of all cases in one ``choice_logprobs`` call; the level is the
+  most probable option as the reply's first token (digits are single tokens in common vocabularies). A
+  case whose options all have probability 0 falls back to text.
+* Text mode: one prompt per case, the whole form as one JSON object under a schema (:func:`iedr_format`,
+  :func:`mdep_format`); an answer that does not parse is asked again, then the form is invalid
+  (``levels`` None), never filled with a default.
 
-* Log-prob mode (the engine exposes log-probs; ``use_logprobs`` auto/always): one prompt per
-  indicator asking for one digit; the level is the most probable of the options ``0``, ``1``, ... as
-  the reply's first token (digits are single tokens in common vocabularies, and a reply starts without
-  a space, so each prompt needs one forward pass). Regress is asked as a severity 0/1/2 and stored as
-  0/-1/-2. All indicators of all cases go in one ``choice_logprobs`` call. A case whose options all
-  have probability 0 falls back to text.
-* Text mode: one prompt per case asking for the whole form as one JSON object under a schema
-  (:func:`iedr_format`: ``{"C.1": 2, ...}``; :func:`mdep_format`: ``{"C progress": 1, "C regress": 0,
-  ...}``, regress as a severity 0..2 stored as 0/-1/-2) that an engine with structured output enforces;
-  an answer that does not parse is asked again (sampled), then the form is invalid: ``levels`` None,
-  counted by the caller, never filled with a default.
-
-The persona card, the dialogue and the latest exchange reach the prompt only inside fenced blocks.
-"""
+Regress is asked as a severity 0/1/2 and stored as 0/-1/-2. The persona card, the dialogue and the
+latest exchange reach the prompt only inside fenced blocks."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from rapo_echo.benchmarks.epm.user import Turn
 from rapo_echo.benchmarks.epm.vectors import AXES, AXIS_NAMES, IEDR_INDICATORS, IEDR_KEYS, MDEP_KEYS
@@ -138,23 +132,16 @@ def parse_mdep(text: str) -> dict[str, int] | None:
     return {k: -v if k.endswith("Neg") else v for k, v in levels.items()}
 
 
+@dataclass
 class EpmJudge:
     """Fills IEDR and MDEP forms for a batch of cases, one engine call per form and attempt."""
 
-    def __init__(
-        self,
-        engine: ChatEngine,
-        params: SamplingParams,
-        *,
-        use_logprobs: str = "auto",
-        retries: int = 2,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.engine = engine
-        self.params = params
-        self.use_logprobs = use_logprobs
-        self.retries = retries
-        self.rng = rng if rng is not None else random.Random(0)
+    engine: ChatEngine
+    params: SamplingParams
+    _: KW_ONLY
+    use_logprobs: str = "auto"
+    retries: int = 2
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     # ------------------------------------------------------------------ prompts
     def iedr_prompt(self, card: str, question: str | None, fence: Fence) -> Conversation:

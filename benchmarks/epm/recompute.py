@@ -1,27 +1,14 @@
 """``rapo-echo eval --benchmark epm --recompute DIR``: success and EPM-Q recomputed from published
-per-case result files (the EMPA benchmark's ``script_NNN_result.json``).
+per-case result files (the EMPA benchmark's ``script_NNN_result.json``; docs/benchmarks.md, EPM).
 
 What is read from each file (the rest, e.g. the judge's reasoning, is ignored): ``total_turns``,
-``termination_reason``, ``history`` (the dialogue), ``test_model_name``, and under ``epj``:
-``trajectory`` (per point ``turn``, ``P_t``, ``v_t``, ``distance``, the ``epm`` block with
-``delta_E``, ``alignment``, ``E_total``, ``P_norm``, ``projection``, and ``mdep_analysis`` with the
-six ``{C,A,P}_{Prog,Neg}_level``), ``epm_params`` (alpha and the thresholds) and
-``epm_victory_analysis``.
-
-``epm.recompute_from`` chooses the per-step quantities:
-
-* ``stored`` (default): the file's own per-step values (rounded as stored) and thresholds, which is
-  what the published EPM-Q tables were computed from;
-* ``levels``: everything again from P0 and the MDEP levels with the formulas of
-  :mod:`rapo_echo.benchmarks.epm.vectors` (v_t from the levels, dE, alignment, E_total, |P_t|,
-  projection, thresholds from the file's alpha);
-  each record's ``info.checks`` counts where that disagrees with what the file stores.
-
+``termination_reason``, ``history``, ``test_model_name``, and under ``epj``: ``trajectory`` (per point
+``turn``, ``P_t``, ``v_t``, ``distance``, the ``epm`` block and ``mdep_analysis``), ``epm_params`` and
+``epm_victory_analysis``. ``epm.recompute_from`` takes the per-step values as ``stored`` or recomputes
+them from the MDEP ``levels`` (each record's ``info.checks`` counts where that disagrees with the file).
 Either way the success/failure rules are replayed along the trajectory (``metrics.success``) and the
-file's own verdict is kept beside it (``info.published``; read as the published code reads it: the
-victory conditions when present, else the termination reason). The output folder has the same files as
-a live evaluation, so ``rapo-echo report`` draws it.
-"""
+file's own verdict is kept beside it (``info.published``: the victory conditions when present, else the
+termination reason)."""
 
 from __future__ import annotations
 
@@ -74,13 +61,15 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float))  # booleans pass here as JSON numbers; value_problem refuses them
 
 
+def _is_vector(x: Any) -> bool:
+    return isinstance(x, list) and len(x) == 3 and all(_is_number(v) for v in x)
+
+
 def _mapping(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     value = data.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
+    if value is not None and not isinstance(value, dict):
         raise DataError(f"{where}{key}: expected an object, got {type(value).__name__} {value!r:.60}")
-    return value
+    return value or {}
 
 
 def read_result(path: Path) -> dict[str, Any]:
@@ -109,7 +98,7 @@ def read_result(path: Path) -> dict[str, Any]:
             raise DataError(f"{where}turn: expected a whole number, got {point['turn']!r:.60}")
         for key in ("P_t", "v_t"):
             vec = point[key]
-            if not isinstance(vec, list) or len(vec) != 3 or not all(_is_number(x) for x in vec):
+            if not _is_vector(vec):
                 raise DataError(f"{where}{key}: expected three numbers (C, A, P), got {vec!r:.80}")
         if "distance" in point and not _is_number(point["distance"]):
             raise DataError(f"{where}distance: expected a number, got {point['distance']!r:.60}")
@@ -124,7 +113,7 @@ def read_result(path: Path) -> dict[str, Any]:
             raise DataError(f"{path}: epj.epm_params.{key}: expected a number, got {params[key]!r:.60}")
     if "v_star_0" in params:
         v = params["v_star_0"]
-        if not isinstance(v, list) or len(v) != 3 or not all(_is_number(x) for x in v):
+        if not _is_vector(v):
             raise DataError(f"{path}: epj.epm_params.v_star_0: expected three numbers, got {v!r:.80}")
     for holder, where in ((data, ""), (epj, "epj.")):
         victory = _mapping(holder, "epm_victory_analysis", f"{path}: {where}")

@@ -1,21 +1,12 @@
 """EPM benchmark (Echo-N1's dynamic EQ evaluation, published as EMPA): the policy talks with a simulated
 person whose unmet needs are a point in C/A/P space; the dialogue succeeds when the policy's replies
-carry that point back to the origin.
+carry that point back to the origin (the method: docs/benchmarks.md, EPM).
 
-Per case: the judge fills the IEDR form once (or the case's own levels are used: ``iedr_source``),
-giving P0. Each turn, one batched engine call per role over every active case: the simulated user
-speaks (:mod:`rapo_echo.benchmarks.epm.user`), the policy replies, the judge fills the MDEP form for
-the latest exchange (every ``eval_interval`` turns), the step vector moves P_t, and the rules of
-:mod:`rapo_echo.benchmarks.epm.vectors` give a verdict (none before ``min_turns``); then the director
-(:mod:`rapo_echo.benchmarks.epm.director`, on the simulator's engine) releases a story stage or a
-memory, waits, or ends the conversation. Without a verdict the dialogue ends at ``max_turns``
-(``--max-turns``, default 45) as a timeout. A judge form that stays unparseable after the retries ends
-the case as invalid: counted, excluded from the metrics.
-
-Reported over valid cases: success rate, the nine EPM-Q indices, Outcome / Efficiency / Stability and
-EPM-Q, how dialogues ended, success by dominant axis and difficulty. ``--recompute DIR`` (see
-:mod:`rapo_echo.benchmarks.epm.recompute`) fills the same records from published result files.
-"""
+Each turn, one batched engine call per role over every active case: the simulated user speaks
+(:mod:`.user`), the policy replies, the judge fills the MDEP form (every ``eval_interval`` turns), the
+step moves P_t and :mod:`.vectors` gives a verdict; then the director (:mod:`.director`, on the
+simulator's engine) releases a story stage or a memory, waits, or ends the conversation. A judge form
+that stays unparseable after the retries ends the case as invalid: counted, excluded from the metrics."""
 
 from __future__ import annotations
 
@@ -94,9 +85,8 @@ class _Episode:
     log: list[dict[str, Any]] = field(default_factory=list)
     end: str | None = None  # why the dialogue ended
     verdict: TrajectoryVerdict | None = None
-    asked: tuple[list[Turn], list[Turn], dict[str, int]] | None = (
-        None  # the last MDEP: earlier, latest, levels
-    )
+    # the last MDEP asked: its earlier turns, latest turns and levels
+    asked: tuple[list[Turn], list[Turn], dict[str, int]] | None = None
     recheck: dict[str, Any] | None = None  # that MDEP asked again (info['judge_recheck'])
 
 
@@ -389,16 +379,16 @@ class Epm:
         last MDEP form again (one call for all): ``info['judge_recheck']``, the share of its six levels
         given alike and their mean absolute difference."""
         done, self._done = self._done, []
-        asked = [e for e in done if e.asked is not None]
+        asked = [(e, e.asked) for e in done if e.asked is not None]
         if judge is not None and asked:
             forms = judge.fill_mdep(
-                [e.card.card for e in asked],
-                [e.card.name for e in asked],
-                [e.asked[0] for e in asked],  # type: ignore[index]
-                [e.asked[1] for e in asked],  # type: ignore[index]
+                [e.card.card for e, _ in asked],
+                [e.card.name for e, _ in asked],
+                [earlier for _, (earlier, _, _) in asked],
+                [latest for _, (_, latest, _) in asked],
             )
-            for e, form in zip(asked, forms):
-                first, second = e.asked[2], form.levels or {}  # type: ignore[index]
+            for (e, (_, _, first)), form in zip(asked, forms):
+                second = form.levels or {}
                 diffs = [abs(first[k] - second[k]) for k in first if k in second]
                 e.recheck = recheck_entry(first, second, diffs)
         for e in done:

@@ -1,13 +1,9 @@
 """The EPM benchmark's simulated user: a person from a persona card who tells a staged story.
 
-A card holds who the person is (outer persona and inner core), their empathy threshold (a high one
-means generic comfort leaves them cold), what they want to talk about, what kind of understanding
-they hope for, their need priorities for cognitive / affective / proactive empathy, background and
-current situation, a story in stages (released one at a time by the director,
-:mod:`rapo_echo.benchmarks.epm.director`) and memories. The simulator LLM plays the person: it sees its
-card, the dialogue so far and the director's note for this turn, all inside fenced blocks, and writes
-the person's next message.
-"""
+The simulator LLM plays the person: it sees its card (outer persona and inner core, empathy threshold,
+need priorities, background and situation), the dialogue so far and the director's note for this turn
+(:mod:`.director` releases the story's stages and memories), all inside fenced blocks, and writes the
+person's next message."""
 
 from __future__ import annotations
 

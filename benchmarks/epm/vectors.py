@@ -1,31 +1,8 @@
 """The Empathy Physics Model (EPM) and its quality index EPM-Q, as pure functions.
 
-Reimplemented from the formulas (docs/benchmarks.md, EPM; EMPA, arXiv 2603.00552, and the
-benchmark's published code), never from its source. A dialogue is a path in C/A/P space (cognitive:
-being understood, affective: being resonated with, proactive/motivational: being affirmed):
-
-* **P0** from the IEDR form: 9 indicators rated 0..3; an indicator of weight ``w`` at level ``L``
-  adds ``-deficit_unit * w * L`` to its axis (weights 1, 1.5 for the need priorities, 2 for the
-  "core" indicators A.2 accessibility and P.2 value relevance).
-* **v_t** from the MDEP form, per axis: progress level 0/1/2 -> 0/+1/+3 plus regress level
-  0/-1/-2 -> 0/-2/-4 (C) or 0/-2/-5 (A, P). ``P_t = P_{t-1} + v_t``.
-* **Work**: ``dE_t = v_t . v*`` with the fixed initial direction ``v*0 = -P0/|P0|`` (the published
-  code; the paper writes the dynamic ``-P_{t-1}/|P_{t-1}|``, switch ``direction``); alignment
-  ``cos = dE_t/|v_t|``; ``E_total = sum dE_t``.
-* **Verdicts**, none before ``min_turns``: success when ``E_total >= |P0|`` and (``|P_t| <= alpha|P0|``
-  (geometric) or ``P_t . v*0 >= -alpha|P0|`` (positional)); failure on directional collapse (the last
-  5 dE all < 0) or on stagnation (sample std of ``|P_t|`` over the last 5 < 0.5) together with
-  regression (more than 70 % of the last 8 dE < 0 and their sum < -1). The caller ends a dialogue
-  without a verdict at ``max_turns`` (timeout, not a success).
-* **EPM-Q**: nine per-case indices, averaged over cases, grouped into Outcome (RDI, E_tot, S_net),
-  Efficiency (rho, S_proj, tau) and Stability (R_pos, Align, Pen), total ``0.4 O + 0.2 E + 0.4 S``.
-  The indices normalise by ``r0``, the initial distance to the *zone* where every axis is
-  ``>= -zone_epsilon`` (slightly less than ``|P0|``, which sets ``eps_energy``).
-
-Every constant is a field of :class:`EpmConfig`; the defaults are those the published leaderboard
-was computed with (alpha 0.1 of the Nov-2025 runs, rho_max 2.5, alpha_s 1.5, beta 1.2, 45 turns,
-verdicts from turn 12, an evaluation every turn).
-"""
+Reimplemented from the formulas (EMPA, arXiv 2603.00552, and the benchmark's published code), never
+from its source. The method, its constants and where the defaults follow the published code rather than
+the paper: docs/benchmarks.md (EPM). Every constant is a field of :class:`EpmConfig`."""
 
 from __future__ import annotations
 
@@ -354,17 +331,8 @@ class Point:
 def start_point(p0: Sequence[float], th: Thresholds, cfg: EpmConfig) -> Point:
     """The trajectory's turn-0 point."""
     p = (float(p0[0]), float(p0[1]), float(p0[2]))
-    return Point(
-        0,
-        p,
-        (0.0, 0.0, 0.0),
-        distance_to_zone(p, cfg.zone_epsilon),
-        None,
-        0.0,
-        0.0,
-        th.p0_norm,
-        dot(p, th.v_star0),
-    )
+    distance = distance_to_zone(p, cfg.zone_epsilon)
+    return Point(0, p, (0.0, 0.0, 0.0), distance, p_norm=th.p0_norm, projection=dot(p, th.v_star0))
 
 
 def advance(

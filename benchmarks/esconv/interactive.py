@@ -1,19 +1,12 @@
-"""ESConv interactive benchmark (PPDPP protocol): the policy supports a simulated seeker.
+"""ESConv interactive benchmark (PPDPP protocol): the policy supports a simulated seeker (docs/benchmarks.md).
 
-Per case the seeker opens with the case's situation. Each turn: the policy replies (one batched call
-over all active cases), the seeker simulator answers (one call), the critic judges the seeker's state
-(one call): worse -1, same -0.5, better 0.5, solved 1. The cases advance together
-(:func:`~rapo_echo.llm.turns.advance_together`): with a served seeker and critic each case's two calls are in
-flight while the policy answers the cases that are back. With log-probs the turn's reward is the
-expectation of that value under the critic's label probabilities -- what PPDPP's mean over 10 sampled
-critic answers estimates; without, the parsed label's value. The case succeeds at the first turn whose
-reward exceeds 0.5; after ``max_turns`` (default 8) it fails. Reported: success rate (SR) and average
-turns (AT; a failed case counts ``max_turns``), over valid cases. A critic reply that stays unparseable
-after the retries, or a request that fails for good, ends the case as invalid: counted, excluded from
-SR and AT. The critic's call declares
-its answer, one of the four labels (:data:`CRITIC_FORMAT`), which an engine with structured output
-enforces; label probabilities (one forward) are read instead where the engine has log-probs.
-"""
+Each turn: the policy replies, the seeker simulator answers, the critic judges the seeker's state (worse
+-1, same -0.5, better 0.5, solved 1); one batched call each over the active cases, which advance together
+(:func:`~rapo_echo.llm.turns.advance_together`). With log-probs the turn's reward is the expectation of
+that value under the critic's label probabilities -- what PPDPP's mean over 10 sampled critic answers
+estimates; without, the parsed label's value (:data:`CRITIC_FORMAT`). A critic reply that stays
+unparseable after the retries, or a request that fails for good, ends the case as invalid: counted,
+excluded from SR and AT."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """ESConv help-seeker simulator and critic prompts, after the PPDPP interactive protocol.
 
 PPDPP (Deng et al. 2023, github.com/dengyang17/PPDPP ``prompt.py`` / ``env.py``) evaluates an
-emotional-support system against an LLM "patient" seeded with an ESConv case: the patient opens with
-the case's situation, system and patient then alternate, and after every patient turn a critic LLM
-answers "has the patient's issue been solved?" with one of four verdicts mapped to -1 / -0.5 / 0.5 / 1.
-This module builds those three prompts as chat conversations (our wording, same content); the simulator's
-replies are cleaned with :func:`rapo_echo.llm.dialogue.clean_reply` and the episode loop lives in
-:mod:`rapo_echo.benchmarks.esconv.interactive`.
-"""
+emotional-support system against an LLM "patient" seeded with an ESConv case, and after every patient
+turn a critic LLM answers "has the patient's issue been solved?" with one of four verdicts mapped to
+-1 / -0.5 / 0.5 / 1. These are its three prompts as chat conversations (our wording, same content);
+the simulator's replies are cleaned with :func:`rapo_echo.llm.dialogue.clean_reply`."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """The fidelity benchmark: do a simulated user's reactions, and a reward's scores, agree with real
-help-seekers' own in-dialogue ratings (ESConv feedback, 1-5)?
+help-seekers' own in-dialogue ratings (ESConv feedback, 1-5)? (docs/fidelity.md)
 
-A case is one rated point (:mod:`.points`). Every predictor (:mod:`.predictors`) sees each of the
-point's supporter turns in its real context, never the rating; the point's prediction is the mean
-over its turns of the predictions that exist (a turn without one is counted in ``invalid_turns``; a
-point with none is *missing*, counted per predictor). The predictors run together on served engines (they
-do not depend on each other). The summary (:func:`summarize_points`) holds per
-predictor Spearman and Kendall tau-b over all points, within-dialogue pairwise agreement, the
-dialogue-level agreement with the survey's emotion-intensity change, and for simulated users on an
-engine that scores given text the per-token log-likelihood of the real next seeker message with and
-without the role prompt; each with a percentile bootstrap interval over dialogues (seeded).
-"""
+A case is one rated point (:mod:`.points`); the point's prediction is the mean over its supporter turns
+of the predictions that exist (a turn without one is counted in ``invalid_turns``; a point with none is
+*missing*, counted per predictor). The predictors run together on served engines."""
 
 from __future__ import annotations
 

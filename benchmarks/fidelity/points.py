@@ -1,24 +1,15 @@
-"""The rated points of ESConv-family conversations: what each in-dialogue rating refers to.
+"""The rated points of ESConv-family conversations: what each in-dialogue rating refers to
+(docs/fidelity.md, What a predictor sees).
 
 In ESConv the help-seeker rated the supporter's helpfulness (1-5) about every second exchange; the
-rating sits on the seeker utterance written right after the rated supporter turns. A *rated point* is
-one rating together with the supporter turns since the previous rating (consecutive supporter
-utterances merged into one turn), each in its real context: the situation and the whole dialogue
-before it (earlier rated turns of the same point included). The seeker turn that follows each
-supporter turn is kept as the real "next message".
-
-Conversations are read by :func:`rapo_echo.data.load_dialogues` (raw ``ESConv.json`` with speakers
-``seeker`` / ``supporter`` and ``FailedESConv.json`` with ``speaker`` / ``listener``). The rating
-itself, and the survey's intensities, never enter the context or the profile a predictor sees.
+rating sits on the seeker utterance written right after the rated supporter turns. The seeker turn that
+follows each supporter turn is kept as the real "next message". Conversations are read by
+:func:`rapo_echo.data.load_dialogues`.
 
 Problems: a file in another schema or without any rating, a rating outside 1-5 or not a number, a
-conversation with no utterances: a :class:`DataError` naming the file and the conversation. A
-conversation without ratings, or a rating with no supporter turn since the previous one, cannot be
-scored: it becomes a counted skip with its reason (three of FailedESConv's 196 conversations have no
-rating). A conversation that repeats an earlier one of the file (the same turns and ratings) would be
-scored twice: its points are skips too (:data:`SKIP_DUPLICATE`, naming the first copy), with one warning
-that lists the repeats.
-"""
+conversation with no utterances: a :class:`DataError` naming the file and the conversation. A point
+that cannot be scored (no rating, no supporter turn since the previous one, a repeat of an earlier
+conversation: :data:`SKIP_DUPLICATE`) becomes a counted skip with its reason."""
 
 from __future__ import annotations
 

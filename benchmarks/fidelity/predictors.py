@@ -1,20 +1,10 @@
-"""What the fidelity benchmark asks for a prediction: simulated users, rewards / judges, baselines.
+"""What the fidelity benchmark asks for a prediction: simulated users (``user:NAME``), rewards / judges
+(``reward:NAME``) and the baselines ``random``, ``length`` and ``questions`` (docs/fidelity.md, What a
+predictor sees).
 
 Each predictor gives one number per rated supporter turn (:class:`~.points.Item`) from the turn and its
-real context only, or None with a reason (counted, never dropped silently). Higher should mean "the
-seeker found this more helpful":
-
-* ``user:NAME`` (``--user``): a simulated user reacts to the turn; the number is its emotion change.
-  ``reaction`` is RAPO's reaction simulator (change on ``[-10, 10]``), ``sage`` RLVER's SAGE-style
-  user (the signed change of its 0-100 emotion, from 40), anything else a simulator plugin
-  (:func:`rapo_echo.simulators.base.build_simulator`). Its next message is kept beside the number.
-* ``reward:NAME`` (``--reward``): a reward plugin scores the turn as the reply to its context (judge
-  rewards use the ``--judge`` engine).
-* baselines: ``random`` (uniform, seeded per turn), ``length`` (words in the turn), ``questions``
-  (share of the turn's sentences that are questions).
-
-Every stage is one batched call over all turns of a batch of points.
-"""
+real context only, or None with a reason (counted, never dropped silently); higher should mean "the
+seeker found this more helpful". Every stage is one batched call over all turns of a batch of points."""
 
 from __future__ import annotations
 

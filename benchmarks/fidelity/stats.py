@@ -1,23 +1,17 @@
 """Rank statistics of the fidelity benchmark: average ranks, Spearman's rho and Kendall's tau-b (through
-``scipy.stats``) and within-dialogue pairwise agreement; their intervals resample whole dialogues with the
-benchmarks' one bootstrap (:func:`rapo_echo.benchmarks.stats.bootstrap_ci`).
+``scipy.stats``) and within-dialogue pairwise agreement (definitions: docs/fidelity.md); their intervals
+resample whole dialogues with the benchmarks' one bootstrap (:func:`rapo_echo.benchmarks.stats.bootstrap_ci`).
 
 The bootstrap stays ours rather than ``scipy.stats.bootstrap``: a resample of dialogues may leave a
 statistic undefined (one rating level left), and such resamples are dropped, while scipy's interval
-needs a value from every resample; ours also resamples group indices with the statistic evaluated on
-each, which keeps every seeded interval the benchmark has reported.
+needs a value from every resample. The statistics have weighted forms (:class:`RankedPoints`, a weight
+per point: how many times its dialogue was drawn) that equal the plain ones on the data with every point
+repeated its weight's number of times, computed with numpy over all points at once
+(``perf/bench_fidelity_summary.py``).
 
-A bootstrap resample is a weight vector (how many times each dialogue was drawn), and the statistics
-have weighted forms (:class:`RankedPoints`) that equal the plain ones on the data with every point
-repeated its weight's number of times, computed with numpy over all points at once, the distinct values
-sorted once: a resample costs a few array passes, not a Python loop over points (see
-``perf/bench_fidelity_summary.py`` and docs/results.md).
-
-Ties: ranks of tied values are their average rank (so Spearman's rho is Pearson's r of the average
-ranks); Kendall's tau-b corrects for ties on either side; in pairwise agreement a pair the prediction
-ties counts 0.5 (half agreeing), a pair the ratings tie is not a pair. A statistic that is undefined
-(fewer than two values, or one side constant) is ``None``, never 0.
-"""
+Ties: tied values share their average rank; Kendall's tau-b corrects for ties on either side; in pairwise
+agreement a pair the prediction ties counts 0.5, a pair the ratings tie is not a pair. A statistic that
+is undefined (fewer than two values, or one side constant) is ``None``, never 0."""
 
 from __future__ import annotations
 

@@ -1,25 +1,14 @@
 """SAGE ("Sentient Agent as a Judge", arXiv 2505.02847): the policy supports a simulated user whose
-emotion is the score (research notes: ``rlver.md`` sections 1 and 3).
+emotion is the score (research notes: ``rlver.md`` sections 1 and 3; the protocol, the ending rules and
+what is reported: docs/benchmarks.md).
 
-Live mode (``rapo-echo eval --benchmark sage``): each profile's dialogue opens with its ``first_talk``
-(written by the simulator when the profile has none); then the dialogues advance together
-(:func:`~rapo_echo.llm.turns.advance_together`: in lockstep over the batch, or, with a served simulator,
-each dialogue's simulator calls in flight while the policy answers the dialogues that are back): the policy
-replies (one call) and the :class:`~rapo_echo.simulators.sage.SageSimulator` with the ``sage`` preset
-updates the emotion and answers (one call each). A policy request that fails for good (a served policy)
-makes its dialogue invalid. As in SAGE's released loop (``SAGE/test_npc.py``) the
-policy writes at most ``max_turns`` (10) replies and the simulator reacts to all but the last, so the
-final emotion comes after at most 9 reactions; a dialogue also stops when the user says goodbye, at
-emotion >= 100, or below 10. Reported: the SAGE score (mean final emotion), successes (>= 100) and
-failures (< 10) as counts, the average number of policy replies, and transcripts with the emotion and
-inner thoughts of every turn. A dialogue whose simulator output never parses is invalid: counted,
-excluded from the metrics.
-
-Transcripts mode (``--transcripts DIR``): scores dialogues already run, in SAGE's released result format
-(``SAGE/dataset/<simulator>_based_simulator/<model>_result.jsonl``: one JSON object a line with ``id``,
-the final ``emo_point``, ``emo_state`` and ``history``, whose user turns carry ``emotion-point`` and the
-simulator's ``planning``), so published leaderboard figures can be recomputed.
-"""
+Live mode (``rapo-echo eval --benchmark sage``): the dialogues advance together
+(:func:`~rapo_echo.llm.turns.advance_together`); the policy replies and the
+:class:`~rapo_echo.simulators.sage.SageSimulator` with the ``sage`` preset updates the emotion and
+answers, as in SAGE's released loop (``SAGE/test_npc.py``). A dialogue whose simulator output never
+parses, or whose policy request fails for good, is invalid: counted, excluded from the metrics.
+Transcripts mode (``--transcripts DIR``, :mod:`.transcripts`) scores dialogues already run, in SAGE's
+released result format."""
 
 from __future__ import annotations
 
@@ -55,10 +44,8 @@ DEFAULT_MAX_TURNS = 10
 DEFAULT_SIMULATOR_TOKENS = 512
 SUCCESS_AT = 100.0
 FAILURE_BELOW = 10.0
-# The policy's system prompt by default (``--sage-system-prompt sage``): in our words, the kind of prompt
-# SAGE's released loop gives the model under test (a warm, emotionally intelligent chat partner who
-# puts the person at ease or gets them the help they need; rlver.md 1.3), so a score is comparable
-# with SAGE's leaderboard. ``ours`` uses ``--system-prompt`` instead.
+# The policy's system prompt with ``--sage-system-prompt sage`` (the default): the kind SAGE's released loop
+# gives the model under test, in our words (rlver.md 1.3), so a score is comparable with SAGE's leaderboard.
 SAGE_POLICY_PROMPT = (
     "You are a perceptive conversation partner with a high degree of emotional intelligence. Talk with "
     "the person so that they feel at ease and in better spirits, or so that they get the help they are "
@@ -100,14 +87,11 @@ def summarize_outcomes(records: Sequence[Record]) -> dict[str, Any]:
         values = [m[key] for m in valid if key in m]
         if values:
             out[key] = mean(values)
-    styles = sorted({r["info"].get("style") for r in records if r.get("valid") and r["info"].get("style")})
-    for style in styles:
-        mine = [
-            r["metrics"]["final_emotion"]
-            for r in records
-            if r.get("valid") and r["info"].get("style") == style
-        ]
-        out[f"score/{style}"] = mean(mine)
+    by_style: dict[str, list[float]] = {}
+    for r in records:
+        if r.get("valid") and r["info"].get("style"):
+            by_style.setdefault(r["info"]["style"], []).append(r["metrics"]["final_emotion"])
+    out.update({f"score/{style}": mean(values) for style, values in sorted(by_style.items())})
     return out
 
 

@@ -1,22 +1,15 @@
 """Emotional state tracking in SAGE: does the policy perceive how the simulated user feels?
+(docs/reading-results.md, Hard-to-help seekers)
 
-The simulated user's emotion (0-100) is hidden from the policy. With the state probe
-(``--state-probe``; on by default with ``--profiles hard``) the policy is asked, beside the dialogue and
-before each of its replies, how the person feels right now on the same 0-100 scale (:func:`probe_prompt`:
-the dialogue fenced, the answer a bare integer, :data:`PROBE_FORMAT`); its answer never enters the
-dialogue. Per dialogue, against the hidden emotion at that moment (the emotion the user's last message
-was written from):
+The policy is asked, beside the dialogue and before each of its replies, how the person feels right now
+on the simulator's hidden 0-100 scale (:func:`probe_prompt`: the dialogue fenced, the answer a bare
+integer, :data:`PROBE_FORMAT`); its answer never enters the dialogue. Per dialogue, against the hidden
+emotion the user's last message was written from: ``tracking_error``, the mean absolute difference (in
+emotion points), and ``tracking_direction``, the share of consecutive probes where the estimate moved
+the way the hidden emotion did (both up, both down, or both unchanged; 0.5 about chance).
 
-* ``tracking_error``: the mean absolute difference between the policy's estimate and the hidden
-  emotion (0 = perfect, in emotion points);
-* ``tracking_direction``: over consecutive probes, the share where the estimate moved the way the hidden
-  emotion did (both up, both down, or both unchanged): 1 = every change followed, 0.5 about chance for
-  a policy that guesses a direction.
-
-This is our measure, after the question "Can You Break RLVER?" (arXiv 2605.07138) asks with its
-Emotional Consistency Score -- whether a policy tracks the user's state as well as it improves it; the
-ECS formula itself was not available to us (docs/reading-results.md), so the two are not the same number.
-"""
+Ours, after the question "Can You Break RLVER?" (arXiv 2605.07138) asks with its Emotional Consistency
+Score, whose formula was not available to us: the two are not the same number."""
 
 from __future__ import annotations
 

@@ -1,20 +1,15 @@
 """SOTOPIA-Eval: the seven dimensions, the evaluator prompt, and its declared answer.
 
 Dimensions and ranges as in sotopia's ``SotopiaDimensions`` (descriptions in our words); overall is the
-unweighted mean of the seven. The evaluator sees everything (both backgrounds with secrets, both goals,
-the whole episode) and scores one agent, one dimension per prompt: it writes its reasoning, then a score
-in the dimension's range, as a JSON object ``{"reasoning": "...", "score": N}`` under a schema
-(:func:`dimension_format`) that an engine with structured output enforces, so the score is always an
-integer in range. One prompt per dimension rather than one object for all seven: each answer stays short
-(a reasoning of at most :data:`REASONING_CHARS` characters fits the judge's usual token budget, where
-seven would not), the engine enforces each dimension's own range (one batched call per dimension over
-the episodes), a small evaluator faces one rubric at a time, and a failed dimension is asked again alone;
-the cost is seven prefills of the episode instead of one. A dimension whose answer stays unreadable
-after the retries makes the case invalid (counted, not scored).
+unweighted mean of the seven. The evaluator sees both backgrounds, both goals and the whole episode and
+scores one agent, one dimension per prompt, as ``{"reasoning": "...", "score": N}`` under a schema
+(:func:`dimension_format`). One prompt per dimension rather than one object for all seven: each answer
+stays short (at most :data:`REASONING_CHARS` of reasoning), the engine enforces each dimension's own
+range, a small evaluator faces one rubric at a time, and a failed dimension is asked again alone; the
+cost is seven prefills of the episode instead of one.
 
 Scores are read from text under the schema, not from label log-probs: a score is a signed multi-token
-number (``-10``), which a first-token log-prob cannot tell apart from ``-1``.
-"""
+number (``-10``), which a first-token log-prob cannot tell apart from ``-1``."""
 
 from __future__ import annotations
 

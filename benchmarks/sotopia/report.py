@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rapo_echo.benchmarks.plots import grouped_bars
+from rapo_echo.benchmarks.plots import bars_figure, png_base64
 from rapo_echo.benchmarks.sotopia.evaluator import DIMENSIONS
 
 
@@ -18,4 +18,5 @@ def dimensions_figure(evals: Sequence[Any], img: Callable[[str, str], str]) -> s
         return None
     dims = [*DIMENSIONS, "overall"]
     series = {e.label: [e.summary["metrics"].get(d) for d in dims] for e in sotopia}
-    return img(grouped_bars("SOTOPIA: score per dimension", dims, series), "SOTOPIA dimensions")
+    figure = bars_figure("SOTOPIA: score per dimension", dims, series)
+    return img(png_base64(figure), "SOTOPIA dimensions")

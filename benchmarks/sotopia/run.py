@@ -1,20 +1,12 @@
-"""SOTOPIA benchmark: the policy plays one agent of a social scenario, a partner model the other.
+"""SOTOPIA benchmark: the policy plays one agent of a social scenario, a partner model the other
+(protocol, ending rules and scorers: docs/benchmarks.md).
 
-Each scenario/agent pair gives two cases, the policy playing agent 1 and then agent 2 (sotopia's full
-protocol). Agents act in round-robin order, agent 1 first; one batched engine call per role per turn
-covers every active episode, and with a served partner its call goes out while the policy writes (the
-episodes where the policy acts and those where the partner acts do not depend on each other). An
-episode ends after ``max_turns`` actions (default 20), when an agent leaves, or after more than 2
-consecutive ``none`` actions (sotopia's ``RuleBasedTerminatedEvaluator``).
-The evaluator then scores the policy's agent on the seven SOTOPIA-Eval dimensions; overall = their mean.
-The scorer is ours (``--scorer ours``, the default: the ``judge`` role at temperature 0, one prompt per
-dimension asking for reasoning then a score under a JSON schema, :mod:`.evaluator`) or SOTOPIA's own
-evaluator (``--scorer sotopia``, :mod:`.official`, with the official package and ``--sotopia-model``);
-each record names its scorer (``info['scorer']``) and the summary counts them. An answer that stays
+Each scenario/agent pair gives two cases, the policy playing agent 1 and then agent 2. Agents act in
+round-robin order, agent 1 first; one batched engine call per role per turn covers every active episode,
+and with a served partner its call goes out while the policy writes. The scorer is ours (:mod:`.evaluator`)
+or SOTOPIA's own (:mod:`.official`); each record names it (``info['scorer']``). An answer that stays
 unreadable after the retries, or a request that fails for good, makes the case invalid (counted, not
-scored). The summary reports every
-dimension and overall over all valid cases, and goal / overall over the hard subset.
-"""
+scored)."""
 
 from __future__ import annotations
 
