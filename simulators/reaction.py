@@ -1,19 +1,12 @@
-"""One-step reaction simulator ("echo"): how the person reacts to one candidate supporter reply.
+"""One-step reaction simulator ("echo"): how the person reacts to one candidate supporter reply
+(docs/algorithms/rapo.md).
 
-RAPO judges replies by their consequence (docs/algorithms/rapo.md): for each (context, candidate
-reply) the simulator plays the person behind the hidden profile and returns what they say next, how
-their feelings changed and a short inner thought. Every stage is one batched engine call; on a served
-simulator the message and the emotion read go out together (one round).
-
-* Log-prob mode (the engine exposes log-probs): the next message is generated with the roles flipped
-  (the simulator LLM is ``assistant`` = the person, the supporter's turns are ``user`` turns) as one
-  bounded line (:data:`MESSAGE_FORMAT`), the emotion change is read from the probabilities of the labels
-  ``1``..``7`` (see :func:`emotion_delta`), and, with ``with_thought``, one more generation writes the
-  inner thought (one bounded line, :data:`THOUGHT_FORMAT`).
-* Text mode: one generation per attempt writes a JSON object (:meth:`ReactionSimulator.answer_format`:
-  ``reply``, ``thought`` when asked, and the integer ``valence_change`` in ``[-scale, scale]``) that an
-  engine with structured output enforces; what does not parse is asked again together, then marked
-  invalid (never a silent 0).
+For each (context, candidate reply) the simulator plays the person behind the hidden profile and returns
+what they say next, how their feelings changed and a short inner thought; each stage is one batched call.
+Log-prob mode writes the message with the roles flipped (:data:`MESSAGE_FORMAT`), reads the change from
+the labels ``1``..``7`` (:func:`emotion_delta`) and, with ``with_thought``, writes the thought
+(:data:`THOUGHT_FORMAT`). Text mode asks for the JSON object of :meth:`ReactionSimulator.answer_format`;
+what does not parse is asked again, then invalid (never a silent 0).
 """
 
 from __future__ import annotations

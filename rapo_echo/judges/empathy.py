@@ -1,25 +1,15 @@
 """Echo-N1's empathy judge: profile the person's needs, then compare a reply with a reference reply
 (docs/algorithms/echo_n1.md).
 
-1. **Need analysis** (once per scenario, one batched call): what the person needs right now on three
-   axes, cognitive (to understand, or be understood accurately), affective (to have their feelings
-   noticed and accepted) and proactive (to move forward: a next step, encouragement, help to act).
-   Each axis is one prompt that continues ``<Axis> need:`` for one line, declared as one bounded line
-   (:data:`~rapo_echo.llm.answers.FIELD_LINE`); an empty or garbled line is retried, then the analysis
-   is invalid.
-2. **Comparison**: the dialogue, the analysis and two replies ``A`` / ``B``; the verdict ``A``, ``B``
-   or ``tie`` (without ``ties``: ``A`` or ``B``) is read from label probabilities or parsed text
-   (:mod:`rapo_echo.judges.verdict`). Which of the two is the policy's reply is the caller's choice
-   (both orders or a random one: see :mod:`rapo_echo.rewards.echo_n1`); every decision is tallied in
-   :attr:`EmpathyJudge.position_bias` (the share that went to the reply shown first).
-3. **Dominant need** (only for the optional process term): the axis the judge considers most pressing,
-   ``C`` / ``A`` / ``P``, compared with the scenario's annotated need (:func:`annotated_axis`).
+1. **Need analysis** (once per scenario): one bounded line per axis (:data:`AXES`), each continuing
+   ``<Axis> need:``; an empty or garbled line is retried, then the analysis is invalid.
+2. **Comparison**: the verdict ``A``, ``B`` or ``tie`` (without ``ties``: ``A`` or ``B``) over two
+   replies (:mod:`rapo_echo.judges.verdict`); every decision is tallied in
+   :attr:`EmpathyJudge.position_bias`.
+3. **Dominant need** (only for the optional process term): ``C`` / ``A`` / ``P``, compared with the
+   scenario's annotated need (:func:`annotated_axis`).
 
-The formulas (outcome per presentation, averaging the orders, the process factor) are the pure
-functions below. The dialogue, persona, profile, analysis and replies are fenced. Before any prompt is
-built, every text is screened for words aimed at the judge (:mod:`rapo_echo.llm.judge_screen`): a compared
-reply under ``addressed`` (default ``floor``: it loses the comparison without the model being asked; two
-such replies tie), the dialogue, persona and profile under ``addressed_context`` (default ``strip``).
+Every text is screened (:mod:`rapo_echo.llm.judge_screen`) and fenced before a prompt is built.
 """
 
 from __future__ import annotations

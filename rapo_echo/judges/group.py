@@ -1,46 +1,14 @@
 """RAPO's generative group judge (GRM): ranks a group of candidate replies by the person's reactions
-and writes a short critique of each (docs/algorithms/rapo.md).
+and writes a short critique of each (docs/algorithms/rapo.md: the ``ties`` rules, ``orders`` and their
+study; docs/judges.md: the ``addressed`` policies).
 
-The judge sees the context (and, with ``show_profile``, the hidden profile) and the group's
-``reply -> reaction`` pairs, anonymised as ``A``, ``B``, ... and, with ``shuffle``, presented in a
-random order drawn from ``rng``; results are mapped back to the caller's order.
-
-* Log-prob mode: one ``choice_logprobs`` call for all groups (and both passes) reads P(best) over the
-  group's labels right after the prefix ``... helped the person most is Reply``; the options are the
-  labels with a leading space (``" A"``, ``" B"``, ...), single tokens in common BPE vocabularies.
-  How the ranks come out of those probabilities is ``ties`` (``rapo.judge.ties``):
-
-  - ``chained``: rank by P(best); neighbours closer than ``tie_eps`` tie, chained, so one block can
-    span many times ``tie_eps`` (the rule before the study in docs/algorithms/rapo.md);
-  - ``leader``: rank by P(best); a tie block holds the scores closer than ``tie_eps`` to its best one;
-  - ``none``: rank by P(best); only equal probabilities tie;
-  - ``sequential`` (listwise, Plackett-Luce style selection): the most likely best reply takes rank 1,
-    then the judge is asked again without it, and so on: G - 1 batched calls, no ties;
-  - ``pairwise``: every pair shown in both orders (G (G - 1) prompts, one batched call); a reply's score
-    is its expected share of wins, the mean over those presentations of P(it helped more).
-
-  A group whose label log-probs are unusable (NaN, or no label among a server's top log-probs) is
-  invalid and counted, with a warning naming the engine and its endpoint.
-* Text mode: one generation per presentation asks for ``{"ranking": ["B", "A", "C"]}``, declared as
-  :func:`ranking_format` (the group's labels, exactly G items) so that an engine with constrained
-  decoding can only write that; a list that is not a permutation of the labels stays invalid
-  (:func:`ranking_ranks`). Unparseable answers are asked again together, then the group is invalid.
-* Presentation orders (position-bias control, :mod:`rapo_echo.judges.bias`): ``orders: both`` (the
-  default) ranks each group in its G cyclic shifts, every candidate once in every slot, and averages
-  the rank vectors; ``random`` shows one (shuffled) order; ``auto`` starts with ``both`` and keeps it
-  while the measured first-slot share exceeds ``auto_threshold``. ``reverse_pass`` adds each order
-  reversed. An invalid pass makes the group invalid. Every pass's decision is tallied in
-  :attr:`GroupJudge.position_bias` (how often the candidate shown first took rank 1, against 1/G).
-* Critiques: one batched generation, one prompt per (group, candidate), contrasting the candidate with
-  the group's best one; declared as a short bounded paragraph (:data:`CRITIQUE_FORMAT`).
-* Untrusted text (context, profile, replies, reactions, thoughts) reaches the prompts only in fenced
-  blocks (:mod:`rapo_echo.llm.fencing`; one marker per call, drawn from ``rng``, so a group's prompts
-  keep their shared prefix), and a text answer is parsed from the judge's own words only.
-* Before that, every text is screened for words aimed at the judge (:mod:`rapo_echo.llm.judge_screen`):
-  a reply under ``addressed`` (default ``floor``: the reply is left out of the judging and takes the
-  group's last rank, shared with any other such reply, and P(best) 0; ``invalid`` makes the group
-  invalid; ``strip`` ranks the rest of the reply), the dialogue, profile and reactions under
-  ``addressed_context`` (default ``strip``; ``invalid`` makes the group invalid).
+Candidates are shown anonymised as ``A``, ``B``, ... (shuffled with ``shuffle``); results come back in
+the caller's order. Log-prob mode reads P(best) over the space-prefixed labels after :data:`BEST_PREFIX`
+in one ``choice_logprobs`` call; text mode asks for :func:`ranking_format` and keeps only a permutation
+of the labels. A group whose label log-probs are unusable (NaN, or no label among a server's top
+log-probs) is invalid, counted and warned about. Untrusted text reaches the prompts only fenced (one
+marker per call, so a group's prompts share their prefix) and is screened first
+(:mod:`rapo_echo.llm.judge_screen`).
 """
 
 from __future__ import annotations

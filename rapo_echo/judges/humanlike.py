@@ -1,17 +1,10 @@
 """Echo-N1's humanlike judge: does a reply read as written by a human, or by an AI assistant?
 (docs/algorithms/echo_n1.md)
 
-* Context-aware (default): the judge sees the dialogue so far and the reply, so a reply that does not
-  fit its conversation (a foreign or shuffled context) counts as not human; context-free
-  (``context_aware=False``) sees the reply alone.
-* The score is P(human): read from the label probabilities of ``human`` / ``AI`` after ``Verdict:``
-  where the engine exposes log-probs, else 1 / 0 from the JSON verdict the judge writes under a declared
-  format (retried, then invalid). ``reasoning`` makes the judge write a ``Reasoning:`` line first (see
-  :mod:`rapo_echo.judges.verdict`).
-* The dialogue and the reply reach the prompt only inside fenced blocks (:mod:`.fencing`).
-* A reply that addresses the judge is handled by ``addressed``, a dialogue turn that does by
-  ``addressed_context`` (both default ``lower``: the lower P(human) of the texts as written and with
-  the suspect spans set aside; :mod:`rapo_echo.llm.judge_screen`).
+The score is P(human), read from the label probabilities of ``human`` / ``AI`` after ``Verdict:``, or
+1 / 0 from the JSON verdict in text mode (:mod:`rapo_echo.judges.verdict`). Context-aware (default), the
+judge also sees the dialogue, so a reply that does not fit its conversation counts as not human. Texts are
+screened (:mod:`rapo_echo.llm.judge_screen`) and fenced.
 """
 
 from __future__ import annotations

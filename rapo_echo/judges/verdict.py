@@ -1,22 +1,13 @@
 """The answers of the Echo-N1 judges (humanlike, empathy, dominant need): a choice among labels, with or
 without a short reasoning first.
 
-* Log-prob mode (the engine exposes log-probs): the label is read from the label tokens'
-  probabilities right after the prefix ``Verdict:`` (one forward, a distribution); with ``reasoning``
-  on, one batched generation first writes the judge's ``Reasoning:`` line (declared as one bounded line,
-  :data:`REASONING_LINE`) and the label is read after it (a generative judge that reasons before its
-  verdict, as Echo-N1's are said to). The prompt asks for exactly those lines.
-* Text mode: the judge answers one JSON object, :func:`verdict_format` (``{"reasoning": ...,
-  "verdict": "A"}``; ``reasoning`` only when asked for), declared to the engine so that one with
-  constrained decoding can only write that; it is read by :meth:`AnswerFormat.parse
-  <rapo_echo.structured.AnswerFormat.parse>`, the one parser; an answer that does not parse is
-  retried, then invalid (``None``), never 0. Given the prompts' ``fence``, only the judge's own words
-  are parsed (:meth:`~rapo_echo.llm.fencing.Fence.own_words` with ``copies=True``, as the generic
-  ``judge`` reward does): a quoted reply that holds a verdict, with or without its fence markers, never
-  lends the judge its label; the verdict is the JSON field, not a line of quoted text.
+* Log-prob mode: the label is read from the label tokens' probabilities right after ``Verdict:``; with
+  ``reasoning``, one batched generation first writes a bounded ``Reasoning:`` line (:data:`REASONING_LINE`).
+* Text mode: one JSON object, :func:`verdict_format`, declared to the engine and read from the judge's
+  own words only (docs/judges.md: a quoted reply never lends the judge its label); what does not parse is
+  retried, then invalid (``None``), never 0.
 
-Labels are words such as ``human`` / ``AI`` or ``A`` / ``B`` / ``tie``; as log-prob options they get a
-leading space (``" human"``), a single token in common BPE vocabularies.
+As log-prob options labels get a leading space (``" human"``), a single token in common BPE vocabularies.
 """
 
 from __future__ import annotations
