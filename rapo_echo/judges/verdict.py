@@ -226,8 +226,10 @@ class VerdictJudge:
         rng: random.Random | None = None,
         addressed: str = DEFAULT_POLICY,
         addressed_context: str = DEFAULT_CONTEXT_POLICY,
+        owner: str | None = None,
     ) -> None:
-        owner = type(self).__name__
+        """``owner`` names the judge in errors (default: its class)."""
+        owner = owner or type(self).__name__
         check_logprobs_mode(owner, use_logprobs)
         self.screen = JudgeScreen(addressed, addressed_context, owner=owner)
         if max_retries < 0 or max_new_tokens < 1:

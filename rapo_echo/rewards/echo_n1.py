@@ -29,7 +29,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
 from rapo_echo.engines.concurrency import calls_concurrently, together
@@ -51,14 +51,13 @@ from rapo_echo.judges.empathy import (
     process_factor,
 )
 from rapo_echo.judges.humanlike import HumanlikeJudge
-from rapo_echo.llm.answers import check_logprobs_mode
-from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, check_policies
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
 from rapo_echo.text import is_blank
 from rapo_echo.types import Sample, Scenario
 
 log = logging.getLogger(__name__)
+J = TypeVar("J", HumanlikeJudge, EmpathyJudge)
 DOMAINS = ("empathy", "chitchat")
 ROUTES = ["empathy", "humanlike"]  # the judges the router can send a sample to (metrics show each share)
 
@@ -69,16 +68,12 @@ def _needs_judge(ctx: RewardContext, name: str) -> Any:
     return ctx.judge
 
 
-def _check_mode(name: str, use_logprobs: str) -> None:
+def _judge(cls: type[J], ctx: RewardContext, name: str, seed: int, settings: dict[str, Any]) -> J:
+    """A ``cls`` judge on the judge engine, seeded; its settings' errors are config errors naming the
+    reward."""
+    engine = _needs_judge(ctx, name)
     try:
-        check_logprobs_mode(f"rewards: {name}", use_logprobs)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _check_policies(name: str, addressed: str, addressed_context: str) -> None:
-    try:
-        check_policies(f"rewards: {name}", addressed, addressed_context)
+        return cls(engine, rng=random.Random(seed), owner=f"rewards: {name}", **settings)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -94,31 +89,9 @@ class HumanlikeReward:
 
     name = "humanlike"
 
-    def __init__(
-        self,
-        ctx: RewardContext,
-        context_aware: bool = True,
-        reasoning: bool = False,
-        use_logprobs: str = "auto",
-        max_retries: int = 2,
-        max_new_tokens: int = 64,
-        seed: int = 0,
-        addressed: str = DEFAULT_POLICY,
-        addressed_context: str = DEFAULT_CONTEXT_POLICY,
-    ) -> None:
-        _check_mode(self.name, use_logprobs)
-        _check_policies(self.name, addressed, addressed_context)
-        self.judge = HumanlikeJudge(
-            _needs_judge(ctx, self.name),
-            context_aware=context_aware,
-            reasoning=reasoning,
-            use_logprobs=use_logprobs,
-            max_retries=max_retries,
-            max_new_tokens=max_new_tokens,
-            rng=random.Random(seed),
-            addressed=addressed,
-            addressed_context=addressed_context,
-        )
+    def __init__(self, ctx: RewardContext, seed: int = 0, **settings: Any) -> None:
+        """``settings``: those of :class:`~rapo_echo.judges.humanlike.HumanlikeJudge`."""
+        self.judge = _judge(HumanlikeJudge, ctx, self.name, seed, settings)
 
     @property
     def stats(self) -> Counter[str]:
@@ -158,24 +131,15 @@ class EmpathyReward:
         injection_probe: int = 8,
         process: bool = False,
         needs: bool = True,
-        ties: bool = True,
         reference: str = "auto",
         reference_model: str = "judge",
         reference_cache: str | None = None,
         reference_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         reference_max_new_tokens: int = 96,
-        reasoning: bool = False,
-        use_logprobs: str = "auto",
-        max_retries: int = 2,
-        max_new_tokens: int = 64,
-        need_tokens: int = 40,
-        show_profile: bool = False,
         seed: int = 0,
-        addressed: str = DEFAULT_POLICY,
-        addressed_context: str = DEFAULT_CONTEXT_POLICY,
+        **settings: Any,
     ) -> None:
-        _check_mode(self.name, use_logprobs)
-        _check_policies(self.name, addressed, addressed_context)
+        """``settings``: those of :class:`~rapo_echo.judges.empathy.EmpathyJudge`."""
         self.outcome = _choice(self.name, "outcome", outcome, ("discrete", "probability"))
         self.order = _choice(self.name, "order", order, ("both", "random", "auto", "fixed"))
         try:
@@ -191,19 +155,7 @@ class EmpathyReward:
         self.process = process
         self.needs = needs
         self.ctx = ctx
-        self.judge = EmpathyJudge(
-            _needs_judge(ctx, self.name),
-            reasoning=reasoning,
-            use_logprobs=use_logprobs,
-            max_retries=max_retries,
-            max_new_tokens=max_new_tokens,
-            need_tokens=need_tokens,
-            ties=ties,
-            show_profile=show_profile,
-            rng=random.Random(seed),
-            addressed=addressed,
-            addressed_context=addressed_context,
-        )
+        self.judge = _judge(EmpathyJudge, ctx, self.name, seed, settings)
         self.rng = random.Random(seed + 1)
         self.reference_model = reference_model
         self.reference_cache = reference_cache
