@@ -15,6 +15,7 @@ import math
 import random
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
@@ -63,40 +64,31 @@ def _unquote(text: str) -> str:
     return text
 
 
+@dataclass(eq=False)
 class ReactionSimulator(UserSimulator):
     """Plays the person of each scenario's hidden profile and reacts to candidate replies."""
 
-    def __init__(
-        self,
-        engine: ChatEngine,
-        *,
-        scale: float = 10.0,
-        use_logprobs: str = "auto",
-        max_new_tokens: int = 96,
-        thought_tokens: int = 40,
-        temperature: float = 0.7,
-        max_retries: int = 2,
-        with_thought: bool = True,
-        rng: random.Random | None = None,
-    ) -> None:
-        """``rng`` (e.g. the algorithm's seeded, checkpointed generator) draws each batch's fence marker;
-        without one the marker is a hash of the batch's texts."""
-        if scale <= 0:
-            raise ValueError(f"ReactionSimulator: scale must be > 0, got {scale}")
-        check_logprobs_mode("ReactionSimulator", use_logprobs)
-        if max_new_tokens < 1 or thought_tokens < 1:
+    engine: ChatEngine
+    _: KW_ONLY
+    scale: float = 10.0
+    use_logprobs: str = "auto"
+    max_new_tokens: int = 96
+    thought_tokens: int = 40
+    temperature: float = 0.7
+    max_retries: int = 2
+    with_thought: bool = True
+    # draws each batch's fence marker (e.g. the algorithm's seeded, checkpointed generator); None: a hash
+    # of the batch's texts
+    rng: random.Random | None = None
+
+    def __post_init__(self) -> None:
+        if self.scale <= 0:
+            raise ValueError(f"ReactionSimulator: scale must be > 0, got {self.scale}")
+        check_logprobs_mode("ReactionSimulator", self.use_logprobs)
+        if self.max_new_tokens < 1 or self.thought_tokens < 1:
             raise ValueError("ReactionSimulator: max_new_tokens and thought_tokens must be >= 1")
-        if max_retries < 0:
-            raise ValueError(f"ReactionSimulator: max_retries must be >= 0, got {max_retries}")
-        self.engine = engine
-        self.scale = scale
-        self.use_logprobs = use_logprobs
-        self.max_new_tokens = max_new_tokens
-        self.thought_tokens = thought_tokens
-        self.temperature = temperature
-        self.max_retries = max_retries
-        self.with_thought = with_thought
-        self.rng = rng
+        if self.max_retries < 0:
+            raise ValueError(f"ReactionSimulator: max_retries must be >= 0, got {self.max_retries}")
 
     # ------------------------------------------------------------------ prompts
     def fence(self, pairs: Sequence[tuple[Scenario, str]]) -> Fence:
