@@ -70,16 +70,14 @@ class SageSettings:
     """How the simulated user behaves (the ``sage`` preset by default; see :func:`preset`).
 
     ``max_turns`` counts the supporter replies the user reacts to; ``floor`` ends a dialogue when the
-    emotion falls below it (at or below it with ``floor_inclusive``); ``end_at_max`` ends it when the
-    emotion reaches 100 (SAGE; RLVER's release does not); ``closing_message`` writes the
-    user's last words after a dialogue has ended (SAGE's transcripts have them; training does not need
-    them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
+    emotion falls below it (at or below with ``floor_inclusive``), ``end_at_max`` when it reaches 100;
+    ``closing_message`` writes the user's last words after the end (SAGE's transcripts; training does not
+    need them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
     ``emotion_readout`` reads the change from the analysis's integer ``shift`` (``text``), from the label
-    probabilities of the options in :data:`CHANGE_OPTIONS` after a free analysis line (``logprobs``;
-    robust with small simulators), or from probabilities when the engine exposes them (``auto``);
-    ``plain_reply`` asks for the user's message alone instead of SAGE's reasoning fields (small
-    simulators). This dataclass keeps SAGE's protocol by default (``text``, reasoning fields); RLVER's
-    run config and ``eval --benchmark sage`` default to ``auto`` and plain replies."""
+    probabilities of :data:`CHANGE_OPTIONS` after a free analysis line (``logprobs``; robust with small
+    simulators) or from probabilities when the engine exposes them (``auto``); ``plain_reply`` asks for
+    the message alone instead of SAGE's reasoning fields. The defaults keep SAGE's protocol; RLVER's run
+    config and ``eval --benchmark sage`` use ``auto`` and plain replies."""
 
     initial_emotion: float = 40.0
     max_delta: float | None = 10.0

@@ -1,25 +1,11 @@
-"""Echo-N1's reward plugins (docs/algorithms/echo_n1.md): ``humanlike``, ``empathy`` and their
-combination ``echo_n1``. Each judges through the run's ``judge`` engine (``rapo_echo.judges``).
-
-* ``humanlike``: P(the reply reads as written by a human), context-aware by default.
-* ``empathy``: the judge profiles the person's cognitive / affective / proactive needs (once per
-  scenario, cached), then compares the policy's reply with a reference reply; P(policy better) + 0.5
-  P(tie) from the verdict probabilities (``outcome: probability``, the default, Echo-N1's
-  P(policy > reference); a text-mode verdict has no probabilities and gives its discrete value) or win /
-  tie / loss -> 1 / 0.5 / 0 (``outcome: discrete``); the pair is shown in both orders and averaged
-  (``order: both``, the default), in one random order (``random``), in both orders while the judge's
-  measured position bias exceeds ``auto_threshold`` after ``auto_probe`` decisions, else one random
-  order (``auto``), or policy first (``fixed``); optionally multiplied by a process factor
-  (``process: true``). :meth:`EmpathyReward.step_metrics` reports the judge's position bias
-  (:mod:`rapo_echo.judges.bias`) each step.
-* ``echo_n1``: ``mode: route`` scores empathy-domain scenarios with ``empathy`` and chit-chat ones with
-  ``humanlike`` (the domain is read from ``meta.domain``, then ``profile.domain``); ``mode: weighted``
-  gives every sample ``w_empathy * empathy + w_humanlike * humanlike``.
+"""Echo-N1's reward plugins (docs/algorithms/echo_n1.md has the formulas and every switch): ``humanlike``
+(P(the reply reads as written by a human)), ``empathy`` (the policy's reply compared with a reference
+reply, after a need analysis; presentation orders and the process factor as configured) and their
+combination ``echo_n1`` (routed by ``meta.domain`` / ``profile.domain``, or weighted).
 
 A sample the judges cannot score gets ``None`` (masked out of the loss and counted), never 0; the
 reason is in the sample's ``info`` and each reward's ``stats``. On a served judge the stages that do not
-depend on each other go out together (:func:`~rapo_echo.engines.concurrency.together`): the references
-with the need analysis, and the empathy judge with the humanlike judge.
+depend on each other go out together (:func:`~rapo_echo.engines.concurrency.together`).
 """
 
 from __future__ import annotations
