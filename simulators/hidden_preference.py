@@ -419,14 +419,9 @@ def parse_rule(spec: Mapping[str, Any], where: str) -> Rule:
             raise ConfigError(f"{where}.pattern: detect 'pattern' needs a regular expression")
         if where_in not in ("reply", "first_sentence"):
             raise ConfigError(f"{where}.where: got {where_in!r}; allowed: reply, first_sentence")
-    return Rule(
-        str(detect),
-        float(weight),
-        _lines(spec, "said", where, DETECTOR_LINES.get(str(detect), {}).get("said", ())),
-        _lines(spec, "thought", where, DETECTOR_LINES.get(str(detect), {}).get("thought", ())),
-        pattern,
-        where_in,
-    )
+    lines = DETECTOR_LINES.get(str(detect), {})
+    said, thought = (_lines(spec, key, where, lines.get(key, ())) for key in ("said", "thought"))
+    return Rule(str(detect), float(weight), said, thought, pattern, where_in)
 
 
 class HiddenPreferenceUser(UserSimulator):
@@ -458,9 +453,7 @@ class HiddenPreferenceUser(UserSimulator):
         self.max_lines = max_lines
         self.judges_copies = any(r.detect == "parrots" for r in self.rules)
         self.lo = sum(r.weight for r in self.rules if r.weight < 0)
-        self.hi = sum(r.weight for r in self.rules if r.weight > 0)
-        if self.hi == self.lo:  # pragma: no cover - weights are non-zero, so hi - lo > 0
-            raise ConfigError("hidden_preference: rules: weights must not all cancel")
+        self.hi = sum(r.weight for r in self.rules if r.weight > 0)  # hi > lo: weights are non-zero
 
     def fired(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> list[Rule]:
         """The rules the reply fires, strongest (largest |weight|) first, then in config order;
