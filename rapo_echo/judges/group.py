@@ -89,6 +89,12 @@ class GroupJudgement:
     attempts: int = 1
 
 
+Groups = Sequence[Sequence[Candidate]]
+Job = tuple[int, Sequence[int]]  # (group index, presentation order in caller indices)
+PassSets = dict[int, list[list[float]]]  # per group: one rank or score vector per usable pass
+CritiqueJob = tuple[int, int, list[float]]  # (group, candidate, the group's ranks)
+
+
 def ranking_format(size: int) -> AnswerFormat:
     """The text-mode answer for a group of ``size``: ``{"ranking": [labels, best first]}``, every item one
     of the group's labels and exactly ``size`` of them (that each appears once is :func:`ranking_ranks`'
@@ -174,7 +180,52 @@ def _fmt(rank: float) -> str:
     return f"{rank:g}"
 
 
-class GroupJudge:
+class GroupRanker:
+    """What the group judges share: :meth:`rank` judges, counts and critiques every group;
+    :meth:`critique` picks the candidates a subclass's ``_critiques`` writes for."""
+
+    stats: Counter[str]
+
+    def rank(
+        self, scenarios: Sequence[Scenario], groups: Groups, *, with_critiques: bool = True
+    ) -> list[GroupJudgement]:
+        """Judge each group (``groups[k]`` answers ``scenarios[k]``); results in the caller's order."""
+        if len(scenarios) != len(groups):
+            raise ValueError(
+                f"{type(self).__name__}.rank: {len(scenarios)} scenarios but {len(groups)} groups"
+            )
+        judged = self._judge(scenarios, groups)
+        self.stats["groups"] += len(groups)
+        self.stats["invalid_groups"] += sum(not j.valid for j in judged)
+        if with_critiques:
+            self.critique(scenarios, groups, judged)
+        return judged
+
+    def critique(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Groups,
+        judged: Sequence[GroupJudgement],
+        which: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        """Fill ``critiques`` in place for the ``(group, candidate)`` pairs in ``which`` (default: every
+        candidate) of the valid groups."""
+        if which is None:
+            which = [(k, i) for k in range(len(groups)) for i in range(len(groups[k]))]
+        jobs = [(k, i, ranks) for k, i in which if (ranks := judged[k].ranks) is not None]
+        for (k, i, _), text in zip(jobs, self._critiques(scenarios, groups, jobs)):
+            judged[k].critiques[i] = text
+
+    def _judge(self, scenarios: Sequence[Scenario], groups: Groups) -> list[GroupJudgement]:
+        raise NotImplementedError
+
+    def _critiques(
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[CritiqueJob]
+    ) -> list[str | None]:
+        raise NotImplementedError
+
+
+class GroupJudge(GroupRanker):
     """Ranks groups of candidate replies by the person's reactions and critiques each candidate."""
 
     def __init__(
@@ -316,16 +367,7 @@ class GroupJudge:
         return [msg("system", CRITIC_SYSTEM), msg("user", body), msg("assistant", CRITIQUE_PREFIX)]
 
     # ------------------------------------------------------------------ running
-    def rank(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        *,
-        with_critiques: bool = True,
-    ) -> list[GroupJudgement]:
-        """Judge each group (``groups[k]`` answers ``scenarios[k]``); results in the caller's order."""
-        if len(scenarios) != len(groups):
-            raise ValueError(f"GroupJudge.rank: {len(scenarios)} scenarios but {len(groups)} groups")
+    def _judge(self, scenarios: Sequence[Scenario], groups: Groups) -> list[GroupJudgement]:
         for k, group in enumerate(groups):
             if not 1 <= len(group) <= len(LABELS):
                 raise ValueError(f"GroupJudge.rank: group {k} has {len(group)} candidates; allowed 1..26")
@@ -346,15 +388,10 @@ class GroupJudge:
         by_group = dict(zip(todo, judged_shown))
         for k, aside in zip(lowered, judged_shown[len(todo) :]):
             by_group[k] = self._lower(by_group[k], aside, screened[k][4][2])  # type: ignore[index]  # screened[k][4] is not None for k in lowered
-        judged = [
+        return [
             self._expand(len(group), screened[k][1], screened[k][3], by_group.get(k))
             for k, group in enumerate(groups)
         ]
-        self.stats["groups"] += len(groups)
-        self.stats["invalid_groups"] += sum(not j.valid for j in judged)
-        if with_critiques:
-            self.critique(scenarios, groups, judged)
-        return judged
 
     def step_metrics(self) -> dict[str, float]:
         """This step's position bias (``judge/position_bias/*``) and the texts that addressed the judge
@@ -447,7 +484,7 @@ class GroupJudge:
         raw, attempts = (shown.raw, shown.attempts) if shown is not None else ([], 0)
         return GroupJudgement(ranks, [None] * size, scores, True, raw, attempts)
 
-    def _presentation_orders(self, groups: Sequence[Sequence[Candidate]]) -> list[list[list[int]]]:
+    def _presentation_orders(self, groups: Groups) -> list[list[list[int]]]:
         """Per group, the presentation orders of its passes (caller indices): one order (shuffled with
         ``shuffle``), or under ``orders`` ``both`` (or ``auto`` while biased) its G cyclic shifts, a
         balanced set in which every candidate is shown once in every position; ``reverse_pass`` adds each
@@ -477,10 +514,7 @@ class GroupJudge:
         return average_ranks(mean, higher_is_better=False)
 
     def _rank_logprobs(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        passes: Sequence[Sequence[Sequence[int]]],
+        self, scenarios: Sequence[Scenario], groups: Groups, passes: Sequence[Sequence[Sequence[int]]]
     ) -> list[GroupJudgement]:
         many = [k for k in range(len(groups)) if len(groups[k]) > 1]
         found: dict[int, tuple[list[float], list[float]] | None]
@@ -523,10 +557,7 @@ class GroupJudge:
         return out
 
     def _best_probs(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        jobs: Sequence[tuple[int, Sequence[int]]],
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[Job]
     ) -> list[list[float] | None]:
         """One batched ``choice_logprobs`` call: for each ``(group, presentation order)`` job, P(best) of
         each shown candidate, in presentation order; None where the label log-probs are unusable
@@ -545,15 +576,12 @@ class GroupJudge:
         return out
 
     def _p_best(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        jobs: Sequence[tuple[int, Sequence[int]]],
-    ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[Job]
+    ) -> tuple[PassSets, PassSets]:
         """Ranks by P(best) (ties: ``chained``, ``leader`` or ``none``), per group one rank and one score
         vector per usable pass, in the caller's order."""
-        rank_sets: dict[int, list[list[float]]] = {}
-        score_sets: dict[int, list[list[float]]] = {}
+        rank_sets: PassSets = {}
+        score_sets: PassSets = {}
         for (k, order), shown in zip(jobs, self._best_probs(scenarios, groups, jobs)):
             if shown is None:
                 continue
@@ -567,11 +595,8 @@ class GroupJudge:
         return rank_sets, score_sets
 
     def _sequential(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        jobs: Sequence[tuple[int, Sequence[int]]],
-    ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[Job]
+    ) -> tuple[PassSets, PassSets]:
         """Listwise selection: each round asks every job with two or more candidates left which one helped
         most (one batched call), gives it the next rank and removes it; the last one left takes rank G.
         The scores are the first round's P(best). A job with an unusable round is dropped."""
@@ -598,8 +623,8 @@ class GroupJudge:
         for j, rest in enumerate(left):
             for i in rest:
                 ranks[j][i] = float(len(jobs[j][1]))
-        rank_sets: dict[int, list[list[float]]] = {}
-        score_sets: dict[int, list[list[float]]] = {}
+        rank_sets: PassSets = {}
+        score_sets: PassSets = {}
         for j, ((k, order), r, f) in enumerate(zip(jobs, ranks, first)):
             if j not in failed:
                 self._tally(r, order)
@@ -608,7 +633,7 @@ class GroupJudge:
         return rank_sets, score_sets
 
     def _pairwise(
-        self, scenarios: Sequence[Scenario], groups: Sequence[Sequence[Candidate]], many: Sequence[int]
+        self, scenarios: Sequence[Scenario], groups: Groups, many: Sequence[int]
     ) -> dict[int, tuple[list[float], list[float]] | None]:
         """Every ordered pair of each group in one batched call; scores from :func:`pairwise_scores`, ranks
         by score (exact ties only); None for a group with an unusable pair. Presentation shuffling and
@@ -632,10 +657,7 @@ class GroupJudge:
         return out
 
     def _rank_text(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        passes: Sequence[Sequence[Sequence[int]]],
+        self, scenarios: Sequence[Scenario], groups: Groups, passes: Sequence[Sequence[Sequence[int]]]
     ) -> list[GroupJudgement]:
         jobs = [(k, order) for k, orders in enumerate(passes) if len(groups[k]) > 1 for order in orders]
         results_by_group: dict[int, list[tuple[Sequence[int], Parsed[list[float]]]]] = {}
@@ -690,20 +712,12 @@ class GroupJudge:
             )
         return out
 
-    def critique(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        judged: Sequence[GroupJudgement],
-        which: Sequence[tuple[int, int]] | None = None,
-    ) -> None:
-        """Fill ``critiques`` in place for the ``(group, candidate)`` pairs in ``which`` (default: every
-        candidate of every valid group): one batched generation for all of them."""
-        if which is None:
-            which = [(k, i) for k in range(len(groups)) for i in range(len(groups[k]))]
-        jobs = [(k, i) for k, i in which if judged[k].ranks is not None]
+    def _critiques(
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[CritiqueJob]
+    ) -> list[str | None]:
+        """One batched generation for all the ``(group, candidate)`` jobs."""
         if not jobs:
-            return
+            return []
         # the critic reads the texts without what addresses the judge (not counted again)
         scenarios = [self.screen.scenario(sc, count=False)[0] for sc in scenarios]
         groups = [
@@ -711,7 +725,7 @@ class GroupJudge:
             for g in groups
         ]
         self._fence = fence = Fence(rng=self.rng)
-        prompts = [self.critique_prompt(scenarios[k], groups[k], judged[k].ranks or [], i) for k, i in jobs]
+        prompts = [self.critique_prompt(scenarios[k], groups[k], ranks, i) for k, i, ranks in jobs]
         parsed = generate_parsed(
             self.engine,
             prompts,
@@ -722,8 +736,7 @@ class GroupJudge:
         )
         self._count_calls("critique", parsed)
         self.stats["failed_critiques"] += sum(p.value is None for p in parsed)
-        for (k, i), p in zip(jobs, parsed):
-            judged[k].critiques[i] = p.value
+        return [p.value for p in parsed]
 
     def _count_calls(self, stage: str, parsed: Sequence[Parsed]) -> None:
         """Engine calls made (the most attempts any prompt needed) and prompts asked again."""
