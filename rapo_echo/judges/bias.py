@@ -80,14 +80,11 @@ def probe_detected(scenario: Any, reply: str, attack: str) -> bool:
 
 @dataclass
 class InjectionProbe:
-    """The judge's instruction bias: on the first ``budget`` comparisons of a run, the same comparison is
-    also judged under one attack of :data:`ATTACKS` (in turn), on the policy's reply or on its context.
-    Each probe records the attack, the bare judge's shift (the attacked outcome minus the plain one, the
-    attack shown to the model as written: 0 = the judge ignores it, +1 = it follows it from a sure loss to
-    a sure win), the defended shift (the outcome the reward gives the attacked comparison, through the
-    judge's screen, minus the plain one: at most 0 under the ``floor`` policy) and whether the detector
-    caught it. Logged as ``judge/injection_bias/shift``, ``.../defended_shift``, ``.../detected`` (this
-    step's means), ``.../n`` and per attack ``judge/injection_bias/<attack>/shift`` and ``.../n``."""
+    """The judge's instruction bias (docs/judges.md): on the first ``budget`` comparisons of a run, the same
+    comparison is also judged under one attack of :data:`ATTACKS` (in turn), on the policy's reply or on its
+    context. Each probe records the attack, the bare judge's shift (attacked minus plain outcome: 0 = the
+    judge ignores it, +1 = it follows it from a sure loss to a sure win), the defended shift (the same
+    through the screen) and whether the detector caught it; logged as ``judge/injection_bias/*``."""
 
     budget: int
     shifts: list[float] = field(default_factory=list)

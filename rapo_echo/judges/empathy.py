@@ -232,14 +232,9 @@ class EmpathyJudge(VerdictJudge):
     ) -> list[Verdict]:
         """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``; only the first
         ``measured`` (default: all) count in :attr:`stats`, :attr:`position_bias` and the screen's counts
-        (the rest are probes asked in the same batched call); items from index ``unscreened`` on are shown
-        to the model as they are (the injection probe's measure of the bare judge).
-
-        Screening (:attr:`screen`): under ``lower`` a comparison with a suspect reply or context is judged
-        as written and set aside, in the same batch (:func:`~rapo_echo.llm.judge_screen.lower_verdict`); a
-        reply that addresses the judge loses under ``floor`` (``B`` wins when ``A`` is floored; two
-        floored replies tie) and makes the verdict invalid under ``invalid``, without the model being
-        asked; under ``strip`` its rest is compared."""
+        (the rest are probes in the same batched call); items from index ``unscreened`` on are shown as
+        they are (the injection probe's bare judge). A floored reply loses without the model being asked
+        (two floored replies tie); the policies: docs/judges.md."""
         measured = len(items) if measured is None else measured
         unscreened = len(items) if unscreened is None else unscreened
         verdicts: list[Verdict | None] = [None] * len(items)
