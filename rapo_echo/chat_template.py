@@ -1,20 +1,13 @@
 """The text markers of a tokenizer's chat template, read from the template itself.
 
-Multi-turn rollouts append turns to a token sequence instead of re-rendering the whole conversation
-(``--algo rlver``), and OpenRLHF hands reward functions and agents *text*: prompts rendered through the
-chat template and ``queries`` = prompt + response decoded with special tokens. :class:`ChatMarkers`
-recovers what each message looks like by rendering a probe conversation with sentinel contents, so it
-can
-
-* split a query into (prompt text, reply) at the prompt's last assistant marker,
-* cut a raw reply at its end-of-turn marker (telling whether it ended or was truncated),
-* parse a rendered prompt back into messages,
-* write the text that closes a policy turn and opens the next user and assistant turns.
-
-It supports templates that render every message as ``prefix(role) + content + suffix`` with one
-end-of-turn suffix for user and assistant messages (ChatML, Llama 3, Gemma, Phi-3, SmolLM, Qwen, ...);
-:meth:`ChatMarkers.from_tokenizer` checks the layout with a round trip and raises a clear error for
-any other template.
+Multi-turn rollouts append turns to a token sequence instead of re-rendering the conversation (``--algo
+rlver``), and OpenRLHF hands reward functions and agents *text*. :class:`ChatMarkers` recovers what each
+message looks like by rendering a probe conversation with sentinel contents, so that it can split a query
+into prompt and reply, cut a raw reply at its end-of-turn marker, parse a rendered prompt back into
+messages, and write the text that closes a policy turn and opens the next ones. It supports templates
+that render every message as ``prefix(role) + content + suffix`` with one end-of-turn suffix for user and
+assistant (ChatML, Llama 3, Gemma, Phi-3, SmolLM, Qwen, ...); :meth:`ChatMarkers.from_tokenizer` checks
+the layout with a round trip and raises a clear error for any other template.
 """
 
 from __future__ import annotations

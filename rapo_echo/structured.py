@@ -1,19 +1,13 @@
-"""What a simulator or judge call wants back, declared once and enforced by the engine.
+"""What a simulator or judge call wants back, declared once and enforced by the engine
+(docs/structured-output.md).
 
-An :class:`AnswerFormat` is one of: a JSON schema (``json``), one label out of a few (``choice``), a bounded
-integer (``integer``) or a regular expression (``regex``). A role passes it in
-:attr:`rapo_echo.types.SamplingParams.answer_format`; an engine that can constrain decoding (``hf`` through
-llguidance, ``vllm`` through its structured-output parameters, an ``openai`` server through
-``response_format`` or guided choice / regex) produces only text of that shape; the ``scripted`` engine
-checks its scripted replies against it; every engine's text is then read by :meth:`AnswerFormat.parse`,
-the one parser. JSON schemas are limited to the keywords :func:`validate_json` checks, so that what a
-server or grammar enforces is exactly what we validate.
-
-That subset check stays ours, because it is what the grammar enforces: an ``integer`` is written without a
-fraction (``jsonschema`` takes ``1.0`` as an integer) and keywords outside the subset are refused rather
-than ignored. ``jsonschema`` (Draft 2020-12) checks on top of it: a schema must be well formed (a
-``minimum`` that is a number, ``required`` a list), and a value must pass both (``jsonschema`` tells
-``true`` from ``1`` in an ``enum``, which Python's ``==`` does not).
+An :class:`AnswerFormat` is a JSON schema, one label out of a few, a bounded integer or a regular
+expression. An engine that can constrain decoding produces only text of that shape, the ``scripted``
+engine checks its replies against it, and every engine's text is then read by
+:meth:`AnswerFormat.parse`, the one parser. JSON schemas are limited to the keywords :func:`validate_json`
+checks, so that what a server or grammar enforces is exactly what we validate: that subset check stays
+ours (an ``integer`` has no fraction, unknown keywords are refused), and ``jsonschema`` (Draft 2020-12)
+checks on top of it (a well-formed schema; ``true`` is not ``1`` in an ``enum``).
 """
 
 from __future__ import annotations
@@ -160,6 +154,12 @@ def validate_json(value: Any, schema: Mapping[str, Any], where: str = "$") -> st
     return f"{where}{path}: {error.message}"
 
 
+_SIZED = {  # type: (Python type, its name, the schema's bounds, how a length out of them reads)
+    "array": (list, "an array", "minItems", "maxItems", "{} items, outside"),
+    "string": (str, "a string", "minLength", "maxLength", "length {} outside"),
+}
+
+
 def _subset_problem(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
     if "enum" in schema and value not in schema["enum"]:
         return f"{where}: {value!r} is not one of {schema['enum']}"
@@ -181,24 +181,18 @@ def _subset_problem(value: Any, schema: Mapping[str, Any], where: str) -> str | 
                 if problem:
                     return problem
         return None
-    if kind == "array":
-        if not isinstance(value, list):
-            return f"{where}: expected an array"
-        lo, hi = schema.get("minItems", 0), schema.get("maxItems", len(value))
+    if kind in _SIZED:
+        pytype, noun, lo_key, hi_key, size = _SIZED[kind]
+        if not isinstance(value, pytype):
+            return f"{where}: expected {noun}"
+        lo, hi = schema.get(lo_key, 0), schema.get(hi_key, len(value))
         if not lo <= len(value) <= hi:
-            return f"{where}: {len(value)} items, outside [{lo}, {hi}]"
-        for i, item in enumerate(value):
-            items = schema.get("items")
-            problem = _subset_problem(item, items, f"{where}[{i}]") if items is not None else None
+            return f"{where}: {size.format(len(value))} [{lo}, {hi}]"
+        items = schema.get("items") if kind == "array" else None
+        for i, item in enumerate(value if items is not None else ()):
+            problem = _subset_problem(item, items, f"{where}[{i}]")
             if problem:
                 return problem
-        return None
-    if kind == "string":
-        if not isinstance(value, str):
-            return f"{where}: expected a string"
-        lo, hi = schema.get("minLength", 0), schema.get("maxLength", len(value))
-        if not lo <= len(value) <= hi:
-            return f"{where}: length {len(value)} outside [{lo}, {hi}]"
         return None
     if kind in ("integer", "number"):
         ok = isinstance(value, int) if kind == "integer" else isinstance(value, (int, float))

@@ -1,33 +1,18 @@
-"""The simulated-user protocol RAPO's rollout talks to, and how a simulator is chosen by name.
+"""The simulated-user protocol RAPO's rollout talks to, and how a simulator is chosen by name
+(docs/extending.md#a-simulator-plugin, docs/simulators.md).
 
-A simulated user reacts to candidate supporter replies, a whole batch per call::
+A simulated user reacts to a batch of ``(scenario, reply)`` pairs (``scenario.messages`` the visible
+dialogue, ``scenario.profile`` the hidden profile) and returns per pair, in order, a :class:`Reaction` or
+``None`` when it could not react (the sample is then masked out of the loss and counted, never scored 0;
+so is an emotion change that is not finite or outside ``[-scale, +scale]``).
 
-    class MyUser(UserSimulator):
-        def react(self, pairs):                  # pairs: [(scenario, reply), ...]
-            return [Reaction(message="...", emotion_delta=2.0, thought="...") for _ in pairs]
-
-Each pair is ``(scenario, reply)``: ``scenario.messages`` is the visible dialogue (the context the
-reply answers), ``scenario.profile`` the hidden profile (persona, emotion, problem, situation, need),
-``reply`` the candidate supporter reply. Per pair, in order, the simulator returns a
-:class:`Reaction` (the person's next message, the change of their emotional state in
-``[-scale, +scale]``, optionally an inner thought) or ``None`` when it could not react (the sample
-is then invalid: masked out of the loss and counted, never scored 0). A reaction whose emotion
-change is not finite or outside ``[-scale, +scale]`` counts as invalid too.
-
-A class is a simulator plugin only when it declares itself one: it subclasses :class:`UserSimulator`
-or sets the class attribute ``rapo_echo_simulator = True``. Anything else a config names is refused
-before it is called. The constructor receives the spec's ``args`` (``rapo.simulator.args``) and, when
-it declares parameters of these names, ``engine`` (the run's ``simulator`` role engine), ``scale``
-(``rapo.emotion_scale``) and ``seed`` (``train.seed``).
-
-A simulator with a known ground truth may also have ``hidden_rule_score(reply, heard, earlier)`` (a
-score in [0, 1], logged as ``sim/hidden_rule_score`` and ``val/hidden_rule_score``) and
-``rules_broken(reply, heard, earlier)`` (the names of the negative rules the reply fires, which the
-``rule_floor`` validation check reads); ``heard`` is the person's last message, ``earlier`` the supporter's
-earlier turns. The hidden-preference user has both.
-
-Names resolve to a built-in (:data:`BUILTINS`), a plugin registered in the ``rapo_echo.simulators``
-entry-point group, or a ``module:Class`` / ``module.Class`` path.
+A class is a simulator plugin only when it declares itself one: it subclasses :class:`UserSimulator` or
+sets ``rapo_echo_simulator = True``. Its constructor gets ``rapo.simulator.args`` and, when it declares
+them, ``engine`` (the ``simulator`` role engine), ``scale`` (``rapo.emotion_scale``) and ``seed``
+(``train.seed``). A simulator with a known ground truth may also have ``hidden_rule_score(reply, heard,
+earlier)`` (logged as ``sim/hidden_rule_score``) and ``rules_broken(reply, heard, earlier)`` (read by the
+``rule_floor`` validation check). Names resolve to a built-in (:data:`BUILTINS`), an entry point of the
+``rapo_echo.simulators`` group, or a ``module:Class`` / ``module.Class`` path.
 """
 
 from __future__ import annotations

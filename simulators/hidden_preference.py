@@ -1,42 +1,15 @@
-"""A deterministic simulated user with a hidden preference: RAPO with a known ground truth.
+"""A deterministic simulated user with a hidden preference: RAPO with a known ground truth
+(docs/simulators.md has the default rules, the detectors and the rule mapping).
 
-The person reacts to a supporter reply by a rule the policy never sees. By default they warm up when
-the reply reflects their feeling (names a feeling, addressed to them) and when it asks an open
-question, and they close off when the reply gives advice in its first sentence or when the supporter
-talks about themselves. Each rule that fires adds its weight; with ``s`` the sum of the fired
-weights and ``lo`` / ``hi`` the sums of the negative / positive weights,
-
-* ``hidden_rule_score(reply) = (s - lo) / (hi - lo)`` in [0, 1] (0.5 for the default rules when
-  nothing fires), the ground truth a learning benchmark reports;
-* the emotion change is ``scale * (2 * score - 1)`` in ``[-scale, +scale]``;
-* the next message and the inner thought are the lines of the fired rules (strongest first, at most
-  ``max_lines``; the ``neutral`` lines when none fires), so the reaction reveals what happened the
-  way a person would ("I didn't ask what to do. I just wanted someone to listen."), never the rule.
-
-Lines are picked by a stable hash of the reply (the same reply always gets the same reaction) and may
-use ``{emotion}`` (the profile's ``emotion_type`` as an adjective) and ``{problem}`` (its
-``problem_type``). Rules are configurable (``rapo.simulator.args.rules``), so experiments can vary
-them; each rule is a mapping::
-
-    {detect: reflects_feeling | open_question | advice_first | self_talk | repeats_itself |
-             meta_talk | picks_up_details | parrots | restates | repeats_earlier | pattern,
-     weight: 1.0, pattern: REGEX (detect: pattern), where: reply | first_sentence (pattern),
-     said: [lines], thought: [lines]}
-
-``said`` / ``thought`` may be left out for a built-in detector (its own lines are used). ``rules``
-replaces the default rules; ``extra_rules`` adds rules to them (or to ``rules``): the quickstart adds
-``{detect: repeats_itself, weight: -3}`` (a person put off when a reply says the same words twice),
-``{detect: picks_up_details, weight: 2}`` (warmer when the reply takes up something they said),
-``{detect: parrots, weight: -1}`` (colder when it copies five of their words in a row),
-``{detect: meta_talk, weight: -3}`` (confused when the reply talks about "your message", a rewritten
-version, suggested edits, grammar or a listener instead of to them), ``{detect: restates, weight: -3}``
-(put off when it tells them their own story back) and ``{detect: repeats_earlier, weight: -3}`` (put
-off when the supporter says again what they said in an earlier turn). ``picks_up_details``, ``parrots``
-and ``restates`` read the context: they compare the reply with the person's last message (``heard``),
-and ``repeats_earlier`` with the supporter's earlier turns (``earlier``), so the score functions take
-those too. With a ``parrots`` rule the other rules (save ``restates``) judge only the reply's
-own words (what it copied is cut out first): otherwise a reply that quotes the person's message back
-would earn the credit of the feeling, question and details in it.
+The person reacts to a supporter reply by a rule the policy never sees; each rule that fires adds its
+weight. With ``s`` the sum of the fired weights and ``lo`` / ``hi`` the sums of the negative / positive
+weights, ``hidden_rule_score(reply) = (s - lo) / (hi - lo)`` in [0, 1] is the ground truth a learning
+benchmark reports, and the emotion change is ``scale * (2 * score - 1)``. The next message and thought
+are the fired rules' lines (strongest first, at most ``max_lines``; ``neutral`` when none fires), picked
+by a stable hash of the reply, so a reaction shows what happened, never the rule. Lines may use
+``{emotion}`` and ``{problem}`` (the profile's ``emotion_type`` and ``problem_type``). With a ``parrots``
+rule the other rules (save ``restates``) judge only the reply's own words: otherwise a reply that quotes
+the person back would earn the credit of the feeling, question and details in it.
 """
 
 from __future__ import annotations
@@ -446,14 +419,9 @@ def parse_rule(spec: Mapping[str, Any], where: str) -> Rule:
             raise ConfigError(f"{where}.pattern: detect 'pattern' needs a regular expression")
         if where_in not in ("reply", "first_sentence"):
             raise ConfigError(f"{where}.where: got {where_in!r}; allowed: reply, first_sentence")
-    return Rule(
-        str(detect),
-        float(weight),
-        _lines(spec, "said", where, DETECTOR_LINES.get(str(detect), {}).get("said", ())),
-        _lines(spec, "thought", where, DETECTOR_LINES.get(str(detect), {}).get("thought", ())),
-        pattern,
-        where_in,
-    )
+    lines = DETECTOR_LINES.get(str(detect), {})
+    said, thought = (_lines(spec, key, where, lines.get(key, ())) for key in ("said", "thought"))
+    return Rule(str(detect), float(weight), said, thought, pattern, where_in)
 
 
 class HiddenPreferenceUser(UserSimulator):
@@ -485,9 +453,7 @@ class HiddenPreferenceUser(UserSimulator):
         self.max_lines = max_lines
         self.judges_copies = any(r.detect == "parrots" for r in self.rules)
         self.lo = sum(r.weight for r in self.rules if r.weight < 0)
-        self.hi = sum(r.weight for r in self.rules if r.weight > 0)
-        if self.hi == self.lo:  # pragma: no cover - weights are non-zero, so hi - lo > 0
-            raise ConfigError("hidden_preference: rules: weights must not all cancel")
+        self.hi = sum(r.weight for r in self.rules if r.weight > 0)  # hi > lo: weights are non-zero
 
     def fired(self, reply: str, heard: str = "", earlier: Sequence[str] = ()) -> list[Rule]:
         """The rules the reply fires, strongest (largest |weight|) first, then in config order;

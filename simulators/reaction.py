@@ -1,19 +1,12 @@
-"""One-step reaction simulator ("echo"): how the person reacts to one candidate supporter reply.
+"""One-step reaction simulator ("echo"): how the person reacts to one candidate supporter reply
+(docs/algorithms/rapo.md).
 
-RAPO judges replies by their consequence (docs/algorithms/rapo.md): for each (context, candidate
-reply) the simulator plays the person behind the hidden profile and returns what they say next, how
-their feelings changed and a short inner thought. Every stage is one batched engine call; on a served
-simulator the message and the emotion read go out together (one round).
-
-* Log-prob mode (the engine exposes log-probs): the next message is generated with the roles flipped
-  (the simulator LLM is ``assistant`` = the person, the supporter's turns are ``user`` turns) as one
-  bounded line (:data:`MESSAGE_FORMAT`), the emotion change is read from the probabilities of the labels
-  ``1``..``7`` (see :func:`emotion_delta`), and, with ``with_thought``, one more generation writes the
-  inner thought (one bounded line, :data:`THOUGHT_FORMAT`).
-* Text mode: one generation per attempt writes a JSON object (:meth:`ReactionSimulator.answer_format`:
-  ``reply``, ``thought`` when asked, and the integer ``valence_change`` in ``[-scale, scale]``) that an
-  engine with structured output enforces; what does not parse is asked again together, then marked
-  invalid (never a silent 0).
+For each (context, candidate reply) the simulator plays the person behind the hidden profile and returns
+what they say next, how their feelings changed and a short inner thought; each stage is one batched call.
+Log-prob mode writes the message with the roles flipped (:data:`MESSAGE_FORMAT`), reads the change from
+the labels ``1``..``7`` (:func:`emotion_delta`) and, with ``with_thought``, writes the thought
+(:data:`THOUGHT_FORMAT`). Text mode asks for the JSON object of :meth:`ReactionSimulator.answer_format`;
+what does not parse is asked again, then invalid (never a silent 0).
 """
 
 from __future__ import annotations
@@ -22,6 +15,7 @@ import math
 import random
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
@@ -70,40 +64,31 @@ def _unquote(text: str) -> str:
     return text
 
 
+@dataclass(eq=False)
 class ReactionSimulator(UserSimulator):
     """Plays the person of each scenario's hidden profile and reacts to candidate replies."""
 
-    def __init__(
-        self,
-        engine: ChatEngine,
-        *,
-        scale: float = 10.0,
-        use_logprobs: str = "auto",
-        max_new_tokens: int = 96,
-        thought_tokens: int = 40,
-        temperature: float = 0.7,
-        max_retries: int = 2,
-        with_thought: bool = True,
-        rng: random.Random | None = None,
-    ) -> None:
-        """``rng`` (e.g. the algorithm's seeded, checkpointed generator) draws each batch's fence marker;
-        without one the marker is a hash of the batch's texts."""
-        if scale <= 0:
-            raise ValueError(f"ReactionSimulator: scale must be > 0, got {scale}")
-        check_logprobs_mode("ReactionSimulator", use_logprobs)
-        if max_new_tokens < 1 or thought_tokens < 1:
+    engine: ChatEngine
+    _: KW_ONLY
+    scale: float = 10.0
+    use_logprobs: str = "auto"
+    max_new_tokens: int = 96
+    thought_tokens: int = 40
+    temperature: float = 0.7
+    max_retries: int = 2
+    with_thought: bool = True
+    # draws each batch's fence marker (e.g. the algorithm's seeded, checkpointed generator); None: a hash
+    # of the batch's texts
+    rng: random.Random | None = None
+
+    def __post_init__(self) -> None:
+        if self.scale <= 0:
+            raise ValueError(f"ReactionSimulator: scale must be > 0, got {self.scale}")
+        check_logprobs_mode("ReactionSimulator", self.use_logprobs)
+        if self.max_new_tokens < 1 or self.thought_tokens < 1:
             raise ValueError("ReactionSimulator: max_new_tokens and thought_tokens must be >= 1")
-        if max_retries < 0:
-            raise ValueError(f"ReactionSimulator: max_retries must be >= 0, got {max_retries}")
-        self.engine = engine
-        self.scale = scale
-        self.use_logprobs = use_logprobs
-        self.max_new_tokens = max_new_tokens
-        self.thought_tokens = thought_tokens
-        self.temperature = temperature
-        self.max_retries = max_retries
-        self.with_thought = with_thought
-        self.rng = rng
+        if self.max_retries < 0:
+            raise ValueError(f"ReactionSimulator: max_retries must be >= 0, got {self.max_retries}")
 
     # ------------------------------------------------------------------ prompts
     def fence(self, pairs: Sequence[tuple[Scenario, str]]) -> Fence:

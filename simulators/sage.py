@@ -1,39 +1,22 @@
-"""The SAGE-style simulated user (research notes: ``rlver.md`` section 1), used by ``--algo rlver``, the
-SAGE benchmark and the OpenRLHF agent alike.
+"""The SAGE-style simulated user (research notes: ``rlver.md`` section 1; docs/algorithms/rlver.md), used
+by ``--algo rlver``, the SAGE benchmark and the OpenRLHF agent alike.
 
-A user is a persona, a background (scene), a goal and a hidden intention, plus an emotion from 0 to
-100. Per policy turn the simulator LLM is called twice, for every dialogue of a batch at once:
+A user is a persona, a background, a goal and a hidden intention, plus an emotion from 0 to 100. Per
+policy turn the simulator LLM is called twice for every dialogue of a batch: the *analysis* (how the
+reply lands, and the signed emotion change, clamped to ``[-max_delta, max_delta]`` as SAGE does, then
+capped at 100), then the *reply*, written from the new emotion tier (S >= 100, A >= 70, B >= 40, C >= 10,
+F below). Each call declares its answer (:func:`analysis_format`, :func:`reply_format`, or with the
+``logprobs`` readout a free line and the change read from the label probabilities after ``Change:``,
+:func:`change_probabilities`); what does not parse is retried, and a dialogue whose answer never parses
+ends *invalid* (masked and counted, never a number).
 
-1. *analysis*: how the supporter's newest reply lands (SAGE's ``Content / TargetCompletion / Activity /
-   Analyse``) and the signed emotion change (SAGE's ``Change``), clamped to ``[-max_delta, max_delta]``
-   (SAGE; RLVER's training simulator does not clamp), then the emotion is capped at 100;
-2. *reply* (SAGE's ``Thinking / Origin / Change / Response``), written from the new emotion tier
-   (S >= 100, A >= 70, B >= 40, C >= 10, F below); only the final message is said to the supporter.
-
-Each call declares its answer (:mod:`rapo_echo.structured`): the analysis is a JSON object
-(:func:`analysis_format`: four bounded strings and the integer ``shift`` in -10..10) or, with the
-``logprobs`` readout, one bounded line of free analysis and a ``Change:`` line, the change then read from
-the label probabilities right after ``Change:``: from the analysis request's own top log-probs where the
-engine returns them (a served simulator: two rounds a turn), else with one more call that continues the
-analysis line with ``Change:`` (:func:`change_probabilities`); the reply is a JSON object
-(:func:`reply_format`) or, with ``plain_reply``, one bounded line. An engine that constrains decoding can
-then only write a readable answer; on one that does not, the answer is read by
-:meth:`AnswerFormat.parse <rapo_echo.structured.AnswerFormat.parse>` and retried.
-
-A dialogue ends after ``max_turns`` supporter replies, when the user says goodbye, when the emotion
-falls below the floor (SAGE: < 10; RLVER: <= 0), and, with ``end_at_max`` (SAGE's evaluation loop),
-when it reaches 100. RLVER's released rollout does not stop at 100 (rlver.md 1.4): there the tier-S
-instruction makes the user say goodbye, so the ``rlver`` preset leaves ``end_at_max`` off. A reply that
-does not parse is asked again (``max_retries``); one that never parses ends the dialogue as *invalid*,
-which callers mask and count -- it is never turned into a number. Presets: ``sage`` (SAGE's evaluation
-simulator: start at 40, change clamped to +-10, stop below 10 or at 100) and ``rlver`` (RLVER's released
-training simulator: start at 30, no clamp, stop at <= 0 but not at 100, 8 turns, no hinting at needs).
-
-Untrusted text (persona, background, intention, dialogue) enters prompts only in fenced blocks
-(:mod:`rapo_echo.llm.fencing`); each prompt's marker comes from a ``random.Random`` seeded with the
-simulator's seed, the dialogue's fence key, the turn and the call, so a deterministic simulator LLM
-reruns identically however the dialogues are batched. The prompts are our own English wording of
-SAGE's two calls (``PROMPT_VERSION`` names them).
+A dialogue ends after ``max_turns`` replies, on goodbye, below the emotion floor and, with ``end_at_max``
+(SAGE's evaluation loop), at 100; RLVER's released rollout does not stop at 100 (rlver.md 1.4), so the
+``rlver`` preset leaves it off. Presets: ``sage`` (start 40, clamp +-10, stop below 10 or at 100) and
+``rlver`` (start 30, no clamp, stop at <= 0, 8 turns, no hinting at needs). Untrusted text is fenced, each
+prompt's marker drawn from a generator seeded with the simulator's seed, the dialogue, the turn and the
+call, so a deterministic simulator LLM reruns identically however dialogues are batched. The prompts are
+our own English wording of SAGE's two calls (``PROMPT_VERSION``).
 """
 
 from __future__ import annotations
@@ -87,16 +70,14 @@ class SageSettings:
     """How the simulated user behaves (the ``sage`` preset by default; see :func:`preset`).
 
     ``max_turns`` counts the supporter replies the user reacts to; ``floor`` ends a dialogue when the
-    emotion falls below it (at or below it with ``floor_inclusive``); ``end_at_max`` ends it when the
-    emotion reaches 100 (SAGE; RLVER's release does not); ``closing_message`` writes the
-    user's last words after a dialogue has ended (SAGE's transcripts have them; training does not need
-    them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
+    emotion falls below it (at or below with ``floor_inclusive``), ``end_at_max`` when it reaches 100;
+    ``closing_message`` writes the user's last words after the end (SAGE's transcripts; training does not
+    need them); ``allow_hints`` lets the user hint at what they need (SAGE) or not (RLVER);
     ``emotion_readout`` reads the change from the analysis's integer ``shift`` (``text``), from the label
-    probabilities of the options in :data:`CHANGE_OPTIONS` after a free analysis line (``logprobs``;
-    robust with small simulators), or from probabilities when the engine exposes them (``auto``);
-    ``plain_reply`` asks for the user's message alone instead of SAGE's reasoning fields (small
-    simulators). This dataclass keeps SAGE's protocol by default (``text``, reasoning fields); RLVER's
-    run config and ``eval --benchmark sage`` default to ``auto`` and plain replies."""
+    probabilities of :data:`CHANGE_OPTIONS` after a free analysis line (``logprobs``; robust with small
+    simulators) or from probabilities when the engine exposes them (``auto``); ``plain_reply`` asks for
+    the message alone instead of SAGE's reasoning fields. The defaults keep SAGE's protocol; RLVER's run
+    config and ``eval --benchmark sage`` use ``auto`` and plain replies."""
 
     initial_emotion: float = 40.0
     max_delta: float | None = 10.0

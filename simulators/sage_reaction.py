@@ -51,7 +51,7 @@ class SageReactionUser(UserSimulator):
             profile=SageProfile.from_scenario(scenario),
             emotion=start,
             fence_key=scenario.id,
-            history=history,  # type: ignore[arg-type]
+            history=history,  # type: ignore[arg-type]  # copies of the scenario's Message dicts
             emotions=[start],
         )
 

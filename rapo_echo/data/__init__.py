@@ -20,8 +20,6 @@ from rapo_echo.config import DataConfig, SelectionConfig
 from rapo_echo.data.esconv import (
     NEUTRAL_FEEDBACK,
     Dialogue,
-    Turn,
-    Utterance,
     dialogue_scenarios,
     esconv_dialogue,
     feedback_pivot_scores,
@@ -30,7 +28,6 @@ from rapo_echo.data.esconv import (
 )
 from rapo_echo.data.files import (
     BUNDLED_ESCONV,
-    BUNDLED_PREFIX,
     BUNDLED_SCENARIOS,
     Source,
     bundled_file,
@@ -52,15 +49,12 @@ PathLike = str | os.PathLike[str]
 
 __all__ = [
     "BUNDLED_ESCONV",
-    "BUNDLED_PREFIX",
     "BUNDLED_SCENARIOS",
     "FORMATS",
     "NEUTRAL_FEEDBACK",
     "SUPPORT_NEEDS",
     "Dialogue",
     "ScenarioStream",
-    "Turn",
-    "Utterance",
     "bundled_file",
     "bundled_names",
     "detect_format",

@@ -1,30 +1,15 @@
 """ESConv-family conversations -> :class:`Dialogue` -> one :class:`Scenario` per chosen supporter turn.
 
-Schemas (see shared/data/esconv/PROVENANCE.md):
-
-* ``esconv``: raw ``ESConv.json`` (speakers ``seeker`` / ``supporter``) and ``FailedESConv.json``
-  (``speaker`` / ``listener``): ``{experience_type, emotion_type, problem_type, situation,
-  survey_score: {seeker: {initial_emotion_intensity, final_emotion_intensity, ...}},
-  dialog: [{speaker, content, annotation: {strategy | feedback}}]}``.
-* ``ppdpp`` and the ``text`` of ``hf_esconv`` rows: ``{emotion_type, problem_type, situation,
-  dialog: [{text, speaker: usr | sys, strategy?}]}`` (no survey scores, no feedback).
+Schemas (shared/data/esconv/PROVENANCE.md): ``esconv`` (raw ``ESConv.json``, speakers ``seeker`` /
+``supporter``, and ``FailedESConv.json``, ``speaker`` / ``listener``; survey scores and per-utterance
+``strategy`` / ``feedback`` annotations) and ``ppdpp`` / the ``text`` of ``hf_esconv`` rows (``dialog:
+[{text, speaker: usr | sys, strategy?}]``, no survey scores, no feedback).
 
 Seeker utterances become ``user`` messages and supporter ones ``assistant`` messages; consecutive
-utterances of one speaker are merged into one turn (:meth:`Dialogue.turns`: joined with a newline for
-training; the benchmarks ask for a space and squashed whitespace).
-
-This is the one ESConv parser: training data (:func:`dialogue_scenarios`) and the benchmarks
-(``rapo_echo.benchmarks.esconv.data``) both read through it. To read whole conversations, call
-:func:`rapo_echo.data.load_dialogues` (``fmt="auto"`` tells the schema from the first record) and use:
-
-* :class:`Dialogue` -- ``id`` (``<file stem>-<index>``), ``where`` (the record's ``file:line``),
-  ``source``, ``profile`` (``emotion_type``, ``problem_type``, ``situation``, plus ``experience_type``
-  and the seeker's ``initial_emotion_intensity`` / ``final_emotion_intensity`` survey ratings when the
-  file has them), ``utterances`` (each non-empty utterance, stripped, with its ``dialog`` index,
-  strategy and the seeker's in-chat ``feedback`` rating 1-5);
-* :meth:`Dialogue.turns` -- alternating merged turns; :meth:`Dialogue.feedback` -- the ratings in order.
-
-Other survey fields are not kept; ratings are validated as integers 1-5 (or digit strings).
+utterances of one speaker are merged into one turn (:meth:`Dialogue.turns`). This is the one ESConv
+parser: training data (:func:`dialogue_scenarios`) and the benchmarks both read through it
+(:func:`rapo_echo.data.load_dialogues`). Of the survey only ``experience_type`` and the seeker's initial /
+final emotion intensity are kept; ratings are validated as integers 1-5 (or digit strings).
 """
 
 from __future__ import annotations

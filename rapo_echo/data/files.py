@@ -1,20 +1,10 @@
 """The one reader of data rows: every file, folder or Hub dataset a data key names, each row with its
-location so errors can point at it.
+location so errors can point at it (docs/data.md has the sources and what each error names).
 
-A data source is
-
-* a JSON or JSONL file (any name but a table's): a JSON list of objects, one JSON object, or JSONL (one
-  object a line), decided from the content; read here, so every error names the file and line;
-* a table file that ``datasets`` reads: ``.parquet``, ``.arrow``, ``.csv``, ``.tsv``; rows are numbered
-  from 0 (``FILE row N``);
-* a folder saved with ``datasets``' ``save_to_disk`` (a ``DatasetDict`` gives the row of ``split``);
-* a Hugging Face Hub dataset id (``owner/name``; ``split`` and ``subset`` pick the rows), loaded with
-  ``datasets.load_dataset``;
-* ``bundled:NAME``: a file shipped in ``rapo_echo/examples`` (found through :mod:`importlib.resources`).
-
-JSON and JSONL stay with our reader rather than ``datasets``' JSON builder because it keeps line
-numbers (``datasets`` reports neither the line nor the row of a bad value). ``columns`` renames a
-source's columns to the names the formats read (``{"question": "prompt"}``) before anything else.
+JSON and JSONL (a list, one object, or one object a line, decided from the content) stay with our reader
+rather than ``datasets``' JSON builder because it keeps line numbers; tables, ``save_to_disk`` folders
+and Hub ids go through ``datasets``; ``bundled:NAME`` is a file in ``rapo_echo/examples``. ``columns``
+renames a source's columns to the names the formats read before anything else.
 """
 
 from __future__ import annotations

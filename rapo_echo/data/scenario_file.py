@@ -1,19 +1,12 @@
-"""The ``scenarios`` format: one row per dialogue context, ours or TRL's, from any data source.
+"""The ``scenarios`` format: one row per dialogue context, ours or TRL's, from any data source
+(docs/data.md).
 
-``{"id"?: str | int, "messages" | "opening" | "prompt": ..., "profile"?: {...}, "reference"? |
-"completion"?: ..., "meta"?: {...}}`` with exactly one of
-
-* ``messages``: ``[{"role", "content"}, ...]`` (roles system / user / assistant, a system message only
-  first). When the last turn is the assistant's (a chat dataset's row), that turn is the reference
-  reply and the rest the context, which must then end with the user;
-* ``opening``: shorthand for a single user message;
-* ``prompt``: TRL's prompt column, plain (a string: one user message) or conversational (a list of
-  messages ending with the user); ``completion`` (TRL's prompt-completion rows: a string or
-  ``[{"role": "assistant", ...}]``) is then the reference reply.
-
-Other columns of a row are kept in ``meta["columns"]`` (TRL-style reward functions receive them as
-keyword columns), except a name so close to one of ours that it is taken for a misspelling and refused.
-Ids default to ``<file stem>-<n>`` (n counts records from 0) and must be unique in the file.
+A row holds exactly one of ``messages`` (when the last turn is the assistant's, it is the reference reply
+and the rest, ending with the user, the context), ``opening`` (one user message) or ``prompt`` (TRL's
+column, plain or conversational; ``completion`` is then the reference), and optionally ``id``,
+``profile``, ``reference`` and ``meta``. Other columns are kept in ``meta["columns"]``, except a name so
+close to one of ours that it is refused as a misspelling. Ids default to ``<file stem>-<n>`` and must be
+unique in the file.
 """
 
 from __future__ import annotations

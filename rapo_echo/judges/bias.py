@@ -1,16 +1,10 @@
 """How much a comparing judge judges the slot rather than the reply, measured on the run's own
-comparisons, and the presentation switch that answers it.
+comparisons, and the presentation switch that answers it (docs/monitor.md, docs/algorithms/echo_n1.md).
 
-* :class:`PositionBias` tallies, per decision, the share the judge gave to the candidate shown first
-  (A/B: 1 for ``A``, 0.5 for ``tie``, 0 for ``B``; groups: 1 when the first-shown candidate took rank 1,
-  ``1/k`` when it shared rank 1 with ``k - 1`` others) beside what chance gives (1/2, 1/group size). Its
-  :meth:`~PositionBias.step_metrics` are logged every step as ``judge/position_bias/first_share`` (this
-  step's mean), ``.../chance`` and ``.../n`` (decisions); the run report weights the steps by ``n``.
-* :data:`ORDERS` is the presentation switch of the empathy judge and the group ranker: ``both`` shows
-  every comparison in both orders (a group in a balanced set of orders, each candidate first once),
-  ``random`` one order drawn at random, ``auto`` both orders until ``auto_probe`` decisions are measured,
-  then both while the bias exceeds ``auto_threshold`` (:meth:`PositionBias.biased`), else one random
-  order.
+:class:`PositionBias` tallies, per decision, the share the judge gave to the candidate shown first (A/B:
+1 for ``A``, 0.5 for ``tie``, 0 for ``B``; groups: 1 when the first-shown candidate took rank 1, ``1/k``
+when it shared rank 1 with ``k - 1`` others) beside chance, logged as ``judge/position_bias/*``.
+:data:`ORDERS` is the presentation switch of the empathy judge and the group ranker.
 """
 
 from __future__ import annotations
@@ -86,14 +80,11 @@ def probe_detected(scenario: Any, reply: str, attack: str) -> bool:
 
 @dataclass
 class InjectionProbe:
-    """The judge's instruction bias: on the first ``budget`` comparisons of a run, the same comparison is
-    also judged under one attack of :data:`ATTACKS` (in turn), on the policy's reply or on its context.
-    Each probe records the attack, the bare judge's shift (the attacked outcome minus the plain one, the
-    attack shown to the model as written: 0 = the judge ignores it, +1 = it follows it from a sure loss to
-    a sure win), the defended shift (the outcome the reward gives the attacked comparison, through the
-    judge's screen, minus the plain one: at most 0 under the ``floor`` policy) and whether the detector
-    caught it. Logged as ``judge/injection_bias/shift``, ``.../defended_shift``, ``.../detected`` (this
-    step's means), ``.../n`` and per attack ``judge/injection_bias/<attack>/shift`` and ``.../n``."""
+    """The judge's instruction bias (docs/judges.md): on the first ``budget`` comparisons of a run, the same
+    comparison is also judged under one attack of :data:`ATTACKS` (in turn), on the policy's reply or on its
+    context. Each probe records the attack, the bare judge's shift (attacked minus plain outcome: 0 = the
+    judge ignores it, +1 = it follows it from a sure loss to a sure win), the defended shift (the same
+    through the screen) and whether the detector caught it; logged as ``judge/injection_bias/*``."""
 
     budget: int
     shifts: list[float] = field(default_factory=list)
@@ -103,10 +94,6 @@ class InjectionProbe:
     @property
     def remaining(self) -> int:
         return max(self.budget - len(self.records), 0)
-
-    def next_attack(self) -> str:
-        """The attack of the next probe (the attacks in turn)."""
-        return ATTACKS[len(self.records) % len(ATTACKS)]
 
     def add(
         self, shift: float, attack: str = "note", defended: float | None = None, detected: bool = True

@@ -1,49 +1,30 @@
 """Echo-N1's empathy judge: profile the person's needs, then compare a reply with a reference reply
 (docs/algorithms/echo_n1.md).
 
-1. **Need analysis** (once per scenario, one batched call): what the person needs right now on three
-   axes, cognitive (to understand, or be understood accurately), affective (to have their feelings
-   noticed and accepted) and proactive (to move forward: a next step, encouragement, help to act).
-   Each axis is one prompt that continues ``<Axis> need:`` for one line, declared as one bounded line
-   (:data:`~rapo_echo.llm.answers.FIELD_LINE`); an empty or garbled line is retried, then the analysis
-   is invalid.
-2. **Comparison**: the dialogue, the analysis and two replies ``A`` / ``B``; the verdict ``A``, ``B``
-   or ``tie`` (without ``ties``: ``A`` or ``B``) is read from label probabilities or parsed text
-   (:mod:`rapo_echo.judges.verdict`). Which of the two is the policy's reply is the caller's choice
-   (both orders or a random one: see :mod:`rapo_echo.rewards.echo_n1`); every decision is tallied in
-   :attr:`EmpathyJudge.position_bias` (the share that went to the reply shown first).
-3. **Dominant need** (only for the optional process term): the axis the judge considers most pressing,
-   ``C`` / ``A`` / ``P``, compared with the scenario's annotated need (:func:`annotated_axis`).
+1. **Need analysis** (once per scenario): one bounded line per axis (:data:`AXES`), each continuing
+   ``<Axis> need:``; an empty or garbled line is retried, then the analysis is invalid.
+2. **Comparison**: the verdict ``A``, ``B`` or ``tie`` (without ``ties``: ``A`` or ``B``) over two
+   replies (:mod:`rapo_echo.judges.verdict`); every decision is tallied in
+   :attr:`EmpathyJudge.position_bias`.
+3. **Dominant need** (only for the optional process term): ``C`` / ``A`` / ``P``, compared with the
+   scenario's annotated need (:func:`annotated_axis`).
 
-The formulas (outcome per presentation, averaging the orders, the process factor) are the pure
-functions below. The dialogue, persona, profile, analysis and replies are fenced. Before any prompt is
-built, every text is screened for words aimed at the judge (:mod:`rapo_echo.llm.judge_screen`): a compared
-reply under ``addressed`` (default ``floor``: it loses the comparison without the model being asked; two
-such replies tie), the dialogue, persona and profile under ``addressed_context`` (default ``strip``).
+Every text is screened (:mod:`rapo_echo.llm.judge_screen`) and fenced before a prompt is built.
 """
 
 from __future__ import annotations
 
-import random
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
 from rapo_echo.judges.bias import PositionBias
-from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_probability
-from rapo_echo.llm.answers import check_logprobs_mode, generate_field_lines, wants_logprobs
+from rapo_echo.judges.verdict import Verdict, VerdictJudge, answer_instruction, label_probability
+from rapo_echo.llm.answers import generate_field_lines
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.judge_screen import (
-    DEFAULT_CONTEXT_POLICY,
-    DEFAULT_POLICY,
-    JudgeScreen,
-    Screened,
-    lower_verdict,
-    side_outcome,
-)
+from rapo_echo.llm.judge_screen import Screened, lower_verdict, side_outcome
 from rapo_echo.llm.reaction import render_profile
 from rapo_echo.prompting import PERSONA_KEY
 from rapo_echo.text import is_blank
@@ -141,46 +122,26 @@ def process_factor(verdict: Verdict, axis: str | None) -> float | None:
     return label_probability(verdict, axis)
 
 
-class EmpathyJudge:
+class EmpathyJudge(VerdictJudge):
     """Need analysis, dominant need and pairwise comparison (one batched engine call per stage)."""
 
     def __init__(
         self,
         engine: ChatEngine,
         *,
-        reasoning: bool = False,
-        use_logprobs: str = "auto",
-        max_retries: int = 2,
-        max_new_tokens: int = 64,
         need_tokens: int = 40,
         ties: bool = True,
         show_profile: bool = False,
-        rng: random.Random | None = None,
-        addressed: str = DEFAULT_POLICY,
-        addressed_context: str = DEFAULT_CONTEXT_POLICY,
+        **settings: Any,
     ) -> None:
-        check_logprobs_mode("EmpathyJudge", use_logprobs)
-        self.screen = JudgeScreen(addressed, addressed_context, owner="EmpathyJudge")
-        if max_retries < 0 or max_new_tokens < 1 or need_tokens < 1:
-            raise ValueError("EmpathyJudge: max_retries must be >= 0, max_new_tokens and need_tokens >= 1")
-        self.engine = engine
-        self.reasoning = reasoning
-        self.use_logprobs = use_logprobs
-        self.max_retries = max_retries
-        self.max_new_tokens = max_new_tokens
+        """``settings``: those of :class:`~rapo_echo.judges.verdict.VerdictJudge`."""
+        super().__init__(engine, **settings)
+        if need_tokens < 1:
+            raise ValueError(f"EmpathyJudge: need_tokens must be >= 1, got {need_tokens}")
         self.need_tokens = need_tokens
         self.labels = ("A", "B", "tie") if ties else ("A", "B")
         self.show_profile = show_profile
-        self.rng = rng if rng is not None else random.Random(0)
-        self.stats: Counter[str] = Counter()
         self.position_bias = PositionBias()
-
-    @property
-    def text_mode(self) -> bool:
-        """Whether verdicts are generated as text (no log-probs): the prompts then ask for JSON. Prompts
-        built without an engine (judge training data) ask for the log-prob mode's lines, the form of
-        the training targets (:func:`~rapo_echo.judges.verdict.answer_text`)."""
-        return self.engine is not None and not wants_logprobs(self.engine, self.use_logprobs)
 
     # ------------------------------------------------------------------ prompts
     def _about(self, scenario: Scenario, fence: Fence) -> list[str]:
@@ -261,7 +222,7 @@ class EmpathyJudge:
         fence = Fence(rng=self.rng)
         scenarios = [self.screen.scenario(sc)[0] for sc in scenarios]
         prompts = [self.dominant_prompt(sc, n, fence) for sc, n in zip(scenarios, needs)]
-        return self._decide(prompts, list(AXIS_LETTERS.values()), fence, DOMINANT_PREFIX)
+        return self.decide(prompts, list(AXIS_LETTERS.values()), fence, DOMINANT_PREFIX)
 
     def compare(
         self,
@@ -271,14 +232,9 @@ class EmpathyJudge:
     ) -> list[Verdict]:
         """One verdict (``A`` / ``B`` / ``tie``) per ``(scenario, needs, reply A, reply B)``; only the first
         ``measured`` (default: all) count in :attr:`stats`, :attr:`position_bias` and the screen's counts
-        (the rest are probes asked in the same batched call); items from index ``unscreened`` on are shown
-        to the model as they are (the injection probe's measure of the bare judge).
-
-        Screening (:attr:`screen`): under ``lower`` a comparison with a suspect reply or context is judged
-        as written and set aside, in the same batch (:func:`~rapo_echo.llm.judge_screen.lower_verdict`); a
-        reply that addresses the judge loses under ``floor`` (``B`` wins when ``A`` is floored; two
-        floored replies tie) and makes the verdict invalid under ``invalid``, without the model being
-        asked; under ``strip`` its rest is compared."""
+        (the rest are probes in the same batched call); items from index ``unscreened`` on are shown as
+        they are (the injection probe's bare judge). A floored reply loses without the model being asked
+        (two floored replies tie); the policies: docs/judges.md."""
         measured = len(items) if measured is None else measured
         unscreened = len(items) if unscreened is None else unscreened
         verdicts: list[Verdict | None] = [None] * len(items)
@@ -299,7 +255,7 @@ class EmpathyJudge:
         fence = Fence(rng=self.rng)
         every = [item for _, item in shown] + [item for _, item, _ in asides]
         prompts = [self.compare_prompt(sc, needs, a, b, fence) for sc, needs, a, b in every]
-        decided = self._decide(prompts, list(self.labels), fence)
+        decided = self.decide(prompts, self.labels, fence)
         for (j, _), v in zip(shown, decided):
             verdicts[j] = v
             if j < measured and v.valid:  # A: the reply shown first won; tie: half; B: the second one won
@@ -357,19 +313,3 @@ class EmpathyJudge:
         winner = "B" if ra.floored else "A"
         probs = {label: float(label == winner) for label in self.labels}
         return Verdict(winner, probs, "", "", 0, "addressed")
-
-    def _decide(
-        self, prompts: list[Conversation], labels: list[str], fence: Fence, prefix: str | None = None
-    ) -> list[Verdict]:
-        kw = {"prefix": prefix} if prefix else {}
-        return decide(
-            self.engine,
-            prompts,
-            labels,
-            reasoning=self.reasoning,
-            use_logprobs=self.use_logprobs,
-            max_retries=self.max_retries,
-            max_new_tokens=self.max_new_tokens,
-            fence=fence,
-            **kw,
-        )

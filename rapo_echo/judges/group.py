@@ -1,46 +1,14 @@
 """RAPO's generative group judge (GRM): ranks a group of candidate replies by the person's reactions
-and writes a short critique of each (docs/algorithms/rapo.md).
+and writes a short critique of each (docs/algorithms/rapo.md: the ``ties`` rules, ``orders`` and their
+study; docs/judges.md: the ``addressed`` policies).
 
-The judge sees the context (and, with ``show_profile``, the hidden profile) and the group's
-``reply -> reaction`` pairs, anonymised as ``A``, ``B``, ... and, with ``shuffle``, presented in a
-random order drawn from ``rng``; results are mapped back to the caller's order.
-
-* Log-prob mode: one ``choice_logprobs`` call for all groups (and both passes) reads P(best) over the
-  group's labels right after the prefix ``... helped the person most is Reply``; the options are the
-  labels with a leading space (``" A"``, ``" B"``, ...), single tokens in common BPE vocabularies.
-  How the ranks come out of those probabilities is ``ties`` (``rapo.judge.ties``):
-
-  - ``chained``: rank by P(best); neighbours closer than ``tie_eps`` tie, chained, so one block can
-    span many times ``tie_eps`` (the rule before the study in docs/algorithms/rapo.md);
-  - ``leader``: rank by P(best); a tie block holds the scores closer than ``tie_eps`` to its best one;
-  - ``none``: rank by P(best); only equal probabilities tie;
-  - ``sequential`` (listwise, Plackett-Luce style selection): the most likely best reply takes rank 1,
-    then the judge is asked again without it, and so on: G - 1 batched calls, no ties;
-  - ``pairwise``: every pair shown in both orders (G (G - 1) prompts, one batched call); a reply's score
-    is its expected share of wins, the mean over those presentations of P(it helped more).
-
-  A group whose label log-probs are unusable (NaN, or no label among a server's top log-probs) is
-  invalid and counted, with a warning naming the engine and its endpoint.
-* Text mode: one generation per presentation asks for ``{"ranking": ["B", "A", "C"]}``, declared as
-  :func:`ranking_format` (the group's labels, exactly G items) so that an engine with constrained
-  decoding can only write that; a list that is not a permutation of the labels stays invalid
-  (:func:`ranking_ranks`). Unparseable answers are asked again together, then the group is invalid.
-* Presentation orders (position-bias control, :mod:`rapo_echo.judges.bias`): ``orders: both`` (the
-  default) ranks each group in its G cyclic shifts, every candidate once in every slot, and averages
-  the rank vectors; ``random`` shows one (shuffled) order; ``auto`` starts with ``both`` and keeps it
-  while the measured first-slot share exceeds ``auto_threshold``. ``reverse_pass`` adds each order
-  reversed. An invalid pass makes the group invalid. Every pass's decision is tallied in
-  :attr:`GroupJudge.position_bias` (how often the candidate shown first took rank 1, against 1/G).
-* Critiques: one batched generation, one prompt per (group, candidate), contrasting the candidate with
-  the group's best one; declared as a short bounded paragraph (:data:`CRITIQUE_FORMAT`).
-* Untrusted text (context, profile, replies, reactions, thoughts) reaches the prompts only in fenced
-  blocks (:mod:`rapo_echo.llm.fencing`; one marker per call, drawn from ``rng``, so a group's prompts
-  keep their shared prefix), and a text answer is parsed from the judge's own words only.
-* Before that, every text is screened for words aimed at the judge (:mod:`rapo_echo.llm.judge_screen`):
-  a reply under ``addressed`` (default ``floor``: the reply is left out of the judging and takes the
-  group's last rank, shared with any other such reply, and P(best) 0; ``invalid`` makes the group
-  invalid; ``strip`` ranks the rest of the reply), the dialogue, profile and reactions under
-  ``addressed_context`` (default ``strip``; ``invalid`` makes the group invalid).
+Candidates are shown anonymised as ``A``, ``B``, ... (shuffled with ``shuffle``); results come back in
+the caller's order. Log-prob mode reads P(best) over the space-prefixed labels after :data:`BEST_PREFIX`
+in one ``choice_logprobs`` call; text mode asks for :func:`ranking_format` and keeps only a permutation
+of the labels. A group whose label log-probs are unusable (NaN, or no label among a server's top
+log-probs) is invalid, counted and warned about. Untrusted text reaches the prompts only fenced (one
+marker per call, so a group's prompts share their prefix) and is screened first
+(:mod:`rapo_echo.llm.judge_screen`).
 """
 
 from __future__ import annotations
@@ -119,6 +87,12 @@ class GroupJudgement:
     valid: bool
     raw: list[str]  # raw judge texts, for logs
     attempts: int = 1
+
+
+Groups = Sequence[Sequence[Candidate]]
+Job = tuple[int, Sequence[int]]  # (group index, presentation order in caller indices)
+PassSets = dict[int, list[list[float]]]  # per group: one rank or score vector per usable pass
+CritiqueJob = tuple[int, int, list[float]]  # (group, candidate, the group's ranks)
 
 
 def ranking_format(size: int) -> AnswerFormat:
@@ -206,7 +180,52 @@ def _fmt(rank: float) -> str:
     return f"{rank:g}"
 
 
-class GroupJudge:
+class GroupRanker:
+    """What the group judges share: :meth:`rank` judges, counts and critiques every group;
+    :meth:`critique` picks the candidates a subclass's ``_critiques`` writes for."""
+
+    stats: Counter[str]
+
+    def rank(
+        self, scenarios: Sequence[Scenario], groups: Groups, *, with_critiques: bool = True
+    ) -> list[GroupJudgement]:
+        """Judge each group (``groups[k]`` answers ``scenarios[k]``); results in the caller's order."""
+        if len(scenarios) != len(groups):
+            raise ValueError(
+                f"{type(self).__name__}.rank: {len(scenarios)} scenarios but {len(groups)} groups"
+            )
+        judged = self._judge(scenarios, groups)
+        self.stats["groups"] += len(groups)
+        self.stats["invalid_groups"] += sum(not j.valid for j in judged)
+        if with_critiques:
+            self.critique(scenarios, groups, judged)
+        return judged
+
+    def critique(
+        self,
+        scenarios: Sequence[Scenario],
+        groups: Groups,
+        judged: Sequence[GroupJudgement],
+        which: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        """Fill ``critiques`` in place for the ``(group, candidate)`` pairs in ``which`` (default: every
+        candidate) of the valid groups."""
+        if which is None:
+            which = [(k, i) for k in range(len(groups)) for i in range(len(groups[k]))]
+        jobs = [(k, i, ranks) for k, i in which if (ranks := judged[k].ranks) is not None]
+        for (k, i, _), text in zip(jobs, self._critiques(scenarios, groups, jobs)):
+            judged[k].critiques[i] = text
+
+    def _judge(self, scenarios: Sequence[Scenario], groups: Groups) -> list[GroupJudgement]:
+        raise NotImplementedError
+
+    def _critiques(
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[CritiqueJob]
+    ) -> list[str | None]:
+        raise NotImplementedError
+
+
+class GroupJudge(GroupRanker):
     """Ranks groups of candidate replies by the person's reactions and critiques each candidate."""
 
     def __init__(
@@ -348,16 +367,7 @@ class GroupJudge:
         return [msg("system", CRITIC_SYSTEM), msg("user", body), msg("assistant", CRITIQUE_PREFIX)]
 
     # ------------------------------------------------------------------ running
-    def rank(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        *,
-        with_critiques: bool = True,
-    ) -> list[GroupJudgement]:
-        """Judge each group (``groups[k]`` answers ``scenarios[k]``); results in the caller's order."""
-        if len(scenarios) != len(groups):
-            raise ValueError(f"GroupJudge.rank: {len(scenarios)} scenarios but {len(groups)} groups")
+    def _judge(self, scenarios: Sequence[Scenario], groups: Groups) -> list[GroupJudgement]:
         for k, group in enumerate(groups):
             if not 1 <= len(group) <= len(LABELS):
                 raise ValueError(f"GroupJudge.rank: group {k} has {len(group)} candidates; allowed 1..26")
@@ -378,15 +388,10 @@ class GroupJudge:
         by_group = dict(zip(todo, judged_shown))
         for k, aside in zip(lowered, judged_shown[len(todo) :]):
             by_group[k] = self._lower(by_group[k], aside, screened[k][4][2])  # type: ignore[index]  # screened[k][4] is not None for k in lowered
-        judged = [
+        return [
             self._expand(len(group), screened[k][1], screened[k][3], by_group.get(k))
             for k, group in enumerate(groups)
         ]
-        self.stats["groups"] += len(groups)
-        self.stats["invalid_groups"] += sum(not j.valid for j in judged)
-        if with_critiques:
-            self.critique(scenarios, groups, judged)
-        return judged
 
     def step_metrics(self) -> dict[str, float]:
         """This step's position bias (``judge/position_bias/*``) and the texts that addressed the judge
@@ -479,7 +484,7 @@ class GroupJudge:
         raw, attempts = (shown.raw, shown.attempts) if shown is not None else ([], 0)
         return GroupJudgement(ranks, [None] * size, scores, True, raw, attempts)
 
-    def _presentation_orders(self, groups: Sequence[Sequence[Candidate]]) -> list[list[list[int]]]:
+    def _presentation_orders(self, groups: Groups) -> list[list[list[int]]]:
         """Per group, the presentation orders of its passes (caller indices): one order (shuffled with
         ``shuffle``), or under ``orders`` ``both`` (or ``auto`` while biased) its G cyclic shifts, a
         balanced set in which every candidate is shown once in every position; ``reverse_pass`` adds each
@@ -509,10 +514,7 @@ class GroupJudge:
         return average_ranks(mean, higher_is_better=False)
 
     def _rank_logprobs(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        passes: Sequence[Sequence[Sequence[int]]],
+        self, scenarios: Sequence[Scenario], groups: Groups, passes: Sequence[Sequence[Sequence[int]]]
     ) -> list[GroupJudgement]:
         many = [k for k in range(len(groups)) if len(groups[k]) > 1]
         found: dict[int, tuple[list[float], list[float]] | None]
@@ -555,10 +557,7 @@ class GroupJudge:
         return out
 
     def _best_probs(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        jobs: Sequence[tuple[int, Sequence[int]]],
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[Job]
     ) -> list[list[float] | None]:
         """One batched ``choice_logprobs`` call: for each ``(group, presentation order)`` job, P(best) of
         each shown candidate, in presentation order; None where the label log-probs are unusable
@@ -577,15 +576,12 @@ class GroupJudge:
         return out
 
     def _p_best(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        jobs: Sequence[tuple[int, Sequence[int]]],
-    ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[Job]
+    ) -> tuple[PassSets, PassSets]:
         """Ranks by P(best) (ties: ``chained``, ``leader`` or ``none``), per group one rank and one score
         vector per usable pass, in the caller's order."""
-        rank_sets: dict[int, list[list[float]]] = {}
-        score_sets: dict[int, list[list[float]]] = {}
+        rank_sets: PassSets = {}
+        score_sets: PassSets = {}
         for (k, order), shown in zip(jobs, self._best_probs(scenarios, groups, jobs)):
             if shown is None:
                 continue
@@ -599,11 +595,8 @@ class GroupJudge:
         return rank_sets, score_sets
 
     def _sequential(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        jobs: Sequence[tuple[int, Sequence[int]]],
-    ) -> tuple[dict[int, list[list[float]]], dict[int, list[list[float]]]]:
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[Job]
+    ) -> tuple[PassSets, PassSets]:
         """Listwise selection: each round asks every job with two or more candidates left which one helped
         most (one batched call), gives it the next rank and removes it; the last one left takes rank G.
         The scores are the first round's P(best). A job with an unusable round is dropped."""
@@ -630,8 +623,8 @@ class GroupJudge:
         for j, rest in enumerate(left):
             for i in rest:
                 ranks[j][i] = float(len(jobs[j][1]))
-        rank_sets: dict[int, list[list[float]]] = {}
-        score_sets: dict[int, list[list[float]]] = {}
+        rank_sets: PassSets = {}
+        score_sets: PassSets = {}
         for j, ((k, order), r, f) in enumerate(zip(jobs, ranks, first)):
             if j not in failed:
                 self._tally(r, order)
@@ -640,7 +633,7 @@ class GroupJudge:
         return rank_sets, score_sets
 
     def _pairwise(
-        self, scenarios: Sequence[Scenario], groups: Sequence[Sequence[Candidate]], many: Sequence[int]
+        self, scenarios: Sequence[Scenario], groups: Groups, many: Sequence[int]
     ) -> dict[int, tuple[list[float], list[float]] | None]:
         """Every ordered pair of each group in one batched call; scores from :func:`pairwise_scores`, ranks
         by score (exact ties only); None for a group with an unusable pair. Presentation shuffling and
@@ -664,10 +657,7 @@ class GroupJudge:
         return out
 
     def _rank_text(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        passes: Sequence[Sequence[Sequence[int]]],
+        self, scenarios: Sequence[Scenario], groups: Groups, passes: Sequence[Sequence[Sequence[int]]]
     ) -> list[GroupJudgement]:
         jobs = [(k, order) for k, orders in enumerate(passes) if len(groups[k]) > 1 for order in orders]
         results_by_group: dict[int, list[tuple[Sequence[int], Parsed[list[float]]]]] = {}
@@ -722,20 +712,12 @@ class GroupJudge:
             )
         return out
 
-    def critique(
-        self,
-        scenarios: Sequence[Scenario],
-        groups: Sequence[Sequence[Candidate]],
-        judged: Sequence[GroupJudgement],
-        which: Sequence[tuple[int, int]] | None = None,
-    ) -> None:
-        """Fill ``critiques`` in place for the ``(group, candidate)`` pairs in ``which`` (default: every
-        candidate of every valid group): one batched generation for all of them."""
-        if which is None:
-            which = [(k, i) for k in range(len(groups)) for i in range(len(groups[k]))]
-        jobs = [(k, i) for k, i in which if judged[k].ranks is not None]
+    def _critiques(
+        self, scenarios: Sequence[Scenario], groups: Groups, jobs: Sequence[CritiqueJob]
+    ) -> list[str | None]:
+        """One batched generation for all the ``(group, candidate)`` jobs."""
         if not jobs:
-            return
+            return []
         # the critic reads the texts without what addresses the judge (not counted again)
         scenarios = [self.screen.scenario(sc, count=False)[0] for sc in scenarios]
         groups = [
@@ -743,7 +725,7 @@ class GroupJudge:
             for g in groups
         ]
         self._fence = fence = Fence(rng=self.rng)
-        prompts = [self.critique_prompt(scenarios[k], groups[k], judged[k].ranks or [], i) for k, i in jobs]
+        prompts = [self.critique_prompt(scenarios[k], groups[k], ranks, i) for k, i, ranks in jobs]
         parsed = generate_parsed(
             self.engine,
             prompts,
@@ -754,8 +736,7 @@ class GroupJudge:
         )
         self._count_calls("critique", parsed)
         self.stats["failed_critiques"] += sum(p.value is None for p in parsed)
-        for (k, i), p in zip(jobs, parsed):
-            judged[k].critiques[i] = p.value
+        return [p.value for p in parsed]
 
     def _count_calls(self, stage: str, parsed: Sequence[Parsed]) -> None:
         """Engine calls made (the most attempts any prompt needed) and prompts asked again."""

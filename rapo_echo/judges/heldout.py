@@ -1,23 +1,11 @@
-"""A held-out judge, the reward-hacking alarm for the attack no screen knows (issue 46).
+"""A held-out judge, the reward-hacking alarm for the attack no screen knows (issue 46; docs/monitor.md).
 
-Screens catch known attacks (:mod:`rapo_echo.llm.judge_screen`); what catches an unknown one is a second
-judge the policy is never trained on: the proxy-versus-gold check of the reward-hacking literature. Each
-step it scores a sample of the step's replies with its own question (does the person feel heard and
-helped? ``yes`` / ``no``, read as P(yes) from the label log-probs, or the JSON verdict in text mode), on
-the engine of a role the run already has (``monitor.heldout.engine``: the judge's endpoint by default, the
-simulator's for another model), and logs per step:
-
-* ``heldout/score``: the held-out judge's mean over the sample;
-* ``heldout/train_score``: the training reward's mean over the same replies;
-* ``heldout/agreement``: the share of concordant pairs among the sample's pairs that both judges order
-  (:func:`concordance`; 1: the two judges order the replies alike, 0.5: unrelated, 0: opposite);
-* ``heldout/n``: the replies scored.
-
-A training score that rises while the held-out one does not is the reward-hacking monitor's
-``reward_divergence`` signature (it compares ``heldout/train_score`` with ``heldout/score`` when this judge
-is on); :meth:`HeldoutJudge.examples` gives the replies that show it (the largest training-minus-held-out
-gaps seen lately) for the monitor's warning. The replies are screened like any judge's
-(``addressed: lower``) and reach the prompt fenced.
+A second judge the policy is never trained on (the proxy-versus-gold check) scores a sample of each step's
+replies with its own question (would the person feel heard and helped? P(yes), or the JSON verdict in
+text mode) on an engine the run already has, and logs ``heldout/score``, ``heldout/train_score`` (the
+training reward over the same replies), ``heldout/agreement`` (:func:`concordance`) and ``heldout/n``.
+:meth:`HeldoutJudge.examples` gives the replies with the largest training-minus-held-out gaps for the
+monitor's ``reward_divergence`` warning. Replies are screened (``addressed: lower``) and fenced.
 """
 
 from __future__ import annotations

@@ -1,32 +1,22 @@
 """Echo-N1's humanlike judge: does a reply read as written by a human, or by an AI assistant?
 (docs/algorithms/echo_n1.md)
 
-* Context-aware (default): the judge sees the dialogue so far and the reply, so a reply that does not
-  fit its conversation (a foreign or shuffled context) counts as not human; context-free
-  (``context_aware=False``) sees the reply alone.
-* The score is P(human): read from the label probabilities of ``human`` / ``AI`` after ``Verdict:``
-  where the engine exposes log-probs, else 1 / 0 from the JSON verdict the judge writes under a declared
-  format (retried, then invalid). ``reasoning`` makes the judge write a ``Reasoning:`` line first (see
-  :mod:`rapo_echo.judges.verdict`).
-* The dialogue and the reply reach the prompt only inside fenced blocks (:mod:`.fencing`).
-* A reply that addresses the judge is handled by ``addressed``, a dialogue turn that does by
-  ``addressed_context`` (both default ``lower``: the lower P(human) of the texts as written and with
-  the suspect spans set aside; :mod:`rapo_echo.llm.judge_screen`).
+The score is P(human), read from the label probabilities of ``human`` / ``AI`` after ``Verdict:``, or
+1 / 0 from the JSON verdict in text mode (:mod:`rapo_echo.judges.verdict`). Context-aware (default), the
+judge also sees the dialogue, so a reply that does not fit its conversation counts as not human. Texts are
+screened (:mod:`rapo_echo.llm.judge_screen`) and fenced.
 """
 
 from __future__ import annotations
 
-import random
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.judges.verdict import Verdict, answer_instruction, decide, label_probability
-from rapo_echo.llm.answers import check_logprobs_mode, wants_logprobs
+from rapo_echo.judges.verdict import Verdict, VerdictJudge, answer_instruction, label_probability
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
-from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, JudgeScreen
 from rapo_echo.types import Conversation, msg
 
 HUMAN, AI = "human", "AI"
@@ -55,41 +45,13 @@ class HumanlikeScore:
     screened: dict = field(default_factory=dict)  # what the screen found and did (Screened.info)
 
 
-class HumanlikeJudge:
+class HumanlikeJudge(VerdictJudge):
     """Scores replies by how human they read (one batched engine call per stage)."""
 
-    def __init__(
-        self,
-        engine: ChatEngine,
-        *,
-        context_aware: bool = True,
-        reasoning: bool = False,
-        use_logprobs: str = "auto",
-        max_retries: int = 2,
-        max_new_tokens: int = 64,
-        rng: random.Random | None = None,
-        addressed: str = DEFAULT_POLICY,
-        addressed_context: str = DEFAULT_CONTEXT_POLICY,
-    ) -> None:
-        check_logprobs_mode("HumanlikeJudge", use_logprobs)
-        self.screen = JudgeScreen(addressed, addressed_context, owner="HumanlikeJudge")
-        if max_retries < 0 or max_new_tokens < 1:
-            raise ValueError("HumanlikeJudge: max_retries must be >= 0 and max_new_tokens >= 1")
-        self.engine = engine
+    def __init__(self, engine: ChatEngine, *, context_aware: bool = True, **settings: Any) -> None:
+        """``settings``: those of :class:`~rapo_echo.judges.verdict.VerdictJudge`."""
+        super().__init__(engine, **settings)
         self.context_aware = context_aware
-        self.reasoning = reasoning
-        self.use_logprobs = use_logprobs
-        self.max_retries = max_retries
-        self.max_new_tokens = max_new_tokens
-        self.rng = rng if rng is not None else random.Random(0)
-        self.stats: Counter[str] = Counter()
-
-    @property
-    def text_mode(self) -> bool:
-        """Whether verdicts are generated as text (no log-probs): the prompt then asks for JSON. Prompts
-        built without an engine (judge training data) ask for the log-prob mode's lines, the form of
-        the training targets (:func:`~rapo_echo.judges.verdict.answer_text`)."""
-        return self.engine is not None and not wants_logprobs(self.engine, self.use_logprobs)
 
     def prompt(self, context: Conversation | None, reply: str, fence: Fence) -> Conversation:
         """The judge's prompt for one reply (``context`` is left out when context-free)."""
@@ -132,16 +94,7 @@ class HumanlikeJudge:
                     asides.append((i, aside_context if aside_context is not None else context, aside))
         fence = Fence(rng=self.rng)  # one marker per call: prompts of a batch share their prefix
         prompts = [self.prompt(context, text, fence) for _, context, text in shown + asides]
-        verdicts = decide(
-            self.engine,
-            prompts,
-            LABELS,
-            reasoning=self.reasoning,
-            use_logprobs=self.use_logprobs,
-            max_retries=self.max_retries,
-            max_new_tokens=self.max_new_tokens,
-            fence=fence,
-        )
+        verdicts = self.decide(prompts, LABELS, fence)
         for (i, _, _), v in zip(shown, verdicts):
             out[i] = HumanlikeScore(label_probability(v, HUMAN), v, out[i].screened)  # type: ignore[union-attr]  # every index is filled by now
         for (i, _, _), v in zip(asides, verdicts[len(shown) :]):

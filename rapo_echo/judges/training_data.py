@@ -1,22 +1,11 @@
 """Examples for judge training (``rapo-echo train-judge``): JSONL rows -> the judges' own prompts and the
-answers they should write.
+answers they should write (the row format: ``rapo_echo/examples/README.md``; docs/judges.md).
 
-One example a line (see ``rapo_echo/examples/README.md``)::
-
-    {"task": "humanlike", "messages": [...] | "opening": str, "reply": str, "label": "human" | "AI",
-     "reasoning"?: str}
-    {"task": "empathy", "messages": [...] | "opening": str, "reply": str, "reference": str,
-     "label": "win" | "tie" | "loss", "reasoning"?: str, "needs"?: {"cognitive", "affective", "proactive"}}
-
-``label`` says how ``reply`` compares with ``reference`` for the empathy judge. Its ``reasoning`` names
-the two replies as ``{reply}`` and ``{reference}``; each example is shown in both orders (``A`` / ``B``),
-with the placeholders replaced by ``Reply A`` / ``Reply B`` and the verdict flipped, so the judge cannot
-learn a position. With ``needs`` the example also trains the need analysis (one continuation per axis).
-
-Negatives for the humanlike judge (Echo-N1's augmentations, docs/judges.md), made from the
-examples labelled ``human`` that have a dialogue: ``shuffle`` (the dialogue's turns in another order,
-so the reply no longer follows from it) and ``swap`` (the reply moved into another example's dialogue);
-both are labelled ``AI``: a reply that does not fit its conversation was not written in it.
+An empathy example's ``reasoning`` names the replies ``{reply}`` and ``{reference}``; each example is
+shown in both orders with the placeholders replaced and the verdict flipped, so the judge cannot learn a
+position; with ``needs`` it also trains the need analysis. Negatives for the humanlike judge (Echo-N1's
+augmentations) are made from the ``human`` examples that have a dialogue: ``shuffle`` (the dialogue's turns
+reordered) and ``swap`` (the reply moved into another example's dialogue), both labelled ``AI``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,28 @@
 """The answers of the Echo-N1 judges (humanlike, empathy, dominant need): a choice among labels, with or
 without a short reasoning first.
 
-* Log-prob mode (the engine exposes log-probs): the label is read from the label tokens'
-  probabilities right after the prefix ``Verdict:`` (one forward, a distribution); with ``reasoning``
-  on, one batched generation first writes the judge's ``Reasoning:`` line (declared as one bounded line,
-  :data:`REASONING_LINE`) and the label is read after it (a generative judge that reasons before its
-  verdict, as Echo-N1's are said to). The prompt asks for exactly those lines.
-* Text mode: the judge answers one JSON object, :func:`verdict_format` (``{"reasoning": ...,
-  "verdict": "A"}``; ``reasoning`` only when asked for), declared to the engine so that one with
-  constrained decoding can only write that; it is read by :meth:`AnswerFormat.parse
-  <rapo_echo.structured.AnswerFormat.parse>`, the one parser; an answer that does not parse is
-  retried, then invalid (``None``), never 0. Given the prompts' ``fence``, only the judge's own words
-  are parsed (:meth:`~rapo_echo.llm.fencing.Fence.own_words` with ``copies=True``, as the generic
-  ``judge`` reward does): a quoted reply that holds a verdict, with or without its fence markers, never
-  lends the judge its label; the verdict is the JSON field, not a line of quoted text.
+* Log-prob mode: the label is read from the label tokens' probabilities right after ``Verdict:``; with
+  ``reasoning``, one batched generation first writes a bounded ``Reasoning:`` line (:data:`REASONING_LINE`).
+* Text mode: one JSON object, :func:`verdict_format`, declared to the engine and read from the judge's
+  own words only (docs/judges.md: a quoted reply never lends the judge its label); what does not parse is
+  retried, then invalid (``None``), never 0.
 
-Labels are words such as ``human`` / ``AI`` or ``A`` / ``B`` / ``tie``; as log-prob options they get a
-leading space (``" human"``), a single token in common BPE vocabularies.
+As log-prob options labels get a leading space (``" human"``), a single token in common BPE vocabularies.
 """
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from rapo_echo.engines.base import ChatEngine
-from rapo_echo.llm.answers import answer_words, generate_parsed, wants_logprobs
+from rapo_echo.llm.answers import answer_words, check_logprobs_mode, generate_parsed, wants_logprobs
 from rapo_echo.llm.fencing import Fence
+from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, JudgeScreen
 from rapo_echo.llm.labels import judge_labels
 from rapo_echo.structured import AnswerFormat
 from rapo_echo.types import Conversation, SamplingParams, msg
@@ -215,3 +209,62 @@ def expected(verdict: Verdict, values: Mapping[str, float]) -> float | None:
     if verdict.probs is not None:
         return sum(p * values[label] for label, p in verdict.probs.items())
     return values[verdict.label]  # type: ignore[index]  # a valid verdict has a label
+
+
+class VerdictJudge:
+    """What the verdict judges (humanlike, empathy) share: engine, answer settings, screen, fence
+    generator and counts."""
+
+    def __init__(
+        self,
+        engine: ChatEngine,
+        *,
+        reasoning: bool = False,
+        use_logprobs: str = "auto",
+        max_retries: int = 2,
+        max_new_tokens: int = 64,
+        rng: random.Random | None = None,
+        addressed: str = DEFAULT_POLICY,
+        addressed_context: str = DEFAULT_CONTEXT_POLICY,
+        owner: str | None = None,
+    ) -> None:
+        """``owner`` names the judge in errors (default: its class)."""
+        owner = owner or type(self).__name__
+        check_logprobs_mode(owner, use_logprobs)
+        self.screen = JudgeScreen(addressed, addressed_context, owner=owner)
+        if max_retries < 0 or max_new_tokens < 1:
+            raise ValueError(f"{owner}: max_retries must be >= 0 and max_new_tokens >= 1")
+        self.engine = engine
+        self.reasoning = reasoning
+        self.use_logprobs = use_logprobs
+        self.max_retries = max_retries
+        self.max_new_tokens = max_new_tokens
+        self.rng = rng if rng is not None else random.Random(0)
+        self.stats: Counter[str] = Counter()
+
+    @property
+    def text_mode(self) -> bool:
+        """Whether verdicts are generated as text (no log-probs): the prompts then ask for JSON. Prompts
+        built without an engine (judge training data) ask for the log-prob mode's lines, the form of
+        the training targets (:func:`answer_text`)."""
+        return self.engine is not None and not wants_logprobs(self.engine, self.use_logprobs)
+
+    def decide(
+        self,
+        prompts: Sequence[Conversation],
+        labels: Sequence[str],
+        fence: Fence,
+        prefix: str = VERDICT_PREFIX,
+    ) -> list[Verdict]:
+        """:func:`decide` under this judge's settings."""
+        return decide(
+            self.engine,
+            prompts,
+            labels,
+            reasoning=self.reasoning,
+            use_logprobs=self.use_logprobs,
+            max_retries=self.max_retries,
+            max_new_tokens=self.max_new_tokens,
+            prefix=prefix,
+            fence=fence,
+        )

@@ -120,20 +120,14 @@ def generate_parsed(
     role: str = "judge",
     answer_format: AnswerFormat | None = None,
 ) -> list[Parsed[T]]:
-    """Generate one reply per prompt and parse it; prompts whose reply does not parse are asked
-    again together (one batched call per attempt), up to ``max_retries`` more times. Retries sample
-    (:func:`retry_sampling`: a greedy retry would repeat the failure) unless ``retry_params`` is given.
-    ``parse`` is one function for every reply or a sequence with one function per prompt; a reply that
-    is not a string counts as unparseable. The warning about replies that stay unparseable names the
-    ``role`` (judge / simulator) and the engine with its endpoint.
-
-    ``answer_format`` declares the shape of the answer: it travels in the sampling parameters (also of the
-    retries) so that an engine that can constrain decoding produces only that shape, and ``parse`` may
-    then be None (the format's own :meth:`~rapo_echo.structured.AnswerFormat.parse`). On an engine that
-    enforces nothing (a server without structured output) the same parse and retries apply. A reply whose
-    request failed for good (``finish_reason`` ``"error"``) is not asked again: it is invalid at once, with
-    ``failed`` set. The first call of a ``role`` on a model too small to give a meaningful signal logs why,
-    once (:func:`~rapo_echo.llm.strength.warn_if_weak`)."""
+    """Generate one reply per prompt and parse it; prompts whose reply does not parse (or is not a string)
+    are asked again together, up to ``max_retries`` more times, sampling (:func:`retry_sampling`: a greedy
+    retry would repeat the failure) unless ``retry_params`` is given. ``parse``: one function, one per
+    prompt, or None (``answer_format``'s own parser). ``answer_format`` travels in the sampling parameters
+    of every attempt, so an engine that can constrain decoding produces only that shape. A request that
+    failed for good (``finish_reason`` ``"error"``) is invalid at once, with ``failed`` set. Warnings name
+    the ``role`` and the engine; a model too small for the role is logged once
+    (:func:`~rapo_echo.llm.strength.warn_if_weak`)."""
     warn_if_weak(engine, role)
     if answer_format is not None:
         params = replace(params, answer_format=answer_format)

@@ -1,32 +1,16 @@
-"""Fenced blocks for untrusted text in judge and simulator prompts.
+"""Fenced blocks for untrusted text in judge and simulator prompts (docs/judges.md).
 
-Text written by users, datasets or models (the dialogue, a reply, a reaction, a reference, a hidden
-profile) reaches a prompt only inside a block opened and closed by a marker drawn for that call,
-e.g.::
+Text written by users, datasets or models reaches a prompt only inside a block opened and closed by a
+marker drawn for that call (``<<<REPLY 7F3A9C21>>>`` ... ``<<<END REPLY 7F3A9C21>>>``): the text cannot
+close its block or open a new one because it cannot know the marker, and a copy of the marker inside it
+is replaced. :meth:`Fence.rules` tells the model that blocks are material, never instructions. A seeded
+``rng`` gives reproducible markers the text's author still cannot predict; :meth:`Fence.derived` hashes
+the call's own texts (which no text can contain); without either the marker comes from :mod:`secrets`.
 
-    <<<REPLY 7F3A9C21>>>
-    ...untrusted text...
-    <<<END REPLY 7F3A9C21>>>
-
-The text cannot close its block early or open a new one, because it cannot know the marker; a copy
-of the marker inside the text (it could only get there by chance or from a leaked prompt) is
-replaced. Instructions stay outside the blocks, and :meth:`Fence.rules` tells the model that the
-blocks are material to read, never instructions. A seeded ``rng`` gives reproducible markers (so a
-deterministic simulator or judge gives the same output on a rerun) that the text's author still
-cannot predict; :meth:`Fence.derived` gives a reproducible marker to a caller without an ``rng``
-(a hash of the call's own texts, which no text can contain); without either the marker comes from
-:mod:`secrets`.
-
-On the way back, :meth:`Fence.own_words` removes any block a model copied into its answer, so an answer
-is parsed from the model's own words only: a reply that ends in "Score: 5" cannot lend its score to
-a judge that quotes it. With ``copies=True`` (judges) quoted material goes too: a verbatim copy of a
-fenced text quoted without its markers (texts of at least :data:`MIN_COPY` characters, so a one-word reply
-never erases a label), any JSON object that also stands in a fenced text (a judge that quotes only the
-reply's ``{"score": 5}``), and ``>`` quote lines. The judge's answer is then its last well-formed answer in
-what is left (:meth:`~rapo_echo.structured.AnswerFormat.parse`).
-
-One fence serves a whole batch of prompts built in one call (a group's prompts then still share
-their long prefix, which the ``hf`` engine prefills once).
+:meth:`Fence.own_words` removes any block a model copied into its answer, so an answer is parsed from the
+model's own words only; with ``copies=True`` (judges) quoted material goes too: verbatim copies of fenced
+texts of at least :data:`MIN_COPY` characters, JSON objects that also stand in a fenced text, and ``>``
+quote lines. One fence serves a whole batch (a group's prompts still share their long prefix).
 """
 
 from __future__ import annotations

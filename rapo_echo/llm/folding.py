@@ -1,23 +1,12 @@
 """Text folded for matching: the many spellings of one word brought to one, with a map back to the original.
 
-:func:`fold` gives a copy of a text in which
-
-* every character is in its Unicode compatibility form (NFKC: full-width, mathematical, circled and
-  other styled letters and digits), without accents (NFKD's combining marks dropped) and case-folded;
-* a letter that looks like a Latin one is that Latin letter: the confusables of Unicode's security
-  mechanisms (UTS #39, ``confusables.txt``, read through the ``confusable-homoglyphs`` package) for other
-  scripts (Cyrillic ``о``, Greek ``ο``, Cherokee ``Ꮪ``), and Latin letters in other forms by their
-  Unicode names (small capitals ``ʀ``, modifier letters); quotes and angle brackets that look like
-  ASCII ones are those;
-* characters that show nothing (zero-width, format, control characters, combining marks) are gone and
-  every run of whitespace is one space (one line break when the run holds one);
-* a word written with a separator between its letters (``S-c-o-r-e``, ``f i v e``, ``S.c.o.r.e``, one
-  letter a line) is that word: three or more single letters or digits with the same separator of one or
-  two characters between each are joined.
-
-Each character of the copy keeps the index of the character of the original it came from, so a match in
-the copy is a span of the original. Pure text: the detector of text that addresses a judge
-(:mod:`.addressing`) folds its patterns and every text it reads through here.
+:func:`fold` gives a copy of a text that is NFKC, without accents and case-folded; in which letters that
+look Latin are Latin (UTS #39 confusables through the ``confusable-homoglyphs`` package, and Latin letters
+in other forms by their Unicode names), invisible characters are gone and whitespace runs are one space
+(one line break when the run holds one); and in which three or more single letters or digits with the
+same one- or two-character separator (``S-c-o-r-e``, ``f i v e``) are one word. Each character of the
+copy keeps the index of the original character it came from, so a match in the copy is a span of the
+original. The judge-addressing detector (:mod:`.addressing`) folds its patterns and texts through here.
 """
 
 from __future__ import annotations

@@ -1,38 +1,12 @@
-"""What a judge does with text that addresses it (:mod:`.addressing`): the ``addressed`` policies.
+"""What a judge does with text that addresses it (:mod:`.addressing`): the ``addressed`` policies
+(docs/judges.md has the policies, their defaults, why ``lower`` and the metrics).
 
-Every judge path (the ``judge`` reward, ``humanlike``, ``empathy``, RAPO's group judge) screens the texts
-it is about to show its model through one :class:`JudgeScreen` before it builds a prompt:
-
-* a **reply** being judged (the policy's text, and what a comparison sets beside it) under ``addressed``
-  (:data:`POLICIES`):
-
-  - ``lower`` (the default): the reply is judged as written *and* with its suspect spans set aside
-    (:func:`~rapo_echo.llm.addressing.set_aside`: the words to the judge, the answer, the markup taken out,
-    the rest kept), in the same batch, and gets the lower of the two outcomes. Text in a suspect span
-    can then never raise a score, and an innocent reply whose span carried nothing for the judge ("Your
-    grade is 7/10?") loses nothing; a reply that is nothing but suspect text gets the judge's worst
-    outcome. Issue 46 chose it over ``floor`` by the study in docs/results.md (both measures);
-  - ``floor``: the reply is not shown to the model; it gets the judge's worst outcome (score 0, P(human)
-    0, a lost comparison, the group's last rank), whatever the rest of it says;
-  - ``invalid``: the reply is scored ``None`` (masked out of the loss and counted);
-  - ``strip``: the suspect spans are set aside and only the rest is judged;
-  - ``flag``: judged as written; only counted and marked in the sample's info.
-
-* a **context** text (the dialogue's turns, the profile, the persona, a reaction) under
-  ``addressed_context`` (:data:`CONTEXT_POLICIES`): ``lower`` (the default: the context is shown as
-  written, a person's words are never erased, and each reply judged in it gets the lower of its outcome
-  there and its outcome in the context with the suspect spans set aside), ``strip`` (shown with the spans
-  set aside), ``invalid`` (every reply judged in that context is invalid) or ``flag``.
-
-A comparison under ``lower`` is judged as written and with every suspect span set aside; a reply whose own
-text or context was suspect gets the lower of its two outcomes, the other one its outcome against the
-set-aside text (:func:`lower_verdict`).
-
-Each screened text is counted: :meth:`JudgeScreen.step_metrics` gives ``judge/addressed`` (replies that
-addressed the judge since the last call), ``judge/addressed/n`` (replies screened),
-``judge/addressed/context`` (context texts that did) and ``judge/addressed/lowered`` (judged items whose
-set-aside outcome was the lower one: a suspect span would have raised them), logged every training step.
-A judged sample's info says what was found (``addressed``: the kinds, ``addressed_action``: what was done).
+Every judge path (the ``judge`` reward, ``humanlike``, ``empathy``, RAPO's group judge, the held-out judge)
+screens the texts it is about to show its model through one :class:`JudgeScreen`: a judged reply under
+``addressed`` (:data:`POLICIES`), a context text (dialogue turns, profile, persona, reaction) under
+``addressed_context`` (:data:`CONTEXT_POLICIES`). Under ``lower`` an item is judged as written and with its
+suspect spans set aside, in the same batch, and keeps the lower outcome (:func:`lower_verdict` for a
+comparison). :meth:`JudgeScreen.step_metrics` gives the ``judge/addressed*`` counts.
 """
 
 from __future__ import annotations

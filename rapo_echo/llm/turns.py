@@ -1,22 +1,15 @@
 """Dialogues that advance together: every dialogue's next remote turn in flight at once and, with a served
 simulator, the policy's next turn for the dialogues whose answers are back overlapping with the remote
-calls of the others.
+calls of the others (docs/models.md; ``rollout.overlap_remote``).
 
 A multi-turn rollout or benchmark alternates a *local* step (the policy's next reply: one batched
-generation) and a *remote* step (the simulated user, and the critic where there is one, answering it).
-
-* ``lockstep``: every live dialogue takes its local step in one batch, then its remote step in one
-  batched call (its requests all in flight at once), and so on: one round of requests per remote stage.
-  Used whenever the remote roles run on local engines (a second thread would gain nothing), and always
-  reproducible.
-* ``overlap`` (the remote roles are served, :func:`~rapo_echo.engines.concurrency.calls_concurrently`):
-  each dialogue's remote step goes out on its own thread as soon as its local step is done; every request
-  of every dialogue is in flight at once, bounded only by the engine's limits. The policy then takes the
-  next local step for the dialogues whose answers are back -- those that arrive within a short window of
-  the first ride along in the same batch -- while the rest are still in flight. With answers that come
-  back together this is lockstep; with a server whose latency varies (long and short answers, a busy
-  replica) the policy's work hides behind the slow answers. Which dialogues share a policy batch then
-  depends on the server's timing, so sampled (not greedy) policy turns are not bit-reproducible.
+generation) and a *remote* step (the simulated user, and the critic where there is one). ``lockstep``
+takes every live dialogue's local step in one batch, then its remote step in one batched call: used
+whenever the remote roles run on local engines, and always reproducible. ``overlap`` (served remote roles,
+:func:`~rapo_echo.engines.concurrency.calls_concurrently`) sends each dialogue's remote step on its own
+thread as soon as its local step is done, and batches the next local step for the dialogues whose answers
+are back (those within a short window of the first ride along); which dialogues share a batch then depends
+on the server's timing, so sampled policy turns are not bit-reproducible.
 
 Threads, not asyncio, for the reasons of :mod:`rapo_echo.engines.concurrency`; local steps and all the
 callers' bookkeeping (``settle``, ``on_end``) run on the calling thread, so tokenizers and models are

@@ -1,19 +1,13 @@
-"""Reward plugins: the protocol, the registry, the TRL-function adapter and weighted combination.
+"""Reward plugins: the protocol, the registry, the TRL-function adapter and weighted combination
+(docs/extending.md#a-reward-plugin).
 
-A reward is either
-
-* a class whose instances are called with a batch of :class:`~rapo_echo.types.Sample` and return,
-  per sample, a float, ``None`` (invalid: the sample is masked out of the loss and counted) or a
-  :class:`RewardOutput` (score, critique text, info). The constructor takes the spec's ``args`` and,
-  when it declares a ``ctx`` parameter, the run's :class:`RewardContext` (engines of the roles);
-* or a plain TRL-style function ``f(prompts, completions, **columns) -> list[float | None]``.
-
-Names resolve, in order, to a built-in, a plugin registered in the ``rapo_echo.rewards`` entry-point
-group, or a ``module:attr`` / ``module.attr`` path. An object named by path must be a reward plugin,
-checked before anything is called (:func:`is_reward_plugin`): a function with a ``completions``
-parameter, or a class that declares itself one (it subclasses :class:`Reward` or sets
-``is_reward_plugin = True``). Importing the module still runs its top-level code: a config is code to
-trust.
+A reward is a class whose instances score a batch of :class:`~rapo_echo.types.Sample` (per sample a
+float, ``None``, invalid: masked out of the loss and counted, or a :class:`RewardOutput`), constructed
+with the spec's ``args`` and, when it declares ``ctx``, the run's :class:`RewardContext`; or a TRL-style
+function ``f(prompts, completions, **columns)``. Names resolve to a built-in, an entry point of the
+``rapo_echo.rewards`` group, or a ``module:attr`` path, whose object must declare itself a plugin
+(:func:`is_reward_plugin`) before anything is called; importing the module still runs its code: a config
+is code to trust.
 """
 
 from __future__ import annotations

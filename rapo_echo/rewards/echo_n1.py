@@ -1,25 +1,11 @@
-"""Echo-N1's reward plugins (docs/algorithms/echo_n1.md): ``humanlike``, ``empathy`` and their
-combination ``echo_n1``. Each judges through the run's ``judge`` engine (``rapo_echo.judges``).
-
-* ``humanlike``: P(the reply reads as written by a human), context-aware by default.
-* ``empathy``: the judge profiles the person's cognitive / affective / proactive needs (once per
-  scenario, cached), then compares the policy's reply with a reference reply; P(policy better) + 0.5
-  P(tie) from the verdict probabilities (``outcome: probability``, the default, Echo-N1's
-  P(policy > reference); a text-mode verdict has no probabilities and gives its discrete value) or win /
-  tie / loss -> 1 / 0.5 / 0 (``outcome: discrete``); the pair is shown in both orders and averaged
-  (``order: both``, the default), in one random order (``random``), in both orders while the judge's
-  measured position bias exceeds ``auto_threshold`` after ``auto_probe`` decisions, else one random
-  order (``auto``), or policy first (``fixed``); optionally multiplied by a process factor
-  (``process: true``). :meth:`EmpathyReward.step_metrics` reports the judge's position bias
-  (:mod:`rapo_echo.judges.bias`) each step.
-* ``echo_n1``: ``mode: route`` scores empathy-domain scenarios with ``empathy`` and chit-chat ones with
-  ``humanlike`` (the domain is read from ``meta.domain``, then ``profile.domain``); ``mode: weighted``
-  gives every sample ``w_empathy * empathy + w_humanlike * humanlike``.
+"""Echo-N1's reward plugins (docs/algorithms/echo_n1.md has the formulas and every switch): ``humanlike``
+(P(the reply reads as written by a human)), ``empathy`` (the policy's reply compared with a reference
+reply, after a need analysis; presentation orders and the process factor as configured) and their
+combination ``echo_n1`` (routed by ``meta.domain`` / ``profile.domain``, or weighted).
 
 A sample the judges cannot score gets ``None`` (masked out of the loss and counted), never 0; the
 reason is in the sample's ``info`` and each reward's ``stats``. On a served judge the stages that do not
-depend on each other go out together (:func:`~rapo_echo.engines.concurrency.together`): the references
-with the need analysis, and the empathy judge with the humanlike judge.
+depend on each other go out together (:func:`~rapo_echo.engines.concurrency.together`).
 """
 
 from __future__ import annotations
@@ -29,7 +15,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rapo_echo.config import DEFAULT_SYSTEM_PROMPT
 from rapo_echo.engines.concurrency import calls_concurrently, together
@@ -51,14 +37,13 @@ from rapo_echo.judges.empathy import (
     process_factor,
 )
 from rapo_echo.judges.humanlike import HumanlikeJudge
-from rapo_echo.llm.answers import check_logprobs_mode
-from rapo_echo.llm.judge_screen import DEFAULT_CONTEXT_POLICY, DEFAULT_POLICY, check_policies
 from rapo_echo.rewards import RewardContext, RewardOutput
 from rapo_echo.rewards.references import ReferenceStore, scenario_key
 from rapo_echo.text import is_blank
 from rapo_echo.types import Sample, Scenario
 
 log = logging.getLogger(__name__)
+J = TypeVar("J", HumanlikeJudge, EmpathyJudge)
 DOMAINS = ("empathy", "chitchat")
 ROUTES = ["empathy", "humanlike"]  # the judges the router can send a sample to (metrics show each share)
 
@@ -69,16 +54,12 @@ def _needs_judge(ctx: RewardContext, name: str) -> Any:
     return ctx.judge
 
 
-def _check_mode(name: str, use_logprobs: str) -> None:
+def _judge(cls: type[J], ctx: RewardContext, name: str, seed: int, settings: dict[str, Any]) -> J:
+    """A ``cls`` judge on the judge engine, seeded; its settings' errors are config errors naming the
+    reward."""
+    engine = _needs_judge(ctx, name)
     try:
-        check_logprobs_mode(f"rewards: {name}", use_logprobs)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _check_policies(name: str, addressed: str, addressed_context: str) -> None:
-    try:
-        check_policies(f"rewards: {name}", addressed, addressed_context)
+        return cls(engine, rng=random.Random(seed), owner=f"rewards: {name}", **settings)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -94,31 +75,9 @@ class HumanlikeReward:
 
     name = "humanlike"
 
-    def __init__(
-        self,
-        ctx: RewardContext,
-        context_aware: bool = True,
-        reasoning: bool = False,
-        use_logprobs: str = "auto",
-        max_retries: int = 2,
-        max_new_tokens: int = 64,
-        seed: int = 0,
-        addressed: str = DEFAULT_POLICY,
-        addressed_context: str = DEFAULT_CONTEXT_POLICY,
-    ) -> None:
-        _check_mode(self.name, use_logprobs)
-        _check_policies(self.name, addressed, addressed_context)
-        self.judge = HumanlikeJudge(
-            _needs_judge(ctx, self.name),
-            context_aware=context_aware,
-            reasoning=reasoning,
-            use_logprobs=use_logprobs,
-            max_retries=max_retries,
-            max_new_tokens=max_new_tokens,
-            rng=random.Random(seed),
-            addressed=addressed,
-            addressed_context=addressed_context,
-        )
+    def __init__(self, ctx: RewardContext, seed: int = 0, **settings: Any) -> None:
+        """``settings``: those of :class:`~rapo_echo.judges.humanlike.HumanlikeJudge`."""
+        self.judge = _judge(HumanlikeJudge, ctx, self.name, seed, settings)
 
     @property
     def stats(self) -> Counter[str]:
@@ -158,24 +117,15 @@ class EmpathyReward:
         injection_probe: int = 8,
         process: bool = False,
         needs: bool = True,
-        ties: bool = True,
         reference: str = "auto",
         reference_model: str = "judge",
         reference_cache: str | None = None,
         reference_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         reference_max_new_tokens: int = 96,
-        reasoning: bool = False,
-        use_logprobs: str = "auto",
-        max_retries: int = 2,
-        max_new_tokens: int = 64,
-        need_tokens: int = 40,
-        show_profile: bool = False,
         seed: int = 0,
-        addressed: str = DEFAULT_POLICY,
-        addressed_context: str = DEFAULT_CONTEXT_POLICY,
+        **settings: Any,
     ) -> None:
-        _check_mode(self.name, use_logprobs)
-        _check_policies(self.name, addressed, addressed_context)
+        """``settings``: those of :class:`~rapo_echo.judges.empathy.EmpathyJudge`."""
         self.outcome = _choice(self.name, "outcome", outcome, ("discrete", "probability"))
         self.order = _choice(self.name, "order", order, ("both", "random", "auto", "fixed"))
         try:
@@ -191,19 +141,7 @@ class EmpathyReward:
         self.process = process
         self.needs = needs
         self.ctx = ctx
-        self.judge = EmpathyJudge(
-            _needs_judge(ctx, self.name),
-            reasoning=reasoning,
-            use_logprobs=use_logprobs,
-            max_retries=max_retries,
-            max_new_tokens=max_new_tokens,
-            need_tokens=need_tokens,
-            ties=ties,
-            show_profile=show_profile,
-            rng=random.Random(seed),
-            addressed=addressed,
-            addressed_context=addressed_context,
-        )
+        self.judge = _judge(EmpathyJudge, ctx, self.name, seed, settings)
         self.rng = random.Random(seed + 1)
         self.reference_model = reference_model
         self.reference_cache = reference_cache

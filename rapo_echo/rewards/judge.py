@@ -34,15 +34,9 @@ class JudgeReward:
     """Scores in [0, 1]: ``(s - 1) / (scale - 1)`` for a 1..``scale`` rating.
 
     With log-probs the rating is the expectation over the label tokens' probabilities after ``Score: ``
-    (robust even with small judges); otherwise the judge answers ``{"score": N}``, declared as
-    :attr:`answer_format` (an integer in 1..``scale``) so that an engine with constrained decoding can
-    only write that; it is read by that format from the judge's own words, retried up to
-    ``max_retries`` times (sampling, so a retry can differ from the greedy first try), then marked
-    invalid.
-
-    A reply that addresses the judge is handled by ``addressed``, a dialogue or profile that does by
-    ``addressed_context`` (both default ``lower``: the lower of the scores as written and with the suspect
-    spans set aside); see :mod:`rapo_echo.llm.judge_screen`.
+    (robust even with small judges); otherwise the judge answers :attr:`answer_format` (``{"score": N}``),
+    read from its own words and retried (sampling) up to ``max_retries`` times, then invalid. Texts that
+    address the judge: ``addressed`` / ``addressed_context`` (:mod:`rapo_echo.llm.judge_screen`).
     """
 
     name = "judge"

@@ -1,20 +1,13 @@
 """Persona inference on the fly: from the dialogue so far, a short summary of who the person seems to be
-(traits), what they need, and the style of reply they would welcome.
+(traits), what they need, and the style of reply they would welcome (docs/config.md, ``persona``).
 
-The summary goes into ``scenario.meta["persona"]`` (judges such as the empathy judge show it, fenced),
-and, with ``to_policy``, into the policy's system prompt (:func:`rapo_echo.prompting.persona_note`).
-It is inferred once per scenario and dialogue: results are cached by a hash of the scenario's id and
-messages, so the G replies of a group (and later steps on the same context) share one inference, and
-a dialogue that grew gets a new one. One batched engine call per step for the scenarios not cached:
-three prompts per scenario, each continuing one field (``Traits:``, ``Needs:``, ``Preferred style:``)
-for one line, declared as one bounded line (:data:`~rapo_echo.llm.answers.FIELD_LINE`); an empty or
-garbled field is retried, then the scenario gets no persona this step (counted in ``stats``, tried again
-next step).
-
-It annotates scenarios rather than simulating a user, and it lives beside the other per-scenario
-annotation the Echo-N1 rewards read (:mod:`.references`, whose cache key it shares): above the judges and
-the simulators, so it may use either. A run turns it on with ``persona.enabled``, as a step hook
-(:mod:`rapo_echo.step_hooks`) that annotates each step's scenarios before the rollout.
+The summary goes into ``scenario.meta["persona"]`` (the judges show it, fenced) and, with ``to_policy``,
+into the policy's system prompt (:func:`rapo_echo.prompting.persona_note`). It is cached by
+:func:`~rapo_echo.rewards.references.scenario_key`, so a group's replies and later steps on the same
+context share one inference and a dialogue that grew gets a new one. Each field is one bounded line
+(:data:`~rapo_echo.llm.answers.FIELD_LINE`), retried, then the scenario gets no persona this step
+(counted, tried again next step). A step hook (:mod:`rapo_echo.step_hooks`) that annotates each step's
+scenarios before the rollout; it lives above the judges and the simulators, so it may use either.
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from rapo_echo.llm.answers import generate_field_lines
 from rapo_echo.llm.dialogue import render_dialogue
 from rapo_echo.llm.fencing import Fence
 from rapo_echo.prompting import PERSONA_KEY, PERSONA_PROMPT_KEY
-from rapo_echo.rewards.references import scenario_key
+from rapo_echo.rewards.references import uncached
 from rapo_echo.step_hooks import StepHook
 from rapo_echo.types import Conversation, Scenario, msg
 
@@ -112,11 +105,7 @@ class PersonaInference(StepHook):
     def infer(self, scenarios: Sequence[Scenario]) -> list[PersonaSummary | None]:
         """The persona of each scenario: cached, or inferred now (one batched call per attempt for the
         distinct uncached dialogues); None where a field stayed unparseable."""
-        keys = [scenario_key(sc) for sc in scenarios]
-        todo: dict[str, Scenario] = {}
-        for key, sc in zip(keys, scenarios):
-            if key not in self.cache:
-                todo.setdefault(key, sc)
+        keys, todo = uncached(scenarios, self.cache)
         if todo:
             fence = Fence(rng=self.rng)
             prompts = [self.prompt(sc, field, fence) for sc in todo.values() for field in FIELDS]

@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,16 @@ def scenario_key(scenario: Scenario) -> str:
     """A short hash of the scenario's id and dialogue."""
     data = json.dumps([scenario.id, scenario.messages], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(data.encode()).hexdigest()[:20]
+
+
+def uncached(scenarios: Sequence[Scenario], cache: Container[str]) -> tuple[list[str], dict[str, Scenario]]:
+    """Each scenario's :func:`scenario_key`, and the first scenario of each key that ``cache`` lacks."""
+    keys = [scenario_key(sc) for sc in scenarios]
+    todo: dict[str, Scenario] = {}
+    for key, sc in zip(keys, scenarios):
+        if key not in cache:
+            todo.setdefault(key, sc)
+    return keys, todo
 
 
 def model_identity(engine: Any) -> str:
@@ -85,11 +95,7 @@ class ReferenceStore:
     def get(self, scenarios: Sequence[Scenario]) -> list[str | None]:
         """The cached or newly written reference of each scenario (one batched call for the missing
         ones); None where the model wrote nothing."""
-        keys = [scenario_key(sc) for sc in scenarios]
-        missing: dict[str, Scenario] = {}
-        for key, sc in zip(keys, scenarios):
-            if key not in self._cache:
-                missing.setdefault(key, sc)
+        keys, missing = uncached(scenarios, self._cache)
         if missing:
             prompts = [
                 policy_conversation(sc, self.system_prompt, with_persona=False) for sc in missing.values()
