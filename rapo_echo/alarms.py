@@ -205,7 +205,7 @@ def reward_oscillates(
     noise = math.sqrt(statistics.fmean(s * s / n for _, s, n in rows))
     sd = statistics.stdev(means)
     slope, t = trend(means)
-    if sd < ratio * noise or abs(t) >= t_max:
+    if sd == 0 or sd < ratio * noise or abs(t) >= t_max:  # a constant reward does not swing
         return None
     return (
         f"the reward swings (std {sd:.3g} of the step means over the last {window} steps, "

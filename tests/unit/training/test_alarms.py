@@ -185,3 +185,10 @@ def test_replay_judges_a_finished_run_by_other_thresholds() -> None:
     # recent means 1.667, 1.167, 0.633: <= 0.3 x 2.0 = 0.6 never; <= 0.5 x 2.0 = 1.0 from step 6
     assert replay(rows, MonitorConfig(), 32) == {}
     assert replay(rows, MonitorConfig(entropy_frac=0.5), 32) == {"entropy_collapse": 6}
+
+
+def test_a_constant_reward_does_not_oscillate() -> None:
+    # the long-run study's converged runs: every reply rated alike, so each step's mean is 0.5 with no
+    # spread (noise 0) and std 0: 0 is not >= 2 x 0, it is no swing at all
+    kw = {"window": 6, "ratio": 2.0, "t_max": 2.0}
+    assert alarms.reward_oscillates([0.5] * 6, [0.0] * 6, [8] * 6, **kw) is None
